@@ -1,0 +1,99 @@
+"""Install the compiled callbacks into the preloaded shim.
+
+Runs in three places, always the same code:
+
+* the startup hook (pyvgpu/_boot/sitecustomize.py) of a wrapped Python
+  process, on the main thread before user code: ``startup()``;
+* the shim's first-call fallback in a Python process whose startup hook
+  did not run (``python -S``/``-I``, or LD_PRELOAD without wrap), under
+  the GIL on the calling thread: ``install_from_shim("first-call")``;
+* the interpreter the shim embeds into a non-Python program:
+  ``install_from_shim("embedded")``.
+
+The warm path imports llvmlite.binding and ctypes only, loads the cached
+object (pyvgpu/cache.py) and passes one address per hook entry to the
+shim. Nothing here runs per CUDA call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from pyvgpu import cache, hooks, shim
+from pyvgpu.errors import PyvgpuError
+
+_ENGINE = None  # the JIT linker owning the callbacks' code; kept for the life of the process
+
+
+def load(manifest: dict) -> list[int]:
+    """Load the object named by the manifest; return one address per hook entry (0: C-implemented)."""
+    global _ENGINE
+    import llvmlite.binding as llvm
+
+    try:
+        llvm.initialize()  # required by llvmlite < 0.45, an error in later versions
+    except Exception:
+        pass
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    tm = llvm.Target.from_default_triple().create_target_machine()
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
+    engine.add_object_file(manifest["object_path"])
+    engine.finalize_object()
+    by_callback = {}
+    for name, symbol in manifest["symbols"].items():
+        addr = engine.get_function_address(symbol)
+        if not addr:
+            raise PyvgpuError(f"the callback cache {manifest['object_path']} lacks {symbol}; "
+                              "run `pyvgpu warmup --force`")
+        by_callback[name] = addr
+    addrs = []
+    for e in hooks.ENTRIES:
+        if e.hook.callback is None:
+            addrs.append(0)
+        elif e.abi not in manifest["entries"]:
+            raise PyvgpuError(f"the callback cache has no callback for {e.abi}; run `pyvgpu warmup --force`")
+        else:
+            addrs.append(by_callback[manifest["entries"][e.abi]])
+    _ENGINE = engine
+    return addrs
+
+
+def install(mode: str = "startup") -> None:
+    """Install the callbacks into the preloaded shim. Raises PyvgpuError."""
+    lib = shim.loaded()
+    if lib is None:
+        raise PyvgpuError("the pyvgpu shim is not preloaded in this process; start it with `pyvgpu wrap`")
+    if lib.pyvgpu_installed():
+        return
+    manifest = cache.ensure()
+    addrs = load(manifest)
+    arr = (ctypes.c_uint64 * len(addrs))(*addrs)
+    if lib.pyvgpu_install(arr, len(addrs), hooks.table_hash().encode(), mode.encode()) != 0:
+        raise PyvgpuError(lib.pyvgpu_last_error().decode())
+
+
+def install_from_shim(mode: str) -> str:
+    """Entry point for the shim (pv_python.c): '' on success, else the reason."""
+    try:
+        install(mode)
+    except PyvgpuError as e:
+        return str(e)
+    except Exception as e:  # a bug: name it rather than lose it
+        return f"internal error in pyvgpu.bootstrap: {type(e).__name__}: {e}"
+    return ""
+
+
+def startup() -> None:
+    """The startup hook: install now; on failure, leave the reason with the shim.
+
+    Nothing is printed here: the shim reports at the first CUDA or NVML call,
+    together with what it does about it (refuse, or pass through). A process
+    that never uses the GPU is not disturbed.
+    """
+    lib = shim.loaded()
+    if lib is None:
+        return
+    err = install_from_shim("startup")
+    if err:
+        lib.pyvgpu_set_error(err.encode())

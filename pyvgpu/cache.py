@@ -1,0 +1,159 @@
+"""The compiled-callbacks cache.
+
+numba compiles the callbacks once (cold: ~1-3 s, the only place numba is
+imported); the linked machine code is kept as one object file plus a JSON
+manifest. Every later process loads that object with llvmlite's JIT
+linker in a few milliseconds, without importing numba. That is what keeps
+startup cheap, where numba's own cache would cost an `import numba`
+(0.7-1.0 s measured on the GPU machine) in every process.
+
+The key covers everything the machine code depends on: the pyvgpu
+version, the sources of the hook table, layouts and jit package, and the
+machine architecture. The code is compiled for a generic CPU of that
+architecture, so a cache in a home directory shared by different CPUs
+stays valid.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import pyvgpu
+from pyvgpu import hooks
+from pyvgpu.errors import PyvgpuError
+
+FORMAT = 1
+_SOURCES = ("hooks.py", "layout.py", "jit/__init__.py", "jit/intrinsics.py", "jit/policies.py",
+            "jit/callbacks.py", "jit/aot.py")
+
+
+def cache_dir() -> Path:
+    """PYVGPU_CACHE_DIR, else $XDG_CACHE_HOME/pyvgpu, else ~/.cache/pyvgpu."""
+    env = os.environ.get("PYVGPU_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "pyvgpu" if xdg else Path.home() / ".cache" / "pyvgpu"
+
+
+def cache_key() -> str:
+    h = hashlib.sha256(f"{pyvgpu.__version__}|{hooks.table_hash()}|{platform.machine()}|{FORMAT}".encode())
+    pkg = Path(pyvgpu.__file__).parent
+    for name in _SOURCES:
+        h.update(name.encode())
+        h.update((pkg / name).read_bytes())
+    return h.hexdigest()[:20]
+
+
+def paths(directory: Path, key: str) -> tuple[Path, Path]:
+    return directory / f"callbacks-{key}.o", directory / f"callbacks-{key}.json"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def read(directory: Path | None = None, key: str | None = None) -> dict | None:
+    """The manifest of a complete, intact cache entry, or None."""
+    directory = directory or cache_dir()
+    key = key or cache_key()
+    obj, man = paths(directory, key)
+    try:
+        m = json.loads(man.read_text())
+        if (m.get("format") != FORMAT or m.get("key") != key or m.get("table_hash") != hooks.table_hash()
+                or m.get("sha256") != _sha256(obj)):
+            return None
+    except (OSError, ValueError):
+        return None
+    m["object_path"] = str(obj)
+    return m
+
+
+def writable_problem(directory: Path) -> str | None:
+    """Why the cache cannot be written there, or None if it can."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"cannot create {directory}: {e.strerror}"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"{directory} is not writable by this user"
+    return None
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def ensure(directory: Path | None = None, force: bool = False) -> dict:
+    """Return the manifest of the compiled callbacks, compiling them if needed.
+
+    Concurrent processes serialise on a lock file, so a cold start of many
+    wrapped processes compiles once.
+    """
+    directory = directory or cache_dir()
+    key = cache_key()
+    if not force:
+        m = read(directory, key)
+        if m is not None:
+            return m
+    problem = writable_problem(directory)
+    if problem:
+        raise PyvgpuError(
+            f"the callback cache is missing and cannot be written ({problem}); set PYVGPU_CACHE_DIR to a "
+            "writable directory, or run `pyvgpu warmup` once as a user who can write it"
+        )
+    with open(directory / ".lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP):  # NFS without locks: just build
+                raise
+        if not force:
+            m = read(directory, key)
+            if m is not None:
+                return m
+        return _build(directory, key)
+
+
+def _build(directory: Path, key: str) -> dict:
+    from pyvgpu.jit import aot  # imports numba: the cold path only
+
+    t0 = time.perf_counter()
+    obj_bytes, symbols, entries = aot.compile_object()
+    obj, man = paths(directory, key)
+    _atomic_write(obj, obj_bytes)
+    import llvmlite
+    import numba
+
+    m = {
+        "format": FORMAT,
+        "key": key,
+        "table_hash": hooks.table_hash(),
+        "sha256": hashlib.sha256(obj_bytes).hexdigest(),
+        "symbols": symbols,  # callback name -> object symbol
+        "entries": entries,  # ABI name -> callback name
+        "built_with": {"pyvgpu": pyvgpu.__version__, "numba": numba.__version__,
+                       "llvmlite": llvmlite.__version__},
+        "build_seconds": round(time.perf_counter() - t0, 3),
+    }
+    _atomic_write(man, json.dumps(m, indent=1, sort_keys=True).encode())
+    m["object_path"] = str(obj)
+    return m

@@ -1,0 +1,260 @@
+"""The hook table: every CUDA driver and NVML symbol pyvgpu intercepts.
+
+This module is the single source of truth. ``scripts/gen_shim.py`` renders
+the C shim from it (exported functions, the dlsym name index, the
+cuGetProcAddress variant table, callback typedefs) and ``pyvgpu.jit``
+builds one numba callback per variant signature from it.
+
+The model follows the driver's own structure, as measured on driver 580
+(docs/facts/procaddr-h100-driver580.tsv):
+
+* A :class:`Hook` is one API function under its *base name*, the name that
+  cuGetProcAddress takes ("cuMemAlloc"). Versioned names such as
+  "cuMemAlloc_v2" are not accepted by cuGetProcAddress.
+* A :class:`Variant` is one exported ABI symbol of it ("cuMemAlloc_v2"),
+  with the first cudaVersion that maps to it and whether it is the
+  per-thread-default-stream flavour (``_ptsz``/``_ptds``). Legacy variants
+  with other parameter types (the 32-bit ``cuMemAlloc``) carry their own
+  parameter list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+# cuGetProcAddress flags (cuda.h, CUdriverProcAddress_flags).
+GPA_DEFAULT = 0
+GPA_LEGACY_STREAM = 1
+GPA_PER_THREAD_DEFAULT_STREAM = 2
+
+# CUdriverProcAddressQueryResult
+GPA_SUCCESS = 0
+GPA_SYMBOL_NOT_FOUND = 1
+GPA_VERSION_NOT_SUFFICIENT = 2
+
+# C spelling -> numba type name, for scalar parameter and return types.
+# Every pointer ("... *") and opaque handle is passed as a voidptr.
+SCALAR_TYPES: dict[str, str] = {
+    "CUresult": "int32",
+    "nvmlReturn_t": "int32",
+    "int": "int32",
+    "unsigned int": "uint32",
+    "size_t": "uint64",
+    "CUdevice": "int32",
+    "CUdeviceptr": "uint64",
+    "CUdeviceptr_v1": "uint32",
+    "cuuint64_t": "uint64",
+    "unsigned long long": "uint64",
+}
+HANDLE_TYPES = frozenset({"CUfunction", "CUstream", "CUcontext", "CUmodule", "nvmlDevice_t"})
+
+
+def numba_type_name(ctype: str) -> str:
+    """The numba type a C parameter type travels as through a callback."""
+    if ctype.endswith("*") or ctype in HANDLE_TYPES:
+        return "voidptr"
+    try:
+        return SCALAR_TYPES[ctype]
+    except KeyError:
+        raise ValueError(f"hook table: unknown C type {ctype!r}; add it to SCALAR_TYPES or HANDLE_TYPES") from None
+
+
+@dataclass(frozen=True)
+class Param:
+    ctype: str
+    name: str
+
+    @property
+    def numba(self) -> str:
+        return numba_type_name(self.ctype)
+
+
+def P(ctype: str, name: str) -> Param:
+    return Param(ctype, name)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One exported ABI symbol of a hook."""
+
+    abi: str
+    since: int | None = None  # first cudaVersion that maps to it; None for NVML
+    per_thread: bool = False  # the _ptsz/_ptds flavour chosen by GPA_PER_THREAD_DEFAULT_STREAM
+    params: tuple[Param, ...] | None = None  # own parameters when they differ from the hook's
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One intercepted API function and its ABI variants.
+
+    ``callback`` names the policy in ``pyvgpu.jit.policies`` that decides
+    the call; ``None`` means the shim implements it in C (cuGetProcAddress,
+    which is plumbing, not policy).
+    """
+
+    name: str
+    lib: str  # "cuda" or "nvml"
+    params: tuple[Param, ...]
+    variants: tuple[Variant, ...]
+    callback: str | None = "forward"
+    doc: str = ""
+
+    @property
+    def ret(self) -> str:
+        return "CUresult" if self.lib == "cuda" else "nvmlReturn_t"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A variant with its global index: the unit the shim exports and counts."""
+
+    index: int
+    hook: Hook
+    variant: Variant
+    params: tuple[Param, ...] = field(default=())
+
+    @property
+    def abi(self) -> str:
+        return self.variant.abi
+
+    @property
+    def signature(self) -> tuple[str, ...]:
+        """numba type names of the parameters (the callback's shape)."""
+        return tuple(p.numba for p in self.params)
+
+
+def _hook(name: str, lib: str, params: list[Param], variants: list[Variant], **kw) -> Hook:
+    return Hook(name, lib, tuple(params), tuple(variants), **kw)
+
+
+def V(abi: str, since: int | None = None, per_thread: bool = False, params: list[Param] | None = None) -> Variant:
+    return Variant(abi, since, per_thread, tuple(params) if params is not None else None)
+
+
+_LAUNCH = [
+    P("CUfunction", "f"),
+    P("unsigned int", "gridDimX"), P("unsigned int", "gridDimY"), P("unsigned int", "gridDimZ"),
+    P("unsigned int", "blockDimX"), P("unsigned int", "blockDimY"), P("unsigned int", "blockDimZ"),
+    P("unsigned int", "sharedMemBytes"), P("CUstream", "hStream"),
+    P("void **", "kernelParams"), P("void **", "extra"),
+]
+
+HOOKS: tuple[Hook, ...] = (
+    # --- CUDA driver -------------------------------------------------------
+    _hook("cuInit", "cuda", [P("unsigned int", "Flags")], [V("cuInit", 2000)]),
+    _hook(
+        "cuGetProcAddress", "cuda",
+        [P("const char *", "symbol"), P("void **", "pfn"), P("int", "cudaVersion"),
+         P("cuuint64_t", "flags"), P("int *", "symbolStatus")],
+        [V("cuGetProcAddress", 11030, params=[P("const char *", "symbol"), P("void **", "pfn"),
+                                               P("int", "cudaVersion"), P("cuuint64_t", "flags")]),
+         V("cuGetProcAddress_v2", 12000)],
+        callback=None,
+        doc="maps the driver's answer to the hook of the same ABI variant (pv_procaddr.c)",
+    ),
+    _hook("cuDeviceGetCount", "cuda", [P("int *", "count")], [V("cuDeviceGetCount", 2000)]),
+    _hook(
+        "cuDeviceTotalMem", "cuda", [P("size_t *", "bytes"), P("CUdevice", "dev")],
+        [V("cuDeviceTotalMem", 2000, params=[P("unsigned int *", "bytes"), P("CUdevice", "dev")]),
+         V("cuDeviceTotalMem_v2", 3020)],
+    ),
+    _hook(
+        "cuMemAlloc", "cuda", [P("CUdeviceptr *", "dptr"), P("size_t", "bytesize")],
+        [V("cuMemAlloc", 2000, params=[P("CUdeviceptr_v1 *", "dptr"), P("unsigned int", "bytesize")]),
+         V("cuMemAlloc_v2", 3020)],
+    ),
+    _hook(
+        "cuMemFree", "cuda", [P("CUdeviceptr", "dptr")],
+        [V("cuMemFree", 2000, params=[P("CUdeviceptr_v1", "dptr")]), V("cuMemFree_v2", 3020)],
+    ),
+    _hook(
+        "cuMemGetInfo", "cuda", [P("size_t *", "free"), P("size_t *", "total")],
+        [V("cuMemGetInfo", 2000, params=[P("unsigned int *", "free"), P("unsigned int *", "total")]),
+         V("cuMemGetInfo_v2", 3020)],
+    ),
+    _hook(
+        "cuLaunchKernel", "cuda", _LAUNCH,
+        [V("cuLaunchKernel", 4000), V("cuLaunchKernel_ptsz", 7000, per_thread=True)],
+    ),
+    _hook(
+        "cuLaunchKernelEx", "cuda",
+        [P("const CUlaunchConfig *", "config"), P("CUfunction", "f"),
+         P("void **", "kernelParams"), P("void **", "extra")],
+        [V("cuLaunchKernelEx", 11060), V("cuLaunchKernelEx_ptsz", 11060, per_thread=True)],
+    ),
+    # --- NVML ----------------------------------------------------------------
+    _hook("nvmlInit", "nvml", [], [V("nvmlInit"), V("nvmlInit_v2")]),
+    _hook(
+        "nvmlDeviceGetMemoryInfo", "nvml",
+        [P("nvmlDevice_t", "device"), P("nvmlMemory_t *", "memory")],
+        [V("nvmlDeviceGetMemoryInfo")],
+    ),
+    _hook(
+        "nvmlDeviceGetMemoryInfo_v2", "nvml",
+        [P("nvmlDevice_t", "device"), P("nvmlMemory_v2_t *", "memory")],
+        [V("nvmlDeviceGetMemoryInfo_v2")],
+    ),
+)
+
+
+def _entries(hooks: tuple[Hook, ...]) -> tuple[Entry, ...]:
+    out = []
+    seen: set[str] = set()
+    for h in hooks:
+        if h.lib not in ("cuda", "nvml"):
+            raise ValueError(f"hook table: {h.name}: lib must be 'cuda' or 'nvml', not {h.lib!r}")
+        for v in h.variants:
+            if v.abi in seen:
+                raise ValueError(f"hook table: ABI symbol {v.abi} listed twice")
+            seen.add(v.abi)
+            if (h.lib == "cuda") != (v.since is not None):
+                raise ValueError(f"hook table: {v.abi}: CUDA variants need 'since', NVML ones must not have it")
+            params = v.params if v.params is not None else h.params
+            for p in params:
+                numba_type_name(p.ctype)  # fail loudly on unknown types
+            out.append(Entry(len(out), h, v, params))
+    return tuple(out)
+
+
+ENTRIES: tuple[Entry, ...] = _entries(HOOKS)
+BY_ABI: dict[str, Entry] = {e.abi: e for e in ENTRIES}
+BY_NAME: dict[str, Hook] = {h.name: h for h in HOOKS}
+
+
+def select_variant(hook: Hook, cuda_version: int, flags: int) -> tuple[Variant | None, int]:
+    """The variant cuGetProcAddress(hook.name, cuda_version, flags) returns.
+
+    Returns (variant, status). The rule, measured on driver 580: with the
+    per-thread flag, a function that has per-thread variants is looked up
+    among those only (below their first version: VERSION_NOT_SUFFICIENT);
+    otherwise among the legacy ones. The newest variant whose ``since`` is
+    <= cuda_version wins. The C twin of this function is
+    ``pv_select_variant`` in shim/src/pv_procaddr.c; tests compare both.
+    """
+    per_thread = bool(flags & GPA_PER_THREAD_DEFAULT_STREAM) and any(v.per_thread for v in hook.variants)
+    best: Variant | None = None
+    for v in hook.variants:
+        if v.per_thread != per_thread or v.since is None or v.since > cuda_version:
+            continue
+        if best is None or v.since >= best.since:  # type: ignore[operator]
+            best = v
+    return best, (GPA_SUCCESS if best is not None else GPA_VERSION_NOT_SUFFICIENT)
+
+
+def callback_signatures() -> dict[tuple[str, tuple[str, ...]], list[Entry]]:
+    """Group entries by (policy, parameter types): one compiled callback each."""
+    groups: dict[tuple[str, tuple[str, ...]], list[Entry]] = {}
+    for e in ENTRIES:
+        if e.hook.callback is None:
+            continue
+        groups.setdefault((e.hook.callback, e.signature), []).append(e)
+    return groups
+
+
+def table_hash() -> str:
+    """Identifies the table's ABI: shim and callbacks must agree on it."""
+    h = hashlib.sha256()
+    for e in ENTRIES:
+        h.update(f"{e.index}:{e.abi}:{e.hook.ret}:{','.join(p.ctype for p in e.params)}:{e.hook.callback};".encode())
+    return h.hexdigest()[:16]

@@ -1,0 +1,7 @@
+"""numba callbacks (cfuncs) and the llvmlite intrinsics they are built from.
+
+intrinsics.py  atomics, function-pointer calls, libc calls with errno
+policies.py    what a hooked call does (njit functions that only call intrinsics)
+callbacks.py   one cfunc per (policy, signature) of the hook table
+aot.py         compiles all callbacks into one cached object file
+"""

@@ -1,0 +1,83 @@
+"""Compile every callback into one relocatable object file.
+
+numba compiles each callback into its own LLVM module. Here the modules
+are linked into one, everything but the callback entry points is made
+internal (so helpers compiled into several modules do not clash), the
+result is optimised once more across the callbacks, and code is emitted
+for a generic CPU of this architecture, position-independent.
+
+Only libc functions may stay undefined: the loader resolves them from the
+process. A callback that needs anything else (a numba runtime helper, the
+Python C API) is a bug, reported here rather than at load time.
+"""
+
+from __future__ import annotations
+
+import re
+
+import llvmlite.binding as llvm
+
+from pyvgpu.jit import callbacks
+
+# Undefined symbols the object may keep: resolved from libc at load time.
+ALLOWED_EXTERNALS = frozenset({
+    "__errno_location", "getpid", "close", "fcntl", "open", "memcpy", "memset", "memmove",
+    "clock_gettime", "sched_yield", "nanosleep", "syscall",
+})
+
+
+_NOINLINE = re.compile(r"(?<=[{ ])noinline(?=[ }])")  # replaced by the no-op "nounwind"
+
+
+def _init_llvm() -> None:
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+
+
+def compile_object() -> tuple[bytes, dict[str, str], dict[str, str]]:
+    """Returns (object bytes, {callback name: symbol}, {ABI name: callback name})."""
+    _init_llvm()
+    built = callbacks.build()
+    modules = []
+    symbols: dict[str, str] = {}
+    entries: dict[str, str] = {}
+    for cb in built:
+        # numba marks the Python-level function noinline below its C wrapper;
+        # lifting that lets the wrapper, policy and driver call fold into one.
+        text = _NOINLINE.sub("nounwind", cb.func._library.get_llvm_str())
+        mod = llvm.parse_assembly(text)
+        keep = cb.func.native_name
+        for fn in mod.functions:
+            if not fn.is_declaration and fn.name != keep:
+                fn.linkage = "internal"
+        for gv in mod.global_variables:
+            if not gv.is_declaration:
+                gv.linkage = "internal"
+        modules.append(mod)
+        symbols[cb.name] = keep
+        for e in cb.entries:
+            entries[e.abi] = cb.name
+    main = modules[0]
+    for mod in modules[1:]:
+        main.link_in(mod)
+
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    tm = target.create_target_machine(cpu="", features="", opt=2, reloc="pic", codemodel="default")
+    main.triple = tm.triple
+    main.data_layout = str(tm.target_data)
+    pto = llvm.create_pipeline_tuning_options(speed_level=2)
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(main, pb)
+    main.verify()
+
+    undefined = sorted(
+        fn.name for fn in main.functions
+        if fn.is_declaration and not fn.name.startswith("llvm.") and fn.name not in ALLOWED_EXTERNALS
+    )
+    undefined += sorted(gv.name for gv in main.global_variables if gv.is_declaration)
+    if undefined:
+        raise RuntimeError(
+            "pyvgpu callbacks reference symbols outside libc: " + ", ".join(undefined)
+            + " (a callback used something that needs the numba runtime or the Python C API)"
+        )
+    return tm.emit_object(main), symbols, entries

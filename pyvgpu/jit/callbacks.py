@@ -1,0 +1,69 @@
+"""Build the numba cfuncs the shim calls, one per (policy, signature, library).
+
+Every callback has the C signature
+
+    int32 cb(uint64 ctx, uint32 idx, <the hooked function's parameters>)
+
+It counts the call in the context's stats block and hands the arguments,
+as a tuple, to its policy. The Python source of each callback is generated
+from the hook table (its arity varies), then compiled by numba.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from numba import cfunc, types
+
+from pyvgpu import hooks
+from pyvgpu.jit.policies import POLICIES, count_call
+
+NOT_FOUND = {"cuda": 500, "nvml": 13}  # CUDA_ERROR_NOT_FOUND, NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+@dataclass
+class Callback:
+    name: str  # stable name, also the key of the manifest
+    entries: list[hooks.Entry]
+    func: object  # the numba CFunc
+
+
+def _source(nargs: int, notfound: int) -> str:
+    names = [f"a{i}" for i in range(nargs)]
+    params = "".join(f", {n}" for n in names)
+    tup = "(" + "".join(f"{n}, " for n in names) + ")"
+    return (
+        f"def cb(ctx, idx{params}):\n"
+        f"    count_call(ctx, idx)\n"
+        f"    return policy(ctx, idx, {tup}, {notfound})\n"
+    )
+
+
+def signature_of(sig: tuple[str, ...]):
+    return types.int32(types.uint64, types.uint32, *(getattr(types, t) for t in sig))
+
+
+def groups() -> dict[str, list[hooks.Entry]]:
+    """Callback name -> the entries it serves."""
+    out: dict[str, list[hooks.Entry]] = {}
+    for e in hooks.ENTRIES:
+        if e.hook.callback is None:
+            continue
+        name = f"{e.hook.callback}__{e.hook.lib}__{'_'.join(e.signature) or 'void'}"
+        out.setdefault(name, []).append(e)
+    return out
+
+
+def build() -> list[Callback]:
+    """Compile every callback (imports numba; the cold path only)."""
+    out = []
+    for name, entries in groups().items():
+        e = entries[0]
+        policy = POLICIES[e.hook.callback]
+        ns = {"count_call": count_call, "policy": policy}
+        exec(compile(_source(len(e.signature), NOT_FOUND[e.hook.lib]), f"<pyvgpu callback {name}>", "exec"), ns)
+        fn = ns["cb"]
+        fn.__name__ = fn.__qualname__ = name
+        compiled = cfunc(signature_of(e.signature), nopython=True, error_model="numpy")(fn)
+        out.append(Callback(name, entries, compiled))
+    return out

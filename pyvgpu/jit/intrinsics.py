@@ -1,0 +1,168 @@
+"""llvmlite intrinsics the callbacks are built from.
+
+Each intrinsic is a typing signature plus a few lines of IRBuilder code.
+Addresses are plain integers (uint64): callbacks do their own address
+arithmetic on the context and region pointers. Everything here is tested
+on its own in tests/test_intrinsics.py, across threads and across
+processes sharing an mmap.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+_LL = {types.uint64: ir.IntType(64), types.int64: ir.IntType(64), types.uint32: ir.IntType(32),
+       types.int32: ir.IntType(32)}
+
+
+def _ptr(builder, addr, llty):
+    return builder.inttoptr(addr, llty.as_pointer())
+
+
+def _load(ty, atomic: bool):
+    llty = _LL[ty]
+
+    def impl(typingctx, addr):
+        def codegen(context, builder, sig, args):
+            p = _ptr(builder, args[0], llty)
+            if atomic:
+                return builder.load_atomic(p, "seq_cst", llty.width // 8, typ=llty)
+            return builder.load(p, typ=llty)
+
+        return ty(types.uint64), codegen
+
+    return intrinsic(impl)
+
+
+def _store(ty, atomic: bool):
+    llty = _LL[ty]
+
+    def impl(typingctx, addr, value):
+        def codegen(context, builder, sig, args):
+            v = context.cast(builder, args[1], sig.args[1], ty)
+            p = _ptr(builder, args[0], llty)
+            if atomic:
+                builder.store_atomic(v, p, "seq_cst", llty.width // 8)
+            else:
+                builder.store(v, p)
+            return context.get_dummy_value()
+
+        return types.void(types.uint64, value), codegen
+
+    return intrinsic(impl)
+
+
+def _rmw(ty, op: str):
+    llty = _LL[ty]
+
+    def impl(typingctx, addr, value):
+        def codegen(context, builder, sig, args):
+            v = context.cast(builder, args[1], sig.args[1], ty)
+            return builder.atomic_rmw(op, _ptr(builder, args[0], llty), v, "seq_cst")
+
+        return ty(types.uint64, value), codegen
+
+    return intrinsic(impl)
+
+
+def _cas(ty):
+    llty = _LL[ty]
+
+    def impl(typingctx, addr, expected, new):
+        def codegen(context, builder, sig, args):
+            exp = context.cast(builder, args[1], sig.args[1], ty)
+            new = context.cast(builder, args[2], sig.args[2], ty)
+            pair = builder.cmpxchg(_ptr(builder, args[0], llty), exp, new, "seq_cst", "seq_cst")
+            return builder.extract_value(pair, 0)
+
+        return ty(types.uint64, expected, new), codegen
+
+    return intrinsic(impl)
+
+
+# Plain and atomic (sequentially consistent) loads and stores.
+load_u64 = _load(types.uint64, atomic=False)
+load_u32 = _load(types.uint32, atomic=False)
+load_i32 = _load(types.int32, atomic=False)
+store_u64 = _store(types.uint64, atomic=False)
+store_u32 = _store(types.uint32, atomic=False)
+store_i32 = _store(types.int32, atomic=False)
+atomic_load_u64 = _load(types.uint64, atomic=True)
+atomic_load_u32 = _load(types.uint32, atomic=True)
+atomic_store_u64 = _store(types.uint64, atomic=True)
+atomic_store_u32 = _store(types.uint32, atomic=True)
+# Read-modify-write: return the value before the operation.
+atomic_add_u64 = _rmw(types.uint64, "add")
+atomic_sub_u64 = _rmw(types.uint64, "sub")
+atomic_add_u32 = _rmw(types.uint32, "add")
+atomic_xchg_u64 = _rmw(types.uint64, "xchg")
+atomic_max_u64 = _rmw(types.uint64, "umax")
+# Compare-and-swap: returns the old value; it succeeded iff old == expected.
+atomic_cas_u64 = _cas(types.uint64)
+atomic_cas_u32 = _cas(types.uint32)
+
+
+@intrinsic
+def call_i32(typingctx, fnptr, args):
+    """Call the C function at address ``fnptr`` with the tuple ``args``; it returns int32.
+
+    The LLVM function type is derived from the tuple's element types, so
+    one intrinsic serves every driver signature (all return CUresult or
+    nvmlReturn_t).
+    """
+    if not isinstance(args, types.BaseTuple) or not isinstance(fnptr, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, llargs):
+        fp, tup = llargs
+        vals = [builder.extract_value(tup, i) for i in range(len(sig.args[1]))]
+        fnty = ir.FunctionType(ir.IntType(32), [v.type for v in vals])
+        return builder.call(builder.inttoptr(fp, fnty.as_pointer()), vals)
+
+    return types.int32(fnptr, args), codegen
+
+
+@intrinsic
+def get_errno(typingctx):
+    """errno of the calling thread (via __errno_location; ctypes' copy stays 0)."""
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.IntType(32).as_pointer(), [])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "__errno_location")
+        return builder.load(builder.call(fn, []), typ=ir.IntType(32))
+
+    return types.int32(), codegen
+
+
+def libc(name: str, restype, argtypes: tuple, variadic: bool = False):
+    """An intrinsic calling libc's ``name`` with fixed leading ``argtypes``.
+
+    Variadic functions (fcntl, open) are declared variadic in the IR so the
+    call follows the C varargs convention. Extra arguments of a variadic
+    call are passed as they are typed at the call site.
+    """
+
+    def impl(typingctx, *args):
+        if len(args) < len(argtypes) or (len(args) > len(argtypes) and not variadic):
+            return None
+        sig = restype(*argtypes, *args[len(argtypes):])
+
+        def codegen(context, builder, sig, llargs):
+            fixed = [context.get_value_type(t) for t in argtypes]
+            fnty = ir.FunctionType(context.get_value_type(restype), fixed, var_arg=variadic)
+            fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+            vals = [context.cast(builder, a, sig.args[i], sig.args[i]) for i, a in enumerate(llargs)]
+            return builder.call(fn, vals)
+
+        return sig, codegen
+
+    impl.__name__ = f"libc_{name}"
+    return intrinsic(impl)
+
+
+getpid = libc("getpid", types.int32, ())
+close = libc("close", types.int32, (types.int32,))
+fcntl = libc("fcntl", types.int32, (types.int32, types.int32), variadic=True)

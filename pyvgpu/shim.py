@@ -1,0 +1,48 @@
+"""Where the shim is, and its ctypes interface (shim/src/pv_core.c)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+BOOT_DIR = PACKAGE_DIR / "_boot"
+BENCH_BIN = PACKAGE_DIR / "bin" / "pv_bench"
+
+
+def shim_path() -> Path:
+    """The libpyvgpu.so of this installation (PYVGPU_SHIM overrides)."""
+    return Path(os.environ.get("PYVGPU_SHIM") or PACKAGE_DIR / "libpyvgpu.so")
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.pyvgpu_install.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint32, ctypes.c_char_p,
+                                   ctypes.c_char_p]
+    lib.pyvgpu_install.restype = ctypes.c_int
+    lib.pyvgpu_installed.restype = ctypes.c_int
+    lib.pyvgpu_booting.restype = ctypes.c_int
+    lib.pyvgpu_table_hash.restype = ctypes.c_char_p
+    lib.pyvgpu_boot_mode.restype = ctypes.c_char_p
+    lib.pyvgpu_last_error.restype = ctypes.c_char_p
+    lib.pyvgpu_set_error.argtypes = [ctypes.c_char_p]
+    lib.pyvgpu_set_error.restype = None
+    lib.pyvgpu_ctx.restype = ctypes.c_void_p
+    lib.pyvgpu_lookups.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.pyvgpu_lookups.restype = ctypes.c_uint64
+    return lib
+
+
+def loaded() -> ctypes.CDLL | None:
+    """The shim preloaded into this process, or None when it is not there."""
+    lib = ctypes.CDLL(None)
+    try:
+        lib.pyvgpu_install  # noqa: B018
+    except AttributeError:
+        return None
+    return _declare(lib)
+
+
+def open_shim(path: Path | None = None) -> ctypes.CDLL:
+    """Load the shim explicitly (tools and tests; a wrapped process uses loaded())."""
+    return _declare(ctypes.CDLL(str(path or shim_path())))

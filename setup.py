@@ -1,0 +1,34 @@
+"""Builds the native parts (shim and bench) into the wheel; see scripts/build_native.py."""
+
+import importlib.util
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _build_native():
+    spec = importlib.util.spec_from_file_location("build_native", ROOT / "scripts" / "build_native.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class BuildPyWithNative(build_py):
+    def run(self):
+        super().run()
+        if not self.editable_mode:
+            _build_native().build(Path(self.build_lib) / "pyvgpu")
+        else:
+            _build_native().build(ROOT / "pyvgpu")
+
+
+class BinaryDistribution(Distribution):
+    def has_ext_modules(self):  # the wheel carries a shared library: make it platform-specific
+        return True
+
+
+setup(cmdclass={"build_py": BuildPyWithNative}, distclass=BinaryDistribution)

@@ -1,0 +1,69 @@
+/* Internal interface between the generated hooks (shim/generated) and the
+ * hand-written plumbing (shim/src). */
+#ifndef PV_SHIM_H
+#define PV_SHIM_H
+#include "pv_types.h"
+#include "../generated/pv_layout.h"
+#include "../generated/pv_table.h"
+
+#define PV_EXPORT __attribute__((visibility("default")))
+#define PV_LIKELY(x) __builtin_expect(!!(x), 1)
+#define PV_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+enum { PV_LIB_CUDA = 0, PV_LIB_NVML = 1 };
+enum { PV_VIA_DLSYM = 0, PV_VIA_PROCADDR = 1, PV_N_VIA = 2 };
+
+typedef struct {
+    const char *name;  /* exported ABI symbol */
+    uint8_t lib;       /* PV_LIB_* */
+    uint8_t per_thread;
+    uint8_t has_callback; /* 0: implemented in C (pv_impl_<abi>) */
+    uint16_t hook;     /* index into pv_hook_infos */
+    int32_t since;     /* first cudaVersion mapping to it; 0 for NVML */
+} pv_entry_info_t;
+
+typedef struct {
+    const char *name;  /* base name, as cuGetProcAddress takes it */
+    uint16_t first;    /* first entry index */
+    uint16_t count;    /* number of variants */
+} pv_hook_info_t;
+
+typedef struct { const char *name; uint16_t index; } pv_name_index_t;
+
+/* generated (pv_hooks.c) */
+extern const pv_entry_info_t pv_entry_infos[PV_N_ENTRIES];
+extern const pv_hook_info_t pv_hook_infos[PV_N_HOOKS];
+extern const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES];
+extern const pv_name_index_t pv_hook_sorted[PV_N_HOOKS];
+extern void *const pv_hook_fns[PV_N_ENTRIES];
+
+/* pv_core.c */
+extern pv_ctx_t pv_ctx;
+extern void *pv_callbacks[PV_N_ENTRIES];
+enum { PV_BOOT_READY = 0, PV_BOOT_PASSTHROUGH = 1, PV_BOOT_REFUSE = 2 };
+int pv_boot(void);                      /* make callbacks ready; PV_BOOT_* */
+void pv_resolve_real(void);             /* fill pv_ctx.real (idempotent) */
+void pv_count_lookup(int entry, int via);
+void pv_count_call(int entry);
+void pv_note_procaddr_mismatch(const char *symbol, int table_entry, int driver_entry);
+int pv_find_abi(const char *name);      /* entry index or -1 */
+int pv_find_hook(const char *name);     /* hook index or -1 */
+void *pv_real_dlsym(void *handle, const char *name);
+
+static inline void *pv_callback(int entry) {
+    return __atomic_load_n(&pv_callbacks[entry], __ATOMIC_ACQUIRE);
+}
+static inline void *pv_real(int entry) {
+    return (void *)(uintptr_t)pv_ctx.real[entry];
+}
+
+/* pv_procaddr.c */
+int pv_select_variant(int hook, int cuda_version, cuuint64_t flags);
+CUresult pv_impl_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+CUresult pv_impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                     int *symbolStatus);
+
+/* pv_python.c: install the callbacks through Python; 0 on success */
+int pv_python_install(char *err, size_t errlen);
+extern const char *pv_boot_mode;
+#endif

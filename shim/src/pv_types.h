@@ -1,0 +1,36 @@
+/* The few CUDA driver and NVML types the shim needs, so that building it
+ * needs no CUDA toolkit. Values are from cuda.h / nvml.h (public ABI). */
+#ifndef PV_TYPES_H
+#define PV_TYPES_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned int CUdeviceptr_v1;
+typedef uint64_t cuuint64_t;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUlaunchConfig_st CUlaunchConfig;
+
+typedef int nvmlReturn_t;
+typedef struct nvmlDevice_st *nvmlDevice_t;
+typedef struct nvmlMemory_st nvmlMemory_t;
+typedef struct nvmlMemory_v2_st nvmlMemory_v2_t;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_PERMITTED 800
+#define NVML_SUCCESS 0
+#define NVML_ERROR_NO_PERMISSION 4
+#define NVML_ERROR_FUNCTION_NOT_FOUND 13
+
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
+#define CU_GET_PROC_ADDRESS_SUCCESS 0
+#define CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND 1
+#define CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT 2
+#endif
