@@ -17,23 +17,13 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from pyvgpu.pyinfo import libpython  # noqa: E402
 SHIM_SOURCES = sorted((ROOT / "shim" / "src").glob("*.c")) + [ROOT / "shim" / "generated" / "pv_hooks.c"]
 BENCH_SOURCE = ROOT / "pyvgpu" / "bench" / "pv_bench.c"
-
-
-def libpython() -> str:
-    """Absolute path of this interpreter's shared libpython, or '' if it has none."""
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    for name in (sysconfig.get_config_var("INSTSONAME"), sysconfig.get_config_var("LDLIBRARY")):
-        if name and ".so" in name:
-            path = os.path.join(libdir, name)
-            if os.path.exists(path):
-                return os.path.realpath(path)
-    return ""
 
 
 def _c_string(value: str, what: str) -> str:

@@ -1,0 +1,1 @@
+"""Benchmarks behind `pyvgpu bench`: figures, raw against wrapped, in one run."""

@@ -1,0 +1,3 @@
+from pyvgpu.cli import main
+
+main()

@@ -1,0 +1,177 @@
+"""The `pyvgpu` command line.
+
+Every command imports what it needs when it runs, so `pyvgpu wrap` starts
+fast: it is on the path of every wrapped program's startup.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from pyvgpu import __version__
+
+app = typer.Typer(
+    help="Share one NVIDIA GPU between programs: each runs in a vGPU with its own limits, unmodified.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(help="Benchmarks that print figures, raw against wrapped, measured in one run.",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+class OnError(str, enum.Enum):
+    closed = "closed"
+    open = "open"
+
+
+def _fail(msg: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"pyvgpu: {msg}", err=True)
+    return typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"pyvgpu {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """pyvgpu: hard memory caps, compute shares and device sets for unmodified CUDA programs."""
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def wrap(
+    command: list[str] = typer.Argument(..., metavar="-- PROGRAM [ARGS]...",
+                                        help="The program to run in the vGPU, and its arguments."),
+    stats: bool = typer.Option(False, "--stats",
+                               help="At exit, each wrapped process prints its CUDA/NVML call counts per symbol "
+                                    "to stderr (PYVGPU_STATS=1)."),
+    stats_file: str = typer.Option(None, "--stats-file", metavar="PATH",
+                                   help="Append the call counts as JSON to PATH instead; %p in PATH becomes the "
+                                        "pid."),
+    on_error: OnError = typer.Option(None, "--on-error", case_sensitive=False,
+                                     help="What happens when the limits cannot be enforced: 'closed' refuses "
+                                          "CUDA calls (the default when limits are set), 'open' runs the "
+                                          "program unlimited with a warning."),
+) -> None:
+    """Run PROGRAM in a vGPU. It keeps this process's pid, exit code and signals.
+
+    Example: pyvgpu wrap --stats -- python train.py
+    """
+    import os
+
+    from pyvgpu import wrap as w
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None),
+                          on_error=on_error.value if on_error else None)
+        w.exec_wrapped(command, env)
+    except PyvgpuError as e:
+        raise _fail(str(e), 127 if str(e).startswith("program not found") else 2) from None
+    except OSError as e:
+        raise _fail(f"cannot run {command[0]!r}: {e.strerror}", 126) from None
+
+
+@app.command()
+def warmup(
+    force: bool = typer.Option(False, "--force", help="Compile again even if the cache is valid."),
+    as_json: bool = typer.Option(False, "--json", help="Print the cache manifest as JSON."),
+) -> None:
+    """Compile the callbacks into the cache now (PYVGPU_CACHE_DIR, else ~/.cache/pyvgpu).
+
+    The first wrapped program would otherwise do it (about 1-3 s, once per pyvgpu version).
+    """
+    import time
+
+    from pyvgpu import cache
+    from pyvgpu.errors import PyvgpuError
+
+    t0 = time.perf_counter()
+    try:
+        m = cache.ensure(force=force)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    if as_json:
+        typer.echo(json.dumps(m, indent=1, sort_keys=True))
+    else:
+        took = time.perf_counter() - t0
+        typer.echo(f"callbacks ready: {m['object_path']} ({len(m['symbols'])} callbacks, {took:.2f} s)")
+
+
+@app.command()
+def doctor(as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON.")) -> None:
+    """Check that this machine can run vGPUs, with a fix for each problem. Exits 1 if a required check fails."""
+    from pyvgpu import doctor as d
+
+    checks = d.run_checks()
+    if as_json:
+        typer.echo(json.dumps(d.as_json(checks), indent=1))
+    else:
+        for c in checks:
+            mark = "ok  " if c.ok else ("FAIL" if c.required else "warn")
+            typer.echo(f"[{mark}] {c.name}: {c.detail}")
+            if not c.ok:
+                typer.echo(f"       fix: {c.fix}")
+    if any(c.required and not c.ok for c in checks):
+        raise typer.Exit(1)
+
+
+def _emit(result: dict, table: str, json_path: Path | None) -> None:
+    typer.echo(table)
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=1))
+        typer.echo(f"wrote {json_path}")
+
+
+@bench_app.command("overhead")
+def bench_overhead(
+    rounds: int = typer.Option(5, min=1, help="Alternating raw/wrapped rounds."),
+    samples: int = typer.Option(200, min=10, help="Timed batches per run."),
+    size: int = typer.Option(2 << 20, min=1, help="Bytes per cuMemAlloc."),
+    json_path: Path = typer.Option(None, "--json", help="Also write the full result as JSON to this file."),
+) -> None:
+    """Host time of an empty-kernel cuLaunchKernel and a cuMemAlloc+cuMemFree, raw and wrapped."""
+    from pyvgpu.bench import overhead
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        result = overhead.run(rounds=rounds, samples=samples, size=size)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    _emit(result, overhead.table(result), json_path)
+
+
+@bench_app.command("startup")
+def bench_startup(
+    runs: int = typer.Option(5, min=1, help="Runs per case."),
+    json_path: Path = typer.Option(None, "--json", help="Also write the full result as JSON to this file."),
+) -> None:
+    """Time to the first CUDA call, raw and wrapped, warm and cold cache, Python and C hosts."""
+    from pyvgpu.bench import startup
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        result = startup.run(runs=runs)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    _emit(result, startup.table(result), json_path)
+
+
+def main() -> None:
+    app(prog_name="pyvgpu")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

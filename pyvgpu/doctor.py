@@ -1,0 +1,95 @@
+"""`pyvgpu doctor`: is this machine ready to run vGPUs? Each check says how to fix it."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from dataclasses import asdict, dataclass
+
+from pyvgpu import cache, hooks, pyinfo, shim
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True  # a failed optional check is a warning
+
+
+def _shim() -> Check:
+    path = shim.shim_path()
+    if not path.exists():
+        return Check("shim built", False, f"{path} is missing", "reinstall pyvgpu: pip install builds it with gcc")
+    try:
+        lib = shim.open_shim(path)
+        got = lib.pyvgpu_table_hash().decode()
+    except OSError as e:
+        return Check("shim built", False, f"{path} does not load: {e}", "reinstall pyvgpu")
+    if got != hooks.table_hash():
+        return Check("shim built", False, f"{path} has hook table {got}, the package {hooks.table_hash()}",
+                     "reinstall pyvgpu so the shim and the package come from one build")
+    return Check("shim built", True, f"{path} (hook table {got}, {len(hooks.ENTRIES)} symbols)")
+
+
+def _driver() -> Check:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return Check("CUDA driver found", False, f"libcuda.so.1 does not load: {e}",
+                     "install the NVIDIA driver, or put its directory on LD_LIBRARY_PATH")
+    v = ctypes.c_int(0)
+    rc = lib.cuDriverGetVersion(ctypes.byref(v))
+    if rc != 0:
+        return Check("CUDA driver found", False, f"cuDriverGetVersion returned {rc}", "check the driver install")
+    return Check("CUDA driver found", True, f"libcuda.so.1, CUDA {v.value // 1000}.{v.value % 1000 // 10}")
+
+
+def _nvml() -> Check:
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as e:
+        return Check("NVML found", False, f"libnvidia-ml.so.1 does not load: {e}",
+                     "install the NVIDIA driver's NVML; memory limits work without it, compute limits need it",
+                     required=False)
+    rc = lib.nvmlInit_v2()
+    if rc != 0:
+        return Check("NVML found", False, f"nvmlInit_v2 returned {rc}", "check the driver install", required=False)
+    return Check("NVML found", True, "libnvidia-ml.so.1 initialises")
+
+
+def _libpython() -> Check:
+    lib = pyinfo.libpython()
+    if not lib:
+        return Check("libpython embeddable", False, "this Python has no shared libpython",
+                     "use a Python built with --enable-shared (distribution Pythons are), else non-Python "
+                     "programs cannot be wrapped (PYVGPU_ON_ERROR=open runs them unlimited)")
+    m = re.match(r"libpython(\d+)\.(\d+)", os.path.basename(lib))
+    home = pyinfo.python_home()
+    stdlib = os.path.join(home, "lib", f"python{m.group(1)}.{m.group(2)}", "os.py") if m else ""
+    if not m or not os.path.exists(stdlib):
+        return Check("libpython embeddable", False, f"{lib}: no standard library at {stdlib or home}",
+                     "reinstall Python, or set PYVGPU_PYTHON_HOME to its sys.base_prefix")
+    return Check("libpython embeddable", True, f"{lib}, home {home}")
+
+
+def _cache() -> Check:
+    d = cache.cache_dir()
+    warm = cache.read(d) is not None
+    problem = cache.writable_problem(d)
+    if problem and not warm:
+        return Check("callback cache", False, problem,
+                     "set PYVGPU_CACHE_DIR to a writable directory, or run `pyvgpu warmup` as a user who can")
+    state = "compiled" if warm else "empty (the first wrap compiles, ~1-3 s; `pyvgpu warmup` does it now)"
+    ro = ", read-only" if problem else ", writable"
+    return Check("callback cache", True, f"{d}{ro}, {state}")
+
+
+def run_checks() -> list[Check]:
+    return [_shim(), _driver(), _nvml(), _libpython(), _cache()]
+
+
+def as_json(checks: list[Check]) -> list[dict]:
+    return [asdict(c) for c in checks]

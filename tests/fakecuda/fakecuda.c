@@ -1,0 +1,625 @@
+/* A fake libcuda.so.1 for CPU-only tests. It is a test double of the
+ * hardware and never ships.
+ *
+ * Devices: FAKECUDA_DEVICES="16G,8G" (capacities; default two devices).
+ * Memory: allocations get unique fake addresses and are tracked, so a
+ * double free or a foreign pointer fails as on a real driver.
+ * Launches: counted; each advances a simulated busy clock.
+ * cuGetProcAddress answers from a table recorded on a real driver
+ * (docs/facts/procaddr-*.tsv via gen_procaddr_table.py); a name missing
+ * there resolves to the fake's function of that exact name.
+ * FAKECUDA_STATS=PATH writes the fake's own call counts as JSON at exit,
+ * so tests can check that calls really reached the driver.
+ *
+ * Built with -Bsymbolic so the fake's own references bind to itself, as
+ * the real driver's do, even with the shim preloaded.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned int CUdeviceptr_v1;
+typedef uint64_t cuuint64_t;
+typedef struct fake_ctx *CUcontext;
+typedef void *CUmodule, *CUfunction, *CUstream;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+};
+
+#define FAKE_DRIVER_VERSION 13000
+#define MAX_DEV 16
+
+struct fake_ctx {
+    int dev;
+};
+
+static int g_init;
+static int g_ndev;
+static uint64_t g_cap[MAX_DEV];
+static uint64_t g_used[MAX_DEV];
+static uint64_t g_next[MAX_DEV];
+static struct fake_ctx g_primary[MAX_DEV];
+static __thread CUcontext t_cur;
+static uint64_t g_busy_ns; /* simulated busy clock */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- call counting ------------------------------------------------------- */
+
+#define FAKE_FUNCS(X)                                                                                            \
+    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName)                         \
+    X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)                \
+    X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuCtxCreate_v2) X(cuCtxDestroy_v2)             \
+    X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemAlloc_v2)    \
+    X(cuMemFree) X(cuMemFree_v2) X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuModuleLoadData) X(cuModuleGetFunction)    \
+    X(cuModuleUnload) X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)        \
+    X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuGetProcAddress) X(cuGetProcAddress_v2)     \
+    X(cuGetErrorString) X(cuGetErrorName)
+
+#define X(name) FK_##name,
+enum { FAKE_FUNCS(X) FK_N };
+#undef X
+#define X(name) #name,
+static const char *const fk_names[FK_N] = {FAKE_FUNCS(X)};
+#undef X
+static uint64_t fk_calls[FK_N];
+#define COUNT(name) __atomic_add_fetch(&fk_calls[FK_##name], 1, __ATOMIC_RELAXED)
+
+/* ---- configuration ------------------------------------------------------- */
+
+static uint64_t parse_size(const char *s) {
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    switch (toupper((unsigned char)*end)) {
+    case 'T': v <<= 10; /* fallthrough */
+    case 'G': v <<= 10; /* fallthrough */
+    case 'M': v <<= 10; /* fallthrough */
+    case 'K': v <<= 10; break;
+    default: break;
+    }
+    return v;
+}
+
+__attribute__((constructor)) static void fake_config(void) {
+    const char *d = getenv("FAKECUDA_DEVICES");
+    if (!d || !*d)
+        d = "16G,8G";
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", d);
+    for (char *tok = strtok(buf, ","); tok && g_ndev < MAX_DEV; tok = strtok(NULL, ",")) {
+        g_cap[g_ndev] = parse_size(tok);
+        g_next[g_ndev] = 0x7f0000000000ULL + ((uint64_t)g_ndev << 36);
+        g_primary[g_ndev].dev = g_ndev;
+        g_ndev++;
+    }
+}
+
+__attribute__((destructor)) static void fake_stats(void) {
+    const char *p = getenv("FAKECUDA_STATS");
+    if (!p || !*p)
+        return;
+    char path[1024];
+    snprintf(path, sizeof path, "%s.%d", p, (int)getpid());
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return;
+    fprintf(f, "{");
+    int first = 1;
+    for (int i = 0; i < FK_N; i++)
+        if (fk_calls[i]) {
+            fprintf(f, "%s\"%s\": %llu", first ? "" : ", ", fk_names[i], (unsigned long long)fk_calls[i]);
+            first = 0;
+        }
+    fprintf(f, "}\n");
+    fclose(f);
+}
+
+/* ---- allocation tracking: open addressing, keyed by address -------------- */
+
+struct alloc {
+    CUdeviceptr ptr;
+    uint64_t size;
+    int dev;
+};
+static struct alloc *g_tab;
+static size_t g_tab_cap, g_tab_n;
+
+static size_t slot_of(CUdeviceptr p) { return (size_t)((p >> 8) * 0x9E3779B97F4A7C15ULL) & (g_tab_cap - 1); }
+
+static void tab_put(struct alloc a);
+static void tab_grow(void) {
+    struct alloc *old = g_tab;
+    size_t oldcap = g_tab_cap;
+    g_tab_cap = oldcap ? oldcap * 2 : 1024;
+    g_tab = calloc(g_tab_cap, sizeof *g_tab);
+    g_tab_n = 0;
+    for (size_t i = 0; i < oldcap; i++)
+        if (old[i].ptr)
+            tab_put(old[i]);
+    free(old);
+}
+
+static void tab_put(struct alloc a) {
+    if ((g_tab_n + 1) * 2 > g_tab_cap)
+        tab_grow();
+    size_t i = slot_of(a.ptr);
+    while (g_tab[i].ptr)
+        i = (i + 1) & (g_tab_cap - 1);
+    g_tab[i] = a;
+    g_tab_n++;
+}
+
+static int tab_take(CUdeviceptr p, struct alloc *out) {
+    if (!g_tab_cap)
+        return 0;
+    size_t i = slot_of(p);
+    while (g_tab[i].ptr) {
+        if (g_tab[i].ptr == p) {
+            *out = g_tab[i];
+            g_tab[i].ptr = 0;
+            g_tab_n--;
+            /* re-insert the rest of the cluster (linear probing delete) */
+            for (size_t j = (i + 1) & (g_tab_cap - 1); g_tab[j].ptr; j = (j + 1) & (g_tab_cap - 1)) {
+                struct alloc a = g_tab[j];
+                g_tab[j].ptr = 0;
+                g_tab_n--;
+                tab_put(a);
+            }
+            return 1;
+        }
+        i = (i + 1) & (g_tab_cap - 1);
+    }
+    return 0;
+}
+
+/* ---- init, devices, contexts --------------------------------------------- */
+
+#define NEED_INIT()                                                                                              \
+    do {                                                                                                         \
+        if (!g_init)                                                                                             \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                                   \
+    } while (0)
+#define NEED_CTX()                                                                                               \
+    do {                                                                                                         \
+        NEED_INIT();                                                                                             \
+        if (!t_cur)                                                                                              \
+            return CUDA_ERROR_INVALID_CONTEXT;                                                                   \
+    } while (0)
+
+EXPORT CUresult cuInit(unsigned flags) {
+    COUNT(cuInit);
+    if (flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    g_init = 1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v) {
+    COUNT(cuDriverGetVersion);
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = FAKE_DRIVER_VERSION;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *n) {
+    COUNT(cuDeviceGetCount);
+    NEED_INIT();
+    if (!n)
+        return CUDA_ERROR_INVALID_VALUE;
+    *n = g_ndev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+    COUNT(cuDeviceGet);
+    NEED_INIT();
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= g_ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    COUNT(cuDeviceGetName);
+    NEED_INIT();
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= g_ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, len, "Fake GPU %d", d);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
+    COUNT(cuDeviceTotalMem_v2);
+    NEED_INIT();
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= g_ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = g_cap[d];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
+    COUNT(cuDeviceTotalMem);
+    NEED_INIT();
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= g_ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = g_cap[d] > 0xffffffffULL ? 0xffffffffU : (unsigned)g_cap[d];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+    COUNT(cuDeviceGetAttribute);
+    NEED_INIT();
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= g_ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *v = attr == 16 ? 132 : 1; /* 16: multiprocessor count */
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+    COUNT(cuDevicePrimaryCtxRetain);
+    NEED_INIT();
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= g_ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *c = &g_primary[d];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    COUNT(cuDevicePrimaryCtxRelease_v2);
+    NEED_INIT();
+    return (d < 0 || d >= g_ndev) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d) {
+    COUNT(cuDevicePrimaryCtxRelease);
+    NEED_INIT();
+    return (d < 0 || d >= g_ndev) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
+    COUNT(cuCtxCreate_v2);
+    NEED_INIT();
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= g_ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct fake_ctx *x = malloc(sizeof *x);
+    x->dev = d;
+    *c = t_cur = x;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
+    COUNT(cuCtxDestroy_v2);
+    NEED_INIT();
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (t_cur == c)
+        t_cur = NULL;
+    if (c < &g_primary[0] || c >= &g_primary[MAX_DEV])
+        free(c);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+    COUNT(cuCtxSetCurrent);
+    NEED_INIT();
+    t_cur = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *c) {
+    COUNT(cuCtxGetCurrent);
+    NEED_INIT();
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    *c = t_cur;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
+    COUNT(cuCtxGetDevice);
+    NEED_CTX();
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    *d = t_cur->dev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    COUNT(cuCtxSynchronize);
+    NEED_CTX();
+    return CUDA_SUCCESS;
+}
+
+/* ---- memory -------------------------------------------------------------- */
+
+static CUresult alloc_on(int dev, CUdeviceptr *p, uint64_t size) {
+    if (!p || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t rounded = (size + 511) & ~511ULL;
+    pthread_mutex_lock(&g_mu);
+    if (g_used[dev] + rounded > g_cap[dev]) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUdeviceptr a = g_next[dev];
+    g_next[dev] += rounded;
+    g_used[dev] += rounded;
+    tab_put((struct alloc){a, rounded, dev});
+    pthread_mutex_unlock(&g_mu);
+    *p = a;
+    return CUDA_SUCCESS;
+}
+
+static CUresult free_ptr(CUdeviceptr p) {
+    struct alloc a;
+    pthread_mutex_lock(&g_mu);
+    int ok = tab_take(p, &a);
+    if (ok)
+        g_used[a.dev] -= a.size;
+    pthread_mutex_unlock(&g_mu);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) {
+    COUNT(cuMemAlloc_v2);
+    NEED_CTX();
+    return alloc_on(t_cur->dev, p, size);
+}
+
+EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *p, unsigned int size) {
+    COUNT(cuMemAlloc);
+    NEED_CTX();
+    return CUDA_ERROR_INVALID_VALUE; /* the 32-bit ABI cannot hold a 64-bit address */
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+    COUNT(cuMemFree_v2);
+    NEED_CTX();
+    return free_ptr(p);
+}
+
+EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) {
+    COUNT(cuMemFree);
+    NEED_CTX();
+    return free_ptr(p);
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
+    COUNT(cuMemGetInfo_v2);
+    NEED_CTX();
+    if (!free_b || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    *total = g_cap[t_cur->dev];
+    *free_b = g_cap[t_cur->dev] - g_used[t_cur->dev];
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total) {
+    COUNT(cuMemGetInfo);
+    NEED_CTX();
+    if (!free_b || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t t = g_cap[t_cur->dev], f = t - g_used[t_cur->dev];
+    *total = t > 0xffffffffULL ? 0xffffffffU : (unsigned)t;
+    *free_b = f > 0xffffffffULL ? 0xffffffffU : (unsigned)f;
+    return CUDA_SUCCESS;
+}
+
+/* ---- modules, launches, streams ------------------------------------------- */
+
+static int g_module_token, g_function_token, g_stream_token;
+
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+    COUNT(cuModuleLoadData);
+    NEED_CTX();
+    if (!m || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    *m = &g_module_token;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+    COUNT(cuModuleGetFunction);
+    NEED_CTX();
+    if (!f || !m || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (m != &g_module_token)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *f = &g_function_token;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule m) {
+    COUNT(cuModuleUnload);
+    NEED_CTX();
+    return m == &g_module_token ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult launch(CUfunction f, uint64_t blocks) {
+    if (f != &g_function_token)
+        return CUDA_ERROR_INVALID_HANDLE;
+    __atomic_add_fetch(&g_busy_ns, 1000 + blocks, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                               unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
+    COUNT(cuLaunchKernel);
+    NEED_CTX();
+    return launch(f, (uint64_t)gx * gy * gz);
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                    unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
+                                    void **extra) {
+    COUNT(cuLaunchKernel_ptsz);
+    NEED_CTX();
+    return launch(f, (uint64_t)gx * gy * gz);
+}
+
+typedef struct {
+    unsigned gx, gy, gz, bx, by, bz, shm;
+    CUstream s;
+    void *attrs;
+    unsigned nattrs;
+} fake_launch_config;
+
+EXPORT CUresult cuLaunchKernelEx(const fake_launch_config *c, CUfunction f, void **params, void **extra) {
+    COUNT(cuLaunchKernelEx);
+    NEED_CTX();
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, (uint64_t)c->gx * c->gy * c->gz);
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const fake_launch_config *c, CUfunction f, void **params, void **extra) {
+    COUNT(cuLaunchKernelEx_ptsz);
+    NEED_CTX();
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, (uint64_t)c->gx * c->gy * c->gz);
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
+    COUNT(cuStreamCreate);
+    NEED_CTX();
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    *s = &g_stream_token;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    COUNT(cuStreamDestroy_v2);
+    NEED_CTX();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    COUNT(cuStreamSynchronize);
+    NEED_CTX();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) {
+    COUNT(cuGetErrorString);
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    *s = e == 0 ? "no error" : e == 2 ? "out of memory" : "fake error";
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
+    COUNT(cuGetErrorName);
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    *s = e == 0 ? "CUDA_SUCCESS" : e == 2 ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_FAKE";
+    return CUDA_SUCCESS;
+}
+
+/* ---- cuGetProcAddress ------------------------------------------------------ */
+
+struct fake_gpa_row {
+    const char *name;
+    int fclass; /* 0: default/legacy flags, 2: per-thread default stream */
+    int since;
+    int status; /* CUdriverProcAddressQueryResult */
+    const char *abi;
+};
+#include "procaddr_table.h"
+
+EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, int *);
+EXPORT CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
+
+#define X(name) {#name, (void *)name},
+static const struct {
+    const char *name;
+    void *fn;
+} fk_impls[] = {FAKE_FUNCS(X)};
+#undef X
+
+static void *impl_of(const char *name) {
+    for (size_t i = 0; i < sizeof fk_impls / sizeof *fk_impls; i++)
+        if (!strcmp(fk_impls[i].name, name))
+            return fk_impls[i].fn;
+    return NULL;
+}
+
+/* 0: found (*pfn set); else a CUdriverProcAddressQueryResult */
+static int lookup(const char *symbol, void **pfn, int ver, cuuint64_t flags) {
+    int fclass = (flags & 2) ? 2 : 0;
+    const struct fake_gpa_row *best = NULL;
+    int listed = 0;
+    for (size_t i = 0; i < sizeof fake_gpa_rows / sizeof *fake_gpa_rows; i++) {
+        const struct fake_gpa_row *r = &fake_gpa_rows[i];
+        if (strcmp(r->name, symbol) || r->fclass != fclass)
+            continue;
+        listed = 1;
+        if (r->since <= ver && (!best || r->since >= best->since))
+            best = r;
+    }
+    if (listed) {
+        if (!best)
+            return 2;
+        if (best->status)
+            return best->status;
+        *pfn = impl_of(best->abi);
+        return *pfn ? 0 : 1; /* the driver has it, this fake does not */
+    }
+    /* not recorded: an unversioned function of that exact name */
+    *pfn = impl_of(symbol);
+    return *pfn ? 0 : 1;
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags, int *status) {
+    COUNT(cuGetProcAddress_v2);
+    if (!symbol || !pfn || ver > FAKE_DRIVER_VERSION)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    int st = lookup(symbol, pfn, ver, flags);
+    if (status)
+        *status = st;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags) {
+    COUNT(cuGetProcAddress);
+    if (!symbol || !pfn || ver > FAKE_DRIVER_VERSION)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    return lookup(symbol, pfn, ver, flags) ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
+}

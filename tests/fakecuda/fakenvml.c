@@ -1,0 +1,136 @@
+/* A fake libnvidia-ml.so.1 for CPU-only tests; a test double only.
+ *
+ * Devices follow FAKECUDA_DEVICES like the fake libcuda. Device memory
+ * "used" is FAKENVML_USED (a size, default 0) on every device, so tests
+ * can check that the shim's virtual view never underflows.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_DEV 16
+
+typedef int nvmlReturn_t;
+typedef struct fake_nvml_dev {
+    int index;
+} *nvmlDevice_t;
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+typedef struct {
+    unsigned int gpu, memory;
+} nvmlUtilization_t;
+
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_FOUND = 6,
+};
+
+static int g_init, g_ndev;
+static uint64_t g_cap[MAX_DEV], g_used;
+static struct fake_nvml_dev g_dev[MAX_DEV];
+
+static uint64_t parse_size(const char *s) {
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    switch (toupper((unsigned char)*end)) {
+    case 'T': v <<= 10; /* fallthrough */
+    case 'G': v <<= 10; /* fallthrough */
+    case 'M': v <<= 10; /* fallthrough */
+    case 'K': v <<= 10; break;
+    default: break;
+    }
+    return v;
+}
+
+__attribute__((constructor)) static void config(void) {
+    const char *d = getenv("FAKECUDA_DEVICES");
+    if (!d || !*d)
+        d = "16G,8G";
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", d);
+    for (char *tok = strtok(buf, ","); tok && g_ndev < MAX_DEV; tok = strtok(NULL, ",")) {
+        g_dev[g_ndev].index = g_ndev;
+        g_cap[g_ndev++] = parse_size(tok);
+    }
+    const char *u = getenv("FAKENVML_USED");
+    g_used = u ? parse_size(u) : 0;
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void) { g_init = 1; return NVML_SUCCESS; }
+EXPORT nvmlReturn_t nvmlInit(void) { g_init = 1; return NVML_SUCCESS; }
+EXPORT nvmlReturn_t nvmlShutdown(void) { g_init = 0; return NVML_SUCCESS; }
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!n)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *n = g_ndev;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!d || i >= (unsigned)g_ndev)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *d = &g_dev[i];
+    return NVML_SUCCESS;
+}
+
+static int valid(nvmlDevice_t d) { return d >= &g_dev[0] && d < &g_dev[g_ndev]; }
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!m || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    m->total = g_cap[d->index];
+    m->used = g_used < m->total ? g_used : m->total;
+    m->free = m->total - m->used;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!m || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    m->total = g_cap[d->index];
+    m->reserved = 0;
+    m->used = g_used < m->total ? g_used : m->total;
+    m->free = m->total - m->used;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!u || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    u->gpu = 0;
+    u->memory = 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!name || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    snprintf(name, len, "Fake GPU %d", d->index);
+    return NVML_SUCCESS;
+}
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t r) { return r ? "fake NVML error" : "Success"; }

@@ -1,0 +1,1 @@
+int pv_probe(void) { return 2; }
