@@ -5,6 +5,10 @@
  *
  *   pv_bench launch SAMPLES BATCH     empty-kernel cuLaunchKernel, host time per call
  *   pv_bench alloc SAMPLES BATCH SIZE cuMemAlloc_v2 + cuMemFree_v2 of SIZE bytes
+ *   pv_bench ab launch|alloc ...      under the shim only: alternate batches through
+ *                                     the hook and through the driver's own function
+ *                                     (pyvgpu_real_function), same process, same GPU
+ *                                     state; reports both medians
  *   pv_bench startup                  CLOCK_MONOTONIC ns when the first cuInit returned
  *
  * Prints one JSON line. Needs no CUDA toolkit: the kernel is PTX text that
@@ -111,9 +115,58 @@ static void report(const char *op, long long *per_call, int samples, int batch, 
            op, per_call[samples / 2], per_call[samples / 10], per_call[samples * 9 / 10], samples, batch, size);
 }
 
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              void *, void **, void **);
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+
+static CUfunction g_fn;
+static size_t g_size;
+
+static long long time_launch(launch_fn launch, int batch) {
+    long long t0 = now_ns();
+    for (int i = 0; i < batch; i++)
+        CHECK(launch(g_fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    long long dt = (now_ns() - t0) / batch;
+    CHECK(p_cuCtxSynchronize());
+    return dt;
+}
+
+static long long time_alloc(alloc_fn alloc, free_fn fre, int batch) {
+    CUdeviceptr p;
+    long long t0 = now_ns();
+    for (int i = 0; i < batch; i++) {
+        CHECK(alloc(&p, g_size));
+        CHECK(fre(p));
+    }
+    return (now_ns() - t0) / batch;
+}
+
+static void prepare(const char *op) {
+    if (!strcmp(op, "launch")) {
+        CUmodule mod;
+        CHECK(p_cuModuleLoadData(&mod, PTX));
+        CHECK(p_cuModuleGetFunction(&g_fn, mod, "pv_empty"));
+        for (int i = 0; i < 1000; i++) /* warm up */
+            CHECK(p_cuLaunchKernel(g_fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+        CHECK(p_cuCtxSynchronize());
+    } else {
+        for (int i = 0; i < 100; i++)
+            time_alloc(p_cuMemAlloc, p_cuMemFree, 1);
+    }
+}
+
+static long long sample(const char *op, int hooked, int batch, void *real_launch, void *real_alloc,
+                        void *real_free) {
+    if (!strcmp(op, "launch"))
+        return time_launch(hooked ? p_cuLaunchKernel : (launch_fn)real_launch, batch);
+    return time_alloc(hooked ? p_cuMemAlloc : (alloc_fn)real_alloc, hooked ? p_cuMemFree : (free_fn)real_free,
+                      batch);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: pv_bench launch SAMPLES BATCH | alloc SAMPLES BATCH SIZE | startup\n");
+        fprintf(stderr, "usage: pv_bench [ab] launch SAMPLES BATCH | [ab] alloc SAMPLES BATCH SIZE | startup\n");
         return 2;
     }
     if (!strcmp(argv[1], "startup")) {
@@ -123,50 +176,52 @@ int main(int argc, char **argv) {
         printf("{\"op\": \"startup\", \"t_ns\": %lld}\n", now_ns());
         return 0;
     }
-    int samples = argc > 2 ? atoi(argv[2]) : 200;
-    int batch = argc > 3 ? atoi(argv[3]) : 100;
+    int ab = !strcmp(argv[1], "ab");
+    char **a = argv + ab;
+    int n = argc - ab;
+    const char *op = a[1];
+    if (strcmp(op, "launch") && strcmp(op, "alloc")) {
+        fprintf(stderr, "pv_bench: unknown mode %s\n", op);
+        return 2;
+    }
+    int samples = n > 2 ? atoi(a[2]) : 200;
+    int batch = n > 3 ? atoi(a[3]) : 100;
+    g_size = n > 4 ? strtoull(a[4], NULL, 0) : (2u << 20);
     if (samples < 10 || batch < 1) {
         fprintf(stderr, "pv_bench: SAMPLES must be >= 10 and BATCH >= 1\n");
         return 2;
     }
-    long long *per_call = calloc(samples, sizeof *per_call);
+    const char *name = !strcmp(op, "launch") ? "launch" : "alloc_free";
     setup();
-    if (!strcmp(argv[1], "launch")) {
-        CUmodule mod;
-        CUfunction fn;
-        CHECK(p_cuModuleLoadData(&mod, PTX));
-        CHECK(p_cuModuleGetFunction(&fn, mod, "pv_empty"));
-        for (int i = 0; i < 1000; i++) /* warm up */
-            CHECK(p_cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
-        CHECK(p_cuCtxSynchronize());
-        for (int s = 0; s < samples; s++) {
-            long long t0 = now_ns();
-            for (int i = 0; i < batch; i++)
-                CHECK(p_cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
-            per_call[s] = (now_ns() - t0) / batch;
-            CHECK(p_cuCtxSynchronize());
-        }
-        report("launch", per_call, samples, batch, 0);
-    } else if (!strcmp(argv[1], "alloc")) {
-        size_t size = argc > 4 ? strtoull(argv[4], NULL, 0) : (2u << 20);
-        CUdeviceptr p;
-        for (int i = 0; i < 100; i++) { /* warm up */
-            CHECK(p_cuMemAlloc(&p, size));
-            CHECK(p_cuMemFree(p));
-        }
-        for (int s = 0; s < samples; s++) {
-            long long t0 = now_ns();
-            for (int i = 0; i < batch; i++) {
-                CHECK(p_cuMemAlloc(&p, size));
-                CHECK(p_cuMemFree(p));
-            }
-            per_call[s] = (now_ns() - t0) / batch;
-        }
-        report("alloc_free", per_call, samples, batch, size);
-    } else {
-        fprintf(stderr, "pv_bench: unknown mode %s\n", argv[1]);
+    prepare(op);
+    long long *hook = calloc(samples, sizeof *hook), *raw = calloc(samples, sizeof *raw);
+    if (!ab) {
+        for (int s = 0; s < samples; s++)
+            hook[s] = sample(op, 1, batch, NULL, NULL, NULL);
+        report(name, hook, samples, batch, g_size);
+        return 0;
+    }
+    void *(*real)(const char *) = (void *(*)(const char *))dlsym(RTLD_DEFAULT, "pyvgpu_real_function");
+    if (!real) {
+        fprintf(stderr, "pv_bench: ab needs the shim: run it under pyvgpu wrap\n");
         return 2;
     }
-    free(per_call);
+    void *rl = real("cuLaunchKernel"), *ra = real("cuMemAlloc_v2"), *rf = real("cuMemFree_v2");
+    if (!rl || !ra || !rf || rl == (void *)p_cuLaunchKernel || ra == (void *)p_cuMemAlloc) {
+        fprintf(stderr, "pv_bench: the shim did not hook this process's driver functions\n");
+        return 2;
+    }
+    for (int s = 0; s < samples; s++) { /* alternate which side goes first */
+        int first = s & 1;
+        long long x = sample(op, first, batch, rl, ra, rf);
+        long long y = sample(op, !first, batch, rl, ra, rf);
+        hook[s] = first ? x : y;
+        raw[s] = first ? y : x;
+    }
+    qsort(hook, samples, sizeof *hook, cmp_ll);
+    qsort(raw, samples, sizeof *raw, cmp_ll);
+    printf("{\"op\": \"%s\", \"raw_median_ns\": %lld, \"hook_median_ns\": %lld, \"raw_p10_ns\": %lld, "
+           "\"hook_p10_ns\": %lld, \"samples\": %d, \"batch\": %d, \"size\": %zu}\n",
+           name, raw[samples / 2], hook[samples / 2], raw[samples / 10], hook[samples / 10], samples, batch, g_size);
     return 0;
 }

@@ -142,6 +142,16 @@ int pv_boot(void) {
 PV_EXPORT const char *pyvgpu_table_hash(void) { return PV_TABLE_HASH; }
 PV_EXPORT pv_ctx_t *pyvgpu_ctx(void) { return &pv_ctx; }
 PV_EXPORT int pyvgpu_installed(void) { return pv_staged_ok; }
+
+/* The driver's own function behind a hooked ABI name (benchmarks compare it
+ * with the hook in one process). NULL for names that are not hooked. */
+PV_EXPORT void *pyvgpu_real_function(const char *abi) {
+    int e = abi ? pv_find_abi(abi) : -1;
+    if (e < 0)
+        return NULL;
+    pv_resolve_real();
+    return pv_real(e);
+}
 PV_EXPORT const char *pyvgpu_boot_mode(void) { return pv_boot_mode; }
 
 /* Stage the callback addresses, one per entry (0 for entries implemented

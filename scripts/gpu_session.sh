@@ -1,0 +1,16 @@
+#!/bin/bash
+# Everything the GPU machine is needed for, in one command (device time is scarce):
+# install, GPU tests, benchmarks. Results land in $OUT.
+set -u
+OUT=${OUT:-/tmp/pyvgpu-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=python3
+$PY -m pip install --no-build-isolation --no-deps -q . 2>&1 | grep -v -i warning | tail -3
+$PY scripts/build_native.py   # also in place: commands run from the repo root import ./pyvgpu
+$PY -m pyvgpu --version
+$PY -m pyvgpu doctor
+$PY -m pyvgpu warmup
+$PY -m pytest -p no:cacheprovider -m gpu tests/gpu -v -s ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu-tests.log" | tail -60
+$PY -m pyvgpu bench overhead --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.txt"
+$PY -m pyvgpu bench startup --runs 5 --json "$OUT/startup.json" 2>&1 | tee "$OUT/startup.txt"

@@ -1,0 +1,51 @@
+"""Running programs under `pyvgpu wrap` and reading what they report."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PYVGPU = [sys.executable, "-m", "pyvgpu"]
+
+
+def run(cmd, env=None, timeout=300, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def wrapped(cmd, env, stats_dir: Path, *wrap_opts: str, timeout=300, **kw):
+    """Run ``cmd`` under `pyvgpu wrap`; return (process, [stats of each process that used CUDA])."""
+    stats_dir.mkdir(parents=True, exist_ok=True)
+    for f in stats_dir.glob("stats-*.json"):
+        f.unlink()
+    p = run([*PYVGPU, "wrap", "--stats-file", str(stats_dir / "stats-%p.json"), *wrap_opts, "--", *cmd],
+            env=env, timeout=timeout, **kw)
+    return p, read_stats(stats_dir)
+
+
+def read_stats(stats_dir: Path) -> list[dict]:
+    out = []
+    for f in sorted(glob.glob(str(stats_dir / "stats-*.json"))):
+        for line in open(f):
+            if line.strip():
+                out.append(json.loads(line))
+    return out
+
+
+def calls(stats: dict, symbol: str) -> int:
+    return stats["symbols"].get(symbol, {}).get("calls", 0)
+
+
+def lookups(stats: dict, symbol: str, via: str) -> int:
+    return stats["symbols"].get(symbol, {}).get(via, 0)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without pyvgpu's and the fake's variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYVGPU_", "CUDA_DEVICE_", "FAKECUDA_", "FAKENVML_")) and k != "LD_PRELOAD"}
+    env.update(extra)
+    return env
