@@ -35,10 +35,11 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
     user_preload = " ".join(env.get("LD_PRELOAD", "").replace(":", " ").split())
     env["LD_PRELOAD"] = _prepend(str(shim), user_preload, " ")
     env["PYTHONPATH"] = _prepend(str(BOOT_DIR), env.get("PYTHONPATH"), os.pathsep)
-    # What the shim needs to embed this interpreter into a non-Python program.
+    # What the shim needs to embed this interpreter into a non-Python program
+    # (a user's own setting wins: it is how to point at another libpython).
     env["PYVGPU_PYTHON"] = sys.executable
-    env["PYVGPU_LIBPYTHON"] = pyinfo.libpython()
-    env["PYVGPU_PYTHON_HOME"] = pyinfo.python_home()
+    env.setdefault("PYVGPU_LIBPYTHON", pyinfo.libpython())
+    env.setdefault("PYVGPU_PYTHON_HOME", pyinfo.python_home())
     env["PYVGPU_SYSPATH"] = os.pathsep.join(pyinfo.import_path())
     env["PYVGPU_CACHE_DIR"] = str(cache.cache_dir())
     if stats:

@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from pyvgpu.pyinfo import libpython  # noqa: E402
+
 SHIM_SOURCES = sorted((ROOT / "shim" / "src").glob("*.c")) + [ROOT / "shim" / "generated" / "pv_hooks.c"]
 BENCH_SOURCE = ROOT / "pyvgpu" / "bench" / "pv_bench.c"
 

@@ -118,16 +118,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if the committed output is stale")
     a = ap.parse_args(argv)
     stale = []
+
+    def rel(p: Path) -> str:
+        return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
     for name, text in render().items():
         path = OUT / name
         if a.check:
             if not path.exists() or path.read_text() != text:
-                stale.append(str(path.relative_to(ROOT)))
+                stale.append(rel(path))
         else:
             OUT.mkdir(parents=True, exist_ok=True)
             if not path.exists() or path.read_text() != text:
                 path.write_text(text)
-                print(f"wrote {path.relative_to(ROOT)}")
+                print(f"wrote {rel(path)}")
     if stale:
         print("stale generated files (run: python scripts/gen_shim.py): " + ", ".join(stale), file=sys.stderr)
         return 1

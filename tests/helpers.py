@@ -7,12 +7,15 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 PYVGPU = [sys.executable, "-m", "pyvgpu"]
 
 
 def run(cmd, env=None, timeout=300, **kw) -> subprocess.CompletedProcess:
+    # Run outside the source tree, so `python -m pyvgpu` imports the installed package.
+    kw.setdefault("cwd", tempfile.gettempdir())
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **kw)
 
 
@@ -43,9 +46,18 @@ def lookups(stats: dict, symbol: str, via: str) -> int:
     return stats["symbols"].get(symbol, {}).get(via, 0)
 
 
+def pyvgpu_import_root() -> str:
+    """The directory the pyvgpu under test was imported from; children import the same one."""
+    import pyvgpu
+
+    return str(Path(pyvgpu.__file__).resolve().parents[1])
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without pyvgpu's and the fake's variables, plus ``extra``."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYVGPU_", "CUDA_DEVICE_", "FAKECUDA_", "FAKENVML_")) and k != "LD_PRELOAD"}
+           if not k.startswith(("PYVGPU_", "CUDA_DEVICE_", "FAKECUDA_", "FAKENVML_"))
+           and k not in ("LD_PRELOAD", "PYTHONPATH")}
+    env["PYTHONPATH"] = pyvgpu_import_root()
     env.update(extra)
     return env

@@ -137,32 +137,29 @@ def get_errno(typingctx):
     return types.int32(), codegen
 
 
-def libc(name: str, restype, argtypes: tuple, variadic: bool = False):
-    """An intrinsic calling libc's ``name`` with fixed leading ``argtypes``.
+def _libc(name: str, restype, fixed: tuple, variadic: bool = False):
+    """Codegen calling libc's ``name`` (declared variadic where C declares it so)."""
 
-    Variadic functions (fcntl, open) are declared variadic in the IR so the
-    call follows the C varargs convention. Extra arguments of a variadic
-    call are passed as they are typed at the call site.
-    """
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(context.get_value_type(restype), [context.get_value_type(t) for t in fixed],
+                               var_arg=variadic)
+        return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), list(args))
 
-    def impl(typingctx, *args):
-        if len(args) < len(argtypes) or (len(args) > len(argtypes) and not variadic):
-            return None
-        sig = restype(*argtypes, *args[len(argtypes):])
-
-        def codegen(context, builder, sig, llargs):
-            fixed = [context.get_value_type(t) for t in argtypes]
-            fnty = ir.FunctionType(context.get_value_type(restype), fixed, var_arg=variadic)
-            fn = cgutils.get_or_insert_function(builder.module, fnty, name)
-            vals = [context.cast(builder, a, sig.args[i], sig.args[i]) for i, a in enumerate(llargs)]
-            return builder.call(fn, vals)
-
-        return sig, codegen
-
-    impl.__name__ = f"libc_{name}"
-    return intrinsic(impl)
+    return codegen
 
 
-getpid = libc("getpid", types.int32, ())
-close = libc("close", types.int32, (types.int32,))
-fcntl = libc("fcntl", types.int32, (types.int32, types.int32), variadic=True)
+@intrinsic
+def getpid(typingctx):
+    return types.int32(), _libc("getpid", types.int32, ())
+
+
+@intrinsic
+def close(typingctx, fd):
+    return types.int32(types.int32), _libc("close", types.int32, (types.int32,))
+
+
+@intrinsic
+def fcntl(typingctx, fd, cmd, arg):
+    """fcntl(fd, cmd, arg): variadic in C, so the third argument follows the varargs convention."""
+    return types.int32(types.int32, types.int32, types.uint64), _libc("fcntl", types.int32,
+                                                                       (types.int32, types.int32), variadic=True)

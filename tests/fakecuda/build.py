@@ -43,8 +43,8 @@ def build(out: Path) -> Path:
     _cc(f"-I{hosts}", "-o", str(out / "host_procaddr"), str(hosts / "host_procaddr.c"), "-ldl")
     _cc("-shared", "-fPIC", "-o", str(out / "librtld_next_a.so"), str(hosts / "rtld_next_a.c"), "-ldl")
     _cc("-shared", "-fPIC", "-o", str(out / "librtld_next_b.so"), str(hosts / "rtld_next_b.c"))
-    _cc("-o", str(out / "rtld_next"), str(hosts / "rtld_next_main.c"), f"-L{out}", "-Wl,--no-as-needed", "-lrtld_next_a",
-        "-lrtld_next_b", f"-Wl,-rpath,{out}")
+    _cc("-o", str(out / "rtld_next"), str(hosts / "rtld_next_main.c"), f"-L{out}", "-Wl,--no-as-needed",
+        "-lrtld_next_a", "-lrtld_next_b", f"-Wl,-rpath,{out}")
     return out
 
 

@@ -59,7 +59,7 @@ def test_procaddr_variants_match_the_live_driver(hosts, tmp_path):
     raw_lines, lines = raw.stdout.splitlines(), p.stdout.splitlines()
     assert len(raw_lines) == len(lines) == queries.count("\n")
     hooked = 0
-    for r, w in zip(raw_lines, lines):
+    for r, w in zip(raw_lines, lines, strict=True):
         name, ver, fl, rc, st, lib, sym = r.split()
         wname, wver, wfl, wrc, wst, wlib, wsym = w.split()
         assert (rc, st, sym) == (wrc, wst, wsym), (r, w)

@@ -1,0 +1,61 @@
+"""Fixtures for the CPU suite: the fake driver and a warm callback cache.
+
+Wrapped programs run as real subprocesses with LD_PRELOAD (through
+`pyvgpu wrap`) and LD_LIBRARY_PATH pointing at the fake driver.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(TESTS / "fakecuda"))
+
+from helpers import clean_env  # noqa: E402
+
+from pyvgpu.shim import shim_path  # noqa: E402
+
+
+def pytest_sessionstart(session):
+    if not shim_path().exists():
+        raise pytest.UsageError(
+            f"{shim_path()} is missing: the pyvgpu under test has no shim. Install it (pip install '.[test]') "
+            "or build it in place (python scripts/build_native.py), then run pytest again."
+        )
+
+
+@pytest.fixture(scope="session")
+def fake(tmp_path_factory) -> Path:
+    """Directory with the fake libcuda.so.1, libnvidia-ml.so.1 and the test hosts."""
+    from build import build
+
+    return build(tmp_path_factory.mktemp("fakecuda"))
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """A callback cache compiled once for the session."""
+    d = tmp_path_factory.mktemp("pyvgpu-cache")
+    old = os.environ.get("PYVGPU_CACHE_DIR")
+    os.environ["PYVGPU_CACHE_DIR"] = str(d)
+    try:
+        from pyvgpu import cache
+
+        cache.ensure()
+    finally:
+        if old is None:
+            del os.environ["PYVGPU_CACHE_DIR"]
+        else:
+            os.environ["PYVGPU_CACHE_DIR"] = old
+    return d
+
+
+@pytest.fixture
+def env(fake, cache_dir) -> dict[str, str]:
+    """Environment for a wrapped program on the fake driver."""
+    return clean_env(LD_LIBRARY_PATH=str(fake), PYVGPU_CACHE_DIR=str(cache_dir))

@@ -1,0 +1,137 @@
+"""When the callbacks cannot be installed: fail closed if limits were asked for, say why, lose nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import PYVGPU, run
+
+from pyvgpu import cache
+from pyvgpu.errors import PyvgpuError
+
+BROKEN = {"PYVGPU_LIBPYTHON": "/nonexistent/libpython3.99.so"}
+
+
+def test_fail_closed_when_limits_requested(env, fake, tmp_path):
+    env.update(BROKEN, CUDA_DEVICE_MEMORY_LIMIT="1G")
+    p = run([*PYVGPU, "wrap", "--", str(fake / "host_linked")], env=env)
+    assert p.returncode == 1
+    assert "FAIL cuInit(0) -> 800" in p.stdout  # CUDA_ERROR_NOT_PERMITTED: the program did not get the GPU
+    lines = [x for x in p.stderr.splitlines() if x.startswith("pyvgpu:")]
+    assert len(lines) == 1, p.stderr
+    assert "/nonexistent/libpython3.99.so" in lines[0] and "refused" in lines[0]
+    assert "PYVGPU_ON_ERROR=open" in lines[0]
+
+
+def test_fail_open_when_asked(env, fake):
+    env.update(BROKEN, CUDA_DEVICE_MEMORY_LIMIT="1G")
+    p = run([*PYVGPU, "wrap", "--on-error", "open", "--", str(fake / "host_linked")], env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.startswith("OK")
+    assert "warning: cannot install the callbacks" in p.stderr
+
+
+def test_no_limits_means_pass_through_with_a_warning(env, fake):
+    env.update(BROKEN)
+    p = run([*PYVGPU, "wrap", "--", str(fake / "host_linked")], env=env)
+    assert p.returncode == 0
+    assert "calls pass to the driver unchanged" in p.stderr
+
+
+def test_closed_explicitly_without_limits(env, fake):
+    env.update(BROKEN)
+    p = run([*PYVGPU, "wrap", "--on-error", "closed", "--", str(fake / "host_linked")], env=env)
+    assert p.returncode == 1 and "-> 800" in p.stdout
+
+
+def test_bad_on_error_value(env, fake):
+    p = run([*PYVGPU, "wrap", "--on-error", "maybe", "--", "true"], env=env)
+    assert p.returncode == 2 and "maybe" in p.stderr
+    env.update(BROKEN, PYVGPU_ON_ERROR="maybe", LD_PRELOAD=str(__import__("pyvgpu.shim").shim.shim_path()))
+    p = run([str(fake / "host_linked")], env=env)
+    assert "PYVGPU_ON_ERROR=maybe is not 'open' or 'closed'" in p.stderr and p.returncode == 1
+
+
+def test_python_that_cannot_import_pyvgpu_names_both_interpreters(env, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    env["CUDA_DEVICE_MEMORY_LIMIT"] = "1G"
+    env.pop("PYTHONPATH")
+    code = "import ctypes; print('rc', ctypes.CDLL('libcuda.so.1').cuInit(0))"
+    p = run([*PYVGPU, "wrap", "--", py, "-c", code], env=env)
+    assert "rc 800" in p.stdout, p.stdout + p.stderr
+    assert "cannot import pyvgpu" in p.stderr
+    assert py in p.stderr and sys.executable in p.stderr
+
+
+def test_unwritable_cache_is_a_clear_error(env, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    if os.access(ro, os.W_OK):
+        pytest.skip("running as a user who can write anywhere (root)")
+    env["PYVGPU_CACHE_DIR"] = str(ro)
+    p = run([*PYVGPU, "wrap", "--", "true"], env=env)
+    assert p.returncode == 2
+    assert str(ro) in p.stderr and "PYVGPU_CACHE_DIR" in p.stderr
+
+
+def test_cache_under_a_file_is_a_clear_error_from_wrap(env, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    env["PYVGPU_CACHE_DIR"] = str(blocker / "cache")
+    p = run([*PYVGPU, "wrap", "--", "true"], env=env)
+    assert p.returncode == 2
+    assert str(blocker / "cache") in p.stderr and "PYVGPU_CACHE_DIR" in p.stderr
+
+
+def test_uncreatable_cache_is_a_clear_error(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("PYVGPU_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(PyvgpuError, match="PYVGPU_CACHE_DIR"):
+        cache.ensure()
+
+
+def test_corrupt_cache_is_rebuilt(monkeypatch, tmp_path, cache_dir):
+    import shutil
+
+    d = tmp_path / "c"
+    shutil.copytree(cache_dir, d)
+    monkeypatch.setenv("PYVGPU_CACHE_DIR", str(d))
+    m = cache.read(d)
+    assert m is not None
+    obj = d / os.path.basename(m["object_path"])
+    obj.write_bytes(b"garbage")
+    assert cache.read(d) is None  # the checksum catches it
+    cache.ensure()
+    assert cache.read(d) is not None
+    assert obj.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_foreign_manifest_is_ignored(monkeypatch, tmp_path, cache_dir):
+    import shutil
+
+    d = tmp_path / "c"
+    shutil.copytree(cache_dir, d)
+    man = next(d.glob("callbacks-*.json"))
+    data = json.loads(man.read_text())
+    data["table_hash"] = "0" * 16
+    man.write_text(json.dumps(data))
+    assert cache.read(d) is None
+
+
+def test_installing_into_a_mismatched_shim_is_refused():
+    from pyvgpu import shim
+
+    lib = shim.open_shim()
+    import ctypes
+
+    arr = (ctypes.c_uint64 * 3)(1, 2, 3)
+    assert lib.pyvgpu_install(arr, 3, b"deadbeefdeadbeef", b"startup") == -1
+    assert b"different builds" in lib.pyvgpu_last_error()
