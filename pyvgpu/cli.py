@@ -138,7 +138,7 @@ def _emit(result: dict, table: str, json_path: Path | None) -> None:
 @bench_app.command("overhead")
 def bench_overhead(
     rounds: int = typer.Option(5, min=1, help="Alternating raw/wrapped rounds."),
-    samples: int = typer.Option(200, min=10, help="Timed batches per run."),
+    samples: int = typer.Option(1000, min=10, help="Timed batches per side per round."),
     size: int = typer.Option(2 << 20, min=1, help="Bytes per cuMemAlloc."),
     json_path: Path = typer.Option(None, "--json", help="Also write the full result as JSON to this file."),
 ) -> None:
