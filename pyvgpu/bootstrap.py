@@ -18,15 +18,21 @@ shim. Nothing here runs per CUDA call.
 from __future__ import annotations
 
 import ctypes
+import os
 
-from pyvgpu import cache, hooks, shim
+from pyvgpu import cache, hooks, layout, shim
 from pyvgpu.errors import PyvgpuError
 
 _ENGINE = None  # the JIT linker owning the callbacks' code; kept for the life of the process
+_REGION = None  # the mapped region of this process's group; kept for the life of the process
 
 
-def load(manifest: dict) -> list[int]:
-    """Load the object named by the manifest; return one address per hook entry (0: C-implemented)."""
+def load(manifest: dict) -> tuple[list[int], dict[str, int]]:
+    """Load the object named by the manifest.
+
+    Returns one address per hook entry (0: implemented in C) and the
+    addresses of the services (pyvgpu.hooks.SERVICES).
+    """
     global _ENGINE
     import llvmlite.binding as llvm
 
@@ -49,14 +55,46 @@ def load(manifest: dict) -> list[int]:
         by_callback[name] = addr
     addrs = []
     for e in hooks.ENTRIES:
-        if e.hook.callback is None:
+        if e.policy is None:
             addrs.append(0)
         elif e.abi not in manifest["entries"]:
             raise PyvgpuError(f"the callback cache has no callback for {e.abi}; run `pyvgpu warmup --force`")
         else:
             addrs.append(by_callback[manifest["entries"][e.abi]])
     _ENGINE = engine
-    return addrs
+    missing = [n for n in hooks.SERVICES if n not in by_callback]
+    if missing:
+        raise PyvgpuError(f"the callback cache lacks {', '.join(missing)}; run `pyvgpu warmup --force`")
+    return addrs, {n: by_callback[n] for n in hooks.SERVICES}
+
+
+def attach_region(ctx_addr: int, env=os.environ) -> None:
+    """Join this process's group: map its region. The shim claims a slot at the
+    first CUDA or NVML call (pyvgpu/jit/quota.py), so helpers that never use
+    the GPU do not become members.
+
+    The group comes from PYVGPU_REGION (set by `pyvgpu wrap`) or HAMi's
+    CUDA_DEVICE_MEMORY_SHARED_CACHE; limits in CUDA_DEVICE_MEMORY_LIMIT[_i]
+    without a region make a private group, which this process's children join.
+    """
+    global _REGION
+    from pyvgpu import limits, region
+
+    wanted = limits.memory_from_env(env)
+    path = region.path_from_env(env)
+    if path is None and not wanted:
+        return  # no group and no limits: nothing to account
+    if path is None:
+        path = region.new_private_path()
+        os.environ["PYVGPU_REGION"] = str(path)  # children join this group
+    r = region.create_or_open(path, path.stem, wanted, "CUDA_DEVICE_MEMORY_LIMIT")
+    ctx = layout.CTX.ctypes_class().from_address(ctx_addr)
+    ctx.region = r.address
+    ctx.region_fd = r.fd
+    ctx.n_slots = r.header.n_slots
+    ctx.slot = 0
+    ctx.slot_index = -1
+    _REGION = r
 
 
 def install(mode: str = "startup") -> None:
@@ -67,7 +105,10 @@ def install(mode: str = "startup") -> None:
     if lib.pyvgpu_installed():
         return
     manifest = cache.ensure()
-    addrs = load(manifest)
+    addrs, services = load(manifest)
+    attach_region(lib.pyvgpu_ctx())
+    for name, addr in services.items():
+        lib.pyvgpu_set_service(name.encode(), addr)
     arr = (ctypes.c_uint64 * len(addrs))(*addrs)
     if lib.pyvgpu_install(arr, len(addrs), hooks.table_hash().encode(), mode.encode()) != 0:
         raise PyvgpuError(lib.pyvgpu_last_error().decode())

@@ -31,8 +31,7 @@ from pyvgpu import hooks
 from pyvgpu.errors import PyvgpuError
 
 FORMAT = 1
-_SOURCES = ("hooks.py", "layout.py", "jit/__init__.py", "jit/intrinsics.py", "jit/policies.py",
-            "jit/callbacks.py", "jit/aot.py")
+_SOURCES = ("hooks.py", "layout.py", "jit/*.py")  # everything the machine code is compiled from
 
 
 def cache_dir() -> Path:
@@ -47,9 +46,10 @@ def cache_dir() -> Path:
 def cache_key() -> str:
     h = hashlib.sha256(f"{pyvgpu.__version__}|{hooks.table_hash()}|{platform.machine()}|{FORMAT}".encode())
     pkg = Path(pyvgpu.__file__).parent
-    for name in _SOURCES:
-        h.update(name.encode())
-        h.update((pkg / name).read_bytes())
+    for pattern in _SOURCES:
+        for path in sorted(pkg.glob(pattern)):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
     return h.hexdigest()[:20]
 
 

@@ -60,6 +60,14 @@ def wrap(
     stats_file: str = typer.Option(None, "--stats-file", metavar="PATH",
                                    help="Append the call counts as JSON to PATH instead; %p in PATH becomes the "
                                         "pid."),
+    memory: str = typer.Option(None, "--memory", "-m", metavar="SIZE|DEV=SIZE,...",
+                               help="Memory cap of the group: 4G on every device, or 0=2G,1=6G per device "
+                                    "(K/M/G/T, binary). Default: CUDA_DEVICE_MEMORY_LIMIT[_i], else none."),
+    group: str = typer.Option(None, "--group", "-g", metavar="NAME",
+                              help="Join (or start) the named group: every process in it shares one quota. "
+                                   "Default: a private group for this program and its children."),
+    region: str = typer.Option(None, "--region", metavar="PATH",
+                               help="Use the group region file at PATH instead of a named group."),
     on_error: OnError = typer.Option(None, "--on-error", case_sensitive=False,
                                      help="What happens when the limits cannot be enforced: 'closed' refuses "
                                           "CUDA calls (the default when limits are set), 'open' runs the "
@@ -67,7 +75,7 @@ def wrap(
 ) -> None:
     """Run PROGRAM in a vGPU. It keeps this process's pid, exit code and signals.
 
-    Example: pyvgpu wrap --stats -- python train.py
+    Example: pyvgpu wrap --memory 4G -- python train.py
     """
     import os
 
@@ -76,12 +84,33 @@ def wrap(
 
     try:
         env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None),
-                          on_error=on_error.value if on_error else None)
+                          on_error=on_error.value if on_error else None, memory=memory, group=group,
+                          region_path=region)
         w.exec_wrapped(command, env)
     except PyvgpuError as e:
         raise _fail(str(e), 127 if str(e).startswith("program not found") else 2) from None
     except OSError as e:
         raise _fail(f"cannot run {command[0]!r}: {e.strerror}", 126) from None
+
+
+@app.command()
+def status(
+    group: str = typer.Option(None, "--group", "-g", metavar="NAME", help="Show only this named group."),
+    region: str = typer.Option(None, "--region", metavar="PATH", help="Show only the group region at PATH."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (schema: docs/status.md)."),
+) -> None:
+    """Show each group's devices (limit, used, free) and processes (pid, bytes by kind).
+
+    Dead members' quota is reclaimed first, so what is shown is what is live.
+    """
+    from pyvgpu import status as st
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        groups = st.collect(group=group, region_path=region)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    typer.echo(json.dumps({"groups": groups}, indent=1) if as_json else st.render(groups))
 
 
 @app.command()

@@ -34,7 +34,7 @@ GPA_SYMBOL_NOT_FOUND = 1
 GPA_VERSION_NOT_SUFFICIENT = 2
 
 # C spelling -> numba type name, for scalar parameter and return types.
-# Every pointer ("... *") and opaque handle is passed as a voidptr.
+# Every pointer ("... *") and opaque handle is passed as a uint64 (see numba_type_name).
 SCALAR_TYPES: dict[str, str] = {
     "CUresult": "int32",
     "nvmlReturn_t": "int32",
@@ -47,13 +47,18 @@ SCALAR_TYPES: dict[str, str] = {
     "cuuint64_t": "uint64",
     "unsigned long long": "uint64",
 }
-HANDLE_TYPES = frozenset({"CUfunction", "CUstream", "CUcontext", "CUmodule", "nvmlDevice_t"})
+HANDLE_TYPES = frozenset({"CUfunction", "CUstream", "CUcontext", "CUmodule", "nvmlDevice_t", "CUmemoryPool",
+                          "CUarray", "CUmipmappedArray", "CUmemGenericAllocationHandle"})
 
 
 def numba_type_name(ctype: str) -> str:
-    """The numba type a C parameter type travels as through a callback."""
+    """The numba type a C parameter type travels as through a callback.
+
+    Pointers and handles travel as uint64 (the same registers as a pointer
+    in the C calling convention), so policies can do address arithmetic.
+    """
     if ctype.endswith("*") or ctype in HANDLE_TYPES:
-        return "voidptr"
+        return "uint64"
     try:
         return SCALAR_TYPES[ctype]
     except KeyError:
@@ -82,6 +87,7 @@ class Variant:
     since: int | None = None  # first cudaVersion that maps to it; None for NVML
     per_thread: bool = False  # the _ptsz/_ptds flavour chosen by GPA_PER_THREAD_DEFAULT_STREAM
     params: tuple[Param, ...] | None = None  # own parameters when they differ from the hook's
+    policy: str | None = None  # own policy when it differs from the hook's (legacy 32-bit ABIs)
 
 
 @dataclass(frozen=True)
@@ -123,13 +129,19 @@ class Entry:
         """numba type names of the parameters (the callback's shape)."""
         return tuple(p.numba for p in self.params)
 
+    @property
+    def policy(self) -> str | None:
+        """The policy deciding this entry's calls; None: implemented in C."""
+        return self.variant.policy or self.hook.callback
+
 
 def _hook(name: str, lib: str, params: list[Param], variants: list[Variant], **kw) -> Hook:
     return Hook(name, lib, tuple(params), tuple(variants), **kw)
 
 
-def V(abi: str, since: int | None = None, per_thread: bool = False, params: list[Param] | None = None) -> Variant:
-    return Variant(abi, since, per_thread, tuple(params) if params is not None else None)
+def V(abi: str, since: int | None = None, per_thread: bool = False, params: list[Param] | None = None,
+      policy: str | None = None) -> Variant:
+    return Variant(abi, since, per_thread, tuple(params) if params is not None else None, policy)
 
 
 _LAUNCH = [
@@ -141,7 +153,7 @@ _LAUNCH = [
 ]
 
 HOOKS: tuple[Hook, ...] = (
-    # --- CUDA driver -------------------------------------------------------
+    # --- CUDA driver: plumbing and launches -----------------------------------
     _hook("cuInit", "cuda", [P("unsigned int", "Flags")], [V("cuInit", 2000)]),
     _hook(
         "cuGetProcAddress", "cuda",
@@ -155,25 +167,6 @@ HOOKS: tuple[Hook, ...] = (
     ),
     _hook("cuDeviceGetCount", "cuda", [P("int *", "count")], [V("cuDeviceGetCount", 2000)]),
     _hook(
-        "cuDeviceTotalMem", "cuda", [P("size_t *", "bytes"), P("CUdevice", "dev")],
-        [V("cuDeviceTotalMem", 2000, params=[P("unsigned int *", "bytes"), P("CUdevice", "dev")]),
-         V("cuDeviceTotalMem_v2", 3020)],
-    ),
-    _hook(
-        "cuMemAlloc", "cuda", [P("CUdeviceptr *", "dptr"), P("size_t", "bytesize")],
-        [V("cuMemAlloc", 2000, params=[P("CUdeviceptr_v1 *", "dptr"), P("unsigned int", "bytesize")]),
-         V("cuMemAlloc_v2", 3020)],
-    ),
-    _hook(
-        "cuMemFree", "cuda", [P("CUdeviceptr", "dptr")],
-        [V("cuMemFree", 2000, params=[P("CUdeviceptr_v1", "dptr")]), V("cuMemFree_v2", 3020)],
-    ),
-    _hook(
-        "cuMemGetInfo", "cuda", [P("size_t *", "free"), P("size_t *", "total")],
-        [V("cuMemGetInfo", 2000, params=[P("unsigned int *", "free"), P("unsigned int *", "total")]),
-         V("cuMemGetInfo_v2", 3020)],
-    ),
-    _hook(
         "cuLaunchKernel", "cuda", _LAUNCH,
         [V("cuLaunchKernel", 4000), V("cuLaunchKernel_ptsz", 7000, per_thread=True)],
     ),
@@ -183,19 +176,135 @@ HOOKS: tuple[Hook, ...] = (
          P("void **", "kernelParams"), P("void **", "extra")],
         [V("cuLaunchKernelEx", 11060), V("cuLaunchKernelEx_ptsz", 11060, per_thread=True)],
     ),
+    # --- CUDA driver: memory (pyvgpu/jit/memory.py) ------------------------------
+    _hook(
+        "cuDeviceTotalMem", "cuda", [P("size_t *", "bytes"), P("CUdevice", "dev")],
+        [V("cuDeviceTotalMem", 2000, params=[P("unsigned int *", "bytes"), P("CUdevice", "dev")]),
+         V("cuDeviceTotalMem_v2", 3020)],
+        callback="device_total_mem",
+    ),
+    _hook(
+        "cuMemGetInfo", "cuda", [P("size_t *", "free"), P("size_t *", "total")],
+        [V("cuMemGetInfo", 2000, params=[P("unsigned int *", "free"), P("unsigned int *", "total")]),
+         V("cuMemGetInfo_v2", 3020)],
+        callback="mem_get_info",
+    ),
+    _hook(
+        "cuMemAlloc", "cuda", [P("CUdeviceptr *", "dptr"), P("size_t", "bytesize")],
+        [V("cuMemAlloc", 2000, params=[P("CUdeviceptr_v1 *", "dptr"), P("unsigned int", "bytesize")],
+           policy="legacy32"),
+         V("cuMemAlloc_v2", 3020)],
+        callback="mem_alloc",
+    ),
+    _hook(
+        "cuMemAllocPitch", "cuda",
+        [P("CUdeviceptr *", "dptr"), P("size_t *", "pPitch"), P("size_t", "WidthInBytes"), P("size_t", "Height"),
+         P("unsigned int", "ElementSizeBytes")],
+        [V("cuMemAllocPitch", 2000, params=[P("CUdeviceptr_v1 *", "dptr"), P("unsigned int *", "pPitch"),
+                                              P("unsigned int", "WidthInBytes"), P("unsigned int", "Height"),
+                                              P("unsigned int", "ElementSizeBytes")], policy="legacy32"),
+         V("cuMemAllocPitch_v2", 3020)],
+        callback="mem_alloc_pitch",
+    ),
+    _hook(
+        "cuMemAllocManaged", "cuda", [P("CUdeviceptr *", "dptr"), P("size_t", "bytesize"), P("unsigned int", "flags")],
+        [V("cuMemAllocManaged", 6050)],
+        callback="mem_alloc_managed",
+    ),
+    _hook(
+        "cuMemFree", "cuda", [P("CUdeviceptr", "dptr")],
+        [V("cuMemFree", 2000, params=[P("CUdeviceptr_v1", "dptr")]), V("cuMemFree_v2", 3020)],
+        callback="mem_free",
+    ),
+    _hook(
+        "cuMemAllocAsync", "cuda", [P("CUdeviceptr *", "dptr"), P("size_t", "bytesize"), P("CUstream", "hStream")],
+        [V("cuMemAllocAsync", 11020), V("cuMemAllocAsync_ptsz", 11020, per_thread=True)],
+        callback="mem_alloc_async",
+    ),
+    _hook(
+        "cuMemAllocFromPoolAsync", "cuda",
+        [P("CUdeviceptr *", "dptr"), P("size_t", "bytesize"), P("CUmemoryPool", "pool"), P("CUstream", "hStream")],
+        [V("cuMemAllocFromPoolAsync", 11020), V("cuMemAllocFromPoolAsync_ptsz", 11020, per_thread=True)],
+        callback="mem_alloc_from_pool_async",
+    ),
+    _hook(
+        "cuMemFreeAsync", "cuda", [P("CUdeviceptr", "dptr"), P("CUstream", "hStream")],
+        [V("cuMemFreeAsync", 11020), V("cuMemFreeAsync_ptsz", 11020, per_thread=True)],
+        callback="mem_free_async",
+    ),
+    _hook("cuMemPoolTrimTo", "cuda", [P("CUmemoryPool", "pool"), P("size_t", "minBytesToKeep")],
+          [V("cuMemPoolTrimTo", 11020)], callback="mem_pool_trim"),
+    _hook("cuMemPoolDestroy", "cuda", [P("CUmemoryPool", "pool")], [V("cuMemPoolDestroy", 11020)],
+          callback="mem_pool_destroy"),
+    _hook(
+        "cuMemCreate", "cuda",
+        [P("CUmemGenericAllocationHandle *", "handle"), P("size_t", "size"),
+         P("const CUmemAllocationProp *", "prop"), P("unsigned long long", "flags")],
+        [V("cuMemCreate", 11000)],
+        callback="mem_create",
+    ),
+    _hook("cuMemRelease", "cuda", [P("CUmemGenericAllocationHandle", "handle")], [V("cuMemRelease", 11000)],
+          callback="mem_release"),
+    _hook(
+        "cuArrayCreate", "cuda", [P("CUarray *", "pHandle"), P("const CUDA_ARRAY_DESCRIPTOR *", "pAllocateArray")],
+        [V("cuArrayCreate", 2000, policy="legacy32"), V("cuArrayCreate_v2", 3020)],
+        callback="array_create",
+    ),
+    _hook(
+        "cuArray3DCreate", "cuda",
+        [P("CUarray *", "pHandle"), P("const CUDA_ARRAY3D_DESCRIPTOR *", "pAllocateArray")],
+        [V("cuArray3DCreate", 2000, policy="legacy32"), V("cuArray3DCreate_v2", 3020)],
+        callback="array3d_create",
+    ),
+    _hook(
+        "cuMipmappedArrayCreate", "cuda",
+        [P("CUmipmappedArray *", "pHandle"), P("const CUDA_ARRAY3D_DESCRIPTOR *", "pMipmappedArrayDesc"),
+         P("unsigned int", "numMipmapLevels")],
+        [V("cuMipmappedArrayCreate", 6050)],
+        callback="mipmapped_array_create",
+    ),
+    _hook("cuArrayDestroy", "cuda", [P("CUarray", "hArray")], [V("cuArrayDestroy", 2000)],
+          callback="array_destroy"),
+    _hook("cuMipmappedArrayDestroy", "cuda", [P("CUmipmappedArray", "hMipmappedArray")],
+          [V("cuMipmappedArrayDestroy", 6050)], callback="array_destroy"),
     # --- NVML ----------------------------------------------------------------
     _hook("nvmlInit", "nvml", [], [V("nvmlInit"), V("nvmlInit_v2")]),
     _hook(
         "nvmlDeviceGetMemoryInfo", "nvml",
         [P("nvmlDevice_t", "device"), P("nvmlMemory_t *", "memory")],
         [V("nvmlDeviceGetMemoryInfo")],
+        callback="nvml_memory_info",
     ),
     _hook(
         "nvmlDeviceGetMemoryInfo_v2", "nvml",
         [P("nvmlDevice_t", "device"), P("nvmlMemory_v2_t *", "memory")],
         [V("nvmlDeviceGetMemoryInfo_v2")],
+        callback="nvml_memory_info_v2",
     ),
 )
+
+
+@dataclass(frozen=True)
+class Helper:
+    """A driver function the policies call but do not hook (its real address is in ctx.helper)."""
+
+    name: str
+    lib: str
+
+
+HELPERS: tuple[Helper, ...] = (
+    Helper("cuCtxGetDevice", "cuda"),
+    Helper("cuDeviceGetMemPool", "cuda"),
+    Helper("cuMemPoolGetAttribute", "cuda"),
+    Helper("cuMemGetAllocationGranularity", "cuda"),
+    Helper("nvmlDeviceGetIndex", "nvml"),
+)
+HELPER_INDEX: dict[str, int] = {h.name: i for i, h in enumerate(HELPERS)}
+
+# Callbacks called outside any hooked function (pyvgpu/jit/callbacks.py):
+# svc_claim(ctx) takes a slot in the region (after fork), svc_tick(ctx) is the
+# watcher thread's periodic work, svc_reclaim(ctx) frees dead processes' quota.
+SERVICES: tuple[str, ...] = ("svc_claim", "svc_tick", "svc_reclaim")
 
 
 def _entries(hooks: tuple[Hook, ...]) -> tuple[Entry, ...]:
@@ -242,19 +351,11 @@ def select_variant(hook: Hook, cuda_version: int, flags: int) -> tuple[Variant |
     return best, (GPA_SUCCESS if best is not None else GPA_VERSION_NOT_SUFFICIENT)
 
 
-def callback_signatures() -> dict[tuple[str, tuple[str, ...]], list[Entry]]:
-    """Group entries by (policy, parameter types): one compiled callback each."""
-    groups: dict[tuple[str, tuple[str, ...]], list[Entry]] = {}
-    for e in ENTRIES:
-        if e.hook.callback is None:
-            continue
-        groups.setdefault((e.hook.callback, e.signature), []).append(e)
-    return groups
-
-
 def table_hash() -> str:
     """Identifies the table's ABI: shim and callbacks must agree on it."""
     h = hashlib.sha256()
+    for x in HELPERS:
+        h.update(f"helper:{x.name}:{x.lib};".encode())
     for e in ENTRIES:
-        h.update(f"{e.index}:{e.abi}:{e.hook.ret}:{','.join(p.ctype for p in e.params)}:{e.hook.callback};".encode())
+        h.update(f"{e.index}:{e.abi}:{e.hook.ret}:{','.join(p.ctype for p in e.params)}:{e.policy};".encode())
     return h.hexdigest()[:16]

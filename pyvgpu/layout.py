@@ -103,8 +103,16 @@ class Struct:
 
 
 N_ENTRIES = len(hooks.ENTRIES)
+N_HELPERS = len(hooks.HELPERS)
+MAX_DEVICES = 16
+MAX_POOLS = 64  # memory pools a process tracks (cuMemAllocAsync accounting)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX001", "little")
+# Kinds of device memory a process is charged for, per device.
+KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
+KINDS = ("data", "context", "module")
+N_KINDS = len(KINDS)
+
+CTX_MAGIC = int.from_bytes(b"PVCTX002", "little")
 
 # The per-process context: what the shim hands every callback as its first
 # argument. Per-process values live here, never as compile-time constants,
@@ -117,9 +125,89 @@ CTX = Struct(
         Field("flags", "u32"),
         Field("real", "u64", N_ENTRIES, doc="real driver function per entry, 0 if the driver lacks it"),
         Field("calls", "u64", N_ENTRIES, doc="calls per entry, counted by the callbacks"),
+        Field("helper", "u64", N_HELPERS, doc="real driver functions the policies call (hooks.HELPERS)"),
+        Field("region", "u64", doc="address of the mapped region, 0 without one"),
+        Field("slot", "u64", doc="address of this process's slot in the region"),
+        Field("slot_index", "i32"),
+        Field("region_fd", "i32", doc="fd holding this process's slot lock"),
+        Field("n_slots", "u32"),
+        Field("lock", "u32", doc="spinlock serialising pool accounting in this process"),
+        Field("table", "u64", doc="address of the pointer table (allocation records)"),
+        Field("table_mask", "u64", doc="entries - 1 (a power of two)"),
+        Field("table_maxdisp", "u64", doc="longest probe an insert has needed"),
+        Field("table_live", "u64", doc="records in the table"),
+        Field("table_full", "u64", doc="allocations refused because the table was full"),
+        Field("pool_handle", "u64", MAX_POOLS, doc="memory pools seen (CUmemoryPool)"),
+        Field("pool_reserved", "u64", MAX_POOLS, doc="their reserved bytes as last charged"),
+        Field("pool_dev", "i32", MAX_POOLS),
     ],
     doc="per-process context passed to every callback (pyvgpu/layout.py)",
 )
 
 CTX_OFF_REAL = CTX.offset("real")
 CTX_OFF_CALLS = CTX.offset("calls")
+CTX_OFF_HELPER = CTX.offset("helper")
+
+REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
+REGION_VERSION = 1
+GROUP_NAME_BYTES = 64
+
+# The shared region: one file per group of processes that share a quota.
+# Header, then MAX_DEVICES device records, then n_slots process slots.
+REGION_HEADER = Struct(
+    "pv_region_header",
+    [
+        Field("magic", "u64", doc="REGION_MAGIC"),
+        Field("version", "u32", doc="REGION_VERSION"),
+        Field("n_devices", "u32", doc="MAX_DEVICES"),
+        Field("size", "u64", doc="file size in bytes"),
+        Field("n_slots", "u32"),
+        Field("owner_uid", "u32", doc="uid of the creator; the file must still belong to it"),
+        Field("n_physical", "u32", doc="devices the machine had at creation, 0 if unknown"),
+        Field("created_ns", "u64", doc="CLOCK_REALTIME at creation"),
+        Field("devices_off", "u64"),
+        Field("slots_off", "u64"),
+        Field("device_size", "u32"),
+        Field("slot_size", "u32"),
+        Field("name", "u8", GROUP_NAME_BYTES, doc="group name, NUL-padded"),
+    ],
+    align=64,
+    doc="region header",
+)
+REGION_DEVICE = Struct(
+    "pv_region_device",
+    [
+        Field("limit", "u64", doc="memory limit in bytes, 0 = none"),
+        Field("used", "u64", doc="bytes reserved by the group (the reservation counter)"),
+        Field("peak", "u64", doc="highest used seen"),
+        Field("oom_refusals", "u64", doc="allocations refused for the limit"),
+        Field("reclaimed", "u64", doc="bytes returned from dead processes"),
+        Field("sm_limit", "u32", doc="compute share in percent, 0 = none"),
+    ],
+    align=64,
+    doc="per-device state of a group",
+)
+REGION_SLOT = Struct(
+    "pv_region_slot",
+    [
+        Field("state", "u32", doc="SLOT_FREE or SLOT_LIVE"),
+        Field("pid", "u32", doc="pid of the owner, as it sees itself"),
+        Field("start_ns", "u64", doc="CLOCK_REALTIME when claimed"),
+        Field("used", "u64", MAX_DEVICES * N_KINDS, doc="bytes by [device][kind]"),
+        Field("oom_refusals", "u64"),
+    ],
+    align=64,
+    doc="one process of the group",
+)
+SLOT_FREE, SLOT_LIVE = 0, 1
+REGION_DEVICES_OFF = REGION_HEADER.size
+REGION_SLOTS_OFF = REGION_DEVICES_OFF + MAX_DEVICES * REGION_DEVICE.size
+DEFAULT_SLOTS = 1024
+
+
+def region_size(n_slots: int) -> int:
+    return REGION_SLOTS_OFF + n_slots * REGION_SLOT.size
+
+
+def slot_used_offset(dev: int, kind: int) -> int:
+    return REGION_SLOT.offset("used") + (dev * N_KINDS + kind) * 8

@@ -28,6 +28,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.pyvgpu_set_error.argtypes = [ctypes.c_char_p]
     lib.pyvgpu_set_error.restype = None
     lib.pyvgpu_ctx.restype = ctypes.c_void_p
+    lib.pyvgpu_set_service.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
+    lib.pyvgpu_set_service.restype = ctypes.c_int
     lib.pyvgpu_lookups.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.pyvgpu_lookups.restype = ctypes.c_uint64
     return lib

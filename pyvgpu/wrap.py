@@ -10,8 +10,10 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from pyvgpu import cache, pyinfo
+from pyvgpu import cache, devices, pyinfo, region
+from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BOOT_DIR, shim_path
 
@@ -23,8 +25,10 @@ def _prepend(item: str, current: str | None, sep: str) -> str:
     return sep.join([item, *parts])
 
 
-def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: str | None = None) -> dict[str, str]:
-    """The wrapped program's environment: ``base`` plus the shim and the bootstrap."""
+def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: str | None = None,
+              memory: str | None = None, group: str | None = None, region_path: str | None = None,
+              join: bool = True) -> dict[str, str]:
+    """The wrapped program's environment: ``base`` plus the shim, the bootstrap and its group."""
     shim = shim_path()
     if not shim.exists():
         raise PyvgpuError(f"the shim {shim} is missing; reinstall pyvgpu (pip install builds it with gcc)")
@@ -46,7 +50,58 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
         env["PYVGPU_STATS"] = stats
     if on_error:
         env["PYVGPU_ON_ERROR"] = on_error
+    if join:
+        join_group(env, memory, group, region_path)
     return env
+
+
+def check_physical(limits: lim.MemoryLimits, source: str) -> int:
+    """A limit above a device's memory, or for a device the machine lacks, is an error (when NVML can tell).
+
+    Returns the number of devices NVML sees (0 if it cannot tell)."""
+    phys = devices.physical_memory()
+    if phys is None:
+        return 0
+    if not limits:
+        return len(phys)
+    for d in sorted(limits.per_device):
+        if d >= len(phys):
+            raise PyvgpuError(f"{source}: there is no device {d} (this machine has {len(phys)})")
+    for d, total in enumerate(phys):
+        want = limits.for_device(d)
+        if want and want > total:
+            raise PyvgpuError(f"{source}: {lim.human(want)} is more than device {d}'s {lim.human(total)}; "
+                              "give a limit at most the device's memory")
+    return len(phys)
+
+
+def join_group(env: dict[str, str], memory: str | None, group: str | None, region_path: str | None) -> Path:
+    """Create or join the group's region before the program starts; set the env contract for it."""
+    if group and region_path:
+        raise PyvgpuError("give --group or --region, not both")
+    if memory is not None:
+        limits, source = lim.parse_memory_option(memory), f"--memory {memory}"
+        for k in [k for k in env if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")]:
+            del env[k]
+    else:
+        limits, source = lim.memory_from_env(env), "CUDA_DEVICE_MEMORY_LIMIT"
+    n_physical = check_physical(limits, source)
+    if region_path:
+        path = Path(region_path).absolute()
+    elif group:
+        path = region.group_path(group)
+    elif env.get("CUDA_DEVICE_MEMORY_SHARED_CACHE"):
+        path = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).absolute()
+    else:
+        region.gc_private()
+        path = region.new_private_path()
+    name = group or path.stem
+    r = region.create_or_open(path, name, limits, source, n_physical)
+    if not limits:  # joining a group without asking: take its limits
+        limits = lim.MemoryLimits(per_device={d: v for d, v in enumerate(r.limits()) if v})
+    env.update(lim.memory_to_env(limits))
+    env["PYVGPU_REGION"] = str(path)
+    return path
 
 
 def exec_wrapped(command: Sequence[str], env: Mapping[str, str]) -> None:

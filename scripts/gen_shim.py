@@ -48,7 +48,7 @@ def c_args(params) -> str:
 def typedefs(e: hooks.Entry) -> str:
     ret = e.hook.ret
     real = f"typedef {ret} (*pv_real_{e.abi}_t)({c_params(e.params)});"
-    if e.hook.callback is None:
+    if e.policy is None:
         return real
     cb_params = ", ".join(["pv_ctx_t *ctx", "uint32_t idx"] + [c_decl(p) for p in e.params])
     return real + f"\ntypedef {ret} (*pv_cb_{e.abi}_t)({cb_params});"
@@ -61,7 +61,7 @@ def function(e: hooks.Entry) -> str:
         comma_args=(", " + args) if args else "",
         notfound=NOTFOUND[e.hook.lib], refused=REFUSED[e.hook.lib],
     )
-    name = "hook_cimpl.c.tmpl" if e.hook.callback is None else "hook_callback.c.tmpl"
+    name = "hook_cimpl.c.tmpl" if e.policy is None else "hook_callback.c.tmpl"
     return _tmpl(name).substitute(fields).rstrip()
 
 
@@ -78,6 +78,8 @@ def render() -> dict[str, str]:
         banner=BANNER,
         n_entries=len(entries),
         n_hooks=len(hooks.HOOKS),
+        n_helpers=len(hooks.HELPERS),
+        service_enum="\n".join(f"    PV_S_{n} = {i}," for i, n in enumerate(hooks.SERVICES)),
         table_hash=hooks.table_hash(),
         entry_enum="\n".join(f"    PV_E_{e.abi} = {e.index}," for e in entries),
         hook_enum="\n".join(f"    PV_H_{h.name} = {i}," for i, h in enumerate(hooks.HOOKS)),
@@ -93,7 +95,7 @@ def render() -> dict[str, str]:
         functions="\n\n".join(function(e) for e in entries),
         entry_infos="\n".join(
             f'    [PV_E_{e.abi}] = {{"{e.abi}", PV_LIB_{e.hook.lib.upper()}, {int(e.variant.per_thread)}, '
-            f"{int(e.hook.callback is not None)}, "
+            f"{int(e.policy is not None)}, "
             f"PV_H_{e.hook.name}, {e.variant.since or 0}}},"
             for e in entries
         ),
@@ -108,6 +110,8 @@ def render() -> dict[str, str]:
             for h in sorted(hooks.HOOKS, key=lambda h: h.name.encode())
         ),
         hook_fns="\n".join(f"    [PV_E_{e.abi}] = (void *){e.abi}," for e in entries),
+        helper_infos="\n".join(f'    {{"{h.name}", PV_LIB_{h.lib.upper()}}},' for h in hooks.HELPERS),
+        service_names="\n".join(f'    [PV_S_{n}] = "{n}",' for n in hooks.SERVICES),
     )
     assert len(hook_index) == len(hooks.HOOKS)
     return {"pv_table.h": table_h, "pv_layout.h": layout_h, "pv_hooks.c": hooks_c}

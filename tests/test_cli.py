@@ -48,7 +48,7 @@ def test_warmup_compiles_into_the_given_dir(env, tmp_path):
     assert p.returncode == 0, p.stderr
     m = json.loads(p.stdout)
     assert m["object_path"].startswith(str(tmp_path))
-    assert set(m["entries"]) == {e.abi for e in hooks.ENTRIES if e.hook.callback}
+    assert set(m["entries"]) == {e.abi for e in hooks.ENTRIES if e.policy}
 
 
 def test_bench_overhead_runs_on_the_fake(env, tmp_path):

@@ -37,7 +37,7 @@ def _init_llvm() -> None:
 def compile_object() -> tuple[bytes, dict[str, str], dict[str, str]]:
     """Returns (object bytes, {callback name: symbol}, {ABI name: callback name})."""
     _init_llvm()
-    built = callbacks.build()
+    built = callbacks.build() + callbacks.build_services()
     modules = []
     symbols: dict[str, str] = {}
     entries: dict[str, str] = {}

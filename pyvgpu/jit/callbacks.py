@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from numba import cfunc, types
 
 from pyvgpu import hooks
-from pyvgpu.jit.policies import POLICIES, count_call
+from pyvgpu.jit.policies import count_call, registry
 
 NOT_FOUND = {"cuda": 500, "nvml": 13}  # CUDA_ERROR_NOT_FOUND, NVML_ERROR_FUNCTION_NOT_FOUND
 
@@ -47,9 +47,9 @@ def groups() -> dict[str, list[hooks.Entry]]:
     """Callback name -> the entries it serves."""
     out: dict[str, list[hooks.Entry]] = {}
     for e in hooks.ENTRIES:
-        if e.hook.callback is None:
+        if e.policy is None:
             continue
-        name = f"{e.hook.callback}__{e.hook.lib}__{'_'.join(e.signature) or 'void'}"
+        name = f"{e.policy}__{e.hook.lib}__{'_'.join(e.signature) or 'void'}"
         out.setdefault(name, []).append(e)
     return out
 
@@ -57,9 +57,10 @@ def groups() -> dict[str, list[hooks.Entry]]:
 def build() -> list[Callback]:
     """Compile every callback (imports numba; the cold path only)."""
     out = []
+    policies = registry()
     for name, entries in groups().items():
         e = entries[0]
-        policy = POLICIES[e.hook.callback]
+        policy = policies[e.policy]
         ns = {"count_call": count_call, "policy": policy}
         exec(compile(_source(len(e.signature), NOT_FOUND[e.hook.lib]), f"<pyvgpu callback {name}>", "exec"), ns)
         fn = ns["cb"]
@@ -67,3 +68,30 @@ def build() -> list[Callback]:
         compiled = cfunc(signature_of(e.signature), nopython=True, error_model="numpy")(fn)
         out.append(Callback(name, entries, compiled))
     return out
+
+
+# Services: callbacks the shim and the Python side call outside any hooked
+# function (slot claim after fork, the watcher's tick, the monitor's reclaim).
+SERVICES = hooks.SERVICES
+
+
+def build_services() -> list[Callback]:
+    from pyvgpu.jit import memory, quota
+
+    def svc_claim(ctx):
+        return quota.claim_slot(ctx)
+
+    def svc_tick(ctx):
+        if quota.region_of(ctx) == 0:
+            return 0
+        quota.reclaim_dead(ctx)
+        memory.reconcile_all(ctx)
+        return 0
+
+    def svc_reclaim(ctx):
+        return quota.reclaim_dead(ctx)
+
+    sigs = {"svc_claim": types.int32(types.uint64), "svc_tick": types.int32(types.uint64),
+            "svc_reclaim": types.uint64(types.uint64)}
+    fns = {"svc_claim": svc_claim, "svc_tick": svc_tick, "svc_reclaim": svc_reclaim}
+    return [Callback(n, [], cfunc(sigs[n], nopython=True, error_model="numpy")(fns[n])) for n in SERVICES]

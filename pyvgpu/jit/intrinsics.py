@@ -163,3 +163,112 @@ def fcntl(typingctx, fd, cmd, arg):
     """fcntl(fd, cmd, arg): variadic in C, so the third argument follows the varargs convention."""
     return types.int32(types.int32, types.int32, types.uint64), _libc("fcntl", types.int32,
                                                                        (types.int32, types.int32), variadic=True)
+
+
+@intrinsic
+def stack_u64(typingctx):
+    """Address of a zeroed 8-byte slot in the calling function's frame (an out-parameter)."""
+
+    def codegen(context, builder, sig, args):
+        slot = cgutils.alloca_once(builder, ir.IntType(64))
+        builder.store(ir.Constant(ir.IntType(64), 0), slot)
+        return builder.ptrtoint(slot, ir.IntType(64))
+
+    return types.uint64(), codegen
+
+
+@intrinsic
+def stack_buffer(typingctx, nbytes):
+    """Address of a zeroed buffer of ``nbytes`` (a literal) in the calling function's frame."""
+    if not isinstance(nbytes, types.IntegerLiteral):
+        return None
+    n = nbytes.literal_value
+
+    def codegen(context, builder, sig, args):
+        arr = ir.ArrayType(ir.IntType(8), n)
+        buf = cgutils.alloca_once(builder, arr)
+        builder.store(ir.Constant(arr, None), buf)
+        return builder.ptrtoint(buf, ir.IntType(64))
+
+    return types.uint64(nbytes), codegen
+
+
+# fcntl commands and lock types (Linux, <fcntl.h>)
+F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW = 36, 37, 38
+F_RDLCK, F_WRLCK, F_UNLCK = 0, 1, 2
+
+
+@intrinsic
+def ofd_lock(typingctx, fd, cmd, ltype, start, length):
+    """fcntl(fd, cmd, &struct flock{ltype, SEEK_SET, start, length}) for open-file-description locks.
+
+    Returns -errno on failure; for F_OFD_GETLK the l_type found (F_UNLCK: no
+    conflicting lock); else 0.
+    """
+    sig = types.int32(types.int32, types.int32, types.int32, types.int64, types.int64)
+
+    def codegen(context, builder, sig, args):
+        i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        fd_, cmd_, lt, st, ln = args
+        arr = ir.ArrayType(i8, 32)  # struct flock on LP64 Linux
+        buf = cgutils.alloca_once(builder, arr)
+        builder.store(ir.Constant(arr, None), buf)
+        base = builder.ptrtoint(buf, i64)
+
+        def field(off, ty):
+            return builder.inttoptr(builder.add(base, ir.Constant(i64, off)), ty.as_pointer())
+
+        builder.store(builder.trunc(lt, i16), field(0, i16))  # l_type
+        builder.store(builder.trunc(st, i64), field(8, i64))  # l_start (l_whence 0 = SEEK_SET)
+        builder.store(ln, field(16, i64))  # l_len; l_pid stays 0, as OFD locks require
+        fnty = ir.FunctionType(i32, [i32, i32], var_arg=True)
+        fcntl_fn = cgutils.get_or_insert_function(builder.module, fnty, "fcntl")
+        rc = builder.call(fcntl_fn, [fd_, cmd_, builder.bitcast(buf, ir.IntType(8).as_pointer())])
+        errno_fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32.as_pointer(), []),
+                                                  "__errno_location")
+        failed = builder.icmp_signed("<", rc, ir.Constant(i32, 0))
+        with builder.if_else(failed) as (then, otherwise):
+            with then:
+                err = builder.neg(builder.load(builder.call(errno_fn, []), typ=i32))
+                bb_fail = builder.block
+            with otherwise:
+                found = builder.sext(builder.load(field(0, i16), typ=i16), i32)
+                ok = builder.select(builder.icmp_signed("==", cmd_, ir.Constant(i32, F_OFD_GETLK)), found,
+                                    ir.Constant(i32, 0))
+                bb_ok = builder.block
+        out = builder.phi(i32)
+        out.add_incoming(err, bb_fail)
+        out.add_incoming(ok, bb_ok)
+        return out
+
+    return sig, codegen
+
+
+@intrinsic
+def realtime_ns(typingctx):
+    """CLOCK_REALTIME in nanoseconds (for records people read; not on any per-call path)."""
+
+    def codegen(context, builder, sig, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        ts = cgutils.alloca_once(builder, ir.ArrayType(i64, 2))
+        fnty = ir.FunctionType(i32, [i32, ir.IntType(8).as_pointer()])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
+        builder.call(fn, [ir.Constant(i32, 0), builder.bitcast(ts, ir.IntType(8).as_pointer())])
+        base = builder.ptrtoint(ts, i64)
+        sec = builder.load(builder.inttoptr(base, i64.as_pointer()), typ=i64)
+        nsec = builder.load(builder.inttoptr(builder.add(base, ir.Constant(i64, 8)), i64.as_pointer()), typ=i64)
+        return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
+
+    return types.int64(), codegen
+
+
+@intrinsic
+def yield_cpu(typingctx):
+    """sched_yield(): let the holder of a short spinlock run."""
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen

@@ -39,4 +39,29 @@ def forward(ctx, idx, args, notfound):
     return call_real(ctx, idx, args, notfound)
 
 
-POLICIES = {"forward": forward}
+def registry() -> dict:
+    from pyvgpu.jit import memory as M
+
+    return {
+        "forward": forward,
+        "legacy32": M.legacy32,
+        "mem_alloc": M.mem_alloc,
+        "mem_alloc_managed": M.mem_alloc_managed,
+        "mem_alloc_pitch": M.mem_alloc_pitch,
+        "mem_free": M.mem_free,
+        "mem_get_info": M.mem_get_info,
+        "device_total_mem": M.device_total_mem,
+        "mem_alloc_async": M.mem_alloc_async,
+        "mem_alloc_from_pool_async": M.mem_alloc_from_pool_async,
+        "mem_free_async": M.mem_free_async,
+        "mem_pool_trim": M.mem_pool_trim,
+        "mem_pool_destroy": M.mem_pool_destroy,
+        "mem_create": M.mem_create,
+        "mem_release": M.mem_release,
+        "array_create": M.array_create,
+        "array3d_create": M.array3d_create,
+        "mipmapped_array_create": M.mipmapped_array_create,
+        "array_destroy": M.array_destroy,
+        "nvml_memory_info": M.nvml_memory_info,
+        "nvml_memory_info_v2": M.nvml_memory_info_v2,
+    }

@@ -11,22 +11,6 @@ typedef CUresult (*pv_real_cuGetProcAddress_t)(const char *symbol, void **pfn, i
 typedef CUresult (*pv_real_cuGetProcAddress_v2_t)(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags, int *symbolStatus);
 typedef CUresult (*pv_real_cuDeviceGetCount_t)(int *count);
 typedef CUresult (*pv_cb_cuDeviceGetCount_t)(pv_ctx_t *ctx, uint32_t idx, int *count);
-typedef CUresult (*pv_real_cuDeviceTotalMem_t)(unsigned int *bytes, CUdevice dev);
-typedef CUresult (*pv_cb_cuDeviceTotalMem_t)(pv_ctx_t *ctx, uint32_t idx, unsigned int *bytes, CUdevice dev);
-typedef CUresult (*pv_real_cuDeviceTotalMem_v2_t)(size_t *bytes, CUdevice dev);
-typedef CUresult (*pv_cb_cuDeviceTotalMem_v2_t)(pv_ctx_t *ctx, uint32_t idx, size_t *bytes, CUdevice dev);
-typedef CUresult (*pv_real_cuMemAlloc_t)(CUdeviceptr_v1 *dptr, unsigned int bytesize);
-typedef CUresult (*pv_cb_cuMemAlloc_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr_v1 *dptr, unsigned int bytesize);
-typedef CUresult (*pv_real_cuMemAlloc_v2_t)(CUdeviceptr *dptr, size_t bytesize);
-typedef CUresult (*pv_cb_cuMemAlloc_v2_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr *dptr, size_t bytesize);
-typedef CUresult (*pv_real_cuMemFree_t)(CUdeviceptr_v1 dptr);
-typedef CUresult (*pv_cb_cuMemFree_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr_v1 dptr);
-typedef CUresult (*pv_real_cuMemFree_v2_t)(CUdeviceptr dptr);
-typedef CUresult (*pv_cb_cuMemFree_v2_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr dptr);
-typedef CUresult (*pv_real_cuMemGetInfo_t)(unsigned int *free, unsigned int *total);
-typedef CUresult (*pv_cb_cuMemGetInfo_t)(pv_ctx_t *ctx, uint32_t idx, unsigned int *free, unsigned int *total);
-typedef CUresult (*pv_real_cuMemGetInfo_v2_t)(size_t *free, size_t *total);
-typedef CUresult (*pv_cb_cuMemGetInfo_v2_t)(pv_ctx_t *ctx, uint32_t idx, size_t *free, size_t *total);
 typedef CUresult (*pv_real_cuLaunchKernel_t)(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
 typedef CUresult (*pv_cb_cuLaunchKernel_t)(pv_ctx_t *ctx, uint32_t idx, CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
 typedef CUresult (*pv_real_cuLaunchKernel_ptsz_t)(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
@@ -35,6 +19,62 @@ typedef CUresult (*pv_real_cuLaunchKernelEx_t)(const CUlaunchConfig *config, CUf
 typedef CUresult (*pv_cb_cuLaunchKernelEx_t)(pv_ctx_t *ctx, uint32_t idx, const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
 typedef CUresult (*pv_real_cuLaunchKernelEx_ptsz_t)(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
 typedef CUresult (*pv_cb_cuLaunchKernelEx_ptsz_t)(pv_ctx_t *ctx, uint32_t idx, const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+typedef CUresult (*pv_real_cuDeviceTotalMem_t)(unsigned int *bytes, CUdevice dev);
+typedef CUresult (*pv_cb_cuDeviceTotalMem_t)(pv_ctx_t *ctx, uint32_t idx, unsigned int *bytes, CUdevice dev);
+typedef CUresult (*pv_real_cuDeviceTotalMem_v2_t)(size_t *bytes, CUdevice dev);
+typedef CUresult (*pv_cb_cuDeviceTotalMem_v2_t)(pv_ctx_t *ctx, uint32_t idx, size_t *bytes, CUdevice dev);
+typedef CUresult (*pv_real_cuMemGetInfo_t)(unsigned int *free, unsigned int *total);
+typedef CUresult (*pv_cb_cuMemGetInfo_t)(pv_ctx_t *ctx, uint32_t idx, unsigned int *free, unsigned int *total);
+typedef CUresult (*pv_real_cuMemGetInfo_v2_t)(size_t *free, size_t *total);
+typedef CUresult (*pv_cb_cuMemGetInfo_v2_t)(pv_ctx_t *ctx, uint32_t idx, size_t *free, size_t *total);
+typedef CUresult (*pv_real_cuMemAlloc_t)(CUdeviceptr_v1 *dptr, unsigned int bytesize);
+typedef CUresult (*pv_cb_cuMemAlloc_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr_v1 *dptr, unsigned int bytesize);
+typedef CUresult (*pv_real_cuMemAlloc_v2_t)(CUdeviceptr *dptr, size_t bytesize);
+typedef CUresult (*pv_cb_cuMemAlloc_v2_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr *dptr, size_t bytesize);
+typedef CUresult (*pv_real_cuMemAllocPitch_t)(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height, unsigned int ElementSizeBytes);
+typedef CUresult (*pv_cb_cuMemAllocPitch_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height, unsigned int ElementSizeBytes);
+typedef CUresult (*pv_real_cuMemAllocPitch_v2_t)(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes);
+typedef CUresult (*pv_cb_cuMemAllocPitch_v2_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes);
+typedef CUresult (*pv_real_cuMemAllocManaged_t)(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+typedef CUresult (*pv_cb_cuMemAllocManaged_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+typedef CUresult (*pv_real_cuMemFree_t)(CUdeviceptr_v1 dptr);
+typedef CUresult (*pv_cb_cuMemFree_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr_v1 dptr);
+typedef CUresult (*pv_real_cuMemFree_v2_t)(CUdeviceptr dptr);
+typedef CUresult (*pv_cb_cuMemFree_v2_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr dptr);
+typedef CUresult (*pv_real_cuMemAllocAsync_t)(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+typedef CUresult (*pv_cb_cuMemAllocAsync_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+typedef CUresult (*pv_real_cuMemAllocAsync_ptsz_t)(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+typedef CUresult (*pv_cb_cuMemAllocAsync_ptsz_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+typedef CUresult (*pv_real_cuMemAllocFromPoolAsync_t)(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+typedef CUresult (*pv_cb_cuMemAllocFromPoolAsync_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+typedef CUresult (*pv_real_cuMemAllocFromPoolAsync_ptsz_t)(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+typedef CUresult (*pv_cb_cuMemAllocFromPoolAsync_ptsz_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+typedef CUresult (*pv_real_cuMemFreeAsync_t)(CUdeviceptr dptr, CUstream hStream);
+typedef CUresult (*pv_cb_cuMemFreeAsync_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr dptr, CUstream hStream);
+typedef CUresult (*pv_real_cuMemFreeAsync_ptsz_t)(CUdeviceptr dptr, CUstream hStream);
+typedef CUresult (*pv_cb_cuMemFreeAsync_ptsz_t)(pv_ctx_t *ctx, uint32_t idx, CUdeviceptr dptr, CUstream hStream);
+typedef CUresult (*pv_real_cuMemPoolTrimTo_t)(CUmemoryPool pool, size_t minBytesToKeep);
+typedef CUresult (*pv_cb_cuMemPoolTrimTo_t)(pv_ctx_t *ctx, uint32_t idx, CUmemoryPool pool, size_t minBytesToKeep);
+typedef CUresult (*pv_real_cuMemPoolDestroy_t)(CUmemoryPool pool);
+typedef CUresult (*pv_cb_cuMemPoolDestroy_t)(pv_ctx_t *ctx, uint32_t idx, CUmemoryPool pool);
+typedef CUresult (*pv_real_cuMemCreate_t)(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags);
+typedef CUresult (*pv_cb_cuMemCreate_t)(pv_ctx_t *ctx, uint32_t idx, CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags);
+typedef CUresult (*pv_real_cuMemRelease_t)(CUmemGenericAllocationHandle handle);
+typedef CUresult (*pv_cb_cuMemRelease_t)(pv_ctx_t *ctx, uint32_t idx, CUmemGenericAllocationHandle handle);
+typedef CUresult (*pv_real_cuArrayCreate_t)(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
+typedef CUresult (*pv_cb_cuArrayCreate_t)(pv_ctx_t *ctx, uint32_t idx, CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
+typedef CUresult (*pv_real_cuArrayCreate_v2_t)(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
+typedef CUresult (*pv_cb_cuArrayCreate_v2_t)(pv_ctx_t *ctx, uint32_t idx, CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
+typedef CUresult (*pv_real_cuArray3DCreate_t)(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
+typedef CUresult (*pv_cb_cuArray3DCreate_t)(pv_ctx_t *ctx, uint32_t idx, CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
+typedef CUresult (*pv_real_cuArray3DCreate_v2_t)(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
+typedef CUresult (*pv_cb_cuArray3DCreate_v2_t)(pv_ctx_t *ctx, uint32_t idx, CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
+typedef CUresult (*pv_real_cuMipmappedArrayCreate_t)(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc, unsigned int numMipmapLevels);
+typedef CUresult (*pv_cb_cuMipmappedArrayCreate_t)(pv_ctx_t *ctx, uint32_t idx, CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc, unsigned int numMipmapLevels);
+typedef CUresult (*pv_real_cuArrayDestroy_t)(CUarray hArray);
+typedef CUresult (*pv_cb_cuArrayDestroy_t)(pv_ctx_t *ctx, uint32_t idx, CUarray hArray);
+typedef CUresult (*pv_real_cuMipmappedArrayDestroy_t)(CUmipmappedArray hMipmappedArray);
+typedef CUresult (*pv_cb_cuMipmappedArrayDestroy_t)(pv_ctx_t *ctx, uint32_t idx, CUmipmappedArray hMipmappedArray);
 typedef nvmlReturn_t (*pv_real_nvmlInit_t)(void);
 typedef nvmlReturn_t (*pv_cb_nvmlInit_t)(pv_ctx_t *ctx, uint32_t idx);
 typedef nvmlReturn_t (*pv_real_nvmlInit_v2_t)(void);
@@ -84,134 +124,6 @@ PV_EXPORT CUresult cuDeviceGetCount(int *count)
         cb = (pv_cb_cuDeviceGetCount_t)pv_callback(PV_E_cuDeviceGetCount);
     }
     return cb(&pv_ctx, PV_E_cuDeviceGetCount, count);
-}
-
-PV_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
-{
-    pv_cb_cuDeviceTotalMem_t cb = (pv_cb_cuDeviceTotalMem_t)pv_callback(PV_E_cuDeviceTotalMem);
-    if (PV_UNLIKELY(cb == NULL)) {
-        int st = pv_boot();
-        if (st == PV_BOOT_PASSTHROUGH) {
-            pv_real_cuDeviceTotalMem_t real = (pv_real_cuDeviceTotalMem_t)pv_real(PV_E_cuDeviceTotalMem);
-            return real ? real(bytes, dev) : CUDA_ERROR_NOT_FOUND;
-        }
-        if (st != PV_BOOT_READY)
-            return CUDA_ERROR_NOT_PERMITTED;
-        cb = (pv_cb_cuDeviceTotalMem_t)pv_callback(PV_E_cuDeviceTotalMem);
-    }
-    return cb(&pv_ctx, PV_E_cuDeviceTotalMem, bytes, dev);
-}
-
-PV_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
-{
-    pv_cb_cuDeviceTotalMem_v2_t cb = (pv_cb_cuDeviceTotalMem_v2_t)pv_callback(PV_E_cuDeviceTotalMem_v2);
-    if (PV_UNLIKELY(cb == NULL)) {
-        int st = pv_boot();
-        if (st == PV_BOOT_PASSTHROUGH) {
-            pv_real_cuDeviceTotalMem_v2_t real = (pv_real_cuDeviceTotalMem_v2_t)pv_real(PV_E_cuDeviceTotalMem_v2);
-            return real ? real(bytes, dev) : CUDA_ERROR_NOT_FOUND;
-        }
-        if (st != PV_BOOT_READY)
-            return CUDA_ERROR_NOT_PERMITTED;
-        cb = (pv_cb_cuDeviceTotalMem_v2_t)pv_callback(PV_E_cuDeviceTotalMem_v2);
-    }
-    return cb(&pv_ctx, PV_E_cuDeviceTotalMem_v2, bytes, dev);
-}
-
-PV_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
-{
-    pv_cb_cuMemAlloc_t cb = (pv_cb_cuMemAlloc_t)pv_callback(PV_E_cuMemAlloc);
-    if (PV_UNLIKELY(cb == NULL)) {
-        int st = pv_boot();
-        if (st == PV_BOOT_PASSTHROUGH) {
-            pv_real_cuMemAlloc_t real = (pv_real_cuMemAlloc_t)pv_real(PV_E_cuMemAlloc);
-            return real ? real(dptr, bytesize) : CUDA_ERROR_NOT_FOUND;
-        }
-        if (st != PV_BOOT_READY)
-            return CUDA_ERROR_NOT_PERMITTED;
-        cb = (pv_cb_cuMemAlloc_t)pv_callback(PV_E_cuMemAlloc);
-    }
-    return cb(&pv_ctx, PV_E_cuMemAlloc, dptr, bytesize);
-}
-
-PV_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
-{
-    pv_cb_cuMemAlloc_v2_t cb = (pv_cb_cuMemAlloc_v2_t)pv_callback(PV_E_cuMemAlloc_v2);
-    if (PV_UNLIKELY(cb == NULL)) {
-        int st = pv_boot();
-        if (st == PV_BOOT_PASSTHROUGH) {
-            pv_real_cuMemAlloc_v2_t real = (pv_real_cuMemAlloc_v2_t)pv_real(PV_E_cuMemAlloc_v2);
-            return real ? real(dptr, bytesize) : CUDA_ERROR_NOT_FOUND;
-        }
-        if (st != PV_BOOT_READY)
-            return CUDA_ERROR_NOT_PERMITTED;
-        cb = (pv_cb_cuMemAlloc_v2_t)pv_callback(PV_E_cuMemAlloc_v2);
-    }
-    return cb(&pv_ctx, PV_E_cuMemAlloc_v2, dptr, bytesize);
-}
-
-PV_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
-{
-    pv_cb_cuMemFree_t cb = (pv_cb_cuMemFree_t)pv_callback(PV_E_cuMemFree);
-    if (PV_UNLIKELY(cb == NULL)) {
-        int st = pv_boot();
-        if (st == PV_BOOT_PASSTHROUGH) {
-            pv_real_cuMemFree_t real = (pv_real_cuMemFree_t)pv_real(PV_E_cuMemFree);
-            return real ? real(dptr) : CUDA_ERROR_NOT_FOUND;
-        }
-        if (st != PV_BOOT_READY)
-            return CUDA_ERROR_NOT_PERMITTED;
-        cb = (pv_cb_cuMemFree_t)pv_callback(PV_E_cuMemFree);
-    }
-    return cb(&pv_ctx, PV_E_cuMemFree, dptr);
-}
-
-PV_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
-{
-    pv_cb_cuMemFree_v2_t cb = (pv_cb_cuMemFree_v2_t)pv_callback(PV_E_cuMemFree_v2);
-    if (PV_UNLIKELY(cb == NULL)) {
-        int st = pv_boot();
-        if (st == PV_BOOT_PASSTHROUGH) {
-            pv_real_cuMemFree_v2_t real = (pv_real_cuMemFree_v2_t)pv_real(PV_E_cuMemFree_v2);
-            return real ? real(dptr) : CUDA_ERROR_NOT_FOUND;
-        }
-        if (st != PV_BOOT_READY)
-            return CUDA_ERROR_NOT_PERMITTED;
-        cb = (pv_cb_cuMemFree_v2_t)pv_callback(PV_E_cuMemFree_v2);
-    }
-    return cb(&pv_ctx, PV_E_cuMemFree_v2, dptr);
-}
-
-PV_EXPORT CUresult cuMemGetInfo(unsigned int *free, unsigned int *total)
-{
-    pv_cb_cuMemGetInfo_t cb = (pv_cb_cuMemGetInfo_t)pv_callback(PV_E_cuMemGetInfo);
-    if (PV_UNLIKELY(cb == NULL)) {
-        int st = pv_boot();
-        if (st == PV_BOOT_PASSTHROUGH) {
-            pv_real_cuMemGetInfo_t real = (pv_real_cuMemGetInfo_t)pv_real(PV_E_cuMemGetInfo);
-            return real ? real(free, total) : CUDA_ERROR_NOT_FOUND;
-        }
-        if (st != PV_BOOT_READY)
-            return CUDA_ERROR_NOT_PERMITTED;
-        cb = (pv_cb_cuMemGetInfo_t)pv_callback(PV_E_cuMemGetInfo);
-    }
-    return cb(&pv_ctx, PV_E_cuMemGetInfo, free, total);
-}
-
-PV_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
-{
-    pv_cb_cuMemGetInfo_v2_t cb = (pv_cb_cuMemGetInfo_v2_t)pv_callback(PV_E_cuMemGetInfo_v2);
-    if (PV_UNLIKELY(cb == NULL)) {
-        int st = pv_boot();
-        if (st == PV_BOOT_PASSTHROUGH) {
-            pv_real_cuMemGetInfo_v2_t real = (pv_real_cuMemGetInfo_v2_t)pv_real(PV_E_cuMemGetInfo_v2);
-            return real ? real(free, total) : CUDA_ERROR_NOT_FOUND;
-        }
-        if (st != PV_BOOT_READY)
-            return CUDA_ERROR_NOT_PERMITTED;
-        cb = (pv_cb_cuMemGetInfo_v2_t)pv_callback(PV_E_cuMemGetInfo_v2);
-    }
-    return cb(&pv_ctx, PV_E_cuMemGetInfo_v2, free, total);
 }
 
 PV_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
@@ -276,6 +188,454 @@ PV_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunctio
         cb = (pv_cb_cuLaunchKernelEx_ptsz_t)pv_callback(PV_E_cuLaunchKernelEx_ptsz);
     }
     return cb(&pv_ctx, PV_E_cuLaunchKernelEx_ptsz, config, f, kernelParams, extra);
+}
+
+PV_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    pv_cb_cuDeviceTotalMem_t cb = (pv_cb_cuDeviceTotalMem_t)pv_callback(PV_E_cuDeviceTotalMem);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuDeviceTotalMem_t real = (pv_real_cuDeviceTotalMem_t)pv_real(PV_E_cuDeviceTotalMem);
+            return real ? real(bytes, dev) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuDeviceTotalMem_t)pv_callback(PV_E_cuDeviceTotalMem);
+    }
+    return cb(&pv_ctx, PV_E_cuDeviceTotalMem, bytes, dev);
+}
+
+PV_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    pv_cb_cuDeviceTotalMem_v2_t cb = (pv_cb_cuDeviceTotalMem_v2_t)pv_callback(PV_E_cuDeviceTotalMem_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuDeviceTotalMem_v2_t real = (pv_real_cuDeviceTotalMem_v2_t)pv_real(PV_E_cuDeviceTotalMem_v2);
+            return real ? real(bytes, dev) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuDeviceTotalMem_v2_t)pv_callback(PV_E_cuDeviceTotalMem_v2);
+    }
+    return cb(&pv_ctx, PV_E_cuDeviceTotalMem_v2, bytes, dev);
+}
+
+PV_EXPORT CUresult cuMemGetInfo(unsigned int *free, unsigned int *total)
+{
+    pv_cb_cuMemGetInfo_t cb = (pv_cb_cuMemGetInfo_t)pv_callback(PV_E_cuMemGetInfo);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemGetInfo_t real = (pv_real_cuMemGetInfo_t)pv_real(PV_E_cuMemGetInfo);
+            return real ? real(free, total) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemGetInfo_t)pv_callback(PV_E_cuMemGetInfo);
+    }
+    return cb(&pv_ctx, PV_E_cuMemGetInfo, free, total);
+}
+
+PV_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    pv_cb_cuMemGetInfo_v2_t cb = (pv_cb_cuMemGetInfo_v2_t)pv_callback(PV_E_cuMemGetInfo_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemGetInfo_v2_t real = (pv_real_cuMemGetInfo_v2_t)pv_real(PV_E_cuMemGetInfo_v2);
+            return real ? real(free, total) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemGetInfo_v2_t)pv_callback(PV_E_cuMemGetInfo_v2);
+    }
+    return cb(&pv_ctx, PV_E_cuMemGetInfo_v2, free, total);
+}
+
+PV_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+    pv_cb_cuMemAlloc_t cb = (pv_cb_cuMemAlloc_t)pv_callback(PV_E_cuMemAlloc);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemAlloc_t real = (pv_real_cuMemAlloc_t)pv_real(PV_E_cuMemAlloc);
+            return real ? real(dptr, bytesize) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemAlloc_t)pv_callback(PV_E_cuMemAlloc);
+    }
+    return cb(&pv_ctx, PV_E_cuMemAlloc, dptr, bytesize);
+}
+
+PV_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    pv_cb_cuMemAlloc_v2_t cb = (pv_cb_cuMemAlloc_v2_t)pv_callback(PV_E_cuMemAlloc_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemAlloc_v2_t real = (pv_real_cuMemAlloc_v2_t)pv_real(PV_E_cuMemAlloc_v2);
+            return real ? real(dptr, bytesize) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemAlloc_v2_t)pv_callback(PV_E_cuMemAlloc_v2);
+    }
+    return cb(&pv_ctx, PV_E_cuMemAlloc_v2, dptr, bytesize);
+}
+
+PV_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height, unsigned int ElementSizeBytes)
+{
+    pv_cb_cuMemAllocPitch_t cb = (pv_cb_cuMemAllocPitch_t)pv_callback(PV_E_cuMemAllocPitch);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemAllocPitch_t real = (pv_real_cuMemAllocPitch_t)pv_real(PV_E_cuMemAllocPitch);
+            return real ? real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemAllocPitch_t)pv_callback(PV_E_cuMemAllocPitch);
+    }
+    return cb(&pv_ctx, PV_E_cuMemAllocPitch, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+}
+
+PV_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)
+{
+    pv_cb_cuMemAllocPitch_v2_t cb = (pv_cb_cuMemAllocPitch_v2_t)pv_callback(PV_E_cuMemAllocPitch_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemAllocPitch_v2_t real = (pv_real_cuMemAllocPitch_v2_t)pv_real(PV_E_cuMemAllocPitch_v2);
+            return real ? real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemAllocPitch_v2_t)pv_callback(PV_E_cuMemAllocPitch_v2);
+    }
+    return cb(&pv_ctx, PV_E_cuMemAllocPitch_v2, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+}
+
+PV_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    pv_cb_cuMemAllocManaged_t cb = (pv_cb_cuMemAllocManaged_t)pv_callback(PV_E_cuMemAllocManaged);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemAllocManaged_t real = (pv_real_cuMemAllocManaged_t)pv_real(PV_E_cuMemAllocManaged);
+            return real ? real(dptr, bytesize, flags) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemAllocManaged_t)pv_callback(PV_E_cuMemAllocManaged);
+    }
+    return cb(&pv_ctx, PV_E_cuMemAllocManaged, dptr, bytesize, flags);
+}
+
+PV_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
+{
+    pv_cb_cuMemFree_t cb = (pv_cb_cuMemFree_t)pv_callback(PV_E_cuMemFree);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemFree_t real = (pv_real_cuMemFree_t)pv_real(PV_E_cuMemFree);
+            return real ? real(dptr) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemFree_t)pv_callback(PV_E_cuMemFree);
+    }
+    return cb(&pv_ctx, PV_E_cuMemFree, dptr);
+}
+
+PV_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    pv_cb_cuMemFree_v2_t cb = (pv_cb_cuMemFree_v2_t)pv_callback(PV_E_cuMemFree_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemFree_v2_t real = (pv_real_cuMemFree_v2_t)pv_real(PV_E_cuMemFree_v2);
+            return real ? real(dptr) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemFree_v2_t)pv_callback(PV_E_cuMemFree_v2);
+    }
+    return cb(&pv_ctx, PV_E_cuMemFree_v2, dptr);
+}
+
+PV_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    pv_cb_cuMemAllocAsync_t cb = (pv_cb_cuMemAllocAsync_t)pv_callback(PV_E_cuMemAllocAsync);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemAllocAsync_t real = (pv_real_cuMemAllocAsync_t)pv_real(PV_E_cuMemAllocAsync);
+            return real ? real(dptr, bytesize, hStream) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemAllocAsync_t)pv_callback(PV_E_cuMemAllocAsync);
+    }
+    return cb(&pv_ctx, PV_E_cuMemAllocAsync, dptr, bytesize, hStream);
+}
+
+PV_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    pv_cb_cuMemAllocAsync_ptsz_t cb = (pv_cb_cuMemAllocAsync_ptsz_t)pv_callback(PV_E_cuMemAllocAsync_ptsz);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemAllocAsync_ptsz_t real = (pv_real_cuMemAllocAsync_ptsz_t)pv_real(PV_E_cuMemAllocAsync_ptsz);
+            return real ? real(dptr, bytesize, hStream) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemAllocAsync_ptsz_t)pv_callback(PV_E_cuMemAllocAsync_ptsz);
+    }
+    return cb(&pv_ctx, PV_E_cuMemAllocAsync_ptsz, dptr, bytesize, hStream);
+}
+
+PV_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    pv_cb_cuMemAllocFromPoolAsync_t cb = (pv_cb_cuMemAllocFromPoolAsync_t)pv_callback(PV_E_cuMemAllocFromPoolAsync);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemAllocFromPoolAsync_t real = (pv_real_cuMemAllocFromPoolAsync_t)pv_real(PV_E_cuMemAllocFromPoolAsync);
+            return real ? real(dptr, bytesize, pool, hStream) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemAllocFromPoolAsync_t)pv_callback(PV_E_cuMemAllocFromPoolAsync);
+    }
+    return cb(&pv_ctx, PV_E_cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+}
+
+PV_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    pv_cb_cuMemAllocFromPoolAsync_ptsz_t cb = (pv_cb_cuMemAllocFromPoolAsync_ptsz_t)pv_callback(PV_E_cuMemAllocFromPoolAsync_ptsz);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemAllocFromPoolAsync_ptsz_t real = (pv_real_cuMemAllocFromPoolAsync_ptsz_t)pv_real(PV_E_cuMemAllocFromPoolAsync_ptsz);
+            return real ? real(dptr, bytesize, pool, hStream) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemAllocFromPoolAsync_ptsz_t)pv_callback(PV_E_cuMemAllocFromPoolAsync_ptsz);
+    }
+    return cb(&pv_ctx, PV_E_cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
+}
+
+PV_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    pv_cb_cuMemFreeAsync_t cb = (pv_cb_cuMemFreeAsync_t)pv_callback(PV_E_cuMemFreeAsync);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemFreeAsync_t real = (pv_real_cuMemFreeAsync_t)pv_real(PV_E_cuMemFreeAsync);
+            return real ? real(dptr, hStream) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemFreeAsync_t)pv_callback(PV_E_cuMemFreeAsync);
+    }
+    return cb(&pv_ctx, PV_E_cuMemFreeAsync, dptr, hStream);
+}
+
+PV_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    pv_cb_cuMemFreeAsync_ptsz_t cb = (pv_cb_cuMemFreeAsync_ptsz_t)pv_callback(PV_E_cuMemFreeAsync_ptsz);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemFreeAsync_ptsz_t real = (pv_real_cuMemFreeAsync_ptsz_t)pv_real(PV_E_cuMemFreeAsync_ptsz);
+            return real ? real(dptr, hStream) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemFreeAsync_ptsz_t)pv_callback(PV_E_cuMemFreeAsync_ptsz);
+    }
+    return cb(&pv_ctx, PV_E_cuMemFreeAsync_ptsz, dptr, hStream);
+}
+
+PV_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    pv_cb_cuMemPoolTrimTo_t cb = (pv_cb_cuMemPoolTrimTo_t)pv_callback(PV_E_cuMemPoolTrimTo);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemPoolTrimTo_t real = (pv_real_cuMemPoolTrimTo_t)pv_real(PV_E_cuMemPoolTrimTo);
+            return real ? real(pool, minBytesToKeep) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemPoolTrimTo_t)pv_callback(PV_E_cuMemPoolTrimTo);
+    }
+    return cb(&pv_ctx, PV_E_cuMemPoolTrimTo, pool, minBytesToKeep);
+}
+
+PV_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    pv_cb_cuMemPoolDestroy_t cb = (pv_cb_cuMemPoolDestroy_t)pv_callback(PV_E_cuMemPoolDestroy);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemPoolDestroy_t real = (pv_real_cuMemPoolDestroy_t)pv_real(PV_E_cuMemPoolDestroy);
+            return real ? real(pool) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemPoolDestroy_t)pv_callback(PV_E_cuMemPoolDestroy);
+    }
+    return cb(&pv_ctx, PV_E_cuMemPoolDestroy, pool);
+}
+
+PV_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    pv_cb_cuMemCreate_t cb = (pv_cb_cuMemCreate_t)pv_callback(PV_E_cuMemCreate);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemCreate_t real = (pv_real_cuMemCreate_t)pv_real(PV_E_cuMemCreate);
+            return real ? real(handle, size, prop, flags) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemCreate_t)pv_callback(PV_E_cuMemCreate);
+    }
+    return cb(&pv_ctx, PV_E_cuMemCreate, handle, size, prop, flags);
+}
+
+PV_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    pv_cb_cuMemRelease_t cb = (pv_cb_cuMemRelease_t)pv_callback(PV_E_cuMemRelease);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMemRelease_t real = (pv_real_cuMemRelease_t)pv_real(PV_E_cuMemRelease);
+            return real ? real(handle) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMemRelease_t)pv_callback(PV_E_cuMemRelease);
+    }
+    return cb(&pv_ctx, PV_E_cuMemRelease, handle);
+}
+
+PV_EXPORT CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
+{
+    pv_cb_cuArrayCreate_t cb = (pv_cb_cuArrayCreate_t)pv_callback(PV_E_cuArrayCreate);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuArrayCreate_t real = (pv_real_cuArrayCreate_t)pv_real(PV_E_cuArrayCreate);
+            return real ? real(pHandle, pAllocateArray) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuArrayCreate_t)pv_callback(PV_E_cuArrayCreate);
+    }
+    return cb(&pv_ctx, PV_E_cuArrayCreate, pHandle, pAllocateArray);
+}
+
+PV_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
+{
+    pv_cb_cuArrayCreate_v2_t cb = (pv_cb_cuArrayCreate_v2_t)pv_callback(PV_E_cuArrayCreate_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuArrayCreate_v2_t real = (pv_real_cuArrayCreate_v2_t)pv_real(PV_E_cuArrayCreate_v2);
+            return real ? real(pHandle, pAllocateArray) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuArrayCreate_v2_t)pv_callback(PV_E_cuArrayCreate_v2);
+    }
+    return cb(&pv_ctx, PV_E_cuArrayCreate_v2, pHandle, pAllocateArray);
+}
+
+PV_EXPORT CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
+{
+    pv_cb_cuArray3DCreate_t cb = (pv_cb_cuArray3DCreate_t)pv_callback(PV_E_cuArray3DCreate);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuArray3DCreate_t real = (pv_real_cuArray3DCreate_t)pv_real(PV_E_cuArray3DCreate);
+            return real ? real(pHandle, pAllocateArray) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuArray3DCreate_t)pv_callback(PV_E_cuArray3DCreate);
+    }
+    return cb(&pv_ctx, PV_E_cuArray3DCreate, pHandle, pAllocateArray);
+}
+
+PV_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
+{
+    pv_cb_cuArray3DCreate_v2_t cb = (pv_cb_cuArray3DCreate_v2_t)pv_callback(PV_E_cuArray3DCreate_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuArray3DCreate_v2_t real = (pv_real_cuArray3DCreate_v2_t)pv_real(PV_E_cuArray3DCreate_v2);
+            return real ? real(pHandle, pAllocateArray) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuArray3DCreate_v2_t)pv_callback(PV_E_cuArray3DCreate_v2);
+    }
+    return cb(&pv_ctx, PV_E_cuArray3DCreate_v2, pHandle, pAllocateArray);
+}
+
+PV_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc, unsigned int numMipmapLevels)
+{
+    pv_cb_cuMipmappedArrayCreate_t cb = (pv_cb_cuMipmappedArrayCreate_t)pv_callback(PV_E_cuMipmappedArrayCreate);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMipmappedArrayCreate_t real = (pv_real_cuMipmappedArrayCreate_t)pv_real(PV_E_cuMipmappedArrayCreate);
+            return real ? real(pHandle, pMipmappedArrayDesc, numMipmapLevels) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMipmappedArrayCreate_t)pv_callback(PV_E_cuMipmappedArrayCreate);
+    }
+    return cb(&pv_ctx, PV_E_cuMipmappedArrayCreate, pHandle, pMipmappedArrayDesc, numMipmapLevels);
+}
+
+PV_EXPORT CUresult cuArrayDestroy(CUarray hArray)
+{
+    pv_cb_cuArrayDestroy_t cb = (pv_cb_cuArrayDestroy_t)pv_callback(PV_E_cuArrayDestroy);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuArrayDestroy_t real = (pv_real_cuArrayDestroy_t)pv_real(PV_E_cuArrayDestroy);
+            return real ? real(hArray) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuArrayDestroy_t)pv_callback(PV_E_cuArrayDestroy);
+    }
+    return cb(&pv_ctx, PV_E_cuArrayDestroy, hArray);
+}
+
+PV_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    pv_cb_cuMipmappedArrayDestroy_t cb = (pv_cb_cuMipmappedArrayDestroy_t)pv_callback(PV_E_cuMipmappedArrayDestroy);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuMipmappedArrayDestroy_t real = (pv_real_cuMipmappedArrayDestroy_t)pv_real(PV_E_cuMipmappedArrayDestroy);
+            return real ? real(hMipmappedArray) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuMipmappedArrayDestroy_t)pv_callback(PV_E_cuMipmappedArrayDestroy);
+    }
+    return cb(&pv_ctx, PV_E_cuMipmappedArrayDestroy, hMipmappedArray);
 }
 
 PV_EXPORT nvmlReturn_t nvmlInit(void)
@@ -347,18 +707,38 @@ const pv_entry_info_t pv_entry_infos[PV_N_ENTRIES] = {
     [PV_E_cuGetProcAddress] = {"cuGetProcAddress", PV_LIB_CUDA, 0, 0, PV_H_cuGetProcAddress, 11030},
     [PV_E_cuGetProcAddress_v2] = {"cuGetProcAddress_v2", PV_LIB_CUDA, 0, 0, PV_H_cuGetProcAddress, 12000},
     [PV_E_cuDeviceGetCount] = {"cuDeviceGetCount", PV_LIB_CUDA, 0, 1, PV_H_cuDeviceGetCount, 2000},
-    [PV_E_cuDeviceTotalMem] = {"cuDeviceTotalMem", PV_LIB_CUDA, 0, 1, PV_H_cuDeviceTotalMem, 2000},
-    [PV_E_cuDeviceTotalMem_v2] = {"cuDeviceTotalMem_v2", PV_LIB_CUDA, 0, 1, PV_H_cuDeviceTotalMem, 3020},
-    [PV_E_cuMemAlloc] = {"cuMemAlloc", PV_LIB_CUDA, 0, 1, PV_H_cuMemAlloc, 2000},
-    [PV_E_cuMemAlloc_v2] = {"cuMemAlloc_v2", PV_LIB_CUDA, 0, 1, PV_H_cuMemAlloc, 3020},
-    [PV_E_cuMemFree] = {"cuMemFree", PV_LIB_CUDA, 0, 1, PV_H_cuMemFree, 2000},
-    [PV_E_cuMemFree_v2] = {"cuMemFree_v2", PV_LIB_CUDA, 0, 1, PV_H_cuMemFree, 3020},
-    [PV_E_cuMemGetInfo] = {"cuMemGetInfo", PV_LIB_CUDA, 0, 1, PV_H_cuMemGetInfo, 2000},
-    [PV_E_cuMemGetInfo_v2] = {"cuMemGetInfo_v2", PV_LIB_CUDA, 0, 1, PV_H_cuMemGetInfo, 3020},
     [PV_E_cuLaunchKernel] = {"cuLaunchKernel", PV_LIB_CUDA, 0, 1, PV_H_cuLaunchKernel, 4000},
     [PV_E_cuLaunchKernel_ptsz] = {"cuLaunchKernel_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuLaunchKernel, 7000},
     [PV_E_cuLaunchKernelEx] = {"cuLaunchKernelEx", PV_LIB_CUDA, 0, 1, PV_H_cuLaunchKernelEx, 11060},
     [PV_E_cuLaunchKernelEx_ptsz] = {"cuLaunchKernelEx_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuLaunchKernelEx, 11060},
+    [PV_E_cuDeviceTotalMem] = {"cuDeviceTotalMem", PV_LIB_CUDA, 0, 1, PV_H_cuDeviceTotalMem, 2000},
+    [PV_E_cuDeviceTotalMem_v2] = {"cuDeviceTotalMem_v2", PV_LIB_CUDA, 0, 1, PV_H_cuDeviceTotalMem, 3020},
+    [PV_E_cuMemGetInfo] = {"cuMemGetInfo", PV_LIB_CUDA, 0, 1, PV_H_cuMemGetInfo, 2000},
+    [PV_E_cuMemGetInfo_v2] = {"cuMemGetInfo_v2", PV_LIB_CUDA, 0, 1, PV_H_cuMemGetInfo, 3020},
+    [PV_E_cuMemAlloc] = {"cuMemAlloc", PV_LIB_CUDA, 0, 1, PV_H_cuMemAlloc, 2000},
+    [PV_E_cuMemAlloc_v2] = {"cuMemAlloc_v2", PV_LIB_CUDA, 0, 1, PV_H_cuMemAlloc, 3020},
+    [PV_E_cuMemAllocPitch] = {"cuMemAllocPitch", PV_LIB_CUDA, 0, 1, PV_H_cuMemAllocPitch, 2000},
+    [PV_E_cuMemAllocPitch_v2] = {"cuMemAllocPitch_v2", PV_LIB_CUDA, 0, 1, PV_H_cuMemAllocPitch, 3020},
+    [PV_E_cuMemAllocManaged] = {"cuMemAllocManaged", PV_LIB_CUDA, 0, 1, PV_H_cuMemAllocManaged, 6050},
+    [PV_E_cuMemFree] = {"cuMemFree", PV_LIB_CUDA, 0, 1, PV_H_cuMemFree, 2000},
+    [PV_E_cuMemFree_v2] = {"cuMemFree_v2", PV_LIB_CUDA, 0, 1, PV_H_cuMemFree, 3020},
+    [PV_E_cuMemAllocAsync] = {"cuMemAllocAsync", PV_LIB_CUDA, 0, 1, PV_H_cuMemAllocAsync, 11020},
+    [PV_E_cuMemAllocAsync_ptsz] = {"cuMemAllocAsync_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuMemAllocAsync, 11020},
+    [PV_E_cuMemAllocFromPoolAsync] = {"cuMemAllocFromPoolAsync", PV_LIB_CUDA, 0, 1, PV_H_cuMemAllocFromPoolAsync, 11020},
+    [PV_E_cuMemAllocFromPoolAsync_ptsz] = {"cuMemAllocFromPoolAsync_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuMemAllocFromPoolAsync, 11020},
+    [PV_E_cuMemFreeAsync] = {"cuMemFreeAsync", PV_LIB_CUDA, 0, 1, PV_H_cuMemFreeAsync, 11020},
+    [PV_E_cuMemFreeAsync_ptsz] = {"cuMemFreeAsync_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuMemFreeAsync, 11020},
+    [PV_E_cuMemPoolTrimTo] = {"cuMemPoolTrimTo", PV_LIB_CUDA, 0, 1, PV_H_cuMemPoolTrimTo, 11020},
+    [PV_E_cuMemPoolDestroy] = {"cuMemPoolDestroy", PV_LIB_CUDA, 0, 1, PV_H_cuMemPoolDestroy, 11020},
+    [PV_E_cuMemCreate] = {"cuMemCreate", PV_LIB_CUDA, 0, 1, PV_H_cuMemCreate, 11000},
+    [PV_E_cuMemRelease] = {"cuMemRelease", PV_LIB_CUDA, 0, 1, PV_H_cuMemRelease, 11000},
+    [PV_E_cuArrayCreate] = {"cuArrayCreate", PV_LIB_CUDA, 0, 1, PV_H_cuArrayCreate, 2000},
+    [PV_E_cuArrayCreate_v2] = {"cuArrayCreate_v2", PV_LIB_CUDA, 0, 1, PV_H_cuArrayCreate, 3020},
+    [PV_E_cuArray3DCreate] = {"cuArray3DCreate", PV_LIB_CUDA, 0, 1, PV_H_cuArray3DCreate, 2000},
+    [PV_E_cuArray3DCreate_v2] = {"cuArray3DCreate_v2", PV_LIB_CUDA, 0, 1, PV_H_cuArray3DCreate, 3020},
+    [PV_E_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", PV_LIB_CUDA, 0, 1, PV_H_cuMipmappedArrayCreate, 6050},
+    [PV_E_cuArrayDestroy] = {"cuArrayDestroy", PV_LIB_CUDA, 0, 1, PV_H_cuArrayDestroy, 2000},
+    [PV_E_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", PV_LIB_CUDA, 0, 1, PV_H_cuMipmappedArrayDestroy, 6050},
     [PV_E_nvmlInit] = {"nvmlInit", PV_LIB_NVML, 0, 1, PV_H_nvmlInit, 0},
     [PV_E_nvmlInit_v2] = {"nvmlInit_v2", PV_LIB_NVML, 0, 1, PV_H_nvmlInit, 0},
     [PV_E_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetMemoryInfo, 0},
@@ -369,19 +749,38 @@ const pv_hook_info_t pv_hook_infos[PV_N_HOOKS] = {
     [PV_H_cuInit] = {"cuInit", 0, 1},
     [PV_H_cuGetProcAddress] = {"cuGetProcAddress", 1, 2},
     [PV_H_cuDeviceGetCount] = {"cuDeviceGetCount", 3, 1},
-    [PV_H_cuDeviceTotalMem] = {"cuDeviceTotalMem", 4, 2},
-    [PV_H_cuMemAlloc] = {"cuMemAlloc", 6, 2},
-    [PV_H_cuMemFree] = {"cuMemFree", 8, 2},
+    [PV_H_cuLaunchKernel] = {"cuLaunchKernel", 4, 2},
+    [PV_H_cuLaunchKernelEx] = {"cuLaunchKernelEx", 6, 2},
+    [PV_H_cuDeviceTotalMem] = {"cuDeviceTotalMem", 8, 2},
     [PV_H_cuMemGetInfo] = {"cuMemGetInfo", 10, 2},
-    [PV_H_cuLaunchKernel] = {"cuLaunchKernel", 12, 2},
-    [PV_H_cuLaunchKernelEx] = {"cuLaunchKernelEx", 14, 2},
-    [PV_H_nvmlInit] = {"nvmlInit", 16, 2},
-    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 18, 1},
-    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 19, 1},
+    [PV_H_cuMemAlloc] = {"cuMemAlloc", 12, 2},
+    [PV_H_cuMemAllocPitch] = {"cuMemAllocPitch", 14, 2},
+    [PV_H_cuMemAllocManaged] = {"cuMemAllocManaged", 16, 1},
+    [PV_H_cuMemFree] = {"cuMemFree", 17, 2},
+    [PV_H_cuMemAllocAsync] = {"cuMemAllocAsync", 19, 2},
+    [PV_H_cuMemAllocFromPoolAsync] = {"cuMemAllocFromPoolAsync", 21, 2},
+    [PV_H_cuMemFreeAsync] = {"cuMemFreeAsync", 23, 2},
+    [PV_H_cuMemPoolTrimTo] = {"cuMemPoolTrimTo", 25, 1},
+    [PV_H_cuMemPoolDestroy] = {"cuMemPoolDestroy", 26, 1},
+    [PV_H_cuMemCreate] = {"cuMemCreate", 27, 1},
+    [PV_H_cuMemRelease] = {"cuMemRelease", 28, 1},
+    [PV_H_cuArrayCreate] = {"cuArrayCreate", 29, 2},
+    [PV_H_cuArray3DCreate] = {"cuArray3DCreate", 31, 2},
+    [PV_H_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", 33, 1},
+    [PV_H_cuArrayDestroy] = {"cuArrayDestroy", 34, 1},
+    [PV_H_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", 35, 1},
+    [PV_H_nvmlInit] = {"nvmlInit", 36, 2},
+    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 38, 1},
+    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 39, 1},
 };
 
 /* Sorted by name for bsearch (dlsym and cuGetProcAddress lookups). */
 const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES] = {
+    {"cuArray3DCreate", PV_E_cuArray3DCreate},
+    {"cuArray3DCreate_v2", PV_E_cuArray3DCreate_v2},
+    {"cuArrayCreate", PV_E_cuArrayCreate},
+    {"cuArrayCreate_v2", PV_E_cuArrayCreate_v2},
+    {"cuArrayDestroy", PV_E_cuArrayDestroy},
     {"cuDeviceGetCount", PV_E_cuDeviceGetCount},
     {"cuDeviceTotalMem", PV_E_cuDeviceTotalMem},
     {"cuDeviceTotalMem_v2", PV_E_cuDeviceTotalMem_v2},
@@ -393,11 +792,26 @@ const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES] = {
     {"cuLaunchKernelEx_ptsz", PV_E_cuLaunchKernelEx_ptsz},
     {"cuLaunchKernel_ptsz", PV_E_cuLaunchKernel_ptsz},
     {"cuMemAlloc", PV_E_cuMemAlloc},
+    {"cuMemAllocAsync", PV_E_cuMemAllocAsync},
+    {"cuMemAllocAsync_ptsz", PV_E_cuMemAllocAsync_ptsz},
+    {"cuMemAllocFromPoolAsync", PV_E_cuMemAllocFromPoolAsync},
+    {"cuMemAllocFromPoolAsync_ptsz", PV_E_cuMemAllocFromPoolAsync_ptsz},
+    {"cuMemAllocManaged", PV_E_cuMemAllocManaged},
+    {"cuMemAllocPitch", PV_E_cuMemAllocPitch},
+    {"cuMemAllocPitch_v2", PV_E_cuMemAllocPitch_v2},
     {"cuMemAlloc_v2", PV_E_cuMemAlloc_v2},
+    {"cuMemCreate", PV_E_cuMemCreate},
     {"cuMemFree", PV_E_cuMemFree},
+    {"cuMemFreeAsync", PV_E_cuMemFreeAsync},
+    {"cuMemFreeAsync_ptsz", PV_E_cuMemFreeAsync_ptsz},
     {"cuMemFree_v2", PV_E_cuMemFree_v2},
     {"cuMemGetInfo", PV_E_cuMemGetInfo},
     {"cuMemGetInfo_v2", PV_E_cuMemGetInfo_v2},
+    {"cuMemPoolDestroy", PV_E_cuMemPoolDestroy},
+    {"cuMemPoolTrimTo", PV_E_cuMemPoolTrimTo},
+    {"cuMemRelease", PV_E_cuMemRelease},
+    {"cuMipmappedArrayCreate", PV_E_cuMipmappedArrayCreate},
+    {"cuMipmappedArrayDestroy", PV_E_cuMipmappedArrayDestroy},
     {"nvmlDeviceGetMemoryInfo", PV_E_nvmlDeviceGetMemoryInfo},
     {"nvmlDeviceGetMemoryInfo_v2", PV_E_nvmlDeviceGetMemoryInfo_v2},
     {"nvmlInit", PV_E_nvmlInit},
@@ -405,6 +819,9 @@ const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES] = {
 };
 
 const pv_name_index_t pv_hook_sorted[PV_N_HOOKS] = {
+    {"cuArray3DCreate", PV_H_cuArray3DCreate},
+    {"cuArrayCreate", PV_H_cuArrayCreate},
+    {"cuArrayDestroy", PV_H_cuArrayDestroy},
     {"cuDeviceGetCount", PV_H_cuDeviceGetCount},
     {"cuDeviceTotalMem", PV_H_cuDeviceTotalMem},
     {"cuGetProcAddress", PV_H_cuGetProcAddress},
@@ -412,8 +829,19 @@ const pv_name_index_t pv_hook_sorted[PV_N_HOOKS] = {
     {"cuLaunchKernel", PV_H_cuLaunchKernel},
     {"cuLaunchKernelEx", PV_H_cuLaunchKernelEx},
     {"cuMemAlloc", PV_H_cuMemAlloc},
+    {"cuMemAllocAsync", PV_H_cuMemAllocAsync},
+    {"cuMemAllocFromPoolAsync", PV_H_cuMemAllocFromPoolAsync},
+    {"cuMemAllocManaged", PV_H_cuMemAllocManaged},
+    {"cuMemAllocPitch", PV_H_cuMemAllocPitch},
+    {"cuMemCreate", PV_H_cuMemCreate},
     {"cuMemFree", PV_H_cuMemFree},
+    {"cuMemFreeAsync", PV_H_cuMemFreeAsync},
     {"cuMemGetInfo", PV_H_cuMemGetInfo},
+    {"cuMemPoolDestroy", PV_H_cuMemPoolDestroy},
+    {"cuMemPoolTrimTo", PV_H_cuMemPoolTrimTo},
+    {"cuMemRelease", PV_H_cuMemRelease},
+    {"cuMipmappedArrayCreate", PV_H_cuMipmappedArrayCreate},
+    {"cuMipmappedArrayDestroy", PV_H_cuMipmappedArrayDestroy},
     {"nvmlDeviceGetMemoryInfo", PV_H_nvmlDeviceGetMemoryInfo},
     {"nvmlDeviceGetMemoryInfo_v2", PV_H_nvmlDeviceGetMemoryInfo_v2},
     {"nvmlInit", PV_H_nvmlInit},
@@ -424,20 +852,54 @@ void *const pv_hook_fns[PV_N_ENTRIES] = {
     [PV_E_cuGetProcAddress] = (void *)cuGetProcAddress,
     [PV_E_cuGetProcAddress_v2] = (void *)cuGetProcAddress_v2,
     [PV_E_cuDeviceGetCount] = (void *)cuDeviceGetCount,
-    [PV_E_cuDeviceTotalMem] = (void *)cuDeviceTotalMem,
-    [PV_E_cuDeviceTotalMem_v2] = (void *)cuDeviceTotalMem_v2,
-    [PV_E_cuMemAlloc] = (void *)cuMemAlloc,
-    [PV_E_cuMemAlloc_v2] = (void *)cuMemAlloc_v2,
-    [PV_E_cuMemFree] = (void *)cuMemFree,
-    [PV_E_cuMemFree_v2] = (void *)cuMemFree_v2,
-    [PV_E_cuMemGetInfo] = (void *)cuMemGetInfo,
-    [PV_E_cuMemGetInfo_v2] = (void *)cuMemGetInfo_v2,
     [PV_E_cuLaunchKernel] = (void *)cuLaunchKernel,
     [PV_E_cuLaunchKernel_ptsz] = (void *)cuLaunchKernel_ptsz,
     [PV_E_cuLaunchKernelEx] = (void *)cuLaunchKernelEx,
     [PV_E_cuLaunchKernelEx_ptsz] = (void *)cuLaunchKernelEx_ptsz,
+    [PV_E_cuDeviceTotalMem] = (void *)cuDeviceTotalMem,
+    [PV_E_cuDeviceTotalMem_v2] = (void *)cuDeviceTotalMem_v2,
+    [PV_E_cuMemGetInfo] = (void *)cuMemGetInfo,
+    [PV_E_cuMemGetInfo_v2] = (void *)cuMemGetInfo_v2,
+    [PV_E_cuMemAlloc] = (void *)cuMemAlloc,
+    [PV_E_cuMemAlloc_v2] = (void *)cuMemAlloc_v2,
+    [PV_E_cuMemAllocPitch] = (void *)cuMemAllocPitch,
+    [PV_E_cuMemAllocPitch_v2] = (void *)cuMemAllocPitch_v2,
+    [PV_E_cuMemAllocManaged] = (void *)cuMemAllocManaged,
+    [PV_E_cuMemFree] = (void *)cuMemFree,
+    [PV_E_cuMemFree_v2] = (void *)cuMemFree_v2,
+    [PV_E_cuMemAllocAsync] = (void *)cuMemAllocAsync,
+    [PV_E_cuMemAllocAsync_ptsz] = (void *)cuMemAllocAsync_ptsz,
+    [PV_E_cuMemAllocFromPoolAsync] = (void *)cuMemAllocFromPoolAsync,
+    [PV_E_cuMemAllocFromPoolAsync_ptsz] = (void *)cuMemAllocFromPoolAsync_ptsz,
+    [PV_E_cuMemFreeAsync] = (void *)cuMemFreeAsync,
+    [PV_E_cuMemFreeAsync_ptsz] = (void *)cuMemFreeAsync_ptsz,
+    [PV_E_cuMemPoolTrimTo] = (void *)cuMemPoolTrimTo,
+    [PV_E_cuMemPoolDestroy] = (void *)cuMemPoolDestroy,
+    [PV_E_cuMemCreate] = (void *)cuMemCreate,
+    [PV_E_cuMemRelease] = (void *)cuMemRelease,
+    [PV_E_cuArrayCreate] = (void *)cuArrayCreate,
+    [PV_E_cuArrayCreate_v2] = (void *)cuArrayCreate_v2,
+    [PV_E_cuArray3DCreate] = (void *)cuArray3DCreate,
+    [PV_E_cuArray3DCreate_v2] = (void *)cuArray3DCreate_v2,
+    [PV_E_cuMipmappedArrayCreate] = (void *)cuMipmappedArrayCreate,
+    [PV_E_cuArrayDestroy] = (void *)cuArrayDestroy,
+    [PV_E_cuMipmappedArrayDestroy] = (void *)cuMipmappedArrayDestroy,
     [PV_E_nvmlInit] = (void *)nvmlInit,
     [PV_E_nvmlInit_v2] = (void *)nvmlInit_v2,
     [PV_E_nvmlDeviceGetMemoryInfo] = (void *)nvmlDeviceGetMemoryInfo,
     [PV_E_nvmlDeviceGetMemoryInfo_v2] = (void *)nvmlDeviceGetMemoryInfo_v2,
+};
+
+const pv_helper_info_t pv_helper_infos[PV_N_HELPERS] = {
+    {"cuCtxGetDevice", PV_LIB_CUDA},
+    {"cuDeviceGetMemPool", PV_LIB_CUDA},
+    {"cuMemPoolGetAttribute", PV_LIB_CUDA},
+    {"cuMemGetAllocationGranularity", PV_LIB_CUDA},
+    {"nvmlDeviceGetIndex", PV_LIB_NVML},
+};
+
+const char *const pv_service_names[PV_N_SERVICES] = {
+    [PV_S_svc_claim] = "svc_claim",
+    [PV_S_svc_tick] = "svc_tick",
+    [PV_S_svc_reclaim] = "svc_reclaim",
 };

@@ -5,21 +5,51 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3130305854435650ULL
+#define PV_CTX_MAGIC 0x3230305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/layout.py) */
 typedef struct pv_ctx {
     uint64_t magic;  /* CTX_MAGIC */
     uint32_t n_entries;  /* hook entries in this shim */
     uint32_t flags;
-    uint64_t real[20];  /* real driver function per entry, 0 if the driver lacks it */
-    uint64_t calls[20];  /* calls per entry, counted by the callbacks */
+    uint64_t real[40];  /* real driver function per entry, 0 if the driver lacks it */
+    uint64_t calls[40];  /* calls per entry, counted by the callbacks */
+    uint64_t helper[5];  /* real driver functions the policies call (hooks.HELPERS) */
+    uint64_t region;  /* address of the mapped region, 0 without one */
+    uint64_t slot;  /* address of this process's slot in the region */
+    int32_t slot_index;
+    int32_t region_fd;  /* fd holding this process's slot lock */
+    uint32_t n_slots;
+    uint32_t lock;  /* spinlock serialising pool accounting in this process */
+    uint64_t table;  /* address of the pointer table (allocation records) */
+    uint64_t table_mask;  /* entries - 1 (a power of two) */
+    uint64_t table_maxdisp;  /* longest probe an insert has needed */
+    uint64_t table_live;  /* records in the table */
+    uint64_t table_full;  /* allocations refused because the table was full */
+    uint64_t pool_handle[64];  /* memory pools seen (CUmemoryPool) */
+    uint64_t pool_reserved[64];  /* their reserved bytes as last charged */
+    int32_t pool_dev[64];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
 _Static_assert(offsetof(pv_ctx_t, flags) == 12, "pv_ctx.flags");
 _Static_assert(offsetof(pv_ctx_t, real) == 16, "pv_ctx.real");
-_Static_assert(offsetof(pv_ctx_t, calls) == 176, "pv_ctx.calls");
-_Static_assert(sizeof(pv_ctx_t) == 336, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, calls) == 336, "pv_ctx.calls");
+_Static_assert(offsetof(pv_ctx_t, helper) == 656, "pv_ctx.helper");
+_Static_assert(offsetof(pv_ctx_t, region) == 696, "pv_ctx.region");
+_Static_assert(offsetof(pv_ctx_t, slot) == 704, "pv_ctx.slot");
+_Static_assert(offsetof(pv_ctx_t, slot_index) == 712, "pv_ctx.slot_index");
+_Static_assert(offsetof(pv_ctx_t, region_fd) == 716, "pv_ctx.region_fd");
+_Static_assert(offsetof(pv_ctx_t, n_slots) == 720, "pv_ctx.n_slots");
+_Static_assert(offsetof(pv_ctx_t, lock) == 724, "pv_ctx.lock");
+_Static_assert(offsetof(pv_ctx_t, table) == 728, "pv_ctx.table");
+_Static_assert(offsetof(pv_ctx_t, table_mask) == 736, "pv_ctx.table_mask");
+_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 744, "pv_ctx.table_maxdisp");
+_Static_assert(offsetof(pv_ctx_t, table_live) == 752, "pv_ctx.table_live");
+_Static_assert(offsetof(pv_ctx_t, table_full) == 760, "pv_ctx.table_full");
+_Static_assert(offsetof(pv_ctx_t, pool_handle) == 768, "pv_ctx.pool_handle");
+_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 1280, "pv_ctx.pool_reserved");
+_Static_assert(offsetof(pv_ctx_t, pool_dev) == 1792, "pv_ctx.pool_dev");
+_Static_assert(sizeof(pv_ctx_t) == 2048, "sizeof pv_ctx");
 
 #endif

@@ -3,9 +3,10 @@
 #ifndef PV_TABLE_H
 #define PV_TABLE_H
 
-#define PV_N_ENTRIES 20
-#define PV_N_HOOKS 12
-#define PV_TABLE_HASH "a0d1207c90c919b6"
+#define PV_N_ENTRIES 40
+#define PV_N_HOOKS 26
+#define PV_N_HELPERS 5
+#define PV_TABLE_HASH "e3686f201718ce57"
 
 /* One entry per exported ABI symbol (variant). */
 enum pv_entry {
@@ -13,22 +14,50 @@ enum pv_entry {
     PV_E_cuGetProcAddress = 1,
     PV_E_cuGetProcAddress_v2 = 2,
     PV_E_cuDeviceGetCount = 3,
-    PV_E_cuDeviceTotalMem = 4,
-    PV_E_cuDeviceTotalMem_v2 = 5,
-    PV_E_cuMemAlloc = 6,
-    PV_E_cuMemAlloc_v2 = 7,
-    PV_E_cuMemFree = 8,
-    PV_E_cuMemFree_v2 = 9,
+    PV_E_cuLaunchKernel = 4,
+    PV_E_cuLaunchKernel_ptsz = 5,
+    PV_E_cuLaunchKernelEx = 6,
+    PV_E_cuLaunchKernelEx_ptsz = 7,
+    PV_E_cuDeviceTotalMem = 8,
+    PV_E_cuDeviceTotalMem_v2 = 9,
     PV_E_cuMemGetInfo = 10,
     PV_E_cuMemGetInfo_v2 = 11,
-    PV_E_cuLaunchKernel = 12,
-    PV_E_cuLaunchKernel_ptsz = 13,
-    PV_E_cuLaunchKernelEx = 14,
-    PV_E_cuLaunchKernelEx_ptsz = 15,
-    PV_E_nvmlInit = 16,
-    PV_E_nvmlInit_v2 = 17,
-    PV_E_nvmlDeviceGetMemoryInfo = 18,
-    PV_E_nvmlDeviceGetMemoryInfo_v2 = 19,
+    PV_E_cuMemAlloc = 12,
+    PV_E_cuMemAlloc_v2 = 13,
+    PV_E_cuMemAllocPitch = 14,
+    PV_E_cuMemAllocPitch_v2 = 15,
+    PV_E_cuMemAllocManaged = 16,
+    PV_E_cuMemFree = 17,
+    PV_E_cuMemFree_v2 = 18,
+    PV_E_cuMemAllocAsync = 19,
+    PV_E_cuMemAllocAsync_ptsz = 20,
+    PV_E_cuMemAllocFromPoolAsync = 21,
+    PV_E_cuMemAllocFromPoolAsync_ptsz = 22,
+    PV_E_cuMemFreeAsync = 23,
+    PV_E_cuMemFreeAsync_ptsz = 24,
+    PV_E_cuMemPoolTrimTo = 25,
+    PV_E_cuMemPoolDestroy = 26,
+    PV_E_cuMemCreate = 27,
+    PV_E_cuMemRelease = 28,
+    PV_E_cuArrayCreate = 29,
+    PV_E_cuArrayCreate_v2 = 30,
+    PV_E_cuArray3DCreate = 31,
+    PV_E_cuArray3DCreate_v2 = 32,
+    PV_E_cuMipmappedArrayCreate = 33,
+    PV_E_cuArrayDestroy = 34,
+    PV_E_cuMipmappedArrayDestroy = 35,
+    PV_E_nvmlInit = 36,
+    PV_E_nvmlInit_v2 = 37,
+    PV_E_nvmlDeviceGetMemoryInfo = 38,
+    PV_E_nvmlDeviceGetMemoryInfo_v2 = 39,
+};
+
+/* Services: callbacks called outside hooked functions (pyvgpu.hooks.SERVICES). */
+enum pv_service {
+    PV_S_svc_claim = 0,
+    PV_S_svc_tick = 1,
+    PV_S_svc_reclaim = 2,
+    PV_N_SERVICES
 };
 
 /* One hook per base name (what cuGetProcAddress takes). */
@@ -36,15 +65,29 @@ enum pv_hook {
     PV_H_cuInit = 0,
     PV_H_cuGetProcAddress = 1,
     PV_H_cuDeviceGetCount = 2,
-    PV_H_cuDeviceTotalMem = 3,
-    PV_H_cuMemAlloc = 4,
-    PV_H_cuMemFree = 5,
+    PV_H_cuLaunchKernel = 3,
+    PV_H_cuLaunchKernelEx = 4,
+    PV_H_cuDeviceTotalMem = 5,
     PV_H_cuMemGetInfo = 6,
-    PV_H_cuLaunchKernel = 7,
-    PV_H_cuLaunchKernelEx = 8,
-    PV_H_nvmlInit = 9,
-    PV_H_nvmlDeviceGetMemoryInfo = 10,
-    PV_H_nvmlDeviceGetMemoryInfo_v2 = 11,
+    PV_H_cuMemAlloc = 7,
+    PV_H_cuMemAllocPitch = 8,
+    PV_H_cuMemAllocManaged = 9,
+    PV_H_cuMemFree = 10,
+    PV_H_cuMemAllocAsync = 11,
+    PV_H_cuMemAllocFromPoolAsync = 12,
+    PV_H_cuMemFreeAsync = 13,
+    PV_H_cuMemPoolTrimTo = 14,
+    PV_H_cuMemPoolDestroy = 15,
+    PV_H_cuMemCreate = 16,
+    PV_H_cuMemRelease = 17,
+    PV_H_cuArrayCreate = 18,
+    PV_H_cuArray3DCreate = 19,
+    PV_H_cuMipmappedArrayCreate = 20,
+    PV_H_cuArrayDestroy = 21,
+    PV_H_cuMipmappedArrayDestroy = 22,
+    PV_H_nvmlInit = 23,
+    PV_H_nvmlDeviceGetMemoryInfo = 24,
+    PV_H_nvmlDeviceGetMemoryInfo_v2 = 25,
 };
 
 #endif

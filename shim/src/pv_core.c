@@ -11,10 +11,14 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pv_shim.h"
@@ -25,6 +29,9 @@ pv_ctx_t pv_ctx = {.magic = PV_CTX_MAGIC, .n_entries = PV_N_ENTRIES};
 void *pv_callbacks[PV_N_ENTRIES];
 
 static void *pv_staged[PV_N_ENTRIES];
+typedef int64_t (*pv_service_t)(pv_ctx_t *);
+static pv_service_t pv_services[PV_N_SERVICES];
+#define PV_TABLE_ENTRIES (1u << 20) /* allocation records: 16 MiB of address space, touched as used */
 static int pv_staged_ok;
 static uint64_t pv_lookups[PV_N_ENTRIES][PV_N_VIA];
 static uint64_t pv_mismatches;
@@ -68,6 +75,10 @@ static void resolve_real_once(void) {
         void *h = libs[pv_entry_infos[i].lib];
         pv_ctx.real[i] = h ? (uint64_t)(uintptr_t)pv_real_dlsym(h, pv_entry_infos[i].name) : 0;
     }
+    for (int i = 0; i < PV_N_HELPERS; i++) {
+        void *h = libs[pv_helper_infos[i].lib];
+        pv_ctx.helper[i] = h ? (uint64_t)(uintptr_t)pv_real_dlsym(h, pv_helper_infos[i].name) : 0;
+    }
 }
 
 void pv_resolve_real(void) { pthread_once(&pv_real_once, resolve_real_once); }
@@ -87,9 +98,44 @@ static int limits_requested(void) {
     return 0;
 }
 
+/* ---- the watcher thread -------------------------------------------------
+ * Calls the svc_tick callback twice a second while this process is in a
+ * group: quota of dead members comes back within a second, and pools that
+ * shrank at a synchronisation point are credited. It never takes the GIL. */
+
+static void *watcher(void *arg) {
+    (void)arg;
+    const struct timespec half = {0, 500 * 1000 * 1000};
+    for (;;) {
+        nanosleep(&half, NULL);
+        pv_service_t tick = __atomic_load_n(&pv_services[PV_S_svc_tick], __ATOMIC_ACQUIRE);
+        if (tick && pv_ctx.region)
+            tick(&pv_ctx);
+    }
+    return NULL;
+}
+
+static void start_watcher(void) {
+    if (!pv_ctx.region || !pv_services[PV_S_svc_tick])
+        return;
+    pthread_attr_t a;
+    pthread_t t;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the program's signals go to its own threads */
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &a, watcher, NULL) != 0)
+        fprintf(stderr, "pyvgpu: warning: cannot start the watcher thread (%s); dead processes' quota "
+                        "returns only when an allocation would fail\n", strerror(errno));
+    pthread_attr_destroy(&a);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 static void publish(void) {
     for (int i = 0; i < PV_N_ENTRIES; i++)
         __atomic_store_n(&pv_callbacks[i], pv_staged[i], __ATOMIC_RELEASE);
+    start_watcher();
 }
 
 static void boot_once(void) {
@@ -98,6 +144,15 @@ static void boot_once(void) {
     if (!pv_staged_ok && !pv_err[0]) {
         if (pv_python_install(pv_err, sizeof pv_err) != 0 && !pv_err[0])
             snprintf(pv_err, sizeof pv_err, "the Python bootstrap did not install them");
+    }
+    if (pv_staged_ok && pv_ctx.region && !pv_ctx.slot) {
+        /* join the group now, at the first GPU call (pyvgpu/jit/quota.py claim_slot) */
+        pv_service_t claim = pv_services[PV_S_svc_claim];
+        if (!claim || claim(&pv_ctx) < 0) {
+            snprintf(pv_err, sizeof pv_err, "the group's region has no free slot (%u processes are members); "
+                     "end some, or start a group of your own", pv_ctx.n_slots);
+            pv_staged_ok = 0;
+        }
     }
     if (pv_staged_ok) {
         publish();
@@ -164,6 +219,16 @@ PV_EXPORT int pyvgpu_install(const uint64_t *addrs, uint32_t n, const char *tabl
                  PV_TABLE_HASH, PV_N_ENTRIES, table_hash ? table_hash : "?", n);
         return -1;
     }
+    if (!pv_ctx.table) {
+        void *t = mmap(NULL, (size_t)PV_TABLE_ENTRIES * 16, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (t == MAP_FAILED) {
+            snprintf(pv_err, sizeof pv_err, "cannot map the allocation table (%s)", strerror(errno));
+            return -1;
+        }
+        pv_ctx.table = (uint64_t)(uintptr_t)t;
+        pv_ctx.table_mask = PV_TABLE_ENTRIES - 1;
+    }
     for (int i = 0; i < PV_N_ENTRIES; i++) {
         if (pv_entry_infos[i].has_callback && !addrs[i]) {
             snprintf(pv_err, sizeof pv_err, "no callback for %s", pv_entry_infos[i].name);
@@ -177,6 +242,16 @@ PV_EXPORT int pyvgpu_install(const uint64_t *addrs, uint32_t n, const char *tabl
     pv_err[0] = 0;
     __atomic_store_n(&pv_staged_ok, 1, __ATOMIC_RELEASE);
     return 0;
+}
+
+/* Services (pyvgpu.hooks.SERVICES), set by name before pyvgpu_install. */
+PV_EXPORT int pyvgpu_set_service(const char *name, uint64_t addr) {
+    for (int i = 0; i < PV_N_SERVICES; i++)
+        if (name && !strcmp(name, pv_service_names[i])) {
+            __atomic_store_n(&pv_services[i], (pv_service_t)(uintptr_t)addr, __ATOMIC_RELEASE);
+            return 0;
+        }
+    return -1;
 }
 
 /* The Python side reports why it could not install, so the fail-closed
@@ -278,11 +353,46 @@ static void print_stats(void) {
     fclose(f);
 }
 
-/* A forked child counts its own calls. */
+/* A forked child counts its own calls and is its own member of the group:
+ * it opens the region file anew (its own open file description, so its own
+ * locks), drops the parent's description, claims a slot, and starts with an
+ * empty allocation table (the parent's CUDA allocations are not its own). */
 static void atfork_child(void) {
     memset(pv_ctx.calls, 0, sizeof pv_ctx.calls);
     memset(pv_lookups, 0, sizeof pv_lookups);
     pv_mismatches = 0;
+    memset(pv_ctx.pool_handle, 0, sizeof pv_ctx.pool_handle);
+    memset(pv_ctx.pool_reserved, 0, sizeof pv_ctx.pool_reserved);
+    pv_ctx.lock = 0;
+    if (pv_ctx.table) {
+        void *t = mmap(NULL, (size_t)PV_TABLE_ENTRIES * 16, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        pv_ctx.table = t == MAP_FAILED ? 0 : (uint64_t)(uintptr_t)t;
+        pv_ctx.table_maxdisp = pv_ctx.table_live = pv_ctx.table_full = 0;
+    }
+    if (!pv_ctx.region)
+        return;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", pv_ctx.region_fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC); /* our own open file description, so our own locks */
+    close(pv_ctx.region_fd);
+    pv_ctx.region_fd = fd;
+    int member = pv_ctx.slot != 0;
+    pv_ctx.slot = 0;
+    pv_ctx.slot_index = -1;
+    if (!member)
+        return; /* the parent had not joined yet: the child joins at its own first GPU call */
+    pv_service_t claim = pv_services[PV_S_svc_claim];
+    if (fd < 0 || !claim || claim(&pv_ctx) < 0) {
+        /* No slot: the child must not allocate against the group unseen. */
+        fprintf(stderr, "pyvgpu: forked child %d cannot join its group (%s); its CUDA calls are refused\n",
+                (int)getpid(), fd < 0 ? strerror(errno) : "no free slot in the region");
+        for (int i = 0; i < PV_N_ENTRIES; i++)
+            pv_callbacks[i] = NULL;
+        pv_state = PV_BOOT_REFUSE;
+        return;
+    }
+    start_watcher();
 }
 
 __attribute__((constructor)) static void pv_init(void) { pthread_atfork(NULL, NULL, atfork_child); }

@@ -30,12 +30,19 @@ typedef struct {
 
 typedef struct { const char *name; uint16_t index; } pv_name_index_t;
 
+typedef struct {
+    const char *name; /* a driver function the policies call without hooking it */
+    uint8_t lib;
+} pv_helper_info_t;
+
 /* generated (pv_hooks.c) */
 extern const pv_entry_info_t pv_entry_infos[PV_N_ENTRIES];
 extern const pv_hook_info_t pv_hook_infos[PV_N_HOOKS];
 extern const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES];
 extern const pv_name_index_t pv_hook_sorted[PV_N_HOOKS];
 extern void *const pv_hook_fns[PV_N_ENTRIES];
+extern const pv_helper_info_t pv_helper_infos[PV_N_HELPERS];
+extern const char *const pv_service_names[PV_N_SERVICES];
 
 /* pv_core.c */
 extern pv_ctx_t pv_ctx;

@@ -71,7 +71,13 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
     X(cuMemFree) X(cuMemFree_v2) X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuModuleLoadData) X(cuModuleGetFunction)    \
     X(cuModuleUnload) X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)        \
     X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuGetProcAddress) X(cuGetProcAddress_v2)     \
-    X(cuGetErrorString) X(cuGetErrorName)
+    X(cuGetErrorString) X(cuGetErrorName) X(cuMemAllocPitch_v2) X(cuMemAllocPitch) X(cuMemAllocManaged)            \
+    X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz)         \
+    X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemPoolTrimTo) X(cuMemPoolDestroy) X(cuMemPoolCreate)            \
+    X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemPoolGetAttribute) X(cuMemCreate) X(cuMemRelease)    \
+    X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap)         \
+    X(cuMemSetAccess) X(cuArrayCreate_v2) X(cuArrayCreate) X(cuArray3DCreate_v2) X(cuMipmappedArrayCreate)         \
+    X(cuArrayDestroy) X(cuMipmappedArrayDestroy)
 
 #define X(name) FK_##name,
 enum { FAKE_FUNCS(X) FK_N };
@@ -134,9 +140,10 @@ __attribute__((destructor)) static void fake_stats(void) {
 /* ---- allocation tracking: open addressing, keyed by address -------------- */
 
 struct alloc {
-    CUdeviceptr ptr;
-    uint64_t size;
+    CUdeviceptr ptr;  /* also VMM and array handles: one key space in the fake */
+    uint64_t size;    /* bytes taken from the device */
     int dev;
+    int pool;         /* -1, or the pool an async allocation came from */
 };
 static struct alloc *g_tab;
 static size_t g_tab_cap, g_tab_n;
@@ -376,21 +383,12 @@ static CUresult alloc_on(int dev, CUdeviceptr *p, uint64_t size) {
     CUdeviceptr a = g_next[dev];
     g_next[dev] += rounded;
     g_used[dev] += rounded;
-    tab_put((struct alloc){a, rounded, dev});
+    tab_put((struct alloc){a, rounded, dev, -1});
     pthread_mutex_unlock(&g_mu);
     *p = a;
     return CUDA_SUCCESS;
 }
 
-static CUresult free_ptr(CUdeviceptr p) {
-    struct alloc a;
-    pthread_mutex_lock(&g_mu);
-    int ok = tab_take(p, &a);
-    if (ok)
-        g_used[a.dev] -= a.size;
-    pthread_mutex_unlock(&g_mu);
-    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) {
     COUNT(cuMemAlloc_v2);
@@ -404,16 +402,18 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *p, unsigned int size) {
     return CUDA_ERROR_INVALID_VALUE; /* the 32-bit ABI cannot hold a 64-bit address */
 }
 
+static CUresult free_any(CUdeviceptr p);
+
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
     COUNT(cuMemFree_v2);
     NEED_CTX();
-    return free_ptr(p);
+    return free_any(p);
 }
 
 EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) {
     COUNT(cuMemFree);
     NEED_CTX();
-    return free_ptr(p);
+    return free_any(p);
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
@@ -549,6 +549,374 @@ EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
         return CUDA_ERROR_INVALID_VALUE;
     *s = e == 0 ? "CUDA_SUCCESS" : e == 2 ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_FAKE";
     return CUDA_SUCCESS;
+}
+
+/* ---- pitch, managed ------------------------------------------------------------ */
+
+#define PITCH_ALIGN 512
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned elem) {
+    COUNT(cuMemAllocPitch_v2);
+    NEED_CTX();
+    if (!p || !pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pt = (width + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+    CUresult rc = alloc_on(t_cur->dev, p, (uint64_t)pt * height);
+    if (!rc)
+        *pitch = pt;
+    return rc;
+}
+
+EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *p, unsigned *pitch, unsigned w, unsigned h, unsigned elem) {
+    COUNT(cuMemAllocPitch);
+    NEED_CTX();
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned flags) {
+    COUNT(cuMemAllocManaged);
+    NEED_CTX();
+    return alloc_on(t_cur->dev, p, size);
+}
+
+/* ---- stream-ordered allocation and pools --------------------------------------- */
+/* A pool grows in 2 MiB steps when it has too little slack, keeps freed memory
+ * reserved (release threshold: never), and gives it back on trim or destroy. */
+
+#define MAX_POOLS 64
+#define POOL_STEP (2u << 20)
+struct fake_pool {
+    int live, dev;
+    uint64_t reserved, used;
+};
+static struct fake_pool g_pools[MAX_POOLS];
+
+static void *pool_handle(int i) { return &g_pools[i]; }
+static int pool_index(void *h) {
+    struct fake_pool *p = h;
+    return (p >= g_pools && p < g_pools + MAX_POOLS && p->live) ? (int)(p - g_pools) : -1;
+}
+
+static int default_pool(int dev) {
+    /* pools 0..MAX_DEV-1 are the devices' default pools */
+    struct fake_pool *p = &g_pools[dev];
+    if (!p->live) {
+        p->live = 1;
+        p->dev = dev;
+    }
+    return dev;
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(void **pool, CUdevice d) {
+    COUNT(cuDeviceGetDefaultMemPool);
+    NEED_INIT();
+    if (!pool || d < 0 || d >= g_ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool = pool_handle(default_pool(d));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(void **pool, CUdevice d) {
+    COUNT(cuDeviceGetMemPool);
+    NEED_INIT();
+    if (!pool || d < 0 || d >= g_ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool = pool_handle(default_pool(d));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolCreate(void **pool, const void *props) {
+    COUNT(cuMemPoolCreate);
+    NEED_INIT();
+    if (!pool || !props)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = ((const int *)props)[3]; /* CUmemPoolProps: allocType, handleTypes, location {type, id} */
+    if (dev < 0 || dev >= g_ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    for (int i = MAX_DEV; i < MAX_POOLS; i++)
+        if (!g_pools[i].live) {
+            g_pools[i] = (struct fake_pool){1, dev, 0, 0};
+            pthread_mutex_unlock(&g_mu);
+            *pool = pool_handle(i);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(void *pool, int attr, void *value) {
+    COUNT(cuMemPoolGetAttribute);
+    int i = pool_index(pool);
+    if (i < 0 || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    uint64_t v = attr == 5 ? g_pools[i].reserved : attr == 7 ? g_pools[i].used : 0; /* RESERVED/USED_MEM_CURRENT */
+    pthread_mutex_unlock(&g_mu);
+    *(uint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+
+static CUresult pool_alloc(int i, CUdeviceptr *p, size_t size) {
+    if (!p || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_pool *pl = &g_pools[i];
+    uint64_t rounded = (size + 511) & ~511ULL;
+    pthread_mutex_lock(&g_mu);
+    uint64_t slack = pl->reserved - pl->used;
+    if (slack < rounded) {
+        uint64_t grow = (rounded - slack + POOL_STEP - 1) / POOL_STEP * POOL_STEP;
+        if (g_used[pl->dev] + grow > g_cap[pl->dev]) {
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        g_used[pl->dev] += grow;
+        pl->reserved += grow;
+    }
+    pl->used += rounded;
+    CUdeviceptr a = g_next[pl->dev];
+    g_next[pl->dev] += rounded;
+    tab_put((struct alloc){a, rounded, pl->dev, i});
+    pthread_mutex_unlock(&g_mu);
+    *p = a;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
+    COUNT(cuMemAllocAsync);
+    NEED_CTX();
+    return pool_alloc(default_pool(t_cur->dev), p, size);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) {
+    COUNT(cuMemAllocAsync_ptsz);
+    NEED_CTX();
+    return pool_alloc(default_pool(t_cur->dev), p, size);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, void *pool, CUstream s) {
+    COUNT(cuMemAllocFromPoolAsync);
+    NEED_CTX();
+    int i = pool_index(pool);
+    return i < 0 ? CUDA_ERROR_INVALID_VALUE : pool_alloc(i, p, size);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, void *pool, CUstream s) {
+    COUNT(cuMemAllocFromPoolAsync_ptsz);
+    NEED_CTX();
+    int i = pool_index(pool);
+    return i < 0 ? CUDA_ERROR_INVALID_VALUE : pool_alloc(i, p, size);
+}
+
+/* cuMemFree and cuMemFreeAsync both take pool allocations back to their pool */
+static CUresult free_any(CUdeviceptr p) {
+    struct alloc a;
+    pthread_mutex_lock(&g_mu);
+    int ok = tab_take(p, &a);
+    if (ok) {
+        if (a.pool >= 0)
+            g_pools[a.pool].used -= a.size;
+        else
+            g_used[a.dev] -= a.size;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    COUNT(cuMemFreeAsync);
+    NEED_CTX();
+    return free_any(p);
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+    COUNT(cuMemFreeAsync_ptsz);
+    NEED_CTX();
+    return free_any(p);
+}
+
+EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) {
+    COUNT(cuMemPoolTrimTo);
+    int i = pool_index(pool);
+    if (i < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    struct fake_pool *pl = &g_pools[i];
+    uint64_t target = keep > pl->used ? keep : pl->used;
+    target = (target + POOL_STEP - 1) / POOL_STEP * POOL_STEP;
+    if (target < pl->reserved) {
+        g_used[pl->dev] -= pl->reserved - target;
+        pl->reserved = target;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolDestroy(void *pool) {
+    COUNT(cuMemPoolDestroy);
+    int i = pool_index(pool);
+    if (i < MAX_DEV) /* unknown, or a default pool */
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    g_used[g_pools[i].dev] -= g_pools[i].reserved;
+    g_pools[i].live = 0;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+/* ---- virtual memory management -------------------------------------------------- */
+
+#define VMM_GRANULARITY (2u << 20)
+static uint64_t g_next_handle = 0x5000;
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int option) {
+    COUNT(cuMemGetAllocationGranularity);
+    if (!g || !prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop, unsigned long long flags) {
+    COUNT(cuMemCreate);
+    NEED_INIT();
+    if (!h || !prop || !size || size % VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    const int *pr = prop; /* CUmemAllocationProp: type, handleTypes, location {type, id} */
+    if (pr[2] != 1) {     /* host-located: not device memory */
+        pthread_mutex_lock(&g_mu);
+        *h = g_next_handle += 16;
+        tab_put((struct alloc){*h, 0, 0, -1});
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_SUCCESS;
+    }
+    int dev = pr[3];
+    if (dev < 0 || dev >= g_ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    if (g_used[dev] + size > g_cap[dev]) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    g_used[dev] += size;
+    *h = g_next_handle += 16;
+    tab_put((struct alloc){*h, size, dev, -1});
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemRelease(unsigned long long h) {
+    COUNT(cuMemRelease);
+    return free_any(h);
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long f) {
+    COUNT(cuMemAddressReserve);
+    if (!p || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    *p = g_next[MAX_DEV - 1];
+    g_next[MAX_DEV - 1] += (size + VMM_GRANULARITY - 1) / VMM_GRANULARITY * VMM_GRANULARITY;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+    COUNT(cuMemAddressFree);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long long h, unsigned long long f) {
+    COUNT(cuMemMap);
+    return (!p || !size || !h) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+    COUNT(cuMemUnmap);
+    return (!p || !size) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t count) {
+    COUNT(cuMemSetAccess);
+    return (!p || !size || !desc) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+/* ---- arrays ------------------------------------------------------------------------ */
+
+static uint64_t fmt_bytes(unsigned f) {
+    switch (f) {
+    case 0x01: case 0x08: return 1;
+    case 0x02: case 0x09: case 0x10: return 2;
+    case 0x03: case 0x0a: case 0x20: return 4;
+    default: return 0;
+    }
+}
+
+static CUresult array_new(void **h, uint64_t bytes) {
+    if (!h || !bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr a;
+    CUresult rc = alloc_on(t_cur->dev, &a, bytes);
+    if (!rc)
+        *h = (void *)(uintptr_t)a;
+    return rc;
+}
+
+typedef struct {
+    size_t w, h;
+    unsigned fmt, ch;
+} fake_array_desc;
+typedef struct {
+    size_t w, h, d;
+    unsigned fmt, ch, flags;
+} fake_array3d_desc;
+
+static uint64_t desc3d_bytes(const fake_array3d_desc *d, unsigned level) {
+    uint64_t w = d->w >> level, h = d->h ? d->h >> level : 1, z = d->d ? d->d >> level : 1;
+    return (w ? w : 1) * (h ? h : 1) * (z ? z : 1) * fmt_bytes(d->fmt) * d->ch;
+}
+
+EXPORT CUresult cuArrayCreate_v2(void **h, const fake_array_desc *d) {
+    COUNT(cuArrayCreate_v2);
+    NEED_CTX();
+    if (!d || !fmt_bytes(d->fmt) || !d->ch)
+        return CUDA_ERROR_INVALID_VALUE;
+    return array_new(h, (uint64_t)d->w * (d->h ? d->h : 1) * fmt_bytes(d->fmt) * d->ch);
+}
+
+EXPORT CUresult cuArrayCreate(void **h, const void *d) {
+    COUNT(cuArrayCreate);
+    NEED_CTX();
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuArray3DCreate_v2(void **h, const fake_array3d_desc *d) {
+    COUNT(cuArray3DCreate_v2);
+    NEED_CTX();
+    if (!d || !fmt_bytes(d->fmt) || !d->ch)
+        return CUDA_ERROR_INVALID_VALUE;
+    return array_new(h, desc3d_bytes(d, 0));
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(void **h, const fake_array3d_desc *d, unsigned levels) {
+    COUNT(cuMipmappedArrayCreate);
+    NEED_CTX();
+    if (!d || !fmt_bytes(d->fmt) || !d->ch || !levels)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t n = 0;
+    for (unsigned l = 0; l < levels; l++)
+        n += desc3d_bytes(d, l);
+    return array_new(h, n);
+}
+
+EXPORT CUresult cuArrayDestroy(void *h) {
+    COUNT(cuArrayDestroy);
+    return free_any((CUdeviceptr)(uintptr_t)h);
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(void *h) {
+    COUNT(cuMipmappedArrayDestroy);
+    return free_any((CUdeviceptr)(uintptr_t)h);
 }
 
 /* ---- cuGetProcAddress ------------------------------------------------------ */

@@ -133,4 +133,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int l
     return NVML_SUCCESS;
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!index || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *index = d->index;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *n) { return nvmlDeviceGetCount_v2(n); }
+
 EXPORT const char *nvmlErrorString(nvmlReturn_t r) { return r ? "fake NVML error" : "Success"; }

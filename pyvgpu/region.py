@@ -1,0 +1,247 @@
+"""The shared region: one file per group of processes that share a quota.
+
+Its layout is pyvgpu.layout (REGION_HEADER, REGION_DEVICE, REGION_SLOT);
+the callbacks in pyvgpu/jit/quota.py work on it through the same offsets.
+This module creates regions (atomically: a complete file is linked into
+place, never a half-initialised one), validates them (magic, version,
+size, owner), and reads them for `pyvgpu status`.
+
+Paths: ``--region PATH``; ``--group NAME`` -> <runtime dir>/groups/NAME.region;
+HAMi's CUDA_DEVICE_MEMORY_SHARED_CACHE names a path too. Without either,
+`pyvgpu wrap` makes a private group: <runtime dir>/private/<pid>-<random>.region.
+The runtime dir is $XDG_RUNTIME_DIR/pyvgpu, else /tmp/pyvgpu-<uid>.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+import secrets
+import stat
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyvgpu import layout as L
+from pyvgpu import limits as lim
+from pyvgpu.errors import PyvgpuError
+
+Header = L.REGION_HEADER.ctypes_class()
+Device = L.REGION_DEVICE.ctypes_class()
+Slot = L.REGION_SLOT.ctypes_class()
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+
+
+def runtime_dir() -> Path:
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(xdg) / "pyvgpu" if xdg and os.access(xdg, os.W_OK) else Path(f"/tmp/pyvgpu-{os.getuid()}")
+    return base
+
+
+def _private_dir(sub: str) -> Path:
+    d = runtime_dir() / sub
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    top = runtime_dir()
+    st = top.stat()
+    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o022:
+        raise PyvgpuError(f"the runtime directory {top} belongs to another user or is writable by others; "
+                          "remove it, or set XDG_RUNTIME_DIR to a directory of your own")
+    return d
+
+
+def group_path(name: str) -> Path:
+    if not _GROUP_NAME.match(name or ""):
+        raise PyvgpuError(f"--group {name!r}: a group name is 1-63 letters, digits, '.', '_' or '-'")
+    return _private_dir("groups") / f"{name}.region"
+
+
+def new_private_path() -> Path:
+    return _private_dir("private") / f"{os.getpid()}-{secrets.token_hex(4)}.region"
+
+
+def path_from_env(env: Mapping[str, str]) -> Path | None:
+    """The region this process belongs to, by the environment contract."""
+    for key in ("PYVGPU_REGION", "CUDA_DEVICE_MEMORY_SHARED_CACHE"):
+        if env.get(key):
+            return Path(env[key])
+    return None
+
+
+@dataclass
+class Region:
+    """A mapped region file (or, read-only, a snapshot of one)."""
+
+    path: Path
+    fd: int
+    map: mmap.mmap | bytearray
+    header: ctypes.Structure
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+
+    def device(self, d: int) -> ctypes.Structure:
+        return Device.from_buffer(self.map, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size)
+
+    def slot(self, i: int) -> ctypes.Structure:
+        return Slot.from_buffer(self.map, L.REGION_SLOTS_OFF + i * L.REGION_SLOT.size)
+
+    def limits(self) -> list[int]:
+        return [self.device(d).limit for d in range(L.MAX_DEVICES)]
+
+    @property
+    def name(self) -> str:
+        return bytes(self.header.name).rstrip(b"\0").decode(errors="replace")
+
+
+def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical: int) -> None:
+    h = Header.from_buffer(buf, 0)
+    h.magic = L.REGION_MAGIC
+    h.version = L.REGION_VERSION
+    h.n_devices = L.MAX_DEVICES
+    h.size = L.region_size(n_slots)
+    h.n_slots = n_slots
+    h.owner_uid = os.getuid()
+    h.n_physical = n_physical
+    h.created_ns = time.time_ns()
+    h.devices_off = L.REGION_DEVICES_OFF
+    h.slots_off = L.REGION_SLOTS_OFF
+    h.device_size = L.REGION_DEVICE.size
+    h.slot_size = L.REGION_SLOT.size
+    raw = name.encode()[: L.GROUP_NAME_BYTES - 1]
+    ctypes.memmove(ctypes.addressof(h) + L.REGION_HEADER.offset("name"), raw, len(raw))
+    for d, v in enumerate(limits):
+        Device.from_buffer(buf, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size).limit = v
+
+
+def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SLOTS,
+           mode: int = 0o600, n_physical: int = 0) -> bool:
+    """Create the region file if it does not exist; True if this call created it.
+
+    The complete file is written under a temporary name and linked into place,
+    so nobody ever opens a half-initialised region.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    size = L.region_size(n_slots)
+    header = bytearray(L.REGION_SLOTS_OFF)
+    _fill(header, name, limits, n_slots, n_physical)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, bytes(header))
+        os.ftruncate(fd, size)  # slots: sparse zeros until used
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+    finally:
+        os.close(fd)
+        os.unlink(tmp)
+
+
+def open_region(path: Path, writable: bool = True) -> Region:
+    """Map an existing region, checking that it is one of ours, of this version, whole and not foreign."""
+    try:
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise PyvgpuError(f"region {path} does not exist; create it with `pyvgpu wrap --region {path}`") from None
+    except PermissionError:
+        raise PyvgpuError(f"region {path}: permission denied; it belongs to another user or group "
+                          "(see its owner with ls -l)") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PyvgpuError(f"region {path} is not a regular file")
+        if st.st_size < L.REGION_SLOTS_OFF:
+            raise PyvgpuError(f"region {path} is {st.st_size} bytes, too short to be a pyvgpu region "
+                              "(corrupt or not ours); remove it and start the group again")
+        head = Header.from_buffer_copy(os.pread(fd, L.REGION_HEADER.size, 0))
+        if head.magic != L.REGION_MAGIC:
+            raise PyvgpuError(f"region {path} is not a pyvgpu region (bad magic); check the path, or remove "
+                              "the file if it is stale")
+        if head.version != L.REGION_VERSION:
+            raise PyvgpuError(f"region {path} has layout version {head.version}, this pyvgpu uses "
+                              f"{L.REGION_VERSION}; stop the group's programs and remove the file, or use the "
+                              "pyvgpu version that created it")
+        expect = L.region_size(head.n_slots)
+        if (head.size != st.st_size or head.size != expect or head.n_devices != L.MAX_DEVICES
+                or head.devices_off != L.REGION_DEVICES_OFF or head.slots_off != L.REGION_SLOTS_OFF
+                or head.device_size != L.REGION_DEVICE.size or head.slot_size != L.REGION_SLOT.size):
+            raise PyvgpuError(f"region {path} is damaged: its header says {head.size} bytes and "
+                              f"{head.n_slots} slots, the file has {st.st_size} (expected {expect}); remove it "
+                              "and start the group again")
+        if head.owner_uid != st.st_uid:
+            raise PyvgpuError(f"region {path} was created by uid {head.owner_uid} but the file belongs to uid "
+                              f"{st.st_uid}: it has been replaced; refusing to use it")
+        if writable:
+            m: mmap.mmap | bytearray = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED,
+                                                 mmap.PROT_READ | mmap.PROT_WRITE)
+        else:
+            m = bytearray(os.pread(fd, st.st_size, 0))  # a snapshot
+    except BaseException:
+        os.close(fd)
+        raise
+    return Region(path, fd, m, Header.from_buffer(m, 0))
+
+
+def check_limits(region: Region, wanted: lim.MemoryLimits, source: str) -> None:
+    """A process whose limits disagree with its group's gets a clear error."""
+    if not wanted:
+        return
+    have = region.limits()
+    want = wanted.as_list()
+    for d in range(L.MAX_DEVICES):
+        if have[d] != want[d]:
+            h = lim.human(have[d]) if have[d] else "no limit"
+            w = lim.human(want[d]) if want[d] else "no limit"
+            raise PyvgpuError(
+                f"group {region.name!r} ({region.path}) has {h} on device {d}, but {source} asks for {w}; "
+                "use the group's limits, or start a group of your own"
+            )
+
+
+def create_or_open(path: Path, name: str, limits: lim.MemoryLimits, source: str, n_physical: int = 0) -> Region:
+    if not path.exists():
+        create(path, name, limits.as_list(), n_physical=n_physical)
+    r = open_region(path)
+    check_limits(r, limits, source)
+    return r
+
+
+def gc_private() -> int:
+    """Remove private regions whose processes are all gone; returns how many."""
+    d = runtime_dir() / "private"
+    if not d.is_dir():
+        return 0
+    import fcntl
+    import struct
+
+    removed = 0
+    for p in d.glob("*.region"):
+        try:
+            r = open_region(p)
+        except PyvgpuError:
+            continue
+        try:
+            busy = False
+            for i in range(r.header.n_slots):
+                if r.slot(i).state != L.SLOT_LIVE:
+                    continue
+                lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF + i * L.REGION_SLOT.size, 1, 0)
+                got = struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))
+                if got[0] != fcntl.F_UNLCK:
+                    busy = True
+                    break
+            # a region nobody ever joined is young: keep it for a minute (its wrap may still be starting)
+            young = time.time_ns() - r.header.created_ns < 60 * 10**9
+            if not busy and not young:
+                p.unlink()
+                removed += 1
+        finally:
+            os.close(r.fd)
+    return removed

@@ -1,0 +1,125 @@
+"""`pyvgpu status`: read group regions, reclaim dead members' quota, report.
+
+The JSON schema is documented in docs/status.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import struct
+from pathlib import Path
+
+from pyvgpu import layout as L
+from pyvgpu import region as R
+from pyvgpu.errors import PyvgpuError
+from pyvgpu.limits import human
+
+
+def region_paths(group: str | None = None, region_path: str | None = None) -> list[Path]:
+    if region_path:
+        return [Path(region_path)]
+    if group:
+        return [R.group_path(group)]
+    base = R.runtime_dir()
+    out = sorted((base / "groups").glob("*.region")) + sorted((base / "private").glob("*.region"))
+    shared = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+    if shared and Path(shared).exists() and Path(shared) not in out:
+        out.append(Path(shared))
+    return out
+
+
+def _reclaim(r: R.Region) -> int:
+    """Run the callbacks' own reclaim (pyvgpu/jit/quota.py) on this region."""
+    from pyvgpu import bootstrap, cache
+
+    _, services = bootstrap.load(cache.ensure())
+    ctx = L.CTX.ctypes_class()()
+    ctx.magic = L.CTX_MAGIC
+    ctx.region = r.address
+    ctx.region_fd = r.fd
+    ctx.slot_index = -1
+    ctx.n_slots = r.header.n_slots
+    fn = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64)(services["svc_reclaim"])
+    return fn(ctypes.addressof(ctx))
+
+
+def _alive(r: R.Region, i: int) -> bool:
+    lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF + i * L.REGION_SLOT.size, 1, 0)
+    return struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))[0] != fcntl.F_UNLCK
+
+
+def describe(r: R.Region, reclaimed: int) -> dict:
+    devices = []
+    for d in range(L.MAX_DEVICES):
+        dev = r.device(d)
+        present = d < r.header.n_physical if r.header.n_physical else bool(dev.limit) and d == 0
+        if not (present or dev.used or dev.peak or dev.oom_refusals):
+            continue
+        devices.append({
+            "index": d,
+            "limit": dev.limit or None,
+            "used": dev.used,
+            "free": max(dev.limit - dev.used, 0) if dev.limit else None,
+            "peak": dev.peak,
+            "oom_refusals": dev.oom_refusals,
+            "reclaimed": dev.reclaimed,
+        })
+    procs = []
+    for i in range(r.header.n_slots):
+        s = r.slot(i)
+        if s.state != L.SLOT_LIVE:
+            continue
+        by_dev = {}
+        for d in range(L.MAX_DEVICES):
+            kinds = {k: s.used[d * L.N_KINDS + j] for j, k in enumerate(L.KINDS)}
+            if any(kinds.values()):
+                by_dev[str(d)] = kinds
+        procs.append({"slot": i, "pid": s.pid, "alive": _alive(r, i), "start_ns": s.start_ns,
+                      "oom_refusals": s.oom_refusals, "devices": by_dev})
+    return {"name": r.name, "path": str(r.path), "created_ns": r.header.created_ns,
+            "reclaimed_now": reclaimed, "devices": devices, "processes": procs}
+
+
+def collect(group: str | None = None, region_path: str | None = None) -> list[dict]:
+    out = []
+    explicit = bool(group or region_path)
+    for p in region_paths(group, region_path):
+        try:
+            r = R.open_region(p, writable=os.access(p, os.W_OK))
+        except PyvgpuError:
+            if explicit:
+                raise
+            continue  # another user's or a stale file among many: skip it
+        try:
+            reclaimed = _reclaim(r) if isinstance(r.map, __import__("mmap").mmap) else 0
+            out.append(describe(r, reclaimed))
+        finally:
+            os.close(r.fd)
+    return out
+
+
+def render(groups: list[dict]) -> str:
+    if not groups:
+        return f"no groups under {R.runtime_dir()}"
+    lines = []
+    for g in groups:
+        lines.append(f"group {g['name']}  ({g['path']})")
+        if g["reclaimed_now"]:
+            lines.append(f"  reclaimed {human(g['reclaimed_now'])} from processes that died")
+        lines.append(f"  {'device':>6} {'limit':>12} {'used':>12} {'free':>12} {'peak':>12} {'oom':>5}")
+        for d in g["devices"]:
+            lim = human(d["limit"]) if d["limit"] else "none"
+            free = human(d["free"]) if d["free"] is not None else "-"
+            lines.append(f"  {d['index']:>6} {lim:>12} {human(d['used']):>12} {free:>12} {human(d['peak']):>12} "
+                         f"{d['oom_refusals']:>5}")
+        lines.append(f"  {'pid':>8} {'device':>6} {'data':>12} {'context':>12} {'module':>12}")
+        for p in g["processes"]:
+            note = "" if p["alive"] else "  (dead, not yet reclaimed)"
+            if not p["devices"]:
+                lines.append(f"  {p['pid']:>8} {'-':>6} {'0 B':>12} {'0 B':>12} {'0 B':>12}{note}")
+            for d, kinds in p["devices"].items():
+                lines.append(f"  {p['pid']:>8} {d:>6} {human(kinds['data']):>12} {human(kinds['context']):>12} "
+                             f"{human(kinds['module']):>12}{note}")
+    return "\n".join(lines)
