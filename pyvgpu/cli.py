@@ -169,6 +169,7 @@ def bench_overhead(
     rounds: int = typer.Option(5, min=1, help="Alternating raw/wrapped rounds."),
     samples: int = typer.Option(1000, min=10, help="Timed batches per side per round."),
     size: int = typer.Option(2 << 20, min=1, help="Bytes per cuMemAlloc."),
+    memory: str = typer.Option(None, "--memory", metavar="SIZE", help="Run the wrapped side under this cap."),
     json_path: Path = typer.Option(None, "--json", help="Also write the full result as JSON to this file."),
 ) -> None:
     """Host time of an empty-kernel cuLaunchKernel and a cuMemAlloc+cuMemFree, raw and wrapped."""
@@ -176,7 +177,7 @@ def bench_overhead(
     from pyvgpu.errors import PyvgpuError
 
     try:
-        result = overhead.run(rounds=rounds, samples=samples, size=size)
+        result = overhead.run(rounds=rounds, samples=samples, size=size, memory=memory)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, overhead.table(result), json_path)

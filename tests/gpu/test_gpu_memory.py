@@ -1,0 +1,77 @@
+"""Issue 3 on a real GPU: the cap holds for PyTorch (three allocators), JAX, CuPy, groups and nvidia-smi."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import PYVGPU, clean_env, run
+
+HERE = Path(__file__).resolve().parent
+GiB = 1 << 30
+
+
+def last_json(p):
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True", "backend:cudaMallocAsync"])
+def test_torch_sees_the_cap_and_gets_oom_past_it(conf):
+    env = clean_env(PYTORCH_CUDA_ALLOC_CONF=conf) if conf else clean_env()
+    r = last_json(run([*PYVGPU, "wrap", "--memory", "4G", "--", sys.executable, str(HERE / "torch_cap.py")],
+                      env=env))
+    print(json.dumps(r))
+    assert r["total"] == 4 * GiB
+    assert r["free"] <= 4 * GiB
+    assert r["oom"], r
+    assert 2 * GiB <= r["group_used"] <= 4 * GiB
+
+
+def test_jax_preallocation_stays_inside_the_cap():
+    r = last_json(run([*PYVGPU, "wrap", "--memory", "4G", "--", sys.executable, str(HERE / "jax_cap.py")],
+                      env=clean_env()))
+    print(json.dumps(r))
+    assert r["limit"] == 4 * GiB
+    assert r["group_peak"] <= 4 * GiB
+    assert r["group_used"] >= 2 * GiB  # the preallocation happened, inside the cap
+    assert r["bytes_limit"] is None or r["bytes_limit"] <= 4 * GiB
+
+
+def test_cupy_is_capped():
+    r = last_json(run([*PYVGPU, "wrap", "--memory", "4G", "--", sys.executable, str(HERE / "cupy_cap.py")],
+                      env=clean_env()))
+    print(json.dumps(r))
+    assert r["total"] == 4 * GiB and r["oom"]
+
+
+def test_two_processes_in_one_group_never_exceed_the_cap(tmp_path):
+    reg = tmp_path / "g.region"
+    env = clean_env()
+    procs = [subprocess.Popen([*PYVGPU, "wrap", "--memory", "4G", "--region", str(reg), "--", sys.executable,
+                               str(HERE / "torch_greedy.py")], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        held = [json.loads(p.stdout.readline())["held"] for p in procs]
+        st = json.loads(run([*PYVGPU, "status", "--region", str(reg), "--json"], env=env).stdout)["groups"][0]
+        print(json.dumps({"held": held, "device": st["devices"][0]}))
+        assert sum(held) <= 4 * GiB
+        assert sum(held) >= 3 * GiB  # they did fill it
+        assert st["devices"][0]["peak"] <= 4 * GiB
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(120)
+
+
+def test_nvidia_smi_shows_the_cap():
+    q = ["nvidia-smi", "--query-gpu=memory.total,memory.used,memory.free", "--format=csv,noheader,nounits"]
+    raw = run(q, env=clean_env())
+    p = run([*PYVGPU, "wrap", "--memory", "4G", "--", *q], env=clean_env())
+    print(raw.stdout, p.stdout, p.stderr[-500:])
+    assert p.returncode == 0, p.stderr
+    total, used, free = (int(x) for x in p.stdout.strip().splitlines()[0].split(","))
+    assert total == 4096 and used + free == 4096

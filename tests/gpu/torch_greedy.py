@@ -1,0 +1,15 @@
+"""Take 256 MiB blocks until refused; report what was held, then hold it until stdin closes."""
+
+import json
+import sys
+
+import torch
+
+held = []
+while len(held) < 64:
+    try:
+        held.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+    except torch.OutOfMemoryError:
+        break
+print(json.dumps({"held": len(held) * (256 << 20)}), flush=True)
+sys.stdin.read()
