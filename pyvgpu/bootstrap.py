@@ -61,6 +61,10 @@ def load(manifest: dict) -> tuple[list[int], dict[str, int]]:
             raise PyvgpuError(f"the callback cache has no callback for {e.abi}; run `pyvgpu warmup --force`")
         else:
             addrs.append(by_callback[manifest["entries"][e.abi]])
+    # The code must outlive the interpreter: libraries' static destructors run
+    # after Python finalizes and still call cuMemFree through the hooks.
+    # Detached, the engine is never disposed.
+    engine.detach()
     _ENGINE = engine
     missing = [n for n in hooks.SERVICES if n not in by_callback]
     if missing:
@@ -89,7 +93,7 @@ def attach_region(ctx_addr: int, env=os.environ) -> None:
         os.environ["PYVGPU_REGION"] = str(path)  # children join this group
     r = region.create_or_open(path, path.stem, wanted, "CUDA_DEVICE_MEMORY_LIMIT")
     ctx = layout.CTX.ctypes_class().from_address(ctx_addr)
-    ctx.region = r.address
+    ctx.region = region.map_forever(r.fd, r.header.size)
     ctx.region_fd = r.fd
     ctx.n_slots = r.header.n_slots
     ctx.slot = 0

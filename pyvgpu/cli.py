@@ -129,7 +129,7 @@ def warmup(
 
     t0 = time.perf_counter()
     try:
-        m = cache.ensure(force=force)
+        m = cache.ensure(force=force, workers=cache.cli_workers())
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     if as_json:

@@ -189,6 +189,22 @@ def open_region(path: Path, writable: bool = True) -> Region:
     return Region(path, fd, m, Header.from_buffer(m, 0))
 
 
+def map_forever(fd: int, size: int) -> int:
+    """Map the region for the callbacks, never to be unmapped.
+
+    Python's mmap objects are unmapped when the interpreter finalizes, but
+    hooked calls keep coming after that (libraries' static destructors free
+    their device memory), so the callbacks get a mapping of their own.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        raise PyvgpuError(f"cannot map the group region ({os.strerror(ctypes.get_errno())})")
+    return addr
+
+
 def check_limits(region: Region, wanted: lim.MemoryLimits, source: str) -> None:
     """A process whose limits disagree with its group's gets a clear error."""
     if not wanted:

@@ -8,6 +8,8 @@ export PYTHONUNBUFFERED=1
 PY=python3
 $PY -m pip install --no-build-isolation --no-deps -q . 2>&1 | grep -v -i warning | tail -3
 $PY scripts/build_native.py   # also in place: commands run from the repo root import ./pyvgpu
+gcc -O2 -o /tmp/probe_pa scripts/probe/procaddr_probe.c -ldl && /tmp/probe_pa < scripts/probe/names.txt > "$OUT/procaddr.tsv"
+echo "probe: $(wc -l < "$OUT/procaddr.tsv") lines"
 $PY -m pyvgpu --version
 $PY -m pyvgpu doctor
 /usr/bin/time -f "warmup (cold compile) %e s" $PY -m pyvgpu warmup

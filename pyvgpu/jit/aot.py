@@ -34,19 +34,49 @@ def _init_llvm() -> None:
     llvm.initialize_native_asmprinter()
 
 
-def compile_object() -> tuple[bytes, dict[str, str], dict[str, str]]:
+def compile_ir(names: list[str]) -> list[tuple[str, str, str, list[str]]]:
+    """Compile the named callbacks; (name, LLVM IR, entry symbol, ABI names served) each.
+
+    Runs in worker processes too: everything returned is plain data.
+    """
+    only = set(names)
+    built = callbacks.build(only) + callbacks.build_services(only)
+    return [(cb.name, cb.func._library.get_llvm_str(), cb.func.native_name, [e.abi for e in cb.entries])
+            for cb in built]
+
+
+def _compile_all(workers: int) -> list[tuple[str, str, str, list[str]]]:
+    names = callbacks.all_names()
+    if workers <= 1:
+        return compile_ir(names)
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    parts = [names[i::workers] for i in range(workers)]
+    # spawn, not fork: the caller may have threads (and numba's own state should not be forked)
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        return [item for part in ex.map(compile_ir, parts) for item in part]
+
+
+def compile_object(workers: int = 1) -> tuple[bytes, dict[str, str], dict[str, str]]:
     """Returns (object bytes, {callback name: symbol}, {ABI name: callback name})."""
     _init_llvm()
-    built = callbacks.build() + callbacks.build_services()
+    try:
+        compiled = _compile_all(workers)
+    except (OSError, RuntimeError, ImportError) as e:  # no worker processes here: compile in this one
+        if workers <= 1:
+            raise
+        import sys
+
+        print(f"pyvgpu: parallel compile failed ({e}); compiling in this process", file=sys.stderr)
+        compiled = compile_ir(callbacks.all_names())
     modules = []
     symbols: dict[str, str] = {}
     entries: dict[str, str] = {}
-    for cb in built:
+    for name, ir_text, keep, abis in compiled:
         # numba marks the Python-level function noinline below its C wrapper;
         # lifting that lets the wrapper, policy and driver call fold into one.
-        text = _NOINLINE.sub("nounwind", cb.func._library.get_llvm_str())
-        mod = llvm.parse_assembly(text)
-        keep = cb.func.native_name
+        mod = llvm.parse_assembly(_NOINLINE.sub("nounwind", ir_text))
         for fn in mod.functions:
             if not fn.is_declaration and fn.name != keep:
                 fn.linkage = "internal"
@@ -54,9 +84,9 @@ def compile_object() -> tuple[bytes, dict[str, str], dict[str, str]]:
             if not gv.is_declaration:
                 gv.linkage = "internal"
         modules.append(mod)
-        symbols[cb.name] = keep
-        for e in cb.entries:
-            entries[e.abi] = cb.name
+        symbols[name] = keep
+        for abi in abis:
+            entries[abi] = name
     main = modules[0]
     for mod in modules[1:]:
         main.link_in(mod)

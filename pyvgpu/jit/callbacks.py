@@ -54,11 +54,13 @@ def groups() -> dict[str, list[hooks.Entry]]:
     return out
 
 
-def build() -> list[Callback]:
-    """Compile every callback (imports numba; the cold path only)."""
+def build(only: set[str] | None = None) -> list[Callback]:
+    """Compile the callbacks (all, or those named in ``only``); imports numba: the cold path only."""
     out = []
     policies = registry()
     for name, entries in groups().items():
+        if only is not None and name not in only:
+            continue
         e = entries[0]
         policy = policies[e.policy]
         ns = {"count_call": count_call, "policy": policy}
@@ -75,17 +77,18 @@ def build() -> list[Callback]:
 SERVICES = hooks.SERVICES
 
 
-def build_services() -> list[Callback]:
-    from pyvgpu.jit import memory, quota
+def build_services(only: set[str] | None = None) -> list[Callback]:
+    from pyvgpu.jit import quota
 
     def svc_claim(ctx):
         return quota.claim_slot(ctx)
 
     def svc_tick(ctx):
-        if quota.region_of(ctx) == 0:
-            return 0
-        quota.reclaim_dead(ctx)
-        memory.reconcile_all(ctx)
+        # Only the region and fcntl: the watcher never calls the driver, so it
+        # is safe while the driver tears down at exit. Pools are settled at
+        # their next call instead.
+        if quota.region_of(ctx) != 0:
+            quota.reclaim_dead(ctx)
         return 0
 
     def svc_reclaim(ctx):
@@ -94,4 +97,9 @@ def build_services() -> list[Callback]:
     sigs = {"svc_claim": types.int32(types.uint64), "svc_tick": types.int32(types.uint64),
             "svc_reclaim": types.uint64(types.uint64)}
     fns = {"svc_claim": svc_claim, "svc_tick": svc_tick, "svc_reclaim": svc_reclaim}
-    return [Callback(n, [], cfunc(sigs[n], nopython=True, error_model="numpy")(fns[n])) for n in SERVICES]
+    return [Callback(n, [], cfunc(sigs[n], nopython=True, error_model="numpy")(fns[n])) for n in SERVICES
+            if only is None or n in only]
+
+
+def all_names() -> list[str]:
+    return list(groups()) + list(SERVICES)

@@ -439,7 +439,7 @@ def array_destroy(ctx, idx, args, notfound):
 # what is allocated from them. Growth is charged before the driver call (the
 # request minus the pool's slack, rounded up to the allocation granularity)
 # and settled against the real growth after it; shrinking (trims, release
-# thresholds) is credited at the next pool call or watcher tick. A spinlock
+# thresholds) is credited at the pool's next allocation, free or trim. A spinlock
 # per process keeps the before/after readings of one pool consistent.
 
 @njit
@@ -497,15 +497,6 @@ def reconcile_locked(ctx, i):
         return
     lock(ctx)
     reconcile(ctx, i)
-    unlock(ctx)
-
-
-@njit
-def reconcile_all(ctx):
-    lock(ctx)
-    for i in range(L.MAX_POOLS):
-        if load_u64(ctx + OFF_POOL_HANDLE + i * 8) != 0:
-            reconcile(ctx, i)
     unlock(ctx)
 
 

@@ -100,8 +100,8 @@ static int limits_requested(void) {
 
 /* ---- the watcher thread -------------------------------------------------
  * Calls the svc_tick callback twice a second while this process is in a
- * group: quota of dead members comes back within a second, and pools that
- * shrank at a synchronisation point are credited. It never takes the GIL. */
+ * group, so quota of dead members comes back within a second. It never
+ * takes the GIL and never calls the driver. */
 
 static void *watcher(void *arg) {
     (void)arg;
