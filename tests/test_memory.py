@@ -282,6 +282,20 @@ def test_reclaim_across_pid_namespaces(env, fake, tmp_path):
         watcher.wait(30)
 
 
+def test_hooked_calls_after_the_interpreter_finalized(env, fake):
+    """libtorch frees device memory from static destructors, after Python has finalized:
+    the callbacks' code and the region mapping must still be there."""
+    code = (
+        "import ctypes; c = ctypes.CDLL('libcuda.so.1'); c.cuInit(0); d = ctypes.c_int(); x = ctypes.c_void_p()\n"
+        "c.cuDeviceGet(ctypes.byref(d), 0); c.cuDevicePrimaryCtxRetain(ctypes.byref(x), d); c.cuCtxSetCurrent(x)\n"
+        "p = ctypes.c_uint64(); assert c.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 20)) == 0\n"
+        f"ctypes.CDLL('{fake}/libexit_free.so').remember(p)\n"
+    )
+    p = run([*PYVGPU, "wrap", "--memory", "64M", "--", sys.executable, "-c", code], env=env)
+    assert p.returncode == 0, p.stderr
+    assert "exit_free rc=0" in p.stderr
+
+
 # --- fork and exec --------------------------------------------------------------------------
 
 def test_fork_and_exec_children_count_in_the_group(env, tmp_path):
