@@ -177,6 +177,10 @@ HOOKS: tuple[Hook, ...] = (
         [V("cuLaunchKernelEx", 11060), V("cuLaunchKernelEx_ptsz", 11060, per_thread=True)],
     ),
     # --- CUDA driver: memory (pyvgpu/jit/memory.py) ------------------------------
+    _hook("cuDevicePrimaryCtxRetain", "cuda", [P("CUcontext *", "pctx"), P("CUdevice", "dev")],
+          [V("cuDevicePrimaryCtxRetain", 7000)], callback="ctx_retain"),
+    _hook("cuCtxCreate", "cuda", [P("CUcontext *", "pctx"), P("unsigned int", "flags"), P("CUdevice", "dev")],
+          [V("cuCtxCreate", 2000), V("cuCtxCreate_v2", 3020)], callback="ctx_create"),
     _hook(
         "cuDeviceTotalMem", "cuda", [P("size_t *", "bytes"), P("CUdevice", "dev")],
         [V("cuDeviceTotalMem", 2000, params=[P("unsigned int *", "bytes"), P("CUdevice", "dev")]),
@@ -208,7 +212,7 @@ HOOKS: tuple[Hook, ...] = (
     ),
     _hook(
         "cuMemAllocManaged", "cuda", [P("CUdeviceptr *", "dptr"), P("size_t", "bytesize"), P("unsigned int", "flags")],
-        [V("cuMemAllocManaged", 6050)],
+        [V("cuMemAllocManaged", 6000)],
         callback="mem_alloc_managed",
     ),
     _hook(
@@ -240,10 +244,10 @@ HOOKS: tuple[Hook, ...] = (
         "cuMemCreate", "cuda",
         [P("CUmemGenericAllocationHandle *", "handle"), P("size_t", "size"),
          P("const CUmemAllocationProp *", "prop"), P("unsigned long long", "flags")],
-        [V("cuMemCreate", 11000)],
+        [V("cuMemCreate", 10020)],
         callback="mem_create",
     ),
-    _hook("cuMemRelease", "cuda", [P("CUmemGenericAllocationHandle", "handle")], [V("cuMemRelease", 11000)],
+    _hook("cuMemRelease", "cuda", [P("CUmemGenericAllocationHandle", "handle")], [V("cuMemRelease", 10020)],
           callback="mem_release"),
     _hook(
         "cuArrayCreate", "cuda", [P("CUarray *", "pHandle"), P("const CUDA_ARRAY_DESCRIPTOR *", "pAllocateArray")],
@@ -260,13 +264,13 @@ HOOKS: tuple[Hook, ...] = (
         "cuMipmappedArrayCreate", "cuda",
         [P("CUmipmappedArray *", "pHandle"), P("const CUDA_ARRAY3D_DESCRIPTOR *", "pMipmappedArrayDesc"),
          P("unsigned int", "numMipmapLevels")],
-        [V("cuMipmappedArrayCreate", 6050)],
+        [V("cuMipmappedArrayCreate", 5000)],
         callback="mipmapped_array_create",
     ),
     _hook("cuArrayDestroy", "cuda", [P("CUarray", "hArray")], [V("cuArrayDestroy", 2000)],
           callback="array_destroy"),
     _hook("cuMipmappedArrayDestroy", "cuda", [P("CUmipmappedArray", "hMipmappedArray")],
-          [V("cuMipmappedArrayDestroy", 6050)], callback="array_destroy"),
+          [V("cuMipmappedArrayDestroy", 5000)], callback="array_destroy"),
     # --- NVML ----------------------------------------------------------------
     _hook("nvmlInit", "nvml", [], [V("nvmlInit"), V("nvmlInit_v2")]),
     _hook(
@@ -294,6 +298,9 @@ class Helper:
 
 HELPERS: tuple[Helper, ...] = (
     Helper("cuCtxGetDevice", "cuda"),
+    Helper("cuDeviceGetPCIBusId", "cuda"),
+    Helper("nvmlInit_v2", "nvml"),
+    Helper("nvmlDeviceGetHandleByPciBusId_v2", "nvml"),
     Helper("cuDeviceGetMemPool", "cuda"),
     Helper("cuMemPoolGetAttribute", "cuda"),
     Helper("cuMemGetAllocationGranularity", "cuda"),

@@ -140,6 +140,8 @@ CTX = Struct(
         Field("pool_handle", "u64", MAX_POOLS, doc="memory pools seen (CUmemoryPool)"),
         Field("pool_reserved", "u64", MAX_POOLS, doc="their reserved bytes as last charged"),
         Field("pool_dev", "i32", MAX_POOLS),
+        Field("ctx_charged", "u64", MAX_DEVICES, doc="context bytes charged per device (1: measured, none)"),
+        Field("nvml_state", "u32", doc="0 untried, 1 initialised by us, 2 unavailable"),
     ],
     doc="per-process context passed to every callback (pyvgpu/layout.py)",
 )

@@ -88,7 +88,7 @@ def test_c_host_through_cuGetProcAddress(env, fake, tmp_path):
 
 def test_procaddr_returns_the_hook_of_the_drivers_variant(env, fake, tmp_path):
     """Every hooked name at many versions and flags: same rc, status and variant as the driver."""
-    versions = (2000, 3000, 3020, 4000, 6050, 7000, 9020, 11000, 11030, 11060, 12000, 13000, 13010)
+    versions = (2000, 3000, 3020, 4000, 5000, 6000, 6050, 7000, 9020, 10020, 11000, 11030, 11060, 12000, 13000, 13010)
     queries = "".join(f"{h.name} {v} {f}\n" for h in hooks.HOOKS if h.lib == "cuda"
                       for v in versions for f in (0, 1, 2))
     queries += "cuMemAlloc_v2 12000 0\ncuNoSuchSymbol 12000 0\ncuDeviceGetName 12000 2\n"

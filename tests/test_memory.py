@@ -117,6 +117,23 @@ def test_virtual_view_nvml_never_underflows(env):
     assert r["null_rc"] == 2  # NVML_ERROR_INVALID_ARGUMENT from the driver
 
 
+def test_context_memory_is_measured_and_charged(env, fake, tmp_path):
+    env["FAKECUDA_CTX_BYTES"] = "16M"  # the fake's context takes 16 MiB of the device, as a real one takes ~0.5 GiB
+    reg = tmp_path / "g.region"
+    a = hold(env, fake, 48 * MiB, "--memory", "64M", "--region", str(reg))
+    try:
+        assert a.rc == 0
+        g = status(env, reg)
+        assert g["processes"][0]["devices"]["0"] == {"data": 48 * MiB, "context": 16 * MiB, "module": 0}
+        assert g["devices"][0]["used"] == LIMIT
+    finally:
+        a.stdin.close()
+        a.wait(30)
+    p = run([*PYVGPU, "wrap", "--memory", "64M", "--", str(fake / "host_mem_linked"), "boundary", str(48 * MiB)],
+            env=env)
+    assert p.stdout.strip() == "first=0 one_more=2 free=0 after_free=0", p.stdout + p.stderr
+
+
 def test_without_nvml_memory_isolation_still_works(env, fake):
     env["PYVGPU_REAL_LIBNVML"] = "/nonexistent/libnvidia-ml.so.1"
     p = run([*PYVGPU, "wrap", "--memory", "64M", "--", str(fake / "host_mem_linked"), "boundary", str(LIMIT)],

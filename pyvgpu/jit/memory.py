@@ -20,12 +20,15 @@ from pyvgpu.jit import quota as Q
 from pyvgpu.jit.intrinsics import (
     atomic_add_u64,
     atomic_cas_u32,
+    atomic_cas_u64,
+    atomic_load_u32,
     atomic_load_u64,
     atomic_store_u32,
     call_i32,
     load_i32,
     load_u32,
     load_u64,
+    stack_buffer,
     stack_u64,
     store_u32,
     store_u64,
@@ -43,6 +46,7 @@ CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7
 MAX_U32 = np.uint64(0xFFFFFFFF)
 
 OFF_HELPER = L.CTX.offset("helper")
+OFF_REAL = L.CTX.offset("real")
 OFF_TABLE_FULL = L.CTX.offset("table_full")
 OFF_LOCK = L.CTX.offset("lock")
 OFF_POOL_HANDLE = L.CTX.offset("pool_handle")
@@ -50,6 +54,12 @@ OFF_POOL_RESERVED = L.CTX.offset("pool_reserved")
 OFF_POOL_DEV = L.CTX.offset("pool_dev")
 
 H_CTX_GET_DEVICE = hooks.HELPER_INDEX["cuCtxGetDevice"]
+H_PCI_BUS_ID = hooks.HELPER_INDEX["cuDeviceGetPCIBusId"]
+H_NVML_INIT = hooks.HELPER_INDEX["nvmlInit_v2"]
+H_NVML_BY_BUS_ID = hooks.HELPER_INDEX["nvmlDeviceGetHandleByPciBusId_v2"]
+E_NVML_MEMORY = hooks.BY_ABI["nvmlDeviceGetMemoryInfo"].index
+OFF_CTX_CHARGED = L.CTX.offset("ctx_charged")
+OFF_NVML_STATE = L.CTX.offset("nvml_state")
 H_DEVICE_GET_MEM_POOL = hooks.HELPER_INDEX["cuDeviceGetMemPool"]
 H_POOL_GET_ATTRIBUTE = hooks.HELPER_INDEX["cuMemPoolGetAttribute"]
 H_NVML_GET_INDEX = hooks.HELPER_INDEX["nvmlDeviceGetIndex"]
@@ -609,3 +619,71 @@ def mem_pool_destroy(ctx, idx, args, notfound):
     unlock(ctx)
     return rc
 
+
+
+# --- context memory ---------------------------------------------------------------------
+# A context takes device memory no allocation call shows (about 0.5 GiB on an
+# H100). It is measured: NVML's device-wide used before and after the
+# process's first primary context (or cuCtxCreate) on a device, the device
+# found by PCI bus id, so it is right under CUDA_VISIBLE_DEVICES too. The
+# bytes are charged as kind "context" and stay charged until the process
+# ends. Without NVML, contexts are not counted. Other processes allocating
+# at the same moment would disturb the reading (docs/accounting.md).
+
+@njit
+def device_used(ctx, dev):
+    """NVML's used bytes of CUDA device dev, or -1."""
+    st = atomic_load_u32(ctx + OFF_NVML_STATE)
+    if st == 0:
+        init = helper(ctx, H_NVML_INIT)
+        ok = init != 0 and call_i32(init, ()) == NVML_SUCCESS
+        atomic_cas_u32(ctx + OFF_NVML_STATE, 0, 1 if ok else 2)
+        st = atomic_load_u32(ctx + OFF_NVML_STATE)
+    by_bus = helper(ctx, H_NVML_BY_BUS_ID)
+    get_bus = helper(ctx, H_PCI_BUS_ID)
+    mem_fn = load_u64(ctx + OFF_REAL + E_NVML_MEMORY * 8)
+    if st != 1 or by_bus == 0 or get_bus == 0 or mem_fn == 0:
+        return np.int64(-1)
+    bus = stack_buffer(64)
+    if call_i32(get_bus, (bus, np.int32(63), np.int32(dev))) != CUDA_SUCCESS:
+        return np.int64(-1)
+    handle = stack_u64()
+    if call_i32(by_bus, (bus, handle)) != NVML_SUCCESS:
+        return np.int64(-1)
+    mem = stack_buffer(24)
+    if call_i32(mem_fn, (load_u64(handle), mem)) != NVML_SUCCESS:
+        return np.int64(-1)
+    return np.int64(load_u64(mem + 16))
+
+
+@njit
+def measured_context(ctx, idx, args, notfound, dev):
+    """Create the context through the driver, charging what it took if this is our first on dev."""
+    if Q.region_of(ctx) == 0 or dev < 0 or dev >= L.MAX_DEVICES:
+        return call_real(ctx, idx, args, notfound)
+    slot = ctx + OFF_CTX_CHARGED + dev * 8
+    if atomic_cas_u64(slot, 0, 1) != 0:  # measured already (or being measured by another thread)
+        return call_real(ctx, idx, args, notfound)
+    before = device_used(ctx, dev)
+    rc = call_real(ctx, idx, args, notfound)
+    if rc != CUDA_SUCCESS:
+        atomic_cas_u64(slot, 1, 0)
+        return rc
+    after = device_used(ctx, dev)
+    if before >= 0 and after > before:
+        n = np.uint64(after - before)
+        Q.force_charge(ctx, dev, L.KIND_CONTEXT, n)
+        store_u64(slot, n)
+    return rc
+
+
+@njit
+def ctx_retain(ctx, idx, args, notfound):
+    pctx, dev = args
+    return measured_context(ctx, idx, args, notfound, dev)
+
+
+@njit
+def ctx_create(ctx, idx, args, notfound):
+    pctx, flags, dev = args
+    return measured_context(ctx, idx, args, notfound, dev)

@@ -64,4 +64,6 @@ def registry() -> dict:
         "array_destroy": M.array_destroy,
         "nvml_memory_info": M.nvml_memory_info,
         "nvml_memory_info_v2": M.nvml_memory_info_v2,
+        "ctx_retain": M.ctx_retain,
+        "ctx_create": M.ctx_create,
     }

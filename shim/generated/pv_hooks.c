@@ -19,6 +19,12 @@ typedef CUresult (*pv_real_cuLaunchKernelEx_t)(const CUlaunchConfig *config, CUf
 typedef CUresult (*pv_cb_cuLaunchKernelEx_t)(pv_ctx_t *ctx, uint32_t idx, const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
 typedef CUresult (*pv_real_cuLaunchKernelEx_ptsz_t)(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
 typedef CUresult (*pv_cb_cuLaunchKernelEx_ptsz_t)(pv_ctx_t *ctx, uint32_t idx, const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+typedef CUresult (*pv_real_cuDevicePrimaryCtxRetain_t)(CUcontext *pctx, CUdevice dev);
+typedef CUresult (*pv_cb_cuDevicePrimaryCtxRetain_t)(pv_ctx_t *ctx, uint32_t idx, CUcontext *pctx, CUdevice dev);
+typedef CUresult (*pv_real_cuCtxCreate_t)(CUcontext *pctx, unsigned int flags, CUdevice dev);
+typedef CUresult (*pv_cb_cuCtxCreate_t)(pv_ctx_t *ctx, uint32_t idx, CUcontext *pctx, unsigned int flags, CUdevice dev);
+typedef CUresult (*pv_real_cuCtxCreate_v2_t)(CUcontext *pctx, unsigned int flags, CUdevice dev);
+typedef CUresult (*pv_cb_cuCtxCreate_v2_t)(pv_ctx_t *ctx, uint32_t idx, CUcontext *pctx, unsigned int flags, CUdevice dev);
 typedef CUresult (*pv_real_cuDeviceTotalMem_t)(unsigned int *bytes, CUdevice dev);
 typedef CUresult (*pv_cb_cuDeviceTotalMem_t)(pv_ctx_t *ctx, uint32_t idx, unsigned int *bytes, CUdevice dev);
 typedef CUresult (*pv_real_cuDeviceTotalMem_v2_t)(size_t *bytes, CUdevice dev);
@@ -188,6 +194,54 @@ PV_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunctio
         cb = (pv_cb_cuLaunchKernelEx_ptsz_t)pv_callback(PV_E_cuLaunchKernelEx_ptsz);
     }
     return cb(&pv_ctx, PV_E_cuLaunchKernelEx_ptsz, config, f, kernelParams, extra);
+}
+
+PV_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    pv_cb_cuDevicePrimaryCtxRetain_t cb = (pv_cb_cuDevicePrimaryCtxRetain_t)pv_callback(PV_E_cuDevicePrimaryCtxRetain);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuDevicePrimaryCtxRetain_t real = (pv_real_cuDevicePrimaryCtxRetain_t)pv_real(PV_E_cuDevicePrimaryCtxRetain);
+            return real ? real(pctx, dev) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuDevicePrimaryCtxRetain_t)pv_callback(PV_E_cuDevicePrimaryCtxRetain);
+    }
+    return cb(&pv_ctx, PV_E_cuDevicePrimaryCtxRetain, pctx, dev);
+}
+
+PV_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    pv_cb_cuCtxCreate_t cb = (pv_cb_cuCtxCreate_t)pv_callback(PV_E_cuCtxCreate);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuCtxCreate_t real = (pv_real_cuCtxCreate_t)pv_real(PV_E_cuCtxCreate);
+            return real ? real(pctx, flags, dev) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuCtxCreate_t)pv_callback(PV_E_cuCtxCreate);
+    }
+    return cb(&pv_ctx, PV_E_cuCtxCreate, pctx, flags, dev);
+}
+
+PV_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    pv_cb_cuCtxCreate_v2_t cb = (pv_cb_cuCtxCreate_v2_t)pv_callback(PV_E_cuCtxCreate_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuCtxCreate_v2_t real = (pv_real_cuCtxCreate_v2_t)pv_real(PV_E_cuCtxCreate_v2);
+            return real ? real(pctx, flags, dev) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuCtxCreate_v2_t)pv_callback(PV_E_cuCtxCreate_v2);
+    }
+    return cb(&pv_ctx, PV_E_cuCtxCreate_v2, pctx, flags, dev);
 }
 
 PV_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
@@ -711,6 +765,9 @@ const pv_entry_info_t pv_entry_infos[PV_N_ENTRIES] = {
     [PV_E_cuLaunchKernel_ptsz] = {"cuLaunchKernel_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuLaunchKernel, 7000},
     [PV_E_cuLaunchKernelEx] = {"cuLaunchKernelEx", PV_LIB_CUDA, 0, 1, PV_H_cuLaunchKernelEx, 11060},
     [PV_E_cuLaunchKernelEx_ptsz] = {"cuLaunchKernelEx_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuLaunchKernelEx, 11060},
+    [PV_E_cuDevicePrimaryCtxRetain] = {"cuDevicePrimaryCtxRetain", PV_LIB_CUDA, 0, 1, PV_H_cuDevicePrimaryCtxRetain, 7000},
+    [PV_E_cuCtxCreate] = {"cuCtxCreate", PV_LIB_CUDA, 0, 1, PV_H_cuCtxCreate, 2000},
+    [PV_E_cuCtxCreate_v2] = {"cuCtxCreate_v2", PV_LIB_CUDA, 0, 1, PV_H_cuCtxCreate, 3020},
     [PV_E_cuDeviceTotalMem] = {"cuDeviceTotalMem", PV_LIB_CUDA, 0, 1, PV_H_cuDeviceTotalMem, 2000},
     [PV_E_cuDeviceTotalMem_v2] = {"cuDeviceTotalMem_v2", PV_LIB_CUDA, 0, 1, PV_H_cuDeviceTotalMem, 3020},
     [PV_E_cuMemGetInfo] = {"cuMemGetInfo", PV_LIB_CUDA, 0, 1, PV_H_cuMemGetInfo, 2000},
@@ -719,7 +776,7 @@ const pv_entry_info_t pv_entry_infos[PV_N_ENTRIES] = {
     [PV_E_cuMemAlloc_v2] = {"cuMemAlloc_v2", PV_LIB_CUDA, 0, 1, PV_H_cuMemAlloc, 3020},
     [PV_E_cuMemAllocPitch] = {"cuMemAllocPitch", PV_LIB_CUDA, 0, 1, PV_H_cuMemAllocPitch, 2000},
     [PV_E_cuMemAllocPitch_v2] = {"cuMemAllocPitch_v2", PV_LIB_CUDA, 0, 1, PV_H_cuMemAllocPitch, 3020},
-    [PV_E_cuMemAllocManaged] = {"cuMemAllocManaged", PV_LIB_CUDA, 0, 1, PV_H_cuMemAllocManaged, 6050},
+    [PV_E_cuMemAllocManaged] = {"cuMemAllocManaged", PV_LIB_CUDA, 0, 1, PV_H_cuMemAllocManaged, 6000},
     [PV_E_cuMemFree] = {"cuMemFree", PV_LIB_CUDA, 0, 1, PV_H_cuMemFree, 2000},
     [PV_E_cuMemFree_v2] = {"cuMemFree_v2", PV_LIB_CUDA, 0, 1, PV_H_cuMemFree, 3020},
     [PV_E_cuMemAllocAsync] = {"cuMemAllocAsync", PV_LIB_CUDA, 0, 1, PV_H_cuMemAllocAsync, 11020},
@@ -730,15 +787,15 @@ const pv_entry_info_t pv_entry_infos[PV_N_ENTRIES] = {
     [PV_E_cuMemFreeAsync_ptsz] = {"cuMemFreeAsync_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuMemFreeAsync, 11020},
     [PV_E_cuMemPoolTrimTo] = {"cuMemPoolTrimTo", PV_LIB_CUDA, 0, 1, PV_H_cuMemPoolTrimTo, 11020},
     [PV_E_cuMemPoolDestroy] = {"cuMemPoolDestroy", PV_LIB_CUDA, 0, 1, PV_H_cuMemPoolDestroy, 11020},
-    [PV_E_cuMemCreate] = {"cuMemCreate", PV_LIB_CUDA, 0, 1, PV_H_cuMemCreate, 11000},
-    [PV_E_cuMemRelease] = {"cuMemRelease", PV_LIB_CUDA, 0, 1, PV_H_cuMemRelease, 11000},
+    [PV_E_cuMemCreate] = {"cuMemCreate", PV_LIB_CUDA, 0, 1, PV_H_cuMemCreate, 10020},
+    [PV_E_cuMemRelease] = {"cuMemRelease", PV_LIB_CUDA, 0, 1, PV_H_cuMemRelease, 10020},
     [PV_E_cuArrayCreate] = {"cuArrayCreate", PV_LIB_CUDA, 0, 1, PV_H_cuArrayCreate, 2000},
     [PV_E_cuArrayCreate_v2] = {"cuArrayCreate_v2", PV_LIB_CUDA, 0, 1, PV_H_cuArrayCreate, 3020},
     [PV_E_cuArray3DCreate] = {"cuArray3DCreate", PV_LIB_CUDA, 0, 1, PV_H_cuArray3DCreate, 2000},
     [PV_E_cuArray3DCreate_v2] = {"cuArray3DCreate_v2", PV_LIB_CUDA, 0, 1, PV_H_cuArray3DCreate, 3020},
-    [PV_E_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", PV_LIB_CUDA, 0, 1, PV_H_cuMipmappedArrayCreate, 6050},
+    [PV_E_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", PV_LIB_CUDA, 0, 1, PV_H_cuMipmappedArrayCreate, 5000},
     [PV_E_cuArrayDestroy] = {"cuArrayDestroy", PV_LIB_CUDA, 0, 1, PV_H_cuArrayDestroy, 2000},
-    [PV_E_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", PV_LIB_CUDA, 0, 1, PV_H_cuMipmappedArrayDestroy, 6050},
+    [PV_E_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", PV_LIB_CUDA, 0, 1, PV_H_cuMipmappedArrayDestroy, 5000},
     [PV_E_nvmlInit] = {"nvmlInit", PV_LIB_NVML, 0, 1, PV_H_nvmlInit, 0},
     [PV_E_nvmlInit_v2] = {"nvmlInit_v2", PV_LIB_NVML, 0, 1, PV_H_nvmlInit, 0},
     [PV_E_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetMemoryInfo, 0},
@@ -751,27 +808,29 @@ const pv_hook_info_t pv_hook_infos[PV_N_HOOKS] = {
     [PV_H_cuDeviceGetCount] = {"cuDeviceGetCount", 3, 1},
     [PV_H_cuLaunchKernel] = {"cuLaunchKernel", 4, 2},
     [PV_H_cuLaunchKernelEx] = {"cuLaunchKernelEx", 6, 2},
-    [PV_H_cuDeviceTotalMem] = {"cuDeviceTotalMem", 8, 2},
-    [PV_H_cuMemGetInfo] = {"cuMemGetInfo", 10, 2},
-    [PV_H_cuMemAlloc] = {"cuMemAlloc", 12, 2},
-    [PV_H_cuMemAllocPitch] = {"cuMemAllocPitch", 14, 2},
-    [PV_H_cuMemAllocManaged] = {"cuMemAllocManaged", 16, 1},
-    [PV_H_cuMemFree] = {"cuMemFree", 17, 2},
-    [PV_H_cuMemAllocAsync] = {"cuMemAllocAsync", 19, 2},
-    [PV_H_cuMemAllocFromPoolAsync] = {"cuMemAllocFromPoolAsync", 21, 2},
-    [PV_H_cuMemFreeAsync] = {"cuMemFreeAsync", 23, 2},
-    [PV_H_cuMemPoolTrimTo] = {"cuMemPoolTrimTo", 25, 1},
-    [PV_H_cuMemPoolDestroy] = {"cuMemPoolDestroy", 26, 1},
-    [PV_H_cuMemCreate] = {"cuMemCreate", 27, 1},
-    [PV_H_cuMemRelease] = {"cuMemRelease", 28, 1},
-    [PV_H_cuArrayCreate] = {"cuArrayCreate", 29, 2},
-    [PV_H_cuArray3DCreate] = {"cuArray3DCreate", 31, 2},
-    [PV_H_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", 33, 1},
-    [PV_H_cuArrayDestroy] = {"cuArrayDestroy", 34, 1},
-    [PV_H_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", 35, 1},
-    [PV_H_nvmlInit] = {"nvmlInit", 36, 2},
-    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 38, 1},
-    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 39, 1},
+    [PV_H_cuDevicePrimaryCtxRetain] = {"cuDevicePrimaryCtxRetain", 8, 1},
+    [PV_H_cuCtxCreate] = {"cuCtxCreate", 9, 2},
+    [PV_H_cuDeviceTotalMem] = {"cuDeviceTotalMem", 11, 2},
+    [PV_H_cuMemGetInfo] = {"cuMemGetInfo", 13, 2},
+    [PV_H_cuMemAlloc] = {"cuMemAlloc", 15, 2},
+    [PV_H_cuMemAllocPitch] = {"cuMemAllocPitch", 17, 2},
+    [PV_H_cuMemAllocManaged] = {"cuMemAllocManaged", 19, 1},
+    [PV_H_cuMemFree] = {"cuMemFree", 20, 2},
+    [PV_H_cuMemAllocAsync] = {"cuMemAllocAsync", 22, 2},
+    [PV_H_cuMemAllocFromPoolAsync] = {"cuMemAllocFromPoolAsync", 24, 2},
+    [PV_H_cuMemFreeAsync] = {"cuMemFreeAsync", 26, 2},
+    [PV_H_cuMemPoolTrimTo] = {"cuMemPoolTrimTo", 28, 1},
+    [PV_H_cuMemPoolDestroy] = {"cuMemPoolDestroy", 29, 1},
+    [PV_H_cuMemCreate] = {"cuMemCreate", 30, 1},
+    [PV_H_cuMemRelease] = {"cuMemRelease", 31, 1},
+    [PV_H_cuArrayCreate] = {"cuArrayCreate", 32, 2},
+    [PV_H_cuArray3DCreate] = {"cuArray3DCreate", 34, 2},
+    [PV_H_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", 36, 1},
+    [PV_H_cuArrayDestroy] = {"cuArrayDestroy", 37, 1},
+    [PV_H_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", 38, 1},
+    [PV_H_nvmlInit] = {"nvmlInit", 39, 2},
+    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 41, 1},
+    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 42, 1},
 };
 
 /* Sorted by name for bsearch (dlsym and cuGetProcAddress lookups). */
@@ -781,7 +840,10 @@ const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES] = {
     {"cuArrayCreate", PV_E_cuArrayCreate},
     {"cuArrayCreate_v2", PV_E_cuArrayCreate_v2},
     {"cuArrayDestroy", PV_E_cuArrayDestroy},
+    {"cuCtxCreate", PV_E_cuCtxCreate},
+    {"cuCtxCreate_v2", PV_E_cuCtxCreate_v2},
     {"cuDeviceGetCount", PV_E_cuDeviceGetCount},
+    {"cuDevicePrimaryCtxRetain", PV_E_cuDevicePrimaryCtxRetain},
     {"cuDeviceTotalMem", PV_E_cuDeviceTotalMem},
     {"cuDeviceTotalMem_v2", PV_E_cuDeviceTotalMem_v2},
     {"cuGetProcAddress", PV_E_cuGetProcAddress},
@@ -822,7 +884,9 @@ const pv_name_index_t pv_hook_sorted[PV_N_HOOKS] = {
     {"cuArray3DCreate", PV_H_cuArray3DCreate},
     {"cuArrayCreate", PV_H_cuArrayCreate},
     {"cuArrayDestroy", PV_H_cuArrayDestroy},
+    {"cuCtxCreate", PV_H_cuCtxCreate},
     {"cuDeviceGetCount", PV_H_cuDeviceGetCount},
+    {"cuDevicePrimaryCtxRetain", PV_H_cuDevicePrimaryCtxRetain},
     {"cuDeviceTotalMem", PV_H_cuDeviceTotalMem},
     {"cuGetProcAddress", PV_H_cuGetProcAddress},
     {"cuInit", PV_H_cuInit},
@@ -856,6 +920,9 @@ void *const pv_hook_fns[PV_N_ENTRIES] = {
     [PV_E_cuLaunchKernel_ptsz] = (void *)cuLaunchKernel_ptsz,
     [PV_E_cuLaunchKernelEx] = (void *)cuLaunchKernelEx,
     [PV_E_cuLaunchKernelEx_ptsz] = (void *)cuLaunchKernelEx_ptsz,
+    [PV_E_cuDevicePrimaryCtxRetain] = (void *)cuDevicePrimaryCtxRetain,
+    [PV_E_cuCtxCreate] = (void *)cuCtxCreate,
+    [PV_E_cuCtxCreate_v2] = (void *)cuCtxCreate_v2,
     [PV_E_cuDeviceTotalMem] = (void *)cuDeviceTotalMem,
     [PV_E_cuDeviceTotalMem_v2] = (void *)cuDeviceTotalMem_v2,
     [PV_E_cuMemGetInfo] = (void *)cuMemGetInfo,
@@ -892,6 +959,9 @@ void *const pv_hook_fns[PV_N_ENTRIES] = {
 
 const pv_helper_info_t pv_helper_infos[PV_N_HELPERS] = {
     {"cuCtxGetDevice", PV_LIB_CUDA},
+    {"cuDeviceGetPCIBusId", PV_LIB_CUDA},
+    {"nvmlInit_v2", PV_LIB_NVML},
+    {"nvmlDeviceGetHandleByPciBusId_v2", PV_LIB_NVML},
     {"cuDeviceGetMemPool", PV_LIB_CUDA},
     {"cuMemPoolGetAttribute", PV_LIB_CUDA},
     {"cuMemGetAllocationGranularity", PV_LIB_CUDA},

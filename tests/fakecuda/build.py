@@ -32,7 +32,7 @@ def build(out: Path) -> Path:
     so = ["-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-Bsymbolic"]
     _cc(*so, f"-I{out}", "-Wl,-soname,libcuda.so.1", "-o", str(out / "libcuda.so.1"),
         str(HERE / "fakecuda.c"), "-lpthread")
-    _cc(*so, "-Wl,-soname,libnvidia-ml.so.1", "-o", str(out / "libnvidia-ml.so.1"), str(HERE / "fakenvml.c"))
+    _cc(*so, "-Wl,-soname,libnvidia-ml.so.1", "-o", str(out / "libnvidia-ml.so.1"), str(HERE / "fakenvml.c"), "-ldl")
     for name in ("libcuda", "libnvidia-ml"):
         link = out / f"{name}.so"
         if not link.exists():

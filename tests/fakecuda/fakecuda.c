@@ -290,6 +290,27 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     return CUDA_SUCCESS;
 }
 
+/* FAKECUDA_CTX_BYTES: device memory a context takes (default 0), as a real one does. */
+static int g_ctx_made[MAX_DEV];
+static void take_context_memory(int d) {
+    const char *s = getenv("FAKECUDA_CTX_BYTES");
+    pthread_mutex_lock(&g_mu);
+    if (!g_ctx_made[d]++ && s)
+        g_used[d] += parse_size(s);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Device-wide used bytes, read by the fake NVML. */
+EXPORT uint64_t fakecuda_device_used(int d) { return d >= 0 && d < g_ndev ? g_used[d] : 0; }
+
+EXPORT CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice d) {
+    NEED_INIT();
+    if (!bus || len < 13 || d < 0 || d >= g_ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(bus, len, "00000000:%02x:00.0", d + 1);
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     COUNT(cuDevicePrimaryCtxRetain);
     NEED_INIT();
@@ -297,6 +318,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
         return CUDA_ERROR_INVALID_VALUE;
     if (d < 0 || d >= g_ndev)
         return CUDA_ERROR_INVALID_DEVICE;
+    take_context_memory(d);
     *c = &g_primary[d];
     return CUDA_SUCCESS;
 }
@@ -320,6 +342,7 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
         return CUDA_ERROR_INVALID_VALUE;
     if (d < 0 || d >= g_ndev)
         return CUDA_ERROR_INVALID_DEVICE;
+    take_context_memory(d);
     struct fake_ctx *x = malloc(sizeof *x);
     x->dev = d;
     *c = t_cur = x;

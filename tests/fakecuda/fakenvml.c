@@ -91,13 +91,32 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *
 
 static int valid(nvmlDevice_t d) { return d >= &g_dev[0] && d < &g_dev[g_ndev]; }
 
+#include <dlfcn.h>
+/* Device-wide used: FAKENVML_USED plus what the fake libcuda in this process holds. */
+static uint64_t used_of(int d) {
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD); /* loaded locally, e.g. by ctypes */
+    uint64_t (*cu)(int) = h ? (uint64_t(*)(int))dlsym(h, "fakecuda_device_used") : NULL;
+    return g_used + (cu ? cu(d) : 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus, nvmlDevice_t *d) {
+    unsigned dom, b;
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!bus || !d || sscanf(bus, "%x:%x", &dom, &b) != 2 || b < 1 || b > (unsigned)g_ndev)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *d = &g_dev[b - 1];
+    return NVML_SUCCESS;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     if (!g_init)
         return NVML_ERROR_UNINITIALIZED;
     if (!m || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     m->total = g_cap[d->index];
-    m->used = g_used < m->total ? g_used : m->total;
+    uint64_t u = used_of(d->index);
+    m->used = u < m->total ? u : m->total;
     m->free = m->total - m->used;
     return NVML_SUCCESS;
 }
@@ -109,7 +128,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
         return NVML_ERROR_INVALID_ARGUMENT;
     m->total = g_cap[d->index];
     m->reserved = 0;
-    m->used = g_used < m->total ? g_used : m->total;
+    uint64_t u = used_of(d->index);
+    m->used = u < m->total ? u : m->total;
     m->free = m->total - m->used;
     return NVML_SUCCESS;
 }

@@ -12,7 +12,8 @@ from helpers import calls, clean_env, lookups, run, wrapped
 from pyvgpu import hooks
 
 HERE = Path(__file__).resolve().parent
-VERSIONS = (2000, 3000, 3020, 4000, 6050, 7000, 9020, 10000, 11000, 11030, 11060, 12000, 12050, 13000)
+VERSIONS = (2000, 3000, 3020, 4000, 5000, 6000, 6050, 7000, 9020, 10000, 10020, 11000, 11030, 11060, 12000,
+            12050, 13000)
 
 
 def test_torch_same_loss_and_calls_through_procaddr(tmp_path):
