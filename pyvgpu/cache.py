@@ -1,6 +1,6 @@
 """The compiled-callbacks cache.
 
-numba compiles the callbacks once (cold: ~1-3 s, the only place numba is
+numba compiles the callbacks once (cold: 10-20 s, the only place numba is
 imported); the linked machine code is kept as one object file plus a JSON
 manifest. Every later process loads that object with llvmlite's JIT
 linker in a few milliseconds, without importing numba. That is what keeps

@@ -120,7 +120,7 @@ def warmup(
 ) -> None:
     """Compile the callbacks into the cache now (PYVGPU_CACHE_DIR, else ~/.cache/pyvgpu).
 
-    The first wrapped program would otherwise do it (about 1-3 s, once per pyvgpu version).
+    The first wrapped program would otherwise do it (10-20 s, once per pyvgpu version and user).
     """
     import time
 

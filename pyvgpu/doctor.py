@@ -82,7 +82,7 @@ def _cache() -> Check:
     if problem and not warm:
         return Check("callback cache", False, problem,
                      "set PYVGPU_CACHE_DIR to a writable directory, or run `pyvgpu warmup` as a user who can")
-    state = "compiled" if warm else "empty (the first wrap compiles, ~1-3 s; `pyvgpu warmup` does it now)"
+    state = "compiled" if warm else "empty (the first wrap compiles, 10-20 s once; `pyvgpu warmup` does it now)"
     ro = ", read-only" if problem else ", writable"
     return Check("callback cache", True, f"{d}{ro}, {state}")
 
