@@ -179,8 +179,17 @@ HOOKS: tuple[Hook, ...] = (
     # --- CUDA driver: memory (pyvgpu/jit/memory.py) ------------------------------
     _hook("cuDevicePrimaryCtxRetain", "cuda", [P("CUcontext *", "pctx"), P("CUdevice", "dev")],
           [V("cuDevicePrimaryCtxRetain", 7000)], callback="ctx_retain"),
-    _hook("cuCtxCreate", "cuda", [P("CUcontext *", "pctx"), P("unsigned int", "flags"), P("CUdevice", "dev")],
-          [V("cuCtxCreate", 2000), V("cuCtxCreate_v2", 3020)], callback="ctx_create"),
+    _hook(
+        "cuCtxCreate", "cuda", [P("CUcontext *", "pctx"), P("unsigned int", "flags"), P("CUdevice", "dev")],
+        [V("cuCtxCreate", 2000), V("cuCtxCreate_v2", 3020),
+         V("cuCtxCreate_v3", 11040, params=[P("CUcontext *", "pctx"), P("CUexecAffinityParam *", "paramsArray"),
+                                            P("int", "numParams"), P("unsigned int", "flags"),
+                                            P("CUdevice", "dev")], policy="ctx_create_v3"),
+         V("cuCtxCreate_v4", 12050, params=[P("CUcontext *", "pctx"), P("CUctxCreateParams *", "ctxCreateParams"),
+                                            P("unsigned int", "flags"), P("CUdevice", "dev")],
+           policy="ctx_create_v4")],
+        callback="ctx_create",
+    ),
     _hook(
         "cuDeviceTotalMem", "cuda", [P("size_t *", "bytes"), P("CUdevice", "dev")],
         [V("cuDeviceTotalMem", 2000, params=[P("unsigned int *", "bytes"), P("CUdevice", "dev")]),
@@ -299,6 +308,8 @@ class Helper:
 HELPERS: tuple[Helper, ...] = (
     Helper("cuCtxGetDevice", "cuda"),
     Helper("cuDeviceGetPCIBusId", "cuda"),
+    Helper("cuDevicePrimaryCtxRelease_v2", "cuda"),
+    Helper("cuCtxDestroy_v2", "cuda"),
     Helper("nvmlInit_v2", "nvml"),
     Helper("nvmlDeviceGetHandleByPciBusId_v2", "nvml"),
     Helper("cuDeviceGetMemPool", "cuda"),

@@ -96,6 +96,17 @@ def test_select_variant_matches_the_recorded_driver():
     assert checked > 100
 
 
+def test_table_lists_every_variant_the_driver_has():
+    """A missing variant is dangerous: the shim could only pass it through unaccounted."""
+    for (name, _flags), ranges in _recorded().items():
+        hook = hooks.BY_NAME.get(name)
+        if hook is None or hook.lib != "cuda":
+            continue
+        known = {v.abi for v in hook.variants}
+        for _, _, sym in ranges:
+            assert sym is None or sym in known, f"{name}: the driver returns {sym}, the hook table lacks it"
+
+
 def test_layout_offsets_are_natural_and_match_ctypes():
     C = layout.CTX.ctypes_class()
     for f in layout.CTX.fields:

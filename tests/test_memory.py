@@ -134,6 +134,12 @@ def test_context_memory_is_measured_and_charged(env, fake, tmp_path):
     assert p.stdout.strip() == "first=0 one_more=2 free=0 after_free=0", p.stdout + p.stderr
 
 
+def test_a_context_that_does_not_fit_is_refused(env, fake):
+    env["FAKECUDA_CTX_BYTES"] = "16M"
+    p = run([*PYVGPU, "wrap", "--memory", "8M", "--", str(fake / "host_mem_linked"), "boundary", "1"], env=env)
+    assert "FAIL p_retain(&g_ctx, d) -> 2" in p.stdout, p.stdout + p.stderr  # CUDA_ERROR_OUT_OF_MEMORY
+
+
 def test_without_nvml_memory_isolation_still_works(env, fake):
     env["PYVGPU_REAL_LIBNVML"] = "/nonexistent/libnvidia-ml.so.1"
     p = run([*PYVGPU, "wrap", "--memory", "64M", "--", str(fake / "host_mem_linked"), "boundary", str(LIMIT)],

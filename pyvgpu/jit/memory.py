@@ -55,6 +55,8 @@ OFF_POOL_DEV = L.CTX.offset("pool_dev")
 
 H_CTX_GET_DEVICE = hooks.HELPER_INDEX["cuCtxGetDevice"]
 H_PCI_BUS_ID = hooks.HELPER_INDEX["cuDeviceGetPCIBusId"]
+H_PRIMARY_RELEASE = hooks.HELPER_INDEX["cuDevicePrimaryCtxRelease_v2"]
+H_CTX_DESTROY = hooks.HELPER_INDEX["cuCtxDestroy_v2"]
 H_NVML_INIT = hooks.HELPER_INDEX["nvmlInit_v2"]
 H_NVML_BY_BUS_ID = hooks.HELPER_INDEX["nvmlDeviceGetHandleByPciBusId_v2"]
 E_NVML_MEMORY = hooks.BY_ABI["nvmlDeviceGetMemoryInfo"].index
@@ -626,9 +628,11 @@ def mem_pool_destroy(ctx, idx, args, notfound):
 # H100). It is measured: NVML's device-wide used before and after the
 # process's first primary context (or cuCtxCreate) on a device, the device
 # found by PCI bus id, so it is right under CUDA_VISIBLE_DEVICES too. The
-# bytes are charged as kind "context" and stay charged until the process
-# ends. Without NVML, contexts are not counted. Other processes allocating
-# at the same moment would disturb the reading (docs/accounting.md).
+# bytes are charged as kind "context" like any allocation: a context that
+# does not fit in the group's cap is released again and the call fails with
+# CUDA_ERROR_OUT_OF_MEMORY. They stay charged until the process ends.
+# Without NVML, contexts are not counted. Other processes allocating at the
+# same instant disturb the reading (docs/accounting.md).
 
 @njit
 def device_used(ctx, dev):
@@ -657,9 +661,9 @@ def device_used(ctx, dev):
 
 
 @njit
-def measured_context(ctx, idx, args, notfound, dev):
+def measured_context(ctx, idx, args, notfound, dev, pctx, primary):
     """Create the context through the driver, charging what it took if this is our first on dev."""
-    if Q.region_of(ctx) == 0 or dev < 0 or dev >= L.MAX_DEVICES:
+    if Q.region_of(ctx) == 0 or dev < 0 or dev >= L.MAX_DEVICES or pctx == 0:
         return call_real(ctx, idx, args, notfound)
     slot = ctx + OFF_CTX_CHARGED + dev * 8
     if atomic_cas_u64(slot, 0, 1) != 0:  # measured already (or being measured by another thread)
@@ -670,20 +674,40 @@ def measured_context(ctx, idx, args, notfound, dev):
         atomic_cas_u64(slot, 1, 0)
         return rc
     after = device_used(ctx, dev)
-    if before >= 0 and after > before:
-        n = np.uint64(after - before)
-        Q.force_charge(ctx, dev, L.KIND_CONTEXT, n)
+    if before < 0 or after <= before:
+        return rc
+    n = np.uint64(after - before)
+    if charge_or_refuse(ctx, dev, L.KIND_CONTEXT, n):
         store_u64(slot, n)
-    return rc
+        return rc
+    # it does not fit: give the context back and refuse, as for any allocation
+    if primary:
+        call_i32(helper(ctx, H_PRIMARY_RELEASE), (np.int32(dev),))
+    else:
+        call_i32(helper(ctx, H_CTX_DESTROY), (load_u64(pctx),))
+    store_u64(slot, 0)
+    return CUDA_ERROR_OUT_OF_MEMORY
 
 
 @njit
 def ctx_retain(ctx, idx, args, notfound):
     pctx, dev = args
-    return measured_context(ctx, idx, args, notfound, dev)
+    return measured_context(ctx, idx, args, notfound, dev, pctx, True)
 
 
 @njit
 def ctx_create(ctx, idx, args, notfound):
     pctx, flags, dev = args
-    return measured_context(ctx, idx, args, notfound, dev)
+    return measured_context(ctx, idx, args, notfound, dev, pctx, False)
+
+
+@njit
+def ctx_create_v3(ctx, idx, args, notfound):
+    pctx, params, nparams, flags, dev = args
+    return measured_context(ctx, idx, args, notfound, dev, pctx, False)
+
+
+@njit
+def ctx_create_v4(ctx, idx, args, notfound):
+    pctx, params, flags, dev = args
+    return measured_context(ctx, idx, args, notfound, dev, pctx, False)

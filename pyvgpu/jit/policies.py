@@ -66,4 +66,6 @@ def registry() -> dict:
         "nvml_memory_info_v2": M.nvml_memory_info_v2,
         "ctx_retain": M.ctx_retain,
         "ctx_create": M.ctx_create,
+        "ctx_create_v3": M.ctx_create_v3,
+        "ctx_create_v4": M.ctx_create_v4,
     }

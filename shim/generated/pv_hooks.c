@@ -25,6 +25,10 @@ typedef CUresult (*pv_real_cuCtxCreate_t)(CUcontext *pctx, unsigned int flags, C
 typedef CUresult (*pv_cb_cuCtxCreate_t)(pv_ctx_t *ctx, uint32_t idx, CUcontext *pctx, unsigned int flags, CUdevice dev);
 typedef CUresult (*pv_real_cuCtxCreate_v2_t)(CUcontext *pctx, unsigned int flags, CUdevice dev);
 typedef CUresult (*pv_cb_cuCtxCreate_v2_t)(pv_ctx_t *ctx, uint32_t idx, CUcontext *pctx, unsigned int flags, CUdevice dev);
+typedef CUresult (*pv_real_cuCtxCreate_v3_t)(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags, CUdevice dev);
+typedef CUresult (*pv_cb_cuCtxCreate_v3_t)(pv_ctx_t *ctx, uint32_t idx, CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags, CUdevice dev);
+typedef CUresult (*pv_real_cuCtxCreate_v4_t)(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev);
+typedef CUresult (*pv_cb_cuCtxCreate_v4_t)(pv_ctx_t *ctx, uint32_t idx, CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev);
 typedef CUresult (*pv_real_cuDeviceTotalMem_t)(unsigned int *bytes, CUdevice dev);
 typedef CUresult (*pv_cb_cuDeviceTotalMem_t)(pv_ctx_t *ctx, uint32_t idx, unsigned int *bytes, CUdevice dev);
 typedef CUresult (*pv_real_cuDeviceTotalMem_v2_t)(size_t *bytes, CUdevice dev);
@@ -242,6 +246,38 @@ PV_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice 
         cb = (pv_cb_cuCtxCreate_v2_t)pv_callback(PV_E_cuCtxCreate_v2);
     }
     return cb(&pv_ctx, PV_E_cuCtxCreate_v2, pctx, flags, dev);
+}
+
+PV_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags, CUdevice dev)
+{
+    pv_cb_cuCtxCreate_v3_t cb = (pv_cb_cuCtxCreate_v3_t)pv_callback(PV_E_cuCtxCreate_v3);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuCtxCreate_v3_t real = (pv_real_cuCtxCreate_v3_t)pv_real(PV_E_cuCtxCreate_v3);
+            return real ? real(pctx, paramsArray, numParams, flags, dev) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuCtxCreate_v3_t)pv_callback(PV_E_cuCtxCreate_v3);
+    }
+    return cb(&pv_ctx, PV_E_cuCtxCreate_v3, pctx, paramsArray, numParams, flags, dev);
+}
+
+PV_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev)
+{
+    pv_cb_cuCtxCreate_v4_t cb = (pv_cb_cuCtxCreate_v4_t)pv_callback(PV_E_cuCtxCreate_v4);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuCtxCreate_v4_t real = (pv_real_cuCtxCreate_v4_t)pv_real(PV_E_cuCtxCreate_v4);
+            return real ? real(pctx, ctxCreateParams, flags, dev) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuCtxCreate_v4_t)pv_callback(PV_E_cuCtxCreate_v4);
+    }
+    return cb(&pv_ctx, PV_E_cuCtxCreate_v4, pctx, ctxCreateParams, flags, dev);
 }
 
 PV_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
@@ -768,6 +804,8 @@ const pv_entry_info_t pv_entry_infos[PV_N_ENTRIES] = {
     [PV_E_cuDevicePrimaryCtxRetain] = {"cuDevicePrimaryCtxRetain", PV_LIB_CUDA, 0, 1, PV_H_cuDevicePrimaryCtxRetain, 7000},
     [PV_E_cuCtxCreate] = {"cuCtxCreate", PV_LIB_CUDA, 0, 1, PV_H_cuCtxCreate, 2000},
     [PV_E_cuCtxCreate_v2] = {"cuCtxCreate_v2", PV_LIB_CUDA, 0, 1, PV_H_cuCtxCreate, 3020},
+    [PV_E_cuCtxCreate_v3] = {"cuCtxCreate_v3", PV_LIB_CUDA, 0, 1, PV_H_cuCtxCreate, 11040},
+    [PV_E_cuCtxCreate_v4] = {"cuCtxCreate_v4", PV_LIB_CUDA, 0, 1, PV_H_cuCtxCreate, 12050},
     [PV_E_cuDeviceTotalMem] = {"cuDeviceTotalMem", PV_LIB_CUDA, 0, 1, PV_H_cuDeviceTotalMem, 2000},
     [PV_E_cuDeviceTotalMem_v2] = {"cuDeviceTotalMem_v2", PV_LIB_CUDA, 0, 1, PV_H_cuDeviceTotalMem, 3020},
     [PV_E_cuMemGetInfo] = {"cuMemGetInfo", PV_LIB_CUDA, 0, 1, PV_H_cuMemGetInfo, 2000},
@@ -809,28 +847,28 @@ const pv_hook_info_t pv_hook_infos[PV_N_HOOKS] = {
     [PV_H_cuLaunchKernel] = {"cuLaunchKernel", 4, 2},
     [PV_H_cuLaunchKernelEx] = {"cuLaunchKernelEx", 6, 2},
     [PV_H_cuDevicePrimaryCtxRetain] = {"cuDevicePrimaryCtxRetain", 8, 1},
-    [PV_H_cuCtxCreate] = {"cuCtxCreate", 9, 2},
-    [PV_H_cuDeviceTotalMem] = {"cuDeviceTotalMem", 11, 2},
-    [PV_H_cuMemGetInfo] = {"cuMemGetInfo", 13, 2},
-    [PV_H_cuMemAlloc] = {"cuMemAlloc", 15, 2},
-    [PV_H_cuMemAllocPitch] = {"cuMemAllocPitch", 17, 2},
-    [PV_H_cuMemAllocManaged] = {"cuMemAllocManaged", 19, 1},
-    [PV_H_cuMemFree] = {"cuMemFree", 20, 2},
-    [PV_H_cuMemAllocAsync] = {"cuMemAllocAsync", 22, 2},
-    [PV_H_cuMemAllocFromPoolAsync] = {"cuMemAllocFromPoolAsync", 24, 2},
-    [PV_H_cuMemFreeAsync] = {"cuMemFreeAsync", 26, 2},
-    [PV_H_cuMemPoolTrimTo] = {"cuMemPoolTrimTo", 28, 1},
-    [PV_H_cuMemPoolDestroy] = {"cuMemPoolDestroy", 29, 1},
-    [PV_H_cuMemCreate] = {"cuMemCreate", 30, 1},
-    [PV_H_cuMemRelease] = {"cuMemRelease", 31, 1},
-    [PV_H_cuArrayCreate] = {"cuArrayCreate", 32, 2},
-    [PV_H_cuArray3DCreate] = {"cuArray3DCreate", 34, 2},
-    [PV_H_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", 36, 1},
-    [PV_H_cuArrayDestroy] = {"cuArrayDestroy", 37, 1},
-    [PV_H_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", 38, 1},
-    [PV_H_nvmlInit] = {"nvmlInit", 39, 2},
-    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 41, 1},
-    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 42, 1},
+    [PV_H_cuCtxCreate] = {"cuCtxCreate", 9, 4},
+    [PV_H_cuDeviceTotalMem] = {"cuDeviceTotalMem", 13, 2},
+    [PV_H_cuMemGetInfo] = {"cuMemGetInfo", 15, 2},
+    [PV_H_cuMemAlloc] = {"cuMemAlloc", 17, 2},
+    [PV_H_cuMemAllocPitch] = {"cuMemAllocPitch", 19, 2},
+    [PV_H_cuMemAllocManaged] = {"cuMemAllocManaged", 21, 1},
+    [PV_H_cuMemFree] = {"cuMemFree", 22, 2},
+    [PV_H_cuMemAllocAsync] = {"cuMemAllocAsync", 24, 2},
+    [PV_H_cuMemAllocFromPoolAsync] = {"cuMemAllocFromPoolAsync", 26, 2},
+    [PV_H_cuMemFreeAsync] = {"cuMemFreeAsync", 28, 2},
+    [PV_H_cuMemPoolTrimTo] = {"cuMemPoolTrimTo", 30, 1},
+    [PV_H_cuMemPoolDestroy] = {"cuMemPoolDestroy", 31, 1},
+    [PV_H_cuMemCreate] = {"cuMemCreate", 32, 1},
+    [PV_H_cuMemRelease] = {"cuMemRelease", 33, 1},
+    [PV_H_cuArrayCreate] = {"cuArrayCreate", 34, 2},
+    [PV_H_cuArray3DCreate] = {"cuArray3DCreate", 36, 2},
+    [PV_H_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", 38, 1},
+    [PV_H_cuArrayDestroy] = {"cuArrayDestroy", 39, 1},
+    [PV_H_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", 40, 1},
+    [PV_H_nvmlInit] = {"nvmlInit", 41, 2},
+    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 43, 1},
+    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 44, 1},
 };
 
 /* Sorted by name for bsearch (dlsym and cuGetProcAddress lookups). */
@@ -842,6 +880,8 @@ const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES] = {
     {"cuArrayDestroy", PV_E_cuArrayDestroy},
     {"cuCtxCreate", PV_E_cuCtxCreate},
     {"cuCtxCreate_v2", PV_E_cuCtxCreate_v2},
+    {"cuCtxCreate_v3", PV_E_cuCtxCreate_v3},
+    {"cuCtxCreate_v4", PV_E_cuCtxCreate_v4},
     {"cuDeviceGetCount", PV_E_cuDeviceGetCount},
     {"cuDevicePrimaryCtxRetain", PV_E_cuDevicePrimaryCtxRetain},
     {"cuDeviceTotalMem", PV_E_cuDeviceTotalMem},
@@ -923,6 +963,8 @@ void *const pv_hook_fns[PV_N_ENTRIES] = {
     [PV_E_cuDevicePrimaryCtxRetain] = (void *)cuDevicePrimaryCtxRetain,
     [PV_E_cuCtxCreate] = (void *)cuCtxCreate,
     [PV_E_cuCtxCreate_v2] = (void *)cuCtxCreate_v2,
+    [PV_E_cuCtxCreate_v3] = (void *)cuCtxCreate_v3,
+    [PV_E_cuCtxCreate_v4] = (void *)cuCtxCreate_v4,
     [PV_E_cuDeviceTotalMem] = (void *)cuDeviceTotalMem,
     [PV_E_cuDeviceTotalMem_v2] = (void *)cuDeviceTotalMem_v2,
     [PV_E_cuMemGetInfo] = (void *)cuMemGetInfo,
@@ -960,6 +1002,8 @@ void *const pv_hook_fns[PV_N_ENTRIES] = {
 const pv_helper_info_t pv_helper_infos[PV_N_HELPERS] = {
     {"cuCtxGetDevice", PV_LIB_CUDA},
     {"cuDeviceGetPCIBusId", PV_LIB_CUDA},
+    {"cuDevicePrimaryCtxRelease_v2", PV_LIB_CUDA},
+    {"cuCtxDestroy_v2", PV_LIB_CUDA},
     {"nvmlInit_v2", PV_LIB_NVML},
     {"nvmlDeviceGetHandleByPciBusId_v2", PV_LIB_NVML},
     {"cuDeviceGetMemPool", PV_LIB_CUDA},

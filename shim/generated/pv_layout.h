@@ -12,9 +12,9 @@ typedef struct pv_ctx {
     uint64_t magic;  /* CTX_MAGIC */
     uint32_t n_entries;  /* hook entries in this shim */
     uint32_t flags;
-    uint64_t real[43];  /* real driver function per entry, 0 if the driver lacks it */
-    uint64_t calls[43];  /* calls per entry, counted by the callbacks */
-    uint64_t helper[8];  /* real driver functions the policies call (hooks.HELPERS) */
+    uint64_t real[45];  /* real driver function per entry, 0 if the driver lacks it */
+    uint64_t calls[45];  /* calls per entry, counted by the callbacks */
+    uint64_t helper[10];  /* real driver functions the policies call (hooks.HELPERS) */
     uint64_t region;  /* address of the mapped region, 0 without one */
     uint64_t slot;  /* address of this process's slot in the region */
     int32_t slot_index;
@@ -37,24 +37,24 @@ _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
 _Static_assert(offsetof(pv_ctx_t, flags) == 12, "pv_ctx.flags");
 _Static_assert(offsetof(pv_ctx_t, real) == 16, "pv_ctx.real");
-_Static_assert(offsetof(pv_ctx_t, calls) == 360, "pv_ctx.calls");
-_Static_assert(offsetof(pv_ctx_t, helper) == 704, "pv_ctx.helper");
-_Static_assert(offsetof(pv_ctx_t, region) == 768, "pv_ctx.region");
-_Static_assert(offsetof(pv_ctx_t, slot) == 776, "pv_ctx.slot");
-_Static_assert(offsetof(pv_ctx_t, slot_index) == 784, "pv_ctx.slot_index");
-_Static_assert(offsetof(pv_ctx_t, region_fd) == 788, "pv_ctx.region_fd");
-_Static_assert(offsetof(pv_ctx_t, n_slots) == 792, "pv_ctx.n_slots");
-_Static_assert(offsetof(pv_ctx_t, lock) == 796, "pv_ctx.lock");
-_Static_assert(offsetof(pv_ctx_t, table) == 800, "pv_ctx.table");
-_Static_assert(offsetof(pv_ctx_t, table_mask) == 808, "pv_ctx.table_mask");
-_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 816, "pv_ctx.table_maxdisp");
-_Static_assert(offsetof(pv_ctx_t, table_live) == 824, "pv_ctx.table_live");
-_Static_assert(offsetof(pv_ctx_t, table_full) == 832, "pv_ctx.table_full");
-_Static_assert(offsetof(pv_ctx_t, pool_handle) == 840, "pv_ctx.pool_handle");
-_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 1352, "pv_ctx.pool_reserved");
-_Static_assert(offsetof(pv_ctx_t, pool_dev) == 1864, "pv_ctx.pool_dev");
-_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2120, "pv_ctx.ctx_charged");
-_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2248, "pv_ctx.nvml_state");
-_Static_assert(sizeof(pv_ctx_t) == 2256, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, calls) == 376, "pv_ctx.calls");
+_Static_assert(offsetof(pv_ctx_t, helper) == 736, "pv_ctx.helper");
+_Static_assert(offsetof(pv_ctx_t, region) == 816, "pv_ctx.region");
+_Static_assert(offsetof(pv_ctx_t, slot) == 824, "pv_ctx.slot");
+_Static_assert(offsetof(pv_ctx_t, slot_index) == 832, "pv_ctx.slot_index");
+_Static_assert(offsetof(pv_ctx_t, region_fd) == 836, "pv_ctx.region_fd");
+_Static_assert(offsetof(pv_ctx_t, n_slots) == 840, "pv_ctx.n_slots");
+_Static_assert(offsetof(pv_ctx_t, lock) == 844, "pv_ctx.lock");
+_Static_assert(offsetof(pv_ctx_t, table) == 848, "pv_ctx.table");
+_Static_assert(offsetof(pv_ctx_t, table_mask) == 856, "pv_ctx.table_mask");
+_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 864, "pv_ctx.table_maxdisp");
+_Static_assert(offsetof(pv_ctx_t, table_live) == 872, "pv_ctx.table_live");
+_Static_assert(offsetof(pv_ctx_t, table_full) == 880, "pv_ctx.table_full");
+_Static_assert(offsetof(pv_ctx_t, pool_handle) == 888, "pv_ctx.pool_handle");
+_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 1400, "pv_ctx.pool_reserved");
+_Static_assert(offsetof(pv_ctx_t, pool_dev) == 1912, "pv_ctx.pool_dev");
+_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2168, "pv_ctx.ctx_charged");
+_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2296, "pv_ctx.nvml_state");
+_Static_assert(sizeof(pv_ctx_t) == 2304, "sizeof pv_ctx");
 
 #endif

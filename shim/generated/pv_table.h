@@ -3,10 +3,10 @@
 #ifndef PV_TABLE_H
 #define PV_TABLE_H
 
-#define PV_N_ENTRIES 43
+#define PV_N_ENTRIES 45
 #define PV_N_HOOKS 28
-#define PV_N_HELPERS 8
-#define PV_TABLE_HASH "a9fe5ac50c65a740"
+#define PV_N_HELPERS 10
+#define PV_TABLE_HASH "5344904d9f0444df"
 
 /* One entry per exported ABI symbol (variant). */
 enum pv_entry {
@@ -21,38 +21,40 @@ enum pv_entry {
     PV_E_cuDevicePrimaryCtxRetain = 8,
     PV_E_cuCtxCreate = 9,
     PV_E_cuCtxCreate_v2 = 10,
-    PV_E_cuDeviceTotalMem = 11,
-    PV_E_cuDeviceTotalMem_v2 = 12,
-    PV_E_cuMemGetInfo = 13,
-    PV_E_cuMemGetInfo_v2 = 14,
-    PV_E_cuMemAlloc = 15,
-    PV_E_cuMemAlloc_v2 = 16,
-    PV_E_cuMemAllocPitch = 17,
-    PV_E_cuMemAllocPitch_v2 = 18,
-    PV_E_cuMemAllocManaged = 19,
-    PV_E_cuMemFree = 20,
-    PV_E_cuMemFree_v2 = 21,
-    PV_E_cuMemAllocAsync = 22,
-    PV_E_cuMemAllocAsync_ptsz = 23,
-    PV_E_cuMemAllocFromPoolAsync = 24,
-    PV_E_cuMemAllocFromPoolAsync_ptsz = 25,
-    PV_E_cuMemFreeAsync = 26,
-    PV_E_cuMemFreeAsync_ptsz = 27,
-    PV_E_cuMemPoolTrimTo = 28,
-    PV_E_cuMemPoolDestroy = 29,
-    PV_E_cuMemCreate = 30,
-    PV_E_cuMemRelease = 31,
-    PV_E_cuArrayCreate = 32,
-    PV_E_cuArrayCreate_v2 = 33,
-    PV_E_cuArray3DCreate = 34,
-    PV_E_cuArray3DCreate_v2 = 35,
-    PV_E_cuMipmappedArrayCreate = 36,
-    PV_E_cuArrayDestroy = 37,
-    PV_E_cuMipmappedArrayDestroy = 38,
-    PV_E_nvmlInit = 39,
-    PV_E_nvmlInit_v2 = 40,
-    PV_E_nvmlDeviceGetMemoryInfo = 41,
-    PV_E_nvmlDeviceGetMemoryInfo_v2 = 42,
+    PV_E_cuCtxCreate_v3 = 11,
+    PV_E_cuCtxCreate_v4 = 12,
+    PV_E_cuDeviceTotalMem = 13,
+    PV_E_cuDeviceTotalMem_v2 = 14,
+    PV_E_cuMemGetInfo = 15,
+    PV_E_cuMemGetInfo_v2 = 16,
+    PV_E_cuMemAlloc = 17,
+    PV_E_cuMemAlloc_v2 = 18,
+    PV_E_cuMemAllocPitch = 19,
+    PV_E_cuMemAllocPitch_v2 = 20,
+    PV_E_cuMemAllocManaged = 21,
+    PV_E_cuMemFree = 22,
+    PV_E_cuMemFree_v2 = 23,
+    PV_E_cuMemAllocAsync = 24,
+    PV_E_cuMemAllocAsync_ptsz = 25,
+    PV_E_cuMemAllocFromPoolAsync = 26,
+    PV_E_cuMemAllocFromPoolAsync_ptsz = 27,
+    PV_E_cuMemFreeAsync = 28,
+    PV_E_cuMemFreeAsync_ptsz = 29,
+    PV_E_cuMemPoolTrimTo = 30,
+    PV_E_cuMemPoolDestroy = 31,
+    PV_E_cuMemCreate = 32,
+    PV_E_cuMemRelease = 33,
+    PV_E_cuArrayCreate = 34,
+    PV_E_cuArrayCreate_v2 = 35,
+    PV_E_cuArray3DCreate = 36,
+    PV_E_cuArray3DCreate_v2 = 37,
+    PV_E_cuMipmappedArrayCreate = 38,
+    PV_E_cuArrayDestroy = 39,
+    PV_E_cuMipmappedArrayDestroy = 40,
+    PV_E_nvmlInit = 41,
+    PV_E_nvmlInit_v2 = 42,
+    PV_E_nvmlDeviceGetMemoryInfo = 43,
+    PV_E_nvmlDeviceGetMemoryInfo_v2 = 44,
 };
 
 /* Services: callbacks called outside hooked functions (pyvgpu.hooks.SERVICES). */

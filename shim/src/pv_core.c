@@ -273,9 +273,10 @@ void pv_note_procaddr_mismatch(const char *symbol, int table_entry, int driver_e
     if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
         fprintf(stderr,
                 "pyvgpu: warning: cuGetProcAddress(%s): the hook table chose %s but the driver returned %s; "
-                "following the driver. Please report this with your driver version.\n",
+                "following the driver%s. Please report this with your driver version.\n",
                 symbol, table_entry >= 0 ? pv_entry_infos[table_entry].name : "no variant",
-                driver_entry >= 0 ? pv_entry_infos[driver_entry].name : "an unknown function");
+                driver_entry >= 0 ? pv_entry_infos[driver_entry].name : "a variant the table lacks",
+                driver_entry >= 0 ? "" : " (that function is not intercepted)");
 }
 
 PV_EXPORT uint64_t pyvgpu_lookups(int entry, int via) {

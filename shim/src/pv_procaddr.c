@@ -44,13 +44,12 @@ static void *map_result(const char *symbol, void *fn, int cuda_version, cuuint64
         return fn;
     int t = pv_select_variant(h, cuda_version, flags);
     int d = identify(h, fn);
-    int e = d >= 0 ? d : t;
     if (d != t)
         pv_note_procaddr_mismatch(symbol, t, d);
-    if (e < 0)
+    if (d < 0)
         return fn;
-    pv_count_lookup(e, PV_VIA_PROCADDR);
-    return pv_hook_fns[e];
+    pv_count_lookup(d, PV_VIA_PROCADDR);
+    return pv_hook_fns[d];
 }
 
 typedef CUresult (*gpa_v1_t)(const char *, void **, int, cuuint64_t);
