@@ -116,10 +116,16 @@ def record_or_undo(ctx, key, dev, size, rtype, free_entry):
 
 @njit
 def charged_alloc(ctx, idx, args, notfound, out_ptr, size, rtype, free_entry):
-    """The common shape: charge, ask the driver, record or roll back."""
+    """An allocation on the current context's device (see charged_alloc_on)."""
     dev = current_device(ctx)
     if dev < 0:
         return call_real(ctx, idx, args, notfound)  # no context: the driver reports it
+    return charged_alloc_on(ctx, idx, args, notfound, dev, out_ptr, size, rtype, free_entry)
+
+
+@njit
+def charged_alloc_on(ctx, idx, args, notfound, dev, out_ptr, size, rtype, free_entry):
+    """The common shape: charge, ask the driver, record the handle it wrote to out_ptr, or roll back."""
     if not charge_or_refuse(ctx, dev, L.KIND_DATA, size):
         return CUDA_ERROR_OUT_OF_MEMORY
     rc = call_real(ctx, idx, args, notfound)
@@ -334,13 +340,7 @@ def mem_create(ctx, idx, args, notfound):
     dev = load_i32(prop + 12)
     if dev < 0 or dev >= L.MAX_DEVICES:
         return call_real(ctx, idx, args, notfound)
-    if not charge_or_refuse(ctx, dev, L.KIND_DATA, size):
-        return CUDA_ERROR_OUT_OF_MEMORY
-    rc = call_real(ctx, idx, args, notfound)
-    if rc != CUDA_SUCCESS:
-        Q.uncharge(ctx, dev, L.KIND_DATA, size)
-        return rc
-    return record_or_undo(ctx, load_u64(phandle), dev, size, T.T_VMM, E_MEM_RELEASE)
+    return charged_alloc_on(ctx, idx, args, notfound, dev, phandle, size, T.T_VMM, E_MEM_RELEASE)
 
 
 @njit
@@ -427,16 +427,7 @@ def mipmapped_array_create(ctx, idx, args, notfound):
     n = np.uint64(0)
     for lv in range(levels if levels > 0 else 1):
         n += array3d_bytes(desc, lv)
-    dev = current_device(ctx)
-    if dev < 0:
-        return call_real(ctx, idx, args, notfound)
-    if not charge_or_refuse(ctx, dev, L.KIND_DATA, n):
-        return CUDA_ERROR_OUT_OF_MEMORY
-    rc = call_real(ctx, idx, args, notfound)
-    if rc != CUDA_SUCCESS:
-        Q.uncharge(ctx, dev, L.KIND_DATA, n)
-        return rc
-    return record_or_undo(ctx, load_u64(phandle), dev, n, T.T_ARRAY, E_MIPMAPPED_DESTROY)
+    return charged_alloc(ctx, idx, args, notfound, phandle, n, T.T_ARRAY, E_MIPMAPPED_DESTROY)
 
 
 @njit
