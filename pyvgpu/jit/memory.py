@@ -293,8 +293,8 @@ def nvml_view(ctx, dev, phys_total, phys_free):
 
 
 @njit
-def nvml_memory_info(ctx, idx, args, notfound):
-    """nvmlMemory_t {total, free, used}, each unsigned long long."""
+def nvml_memory(ctx, idx, args, notfound, off_total, off_free, off_used, off_reserved):
+    """Rewrite an NVML memory struct in place with the group's view; offsets name its fields."""
     handle, mem = args
     rc = call_real(ctx, idx, args, notfound)
     if rc != NVML_SUCCESS or mem == 0 or Q.region_of(ctx) == 0:
@@ -302,29 +302,25 @@ def nvml_memory_info(ctx, idx, args, notfound):
     dev = nvml_device(ctx, handle)
     if dev < 0 or device_limit(ctx, dev) == 0:
         return rc
-    total, used, free = nvml_view(ctx, dev, load_u64(mem), load_u64(mem + 8))
-    store_u64(mem, total)
-    store_u64(mem + 8, free)
-    store_u64(mem + 16, used)
+    total, used, free = nvml_view(ctx, dev, load_u64(mem + off_total), load_u64(mem + off_free))
+    store_u64(mem + off_total, total)
+    store_u64(mem + off_free, free)
+    store_u64(mem + off_used, used)
+    if off_reserved >= 0:
+        store_u64(mem + off_reserved, 0)
     return rc
+
+
+@njit
+def nvml_memory_info(ctx, idx, args, notfound):
+    """nvmlMemory_t {total, free, used}, each unsigned long long."""
+    return nvml_memory(ctx, idx, args, notfound, 0, 8, 16, -1)
 
 
 @njit
 def nvml_memory_info_v2(ctx, idx, args, notfound):
     """nvmlMemory_v2_t {version, total, reserved, free, used}: reserved is driver memory, kept inside used."""
-    handle, mem = args
-    rc = call_real(ctx, idx, args, notfound)
-    if rc != NVML_SUCCESS or mem == 0 or Q.region_of(ctx) == 0:
-        return rc
-    dev = nvml_device(ctx, handle)
-    if dev < 0 or device_limit(ctx, dev) == 0:
-        return rc
-    total, used, free = nvml_view(ctx, dev, load_u64(mem + 8), load_u64(mem + 24))
-    store_u64(mem + 8, total)
-    store_u64(mem + 16, 0)
-    store_u64(mem + 24, free)
-    store_u64(mem + 32, used)
-    return rc
+    return nvml_memory(ctx, idx, args, notfound, 8, 24, 32, 16)
 
 
 # --- VMM: cuMemCreate / cuMemRelease ------------------------------------------
