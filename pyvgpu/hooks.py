@@ -47,7 +47,8 @@ SCALAR_TYPES: dict[str, str] = {
     "cuuint64_t": "uint64",
     "unsigned long long": "uint64",
 }
-HANDLE_TYPES = frozenset({"CUfunction", "CUstream", "CUcontext", "CUmodule", "nvmlDevice_t", "CUmemoryPool",
+HANDLE_TYPES = frozenset({"CUfunction", "CUstream", "CUcontext", "CUmodule", "CUlibrary", "nvmlDevice_t",
+                          "CUmemoryPool",
                           "CUarray", "CUmipmappedArray", "CUmemGenericAllocationHandle"})
 
 
@@ -280,6 +281,33 @@ HOOKS: tuple[Hook, ...] = (
           callback="array_destroy"),
     _hook("cuMipmappedArrayDestroy", "cuda", [P("CUmipmappedArray", "hMipmappedArray")],
           [V("cuMipmappedArrayDestroy", 5000)], callback="array_destroy"),
+    # modules and libraries: memory measured at load (pyvgpu/jit/memory.py)
+    _hook("cuModuleLoad", "cuda", [P("CUmodule *", "module"), P("const char *", "fname")],
+          [V("cuModuleLoad", 2000)], callback="module_load"),
+    _hook("cuModuleLoadData", "cuda", [P("CUmodule *", "module"), P("const void *", "image")],
+          [V("cuModuleLoadData", 2000)], callback="module_load"),
+    _hook("cuModuleLoadDataEx", "cuda",
+          [P("CUmodule *", "module"), P("const void *", "image"), P("unsigned int", "numOptions"),
+           P("CUjit_option *", "options"), P("void **", "optionValues")],
+          [V("cuModuleLoadDataEx", 2010)], callback="module_load_ex"),
+    _hook("cuModuleLoadFatBinary", "cuda", [P("CUmodule *", "module"), P("const void *", "fatCubin")],
+          [V("cuModuleLoadFatBinary", 2000)], callback="module_load"),
+    _hook("cuModuleUnload", "cuda", [P("CUmodule", "hmod")], [V("cuModuleUnload", 2000)],
+          callback="module_unload"),
+    _hook("cuLibraryLoadData", "cuda",
+          [P("CUlibrary *", "library"), P("const void *", "code"), P("CUjit_option *", "jitOptions"),
+           P("void **", "jitOptionsValues"), P("unsigned int", "numJitOptions"),
+           P("CUlibraryOption *", "libraryOptions"), P("void **", "libraryOptionValues"),
+           P("unsigned int", "numLibraryOptions")],
+          [V("cuLibraryLoadData", 12000)], callback="library_load"),
+    _hook("cuLibraryLoadFromFile", "cuda",
+          [P("CUlibrary *", "library"), P("const char *", "fileName"), P("CUjit_option *", "jitOptions"),
+           P("void **", "jitOptionsValues"), P("unsigned int", "numJitOptions"),
+           P("CUlibraryOption *", "libraryOptions"), P("void **", "libraryOptionValues"),
+           P("unsigned int", "numLibraryOptions")],
+          [V("cuLibraryLoadFromFile", 12000)], callback="library_load"),
+    _hook("cuLibraryUnload", "cuda", [P("CUlibrary", "library")], [V("cuLibraryUnload", 12000)],
+          callback="module_unload"),
     # --- NVML ----------------------------------------------------------------
     _hook("nvmlInit", "nvml", [], [V("nvmlInit"), V("nvmlInit_v2")]),
     _hook(
@@ -310,6 +338,8 @@ HELPERS: tuple[Helper, ...] = (
     Helper("cuDeviceGetPCIBusId", "cuda"),
     Helper("cuDevicePrimaryCtxRelease_v2", "cuda"),
     Helper("cuCtxDestroy_v2", "cuda"),
+    Helper("cuModuleUnload", "cuda"),
+    Helper("cuLibraryUnload", "cuda"),
     Helper("nvmlInit_v2", "nvml"),
     Helper("nvmlDeviceGetHandleByPciBusId_v2", "nvml"),
     Helper("cuDeviceGetMemPool", "cuda"),

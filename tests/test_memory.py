@@ -134,6 +134,14 @@ def test_context_memory_is_measured_and_charged(env, fake, tmp_path):
     assert p.stdout.strip() == "first=0 one_more=2 free=0 after_free=0", p.stdout + p.stderr
 
 
+def test_module_memory_is_measured_charged_and_credited(env):
+    env["FAKECUDA_MODULE_BYTES"] = "8M"  # each load takes 8 MiB of the device, as an eagerly loaded module does
+    r = paths(env, "modules")
+    assert r["rcs"] == [0] * 8 + [2]  # the ninth does not fit: unloaded again, OOM
+    assert r["used_full"] == LIMIT
+    assert r["used_after_unload"] == LIMIT - 8 * MiB
+
+
 def test_a_context_that_does_not_fit_is_refused(env, fake):
     env["FAKECUDA_CTX_BYTES"] = "16M"
     p = run([*PYVGPU, "wrap", "--memory", "8M", "--", str(fake / "host_mem_linked"), "boundary", "1"], env=env)

@@ -57,6 +57,8 @@ H_CTX_GET_DEVICE = hooks.HELPER_INDEX["cuCtxGetDevice"]
 H_PCI_BUS_ID = hooks.HELPER_INDEX["cuDeviceGetPCIBusId"]
 H_PRIMARY_RELEASE = hooks.HELPER_INDEX["cuDevicePrimaryCtxRelease_v2"]
 H_CTX_DESTROY = hooks.HELPER_INDEX["cuCtxDestroy_v2"]
+H_MODULE_UNLOAD = hooks.HELPER_INDEX["cuModuleUnload"]
+H_LIBRARY_UNLOAD = hooks.HELPER_INDEX["cuLibraryUnload"]
 H_NVML_INIT = hooks.HELPER_INDEX["nvmlInit_v2"]
 H_NVML_BY_BUS_ID = hooks.HELPER_INDEX["nvmlDeviceGetHandleByPciBusId_v2"]
 E_NVML_MEMORY = hooks.BY_ABI["nvmlDeviceGetMemoryInfo"].index
@@ -348,7 +350,8 @@ def release_recorded(ctx, idx, args, notfound, key):
     rc = call_real(ctx, idx, args, notfound)
     if v != 0:
         if rc == CUDA_SUCCESS:
-            Q.uncharge(ctx, T.rec_dev(v), L.KIND_DATA, T.rec_size(v))
+            kind = L.KIND_MODULE if T.rec_type(v) == T.T_MODULE else L.KIND_DATA
+            Q.uncharge(ctx, T.rec_dev(v), kind, T.rec_size(v))
         else:
             T.insert(ctx, key, v)
     return rc
@@ -698,3 +701,61 @@ def ctx_create_v3(ctx, idx, args, notfound):
 def ctx_create_v4(ctx, idx, args, notfound):
     pctx, params, flags, dev = args
     return measured_context(ctx, idx, args, notfound, dev, pctx, False)
+
+
+# --- module memory ----------------------------------------------------------------------
+# Loading a module or library can take device memory (code, constants,
+# globals) that no allocation call shows. It is measured like a context's:
+# NVML's device-wide used before and after the load. A load that does not
+# fit is unloaded again and fails with CUDA_ERROR_OUT_OF_MEMORY; unloading
+# credits it. Since CUDA 12.2 modules load lazily by default, so most of
+# their memory appears at first launch, outside any load call; those bytes
+# are not counted (docs/accounting.md).
+
+@njit
+def measured_load(ctx, idx, args, notfound, phandle, unload):
+    if Q.region_of(ctx) == 0 or phandle == 0:
+        return call_real(ctx, idx, args, notfound)
+    dev = current_device(ctx)
+    if dev < 0:
+        return call_real(ctx, idx, args, notfound)
+    before = device_used(ctx, dev)
+    rc = call_real(ctx, idx, args, notfound)
+    if rc != CUDA_SUCCESS or before < 0:
+        return rc
+    after = device_used(ctx, dev)
+    if after <= before:
+        return rc
+    n = np.uint64(after - before)
+    handle = load_u64(phandle)
+    if not charge_or_refuse(ctx, dev, L.KIND_MODULE, n):
+        call_i32(helper(ctx, unload), (handle,))
+        return CUDA_ERROR_OUT_OF_MEMORY
+    if not T.insert(ctx, handle, T.pack(n, dev, T.T_MODULE)):
+        Q.uncharge(ctx, dev, L.KIND_MODULE, n)  # untracked: better uncounted than never credited
+        atomic_add_u64(ctx + OFF_TABLE_FULL, 1)
+    return rc
+
+
+@njit
+def module_load(ctx, idx, args, notfound):
+    pmod, image = args
+    return measured_load(ctx, idx, args, notfound, pmod, H_MODULE_UNLOAD)
+
+
+@njit
+def module_load_ex(ctx, idx, args, notfound):
+    pmod, image, nopt, opts, vals = args
+    return measured_load(ctx, idx, args, notfound, pmod, H_MODULE_UNLOAD)
+
+
+@njit
+def library_load(ctx, idx, args, notfound):
+    plib, code, jo, jv, nj, lo, lv, nl = args
+    return measured_load(ctx, idx, args, notfound, plib, H_LIBRARY_UNLOAD)
+
+
+@njit
+def module_unload(ctx, idx, args, notfound):
+    (handle,) = args
+    return release_recorded(ctx, idx, args, notfound, handle)

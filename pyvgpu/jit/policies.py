@@ -68,4 +68,8 @@ def registry() -> dict:
         "ctx_create": M.ctx_create,
         "ctx_create_v3": M.ctx_create_v3,
         "ctx_create_v4": M.ctx_create_v4,
+        "module_load": M.module_load,
+        "module_load_ex": M.module_load_ex,
+        "library_load": M.library_load,
+        "module_unload": M.module_unload,
     }

@@ -32,7 +32,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MINUS_ONE = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 # record types (the top byte of a value)
-T_PTR, T_ASYNC, T_VMM, T_ARRAY = 1, 2, 3, 4
+T_PTR, T_ASYNC, T_VMM, T_ARRAY, T_MODULE = 1, 2, 3, 4, 5
 SIZE_MASK = np.uint64((1 << 48) - 1)
 _B48, _B56, _B24, _FF = np.uint64(48), np.uint64(56), np.uint64(24), np.uint64(0xFF)
 

@@ -85,6 +85,22 @@ typedef CUresult (*pv_real_cuArrayDestroy_t)(CUarray hArray);
 typedef CUresult (*pv_cb_cuArrayDestroy_t)(pv_ctx_t *ctx, uint32_t idx, CUarray hArray);
 typedef CUresult (*pv_real_cuMipmappedArrayDestroy_t)(CUmipmappedArray hMipmappedArray);
 typedef CUresult (*pv_cb_cuMipmappedArrayDestroy_t)(pv_ctx_t *ctx, uint32_t idx, CUmipmappedArray hMipmappedArray);
+typedef CUresult (*pv_real_cuModuleLoad_t)(CUmodule *module, const char *fname);
+typedef CUresult (*pv_cb_cuModuleLoad_t)(pv_ctx_t *ctx, uint32_t idx, CUmodule *module, const char *fname);
+typedef CUresult (*pv_real_cuModuleLoadData_t)(CUmodule *module, const void *image);
+typedef CUresult (*pv_cb_cuModuleLoadData_t)(pv_ctx_t *ctx, uint32_t idx, CUmodule *module, const void *image);
+typedef CUresult (*pv_real_cuModuleLoadDataEx_t)(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options, void **optionValues);
+typedef CUresult (*pv_cb_cuModuleLoadDataEx_t)(pv_ctx_t *ctx, uint32_t idx, CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options, void **optionValues);
+typedef CUresult (*pv_real_cuModuleLoadFatBinary_t)(CUmodule *module, const void *fatCubin);
+typedef CUresult (*pv_cb_cuModuleLoadFatBinary_t)(pv_ctx_t *ctx, uint32_t idx, CUmodule *module, const void *fatCubin);
+typedef CUresult (*pv_real_cuModuleUnload_t)(CUmodule hmod);
+typedef CUresult (*pv_cb_cuModuleUnload_t)(pv_ctx_t *ctx, uint32_t idx, CUmodule hmod);
+typedef CUresult (*pv_real_cuLibraryLoadData_t)(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions);
+typedef CUresult (*pv_cb_cuLibraryLoadData_t)(pv_ctx_t *ctx, uint32_t idx, CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions);
+typedef CUresult (*pv_real_cuLibraryLoadFromFile_t)(CUlibrary *library, const char *fileName, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions);
+typedef CUresult (*pv_cb_cuLibraryLoadFromFile_t)(pv_ctx_t *ctx, uint32_t idx, CUlibrary *library, const char *fileName, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions);
+typedef CUresult (*pv_real_cuLibraryUnload_t)(CUlibrary library);
+typedef CUresult (*pv_cb_cuLibraryUnload_t)(pv_ctx_t *ctx, uint32_t idx, CUlibrary library);
 typedef nvmlReturn_t (*pv_real_nvmlInit_t)(void);
 typedef nvmlReturn_t (*pv_cb_nvmlInit_t)(pv_ctx_t *ctx, uint32_t idx);
 typedef nvmlReturn_t (*pv_real_nvmlInit_v2_t)(void);
@@ -728,6 +744,134 @@ PV_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
     return cb(&pv_ctx, PV_E_cuMipmappedArrayDestroy, hMipmappedArray);
 }
 
+PV_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    pv_cb_cuModuleLoad_t cb = (pv_cb_cuModuleLoad_t)pv_callback(PV_E_cuModuleLoad);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuModuleLoad_t real = (pv_real_cuModuleLoad_t)pv_real(PV_E_cuModuleLoad);
+            return real ? real(module, fname) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuModuleLoad_t)pv_callback(PV_E_cuModuleLoad);
+    }
+    return cb(&pv_ctx, PV_E_cuModuleLoad, module, fname);
+}
+
+PV_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    pv_cb_cuModuleLoadData_t cb = (pv_cb_cuModuleLoadData_t)pv_callback(PV_E_cuModuleLoadData);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuModuleLoadData_t real = (pv_real_cuModuleLoadData_t)pv_real(PV_E_cuModuleLoadData);
+            return real ? real(module, image) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuModuleLoadData_t)pv_callback(PV_E_cuModuleLoadData);
+    }
+    return cb(&pv_ctx, PV_E_cuModuleLoadData, module, image);
+}
+
+PV_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options, void **optionValues)
+{
+    pv_cb_cuModuleLoadDataEx_t cb = (pv_cb_cuModuleLoadDataEx_t)pv_callback(PV_E_cuModuleLoadDataEx);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuModuleLoadDataEx_t real = (pv_real_cuModuleLoadDataEx_t)pv_real(PV_E_cuModuleLoadDataEx);
+            return real ? real(module, image, numOptions, options, optionValues) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuModuleLoadDataEx_t)pv_callback(PV_E_cuModuleLoadDataEx);
+    }
+    return cb(&pv_ctx, PV_E_cuModuleLoadDataEx, module, image, numOptions, options, optionValues);
+}
+
+PV_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
+{
+    pv_cb_cuModuleLoadFatBinary_t cb = (pv_cb_cuModuleLoadFatBinary_t)pv_callback(PV_E_cuModuleLoadFatBinary);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuModuleLoadFatBinary_t real = (pv_real_cuModuleLoadFatBinary_t)pv_real(PV_E_cuModuleLoadFatBinary);
+            return real ? real(module, fatCubin) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuModuleLoadFatBinary_t)pv_callback(PV_E_cuModuleLoadFatBinary);
+    }
+    return cb(&pv_ctx, PV_E_cuModuleLoadFatBinary, module, fatCubin);
+}
+
+PV_EXPORT CUresult cuModuleUnload(CUmodule hmod)
+{
+    pv_cb_cuModuleUnload_t cb = (pv_cb_cuModuleUnload_t)pv_callback(PV_E_cuModuleUnload);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuModuleUnload_t real = (pv_real_cuModuleUnload_t)pv_real(PV_E_cuModuleUnload);
+            return real ? real(hmod) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuModuleUnload_t)pv_callback(PV_E_cuModuleUnload);
+    }
+    return cb(&pv_ctx, PV_E_cuModuleUnload, hmod);
+}
+
+PV_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)
+{
+    pv_cb_cuLibraryLoadData_t cb = (pv_cb_cuLibraryLoadData_t)pv_callback(PV_E_cuLibraryLoadData);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuLibraryLoadData_t real = (pv_real_cuLibraryLoadData_t)pv_real(PV_E_cuLibraryLoadData);
+            return real ? real(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuLibraryLoadData_t)pv_callback(PV_E_cuLibraryLoadData);
+    }
+    return cb(&pv_ctx, PV_E_cuLibraryLoadData, library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
+}
+
+PV_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)
+{
+    pv_cb_cuLibraryLoadFromFile_t cb = (pv_cb_cuLibraryLoadFromFile_t)pv_callback(PV_E_cuLibraryLoadFromFile);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuLibraryLoadFromFile_t real = (pv_real_cuLibraryLoadFromFile_t)pv_real(PV_E_cuLibraryLoadFromFile);
+            return real ? real(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuLibraryLoadFromFile_t)pv_callback(PV_E_cuLibraryLoadFromFile);
+    }
+    return cb(&pv_ctx, PV_E_cuLibraryLoadFromFile, library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
+}
+
+PV_EXPORT CUresult cuLibraryUnload(CUlibrary library)
+{
+    pv_cb_cuLibraryUnload_t cb = (pv_cb_cuLibraryUnload_t)pv_callback(PV_E_cuLibraryUnload);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuLibraryUnload_t real = (pv_real_cuLibraryUnload_t)pv_real(PV_E_cuLibraryUnload);
+            return real ? real(library) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuLibraryUnload_t)pv_callback(PV_E_cuLibraryUnload);
+    }
+    return cb(&pv_ctx, PV_E_cuLibraryUnload, library);
+}
+
 PV_EXPORT nvmlReturn_t nvmlInit(void)
 {
     pv_cb_nvmlInit_t cb = (pv_cb_nvmlInit_t)pv_callback(PV_E_nvmlInit);
@@ -834,6 +978,14 @@ const pv_entry_info_t pv_entry_infos[PV_N_ENTRIES] = {
     [PV_E_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", PV_LIB_CUDA, 0, 1, PV_H_cuMipmappedArrayCreate, 5000},
     [PV_E_cuArrayDestroy] = {"cuArrayDestroy", PV_LIB_CUDA, 0, 1, PV_H_cuArrayDestroy, 2000},
     [PV_E_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", PV_LIB_CUDA, 0, 1, PV_H_cuMipmappedArrayDestroy, 5000},
+    [PV_E_cuModuleLoad] = {"cuModuleLoad", PV_LIB_CUDA, 0, 1, PV_H_cuModuleLoad, 2000},
+    [PV_E_cuModuleLoadData] = {"cuModuleLoadData", PV_LIB_CUDA, 0, 1, PV_H_cuModuleLoadData, 2000},
+    [PV_E_cuModuleLoadDataEx] = {"cuModuleLoadDataEx", PV_LIB_CUDA, 0, 1, PV_H_cuModuleLoadDataEx, 2010},
+    [PV_E_cuModuleLoadFatBinary] = {"cuModuleLoadFatBinary", PV_LIB_CUDA, 0, 1, PV_H_cuModuleLoadFatBinary, 2000},
+    [PV_E_cuModuleUnload] = {"cuModuleUnload", PV_LIB_CUDA, 0, 1, PV_H_cuModuleUnload, 2000},
+    [PV_E_cuLibraryLoadData] = {"cuLibraryLoadData", PV_LIB_CUDA, 0, 1, PV_H_cuLibraryLoadData, 12000},
+    [PV_E_cuLibraryLoadFromFile] = {"cuLibraryLoadFromFile", PV_LIB_CUDA, 0, 1, PV_H_cuLibraryLoadFromFile, 12000},
+    [PV_E_cuLibraryUnload] = {"cuLibraryUnload", PV_LIB_CUDA, 0, 1, PV_H_cuLibraryUnload, 12000},
     [PV_E_nvmlInit] = {"nvmlInit", PV_LIB_NVML, 0, 1, PV_H_nvmlInit, 0},
     [PV_E_nvmlInit_v2] = {"nvmlInit_v2", PV_LIB_NVML, 0, 1, PV_H_nvmlInit, 0},
     [PV_E_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetMemoryInfo, 0},
@@ -866,9 +1018,17 @@ const pv_hook_info_t pv_hook_infos[PV_N_HOOKS] = {
     [PV_H_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", 38, 1},
     [PV_H_cuArrayDestroy] = {"cuArrayDestroy", 39, 1},
     [PV_H_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", 40, 1},
-    [PV_H_nvmlInit] = {"nvmlInit", 41, 2},
-    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 43, 1},
-    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 44, 1},
+    [PV_H_cuModuleLoad] = {"cuModuleLoad", 41, 1},
+    [PV_H_cuModuleLoadData] = {"cuModuleLoadData", 42, 1},
+    [PV_H_cuModuleLoadDataEx] = {"cuModuleLoadDataEx", 43, 1},
+    [PV_H_cuModuleLoadFatBinary] = {"cuModuleLoadFatBinary", 44, 1},
+    [PV_H_cuModuleUnload] = {"cuModuleUnload", 45, 1},
+    [PV_H_cuLibraryLoadData] = {"cuLibraryLoadData", 46, 1},
+    [PV_H_cuLibraryLoadFromFile] = {"cuLibraryLoadFromFile", 47, 1},
+    [PV_H_cuLibraryUnload] = {"cuLibraryUnload", 48, 1},
+    [PV_H_nvmlInit] = {"nvmlInit", 49, 2},
+    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 51, 1},
+    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 52, 1},
 };
 
 /* Sorted by name for bsearch (dlsym and cuGetProcAddress lookups). */
@@ -893,6 +1053,9 @@ const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES] = {
     {"cuLaunchKernelEx", PV_E_cuLaunchKernelEx},
     {"cuLaunchKernelEx_ptsz", PV_E_cuLaunchKernelEx_ptsz},
     {"cuLaunchKernel_ptsz", PV_E_cuLaunchKernel_ptsz},
+    {"cuLibraryLoadData", PV_E_cuLibraryLoadData},
+    {"cuLibraryLoadFromFile", PV_E_cuLibraryLoadFromFile},
+    {"cuLibraryUnload", PV_E_cuLibraryUnload},
     {"cuMemAlloc", PV_E_cuMemAlloc},
     {"cuMemAllocAsync", PV_E_cuMemAllocAsync},
     {"cuMemAllocAsync_ptsz", PV_E_cuMemAllocAsync_ptsz},
@@ -914,6 +1077,11 @@ const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES] = {
     {"cuMemRelease", PV_E_cuMemRelease},
     {"cuMipmappedArrayCreate", PV_E_cuMipmappedArrayCreate},
     {"cuMipmappedArrayDestroy", PV_E_cuMipmappedArrayDestroy},
+    {"cuModuleLoad", PV_E_cuModuleLoad},
+    {"cuModuleLoadData", PV_E_cuModuleLoadData},
+    {"cuModuleLoadDataEx", PV_E_cuModuleLoadDataEx},
+    {"cuModuleLoadFatBinary", PV_E_cuModuleLoadFatBinary},
+    {"cuModuleUnload", PV_E_cuModuleUnload},
     {"nvmlDeviceGetMemoryInfo", PV_E_nvmlDeviceGetMemoryInfo},
     {"nvmlDeviceGetMemoryInfo_v2", PV_E_nvmlDeviceGetMemoryInfo_v2},
     {"nvmlInit", PV_E_nvmlInit},
@@ -932,6 +1100,9 @@ const pv_name_index_t pv_hook_sorted[PV_N_HOOKS] = {
     {"cuInit", PV_H_cuInit},
     {"cuLaunchKernel", PV_H_cuLaunchKernel},
     {"cuLaunchKernelEx", PV_H_cuLaunchKernelEx},
+    {"cuLibraryLoadData", PV_H_cuLibraryLoadData},
+    {"cuLibraryLoadFromFile", PV_H_cuLibraryLoadFromFile},
+    {"cuLibraryUnload", PV_H_cuLibraryUnload},
     {"cuMemAlloc", PV_H_cuMemAlloc},
     {"cuMemAllocAsync", PV_H_cuMemAllocAsync},
     {"cuMemAllocFromPoolAsync", PV_H_cuMemAllocFromPoolAsync},
@@ -946,6 +1117,11 @@ const pv_name_index_t pv_hook_sorted[PV_N_HOOKS] = {
     {"cuMemRelease", PV_H_cuMemRelease},
     {"cuMipmappedArrayCreate", PV_H_cuMipmappedArrayCreate},
     {"cuMipmappedArrayDestroy", PV_H_cuMipmappedArrayDestroy},
+    {"cuModuleLoad", PV_H_cuModuleLoad},
+    {"cuModuleLoadData", PV_H_cuModuleLoadData},
+    {"cuModuleLoadDataEx", PV_H_cuModuleLoadDataEx},
+    {"cuModuleLoadFatBinary", PV_H_cuModuleLoadFatBinary},
+    {"cuModuleUnload", PV_H_cuModuleUnload},
     {"nvmlDeviceGetMemoryInfo", PV_H_nvmlDeviceGetMemoryInfo},
     {"nvmlDeviceGetMemoryInfo_v2", PV_H_nvmlDeviceGetMemoryInfo_v2},
     {"nvmlInit", PV_H_nvmlInit},
@@ -993,6 +1169,14 @@ void *const pv_hook_fns[PV_N_ENTRIES] = {
     [PV_E_cuMipmappedArrayCreate] = (void *)cuMipmappedArrayCreate,
     [PV_E_cuArrayDestroy] = (void *)cuArrayDestroy,
     [PV_E_cuMipmappedArrayDestroy] = (void *)cuMipmappedArrayDestroy,
+    [PV_E_cuModuleLoad] = (void *)cuModuleLoad,
+    [PV_E_cuModuleLoadData] = (void *)cuModuleLoadData,
+    [PV_E_cuModuleLoadDataEx] = (void *)cuModuleLoadDataEx,
+    [PV_E_cuModuleLoadFatBinary] = (void *)cuModuleLoadFatBinary,
+    [PV_E_cuModuleUnload] = (void *)cuModuleUnload,
+    [PV_E_cuLibraryLoadData] = (void *)cuLibraryLoadData,
+    [PV_E_cuLibraryLoadFromFile] = (void *)cuLibraryLoadFromFile,
+    [PV_E_cuLibraryUnload] = (void *)cuLibraryUnload,
     [PV_E_nvmlInit] = (void *)nvmlInit,
     [PV_E_nvmlInit_v2] = (void *)nvmlInit_v2,
     [PV_E_nvmlDeviceGetMemoryInfo] = (void *)nvmlDeviceGetMemoryInfo,
@@ -1004,6 +1188,8 @@ const pv_helper_info_t pv_helper_infos[PV_N_HELPERS] = {
     {"cuDeviceGetPCIBusId", PV_LIB_CUDA},
     {"cuDevicePrimaryCtxRelease_v2", PV_LIB_CUDA},
     {"cuCtxDestroy_v2", PV_LIB_CUDA},
+    {"cuModuleUnload", PV_LIB_CUDA},
+    {"cuLibraryUnload", PV_LIB_CUDA},
     {"nvmlInit_v2", PV_LIB_NVML},
     {"nvmlDeviceGetHandleByPciBusId_v2", PV_LIB_NVML},
     {"cuDeviceGetMemPool", PV_LIB_CUDA},

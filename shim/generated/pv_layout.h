@@ -12,9 +12,9 @@ typedef struct pv_ctx {
     uint64_t magic;  /* CTX_MAGIC */
     uint32_t n_entries;  /* hook entries in this shim */
     uint32_t flags;
-    uint64_t real[45];  /* real driver function per entry, 0 if the driver lacks it */
-    uint64_t calls[45];  /* calls per entry, counted by the callbacks */
-    uint64_t helper[10];  /* real driver functions the policies call (hooks.HELPERS) */
+    uint64_t real[53];  /* real driver function per entry, 0 if the driver lacks it */
+    uint64_t calls[53];  /* calls per entry, counted by the callbacks */
+    uint64_t helper[12];  /* real driver functions the policies call (hooks.HELPERS) */
     uint64_t region;  /* address of the mapped region, 0 without one */
     uint64_t slot;  /* address of this process's slot in the region */
     int32_t slot_index;
@@ -37,24 +37,24 @@ _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
 _Static_assert(offsetof(pv_ctx_t, flags) == 12, "pv_ctx.flags");
 _Static_assert(offsetof(pv_ctx_t, real) == 16, "pv_ctx.real");
-_Static_assert(offsetof(pv_ctx_t, calls) == 376, "pv_ctx.calls");
-_Static_assert(offsetof(pv_ctx_t, helper) == 736, "pv_ctx.helper");
-_Static_assert(offsetof(pv_ctx_t, region) == 816, "pv_ctx.region");
-_Static_assert(offsetof(pv_ctx_t, slot) == 824, "pv_ctx.slot");
-_Static_assert(offsetof(pv_ctx_t, slot_index) == 832, "pv_ctx.slot_index");
-_Static_assert(offsetof(pv_ctx_t, region_fd) == 836, "pv_ctx.region_fd");
-_Static_assert(offsetof(pv_ctx_t, n_slots) == 840, "pv_ctx.n_slots");
-_Static_assert(offsetof(pv_ctx_t, lock) == 844, "pv_ctx.lock");
-_Static_assert(offsetof(pv_ctx_t, table) == 848, "pv_ctx.table");
-_Static_assert(offsetof(pv_ctx_t, table_mask) == 856, "pv_ctx.table_mask");
-_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 864, "pv_ctx.table_maxdisp");
-_Static_assert(offsetof(pv_ctx_t, table_live) == 872, "pv_ctx.table_live");
-_Static_assert(offsetof(pv_ctx_t, table_full) == 880, "pv_ctx.table_full");
-_Static_assert(offsetof(pv_ctx_t, pool_handle) == 888, "pv_ctx.pool_handle");
-_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 1400, "pv_ctx.pool_reserved");
-_Static_assert(offsetof(pv_ctx_t, pool_dev) == 1912, "pv_ctx.pool_dev");
-_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2168, "pv_ctx.ctx_charged");
-_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2296, "pv_ctx.nvml_state");
-_Static_assert(sizeof(pv_ctx_t) == 2304, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, calls) == 440, "pv_ctx.calls");
+_Static_assert(offsetof(pv_ctx_t, helper) == 864, "pv_ctx.helper");
+_Static_assert(offsetof(pv_ctx_t, region) == 960, "pv_ctx.region");
+_Static_assert(offsetof(pv_ctx_t, slot) == 968, "pv_ctx.slot");
+_Static_assert(offsetof(pv_ctx_t, slot_index) == 976, "pv_ctx.slot_index");
+_Static_assert(offsetof(pv_ctx_t, region_fd) == 980, "pv_ctx.region_fd");
+_Static_assert(offsetof(pv_ctx_t, n_slots) == 984, "pv_ctx.n_slots");
+_Static_assert(offsetof(pv_ctx_t, lock) == 988, "pv_ctx.lock");
+_Static_assert(offsetof(pv_ctx_t, table) == 992, "pv_ctx.table");
+_Static_assert(offsetof(pv_ctx_t, table_mask) == 1000, "pv_ctx.table_mask");
+_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 1008, "pv_ctx.table_maxdisp");
+_Static_assert(offsetof(pv_ctx_t, table_live) == 1016, "pv_ctx.table_live");
+_Static_assert(offsetof(pv_ctx_t, table_full) == 1024, "pv_ctx.table_full");
+_Static_assert(offsetof(pv_ctx_t, pool_handle) == 1032, "pv_ctx.pool_handle");
+_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 1544, "pv_ctx.pool_reserved");
+_Static_assert(offsetof(pv_ctx_t, pool_dev) == 2056, "pv_ctx.pool_dev");
+_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2312, "pv_ctx.ctx_charged");
+_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2440, "pv_ctx.nvml_state");
+_Static_assert(sizeof(pv_ctx_t) == 2448, "sizeof pv_ctx");
 
 #endif

@@ -3,10 +3,10 @@
 #ifndef PV_TABLE_H
 #define PV_TABLE_H
 
-#define PV_N_ENTRIES 45
-#define PV_N_HOOKS 28
-#define PV_N_HELPERS 10
-#define PV_TABLE_HASH "5344904d9f0444df"
+#define PV_N_ENTRIES 53
+#define PV_N_HOOKS 36
+#define PV_N_HELPERS 12
+#define PV_TABLE_HASH "ba5b470ccee66646"
 
 /* One entry per exported ABI symbol (variant). */
 enum pv_entry {
@@ -51,10 +51,18 @@ enum pv_entry {
     PV_E_cuMipmappedArrayCreate = 38,
     PV_E_cuArrayDestroy = 39,
     PV_E_cuMipmappedArrayDestroy = 40,
-    PV_E_nvmlInit = 41,
-    PV_E_nvmlInit_v2 = 42,
-    PV_E_nvmlDeviceGetMemoryInfo = 43,
-    PV_E_nvmlDeviceGetMemoryInfo_v2 = 44,
+    PV_E_cuModuleLoad = 41,
+    PV_E_cuModuleLoadData = 42,
+    PV_E_cuModuleLoadDataEx = 43,
+    PV_E_cuModuleLoadFatBinary = 44,
+    PV_E_cuModuleUnload = 45,
+    PV_E_cuLibraryLoadData = 46,
+    PV_E_cuLibraryLoadFromFile = 47,
+    PV_E_cuLibraryUnload = 48,
+    PV_E_nvmlInit = 49,
+    PV_E_nvmlInit_v2 = 50,
+    PV_E_nvmlDeviceGetMemoryInfo = 51,
+    PV_E_nvmlDeviceGetMemoryInfo_v2 = 52,
 };
 
 /* Services: callbacks called outside hooked functions (pyvgpu.hooks.SERVICES). */
@@ -92,9 +100,17 @@ enum pv_hook {
     PV_H_cuMipmappedArrayCreate = 22,
     PV_H_cuArrayDestroy = 23,
     PV_H_cuMipmappedArrayDestroy = 24,
-    PV_H_nvmlInit = 25,
-    PV_H_nvmlDeviceGetMemoryInfo = 26,
-    PV_H_nvmlDeviceGetMemoryInfo_v2 = 27,
+    PV_H_cuModuleLoad = 25,
+    PV_H_cuModuleLoadData = 26,
+    PV_H_cuModuleLoadDataEx = 27,
+    PV_H_cuModuleLoadFatBinary = 28,
+    PV_H_cuModuleUnload = 29,
+    PV_H_cuLibraryLoadData = 30,
+    PV_H_cuLibraryLoadFromFile = 31,
+    PV_H_cuLibraryUnload = 32,
+    PV_H_nvmlInit = 33,
+    PV_H_nvmlDeviceGetMemoryInfo = 34,
+    PV_H_nvmlDeviceGetMemoryInfo_v2 = 35,
 };
 
 #endif

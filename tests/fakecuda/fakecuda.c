@@ -68,7 +68,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
     X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)                \
     X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuCtxCreate_v2) X(cuCtxDestroy_v2)             \
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemAlloc_v2)    \
-    X(cuMemFree) X(cuMemFree_v2) X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuModuleLoadData) X(cuModuleGetFunction)    \
+    X(cuMemFree) X(cuMemFree_v2) X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuModuleLoadData) X(cuModuleLoad) X(cuModuleGetFunction)    \
     X(cuModuleUnload) X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)        \
     X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuGetProcAddress) X(cuGetProcAddress_v2)     \
     X(cuGetErrorString) X(cuGetErrorName) X(cuMemAllocPitch_v2) X(cuMemAllocPitch) X(cuMemAllocManaged)            \
@@ -464,15 +464,55 @@ EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total) {
 
 /* ---- modules, launches, streams ------------------------------------------- */
 
-static int g_module_token, g_function_token, g_stream_token;
+static int g_function_token, g_stream_token;
+
+/* Modules: each load gets its own handle; FAKECUDA_MODULE_BYTES of device
+ * memory per module (default 0), as an eagerly loaded module takes. */
+#define MAX_MODULES 256
+static struct fake_module {
+    int live, dev;
+    uint64_t bytes;
+} g_modules[MAX_MODULES];
+
+static CUresult module_new(CUmodule *m) {
+    const char *s = getenv("FAKECUDA_MODULE_BYTES");
+    uint64_t n = s ? parse_size(s) : 0;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < MAX_MODULES; i++)
+        if (!g_modules[i].live) {
+            if (g_used[t_cur->dev] + n > g_cap[t_cur->dev]) {
+                pthread_mutex_unlock(&g_mu);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            g_used[t_cur->dev] += n;
+            g_modules[i] = (struct fake_module){1, t_cur->dev, n};
+            pthread_mutex_unlock(&g_mu);
+            *m = &g_modules[i];
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static int module_valid(void *m) {
+    struct fake_module *x = m;
+    return x >= g_modules && x < g_modules + MAX_MODULES && x->live;
+}
 
 EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
     COUNT(cuModuleLoadData);
     NEED_CTX();
     if (!m || !image)
         return CUDA_ERROR_INVALID_VALUE;
-    *m = &g_module_token;
-    return CUDA_SUCCESS;
+    return module_new(m);
+}
+
+EXPORT CUresult cuModuleLoad(CUmodule *m, const char *fname) {
+    COUNT(cuModuleLoad);
+    NEED_CTX();
+    if (!m || !fname)
+        return CUDA_ERROR_INVALID_VALUE;
+    return module_new(m);
 }
 
 EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
@@ -480,7 +520,7 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
     NEED_CTX();
     if (!f || !m || !name)
         return CUDA_ERROR_INVALID_VALUE;
-    if (m != &g_module_token)
+    if (!module_valid(m))
         return CUDA_ERROR_INVALID_HANDLE;
     *f = &g_function_token;
     return CUDA_SUCCESS;
@@ -489,7 +529,14 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 EXPORT CUresult cuModuleUnload(CUmodule m) {
     COUNT(cuModuleUnload);
     NEED_CTX();
-    return m == &g_module_token ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (!module_valid(m))
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct fake_module *x = m;
+    pthread_mutex_lock(&g_mu);
+    g_used[x->dev] -= x->bytes;
+    x->live = 0;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
 }
 
 static CUresult launch(CUfunction f, uint64_t blocks) {

@@ -131,6 +131,17 @@ elif path == "nvml":
     out["v1"] = [m.total, m.free, m.used]
     out["v2"] = [m2.total, m2.reserved, m2.free, m2.used]
     out["null_rc"] = nv.nvmlDeviceGetMemoryInfo(h, None)
+elif path == "modules":
+    ptx = b".version 7.8\n.target sm_75\n.address_size 64\n.visible .entry k()\n{\n\tret;\n}\n"
+    mods, rcs = [], []
+    for _ in range(limit // (8 * MiB) + 1):
+        m = ctypes.c_void_p()
+        rcs.append(c.cuModuleLoadData(ctypes.byref(m), ptx))
+        mods.append(m.value)
+    out["rcs"] = rcs
+    out["used_full"] = region_used()
+    ok(c.cuModuleUnload(ctypes.c_void_p(mods[0])), "unload")
+    out["used_after_unload"] = region_used()
 elif path == "info":
     p = u64()
     ok(c.cuMemAlloc_v2(ctypes.byref(p), sz(limit // 4)), "alloc")
