@@ -108,6 +108,11 @@ def install(mode: str = "startup") -> None:
         raise PyvgpuError("the pyvgpu shim is not preloaded in this process; start it with `pyvgpu wrap`")
     if lib.pyvgpu_installed():
         return
+    from pyvgpu.limits import sm_limit_problem
+
+    problem = sm_limit_problem(os.environ)
+    if problem and os.environ.get("PYVGPU_ON_ERROR") != "open":
+        raise PyvgpuError(problem)  # a compute share was asked for: fail closed
     manifest = cache.ensure()
     addrs, services = load(manifest)
     attach_region(lib.pyvgpu_ctx())

@@ -110,3 +110,22 @@ def human(n: int) -> str:
         if n >= div:
             return f"{n / div:.2f} {unit}"
     return f"{n} B"
+
+
+def unenforced_sm_limit(env: Mapping[str, str]) -> str | None:
+    """The compute-share variables that are set, which this version cannot enforce yet."""
+    keys = sorted(k for k, v in env.items() if v and (k == "CUDA_DEVICE_SM_LIMIT" or
+                                                      k.startswith("CUDA_DEVICE_SM_LIMIT_")))
+    return ", ".join(f"{k}={env[k]}" for k in keys) or None
+
+
+def sm_limit_problem(env: Mapping[str, str]) -> str | None:
+    """An error for a requested compute share (fail closed), or None.
+
+    With PYVGPU_ON_ERROR=open the caller warns and runs without it instead.
+    """
+    found = unenforced_sm_limit(env)
+    if not found:
+        return None
+    return (f"{found} asks for a compute share, which this pyvgpu version does not enforce yet; unset it, or set "
+            "PYVGPU_ON_ERROR=open to run with the memory limits only")

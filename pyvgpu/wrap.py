@@ -50,6 +50,12 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
         env["PYVGPU_STATS"] = stats
     if on_error:
         env["PYVGPU_ON_ERROR"] = on_error
+    problem = lim.sm_limit_problem(env)
+    if problem:
+        if env.get("PYVGPU_ON_ERROR") != "open":
+            raise PyvgpuError(problem)
+        print(f"pyvgpu: warning: {problem.split(';')[0]}; running without it (PYVGPU_ON_ERROR=open)",
+              file=sys.stderr)
     if join:
         join_group(env, memory, group, region_path)
     return env

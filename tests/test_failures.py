@@ -135,3 +135,17 @@ def test_installing_into_a_mismatched_shim_is_refused():
     arr = (ctypes.c_uint64 * 3)(1, 2, 3)
     assert lib.pyvgpu_install(arr, 3, b"deadbeefdeadbeef", b"startup") == -1
     assert b"different builds" in lib.pyvgpu_last_error()
+
+
+def test_a_compute_share_is_not_silently_ignored(env, fake):
+    """Compute limits are not implemented yet: asking for one fails closed, by wrap and by the bare shim."""
+    env["CUDA_DEVICE_SM_LIMIT"] = "30"
+    p = run([*PYVGPU, "wrap", "--", str(fake / "host_linked")], env=env)
+    assert p.returncode == 2 and "CUDA_DEVICE_SM_LIMIT=30" in p.stderr and "PYVGPU_ON_ERROR=open" in p.stderr
+    env["LD_PRELOAD"] = str(__import__("pyvgpu.shim").shim.shim_path())
+    p = run([str(fake / "host_linked")], env=env)  # as HAMi's device plugin would start it
+    assert "-> 800" in p.stdout and "CUDA_DEVICE_SM_LIMIT=30" in p.stderr
+    env.pop("LD_PRELOAD")
+    env["PYVGPU_ON_ERROR"] = "open"
+    p = run([*PYVGPU, "wrap", "--", str(fake / "host_linked")], env=env)
+    assert p.returncode == 0 and p.stdout.startswith("OK") and "warning" in p.stderr
