@@ -122,7 +122,6 @@ CTX = Struct(
     [
         Field("magic", "u64", doc="CTX_MAGIC"),
         Field("n_entries", "u32", doc="hook entries in this shim"),
-        Field("flags", "u32"),
         Field("real", "u64", N_ENTRIES, doc="real driver function per entry, 0 if the driver lacks it"),
         Field("calls", "u64", N_ENTRIES, doc="calls per entry, counted by the callbacks"),
         Field("helper", "u64", N_HELPERS, doc="real driver functions the policies call (hooks.HELPERS)"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import mmap
 import os
 import struct
 from pathlib import Path
@@ -93,7 +94,7 @@ def collect(group: str | None = None, region_path: str | None = None) -> list[di
                 raise
             continue  # another user's or a stale file among many: skip it
         try:
-            reclaimed = _reclaim(r) if isinstance(r.map, __import__("mmap").mmap) else 0
+            reclaimed = _reclaim(r) if isinstance(r.map, mmap.mmap) else 0  # a read-only snapshot cannot
             out.append(describe(r, reclaimed))
         finally:
             os.close(r.fd)

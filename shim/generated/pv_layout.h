@@ -11,7 +11,7 @@
 typedef struct pv_ctx {
     uint64_t magic;  /* CTX_MAGIC */
     uint32_t n_entries;  /* hook entries in this shim */
-    uint32_t flags;
+    uint8_t _pad0[4];
     uint64_t real[53];  /* real driver function per entry, 0 if the driver lacks it */
     uint64_t calls[53];  /* calls per entry, counted by the callbacks */
     uint64_t helper[12];  /* real driver functions the policies call (hooks.HELPERS) */
@@ -31,11 +31,10 @@ typedef struct pv_ctx {
     int32_t pool_dev[64];
     uint64_t ctx_charged[16];  /* context bytes charged per device (1: measured, none) */
     uint32_t nvml_state;  /* 0 untried, 1 initialised by us, 2 unavailable */
-    uint8_t _pad0[4];
+    uint8_t _pad1[4];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
-_Static_assert(offsetof(pv_ctx_t, flags) == 12, "pv_ctx.flags");
 _Static_assert(offsetof(pv_ctx_t, real) == 16, "pv_ctx.real");
 _Static_assert(offsetof(pv_ctx_t, calls) == 440, "pv_ctx.calls");
 _Static_assert(offsetof(pv_ctx_t, helper) == 864, "pv_ctx.helper");
