@@ -258,7 +258,7 @@ HOOKS: tuple[Hook, ...] = (
         callback="mem_create",
     ),
     _hook("cuMemRelease", "cuda", [P("CUmemGenericAllocationHandle", "handle")], [V("cuMemRelease", 10020)],
-          callback="mem_release"),
+          callback="release"),
     _hook(
         "cuArrayCreate", "cuda", [P("CUarray *", "pHandle"), P("const CUDA_ARRAY_DESCRIPTOR *", "pAllocateArray")],
         [V("cuArrayCreate", 2000, policy="legacy32"), V("cuArrayCreate_v2", 3020)],
@@ -278,9 +278,9 @@ HOOKS: tuple[Hook, ...] = (
         callback="mipmapped_array_create",
     ),
     _hook("cuArrayDestroy", "cuda", [P("CUarray", "hArray")], [V("cuArrayDestroy", 2000)],
-          callback="array_destroy"),
+          callback="release"),
     _hook("cuMipmappedArrayDestroy", "cuda", [P("CUmipmappedArray", "hMipmappedArray")],
-          [V("cuMipmappedArrayDestroy", 5000)], callback="array_destroy"),
+          [V("cuMipmappedArrayDestroy", 5000)], callback="release"),
     # modules and libraries: memory measured at load (pyvgpu/jit/memory.py)
     _hook("cuModuleLoad", "cuda", [P("CUmodule *", "module"), P("const char *", "fname")],
           [V("cuModuleLoad", 2000)], callback="module_load"),
@@ -293,7 +293,7 @@ HOOKS: tuple[Hook, ...] = (
     _hook("cuModuleLoadFatBinary", "cuda", [P("CUmodule *", "module"), P("const void *", "fatCubin")],
           [V("cuModuleLoadFatBinary", 2000)], callback="module_load"),
     _hook("cuModuleUnload", "cuda", [P("CUmodule", "hmod")], [V("cuModuleUnload", 2000)],
-          callback="module_unload"),
+          callback="release"),
     _hook("cuLibraryLoadData", "cuda",
           [P("CUlibrary *", "library"), P("const void *", "code"), P("CUjit_option *", "jitOptions"),
            P("void **", "jitOptionsValues"), P("unsigned int", "numJitOptions"),
@@ -307,7 +307,7 @@ HOOKS: tuple[Hook, ...] = (
            P("unsigned int", "numLibraryOptions")],
           [V("cuLibraryLoadFromFile", 12000)], callback="library_load"),
     _hook("cuLibraryUnload", "cuda", [P("CUlibrary", "library")], [V("cuLibraryUnload", 12000)],
-          callback="module_unload"),
+          callback="release"),
     # --- NVML ----------------------------------------------------------------
     _hook("nvmlInit", "nvml", [], [V("nvmlInit"), V("nvmlInit_v2")]),
     _hook(

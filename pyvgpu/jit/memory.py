@@ -358,7 +358,9 @@ def release_recorded(ctx, idx, args, notfound, key):
 
 
 @njit
-def mem_release(ctx, idx, args, notfound):
+def release(ctx, idx, args, notfound):
+    """Every destroy call that takes one handle: cuMemRelease, cuArrayDestroy, cuMipmappedArrayDestroy,
+    cuModuleUnload, cuLibraryUnload."""
     (handle,) = args
     return release_recorded(ctx, idx, args, notfound, handle)
 
@@ -427,12 +429,6 @@ def mipmapped_array_create(ctx, idx, args, notfound):
     for lv in range(levels if levels > 0 else 1):
         n += array3d_bytes(desc, lv)
     return charged_alloc(ctx, idx, args, notfound, phandle, n, T.T_ARRAY, E_MIPMAPPED_DESTROY)
-
-
-@njit
-def array_destroy(ctx, idx, args, notfound):
-    (handle,) = args
-    return release_recorded(ctx, idx, args, notfound, handle)
 
 
 # --- stream-ordered allocation: memory pools ---------------------------------------
@@ -753,9 +749,3 @@ def module_load_ex(ctx, idx, args, notfound):
 def library_load(ctx, idx, args, notfound):
     plib, code, jo, jv, nj, lo, lv, nl = args
     return measured_load(ctx, idx, args, notfound, plib, H_LIBRARY_UNLOAD)
-
-
-@njit
-def module_unload(ctx, idx, args, notfound):
-    (handle,) = args
-    return release_recorded(ctx, idx, args, notfound, handle)

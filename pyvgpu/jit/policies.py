@@ -57,11 +57,10 @@ def registry() -> dict:
         "mem_pool_trim": M.mem_pool_trim,
         "mem_pool_destroy": M.mem_pool_destroy,
         "mem_create": M.mem_create,
-        "mem_release": M.mem_release,
+        "release": M.release,
         "array_create": M.array_create,
         "array3d_create": M.array3d_create,
         "mipmapped_array_create": M.mipmapped_array_create,
-        "array_destroy": M.array_destroy,
         "nvml_memory_info": M.nvml_memory_info,
         "nvml_memory_info_v2": M.nvml_memory_info_v2,
         "ctx_retain": M.ctx_retain,
@@ -71,5 +70,4 @@ def registry() -> dict:
         "module_load": M.module_load,
         "module_load_ex": M.module_load_ex,
         "library_load": M.library_load,
-        "module_unload": M.module_unload,
     }

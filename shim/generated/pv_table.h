@@ -6,7 +6,7 @@
 #define PV_N_ENTRIES 53
 #define PV_N_HOOKS 36
 #define PV_N_HELPERS 12
-#define PV_TABLE_HASH "ba5b470ccee66646"
+#define PV_TABLE_HASH "b3a9578b134acf0e"
 
 /* One entry per exported ABI symbol (variant). */
 enum pv_entry {
