@@ -23,6 +23,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fake_devices.h"
+
 #define EXPORT __attribute__((visibility("default")))
 
 typedef int CUresult;
@@ -45,7 +47,6 @@ enum {
 };
 
 #define FAKE_DRIVER_VERSION 13000
-#define MAX_DEV 16
 
 struct fake_ctx {
     int dev;
@@ -90,30 +91,11 @@ static uint64_t fk_calls[FK_N];
 
 /* ---- configuration ------------------------------------------------------- */
 
-static uint64_t parse_size(const char *s) {
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    switch (toupper((unsigned char)*end)) {
-    case 'T': v <<= 10; /* fallthrough */
-    case 'G': v <<= 10; /* fallthrough */
-    case 'M': v <<= 10; /* fallthrough */
-    case 'K': v <<= 10; break;
-    default: break;
-    }
-    return v;
-}
-
 __attribute__((constructor)) static void fake_config(void) {
-    const char *d = getenv("FAKECUDA_DEVICES");
-    if (!d || !*d)
-        d = "16G,8G";
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", d);
-    for (char *tok = strtok(buf, ","); tok && g_ndev < MAX_DEV; tok = strtok(NULL, ",")) {
-        g_cap[g_ndev] = parse_size(tok);
-        g_next[g_ndev] = 0x7f0000000000ULL + ((uint64_t)g_ndev << 36);
-        g_primary[g_ndev].dev = g_ndev;
-        g_ndev++;
+    g_ndev = fake_device_caps(g_cap);
+    for (int d = 0; d < g_ndev; d++) {
+        g_next[d] = 0x7f0000000000ULL + ((uint64_t)d << 36);
+        g_primary[d].dev = d;
     }
 }
 

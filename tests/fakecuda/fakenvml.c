@@ -11,8 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake_devices.h"
+
 #define EXPORT __attribute__((visibility("default")))
-#define MAX_DEV 16
 
 typedef int nvmlReturn_t;
 typedef struct fake_nvml_dev {
@@ -40,29 +41,10 @@ static int g_init, g_ndev;
 static uint64_t g_cap[MAX_DEV], g_used;
 static struct fake_nvml_dev g_dev[MAX_DEV];
 
-static uint64_t parse_size(const char *s) {
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    switch (toupper((unsigned char)*end)) {
-    case 'T': v <<= 10; /* fallthrough */
-    case 'G': v <<= 10; /* fallthrough */
-    case 'M': v <<= 10; /* fallthrough */
-    case 'K': v <<= 10; break;
-    default: break;
-    }
-    return v;
-}
-
 __attribute__((constructor)) static void config(void) {
-    const char *d = getenv("FAKECUDA_DEVICES");
-    if (!d || !*d)
-        d = "16G,8G";
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", d);
-    for (char *tok = strtok(buf, ","); tok && g_ndev < MAX_DEV; tok = strtok(NULL, ",")) {
-        g_dev[g_ndev].index = g_ndev;
-        g_cap[g_ndev++] = parse_size(tok);
-    }
+    g_ndev = fake_device_caps(g_cap);
+    for (int d = 0; d < g_ndev; d++)
+        g_dev[d].index = d;
     const char *u = getenv("FAKENVML_USED");
     g_used = u ? parse_size(u) : 0;
 }
