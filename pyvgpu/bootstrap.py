@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from pyvgpu import cache, hooks, layout, shim
+from pyvgpu import cache, devices, hooks, layout, shim
 from pyvgpu.errors import PyvgpuError
 
 _ENGINE = None  # the JIT linker owning the callbacks' code; kept for the life of the process
@@ -85,14 +85,23 @@ def attach_region(ctx_addr: int, env=os.environ) -> None:
     from pyvgpu import limits, region
 
     wanted = limits.memory_from_env(env)
+    shares = limits.sm_from_env(env)
+    policy = limits.sm_policy(env)
     path = region.path_from_env(env)
-    if path is None and not wanted:
+    if path is None and not wanted and not shares:
         return  # no group and no limits: nothing to account
     if path is None:
+        # not started by `pyvgpu wrap`, which checks this before the program starts
+        limited = [d for d, v in enumerate(shares.as_list()) if 0 < v < 100]
+        problem = limited and devices.utilization_problem(limited)
+        if problem:
+            raise PyvgpuError(f"CUDA_DEVICE_SM_LIMIT: {problem}, so a compute share cannot be enforced; unset it "
+                              "(memory limits work without it)")
         path = region.new_private_path()
         os.environ["PYVGPU_REGION"] = str(path)  # children join this group
-    r = region.create_or_open(path, path.stem, wanted, "CUDA_DEVICE_MEMORY_LIMIT")
+    r = region.create_or_open(path, path.stem, wanted, "CUDA_DEVICE_MEMORY_LIMIT", sm=shares)
     ctx = layout.CTX.ctypes_class().from_address(ctx_addr)
+    ctx.sm_policy = policy
     ctx.region = region.map_forever(r.fd, r.header.size)
     ctx.region_fd = r.fd
     ctx.n_slots = r.header.n_slots
@@ -108,11 +117,6 @@ def install(mode: str = "startup") -> None:
         raise PyvgpuError("the pyvgpu shim is not preloaded in this process; start it with `pyvgpu wrap`")
     if lib.pyvgpu_installed():
         return
-    from pyvgpu.limits import sm_limit_problem
-
-    problem = sm_limit_problem(os.environ)
-    if problem and os.environ.get("PYVGPU_ON_ERROR") != "open":
-        raise PyvgpuError(problem)  # a compute share was asked for: fail closed
     manifest = cache.ensure()
     addrs, services = load(manifest)
     attach_region(lib.pyvgpu_ctx())

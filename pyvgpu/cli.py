@@ -63,6 +63,11 @@ def wrap(
     memory: str = typer.Option(None, "--memory", "-m", metavar="SIZE|DEV=SIZE,...",
                                help="Memory cap of the group: 4G on every device, or 0=2G,1=6G per device "
                                     "(K/M/G/T, binary). Default: CUDA_DEVICE_MEMORY_LIMIT[_i], else none."),
+    sm: str = typer.Option(None, "--sm", metavar="PCT|DEV=PCT,...",
+                           help="Compute share of the group, in percent of the device's time: 30 on every "
+                                "device, or 0=30,1=50 per device (1-100). Default: CUDA_DEVICE_SM_LIMIT[_i], "
+                                "else none. GPU_CORE_UTILIZATION_POLICY=force|disable overrides the group's "
+                                "switch (README)."),
     group: str = typer.Option(None, "--group", "-g", metavar="NAME",
                               help="Join (or start) the named group: every process in it shares one quota. "
                                    "Default: a private group for this program and its children."),
@@ -75,7 +80,7 @@ def wrap(
 ) -> None:
     """Run PROGRAM in a vGPU. It keeps this process's pid, exit code and signals.
 
-    Example: pyvgpu wrap --memory 4G -- python train.py
+    Example: pyvgpu wrap --memory 4G --sm 30 -- python train.py
     """
     import os
 
@@ -84,7 +89,7 @@ def wrap(
 
     try:
         env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None),
-                          on_error=on_error.value if on_error else None, memory=memory, group=group,
+                          on_error=on_error.value if on_error else None, memory=memory, sm=sm, group=group,
                           region_path=region)
         w.exec_wrapped(command, env)
     except PyvgpuError as e:
@@ -170,6 +175,9 @@ def bench_overhead(
     samples: int = typer.Option(1000, min=10, help="Timed batches per side per round."),
     size: int = typer.Option(2 << 20, min=1, help="Bytes per cuMemAlloc."),
     memory: str = typer.Option(None, "--memory", metavar="SIZE", help="Run the wrapped side under this cap."),
+    sm: str = typer.Option(None, "--sm", metavar="PCT",
+                           help="Run the wrapped side under this compute share (the empty kernels leave its "
+                                "budget unspent, so this times the limiter's path while tokens are there)."),
     json_path: Path = typer.Option(None, "--json", help="Also write the full result as JSON to this file."),
 ) -> None:
     """Host time of an empty-kernel cuLaunchKernel and a cuMemAlloc+cuMemFree, raw and wrapped."""
@@ -177,7 +185,7 @@ def bench_overhead(
     from pyvgpu.errors import PyvgpuError
 
     try:
-        result = overhead.run(rounds=rounds, samples=samples, size=size, memory=memory)
+        result = overhead.run(rounds=rounds, samples=samples, size=size, memory=memory, sm=sm)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, overhead.table(result), json_path)
@@ -197,6 +205,33 @@ def bench_startup(
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, startup.table(result), json_path)
+
+
+@bench_app.command("sm")
+def bench_sm(
+    targets: str = typer.Option("10,30,50,70,90", help="Compute shares to run, in percent, comma-separated."),
+    seconds: float = typer.Option(8.0, min=2.0, help="Length of each run; the first third is left out as warm-up."),
+    workload: str = typer.Option("spin", help="'spin': an FMA loop kernel (PTX, no toolkit needed); 'matmul': "
+                                              "PyTorch bf16 4096x4096 matmuls; 'graph': the spin kernel replayed "
+                                              "as a CUDA graph of 10 launches."),
+    pair: str = typer.Option("30,70", help="Shares of the two groups run at once ('' to skip)."),
+    png: str = typer.Option("bench-sm.png", "--png", metavar="PATH", help="Where to write the plot ('' for none)."),
+    json_path: Path = typer.Option(None, "--json", help="Also write the full result as JSON to this file."),
+) -> None:
+    """Achieved compute share (throughput / unlimited throughput) at each target, alone and as a pair.
+
+    Also plots achieved against target and the controller's time series (needs matplotlib:
+    pip install 'pyvgpu[bench]').
+    """
+    from pyvgpu.bench import sm as bench
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        result = bench.run(targets=targets, seconds=seconds, workload=workload, pair=pair,
+                           png=Path(png) if png else None)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    _emit(result, bench.table(result), json_path)
 
 
 def main() -> None:

@@ -48,7 +48,7 @@ SCALAR_TYPES: dict[str, str] = {
     "unsigned long long": "uint64",
 }
 HANDLE_TYPES = frozenset({"CUfunction", "CUstream", "CUcontext", "CUmodule", "CUlibrary", "nvmlDevice_t",
-                          "CUmemoryPool",
+                          "CUmemoryPool", "CUgraphExec", "CUevent",
                           "CUarray", "CUmipmappedArray", "CUmemGenericAllocationHandle"})
 
 
@@ -167,15 +167,37 @@ HOOKS: tuple[Hook, ...] = (
         doc="maps the driver's answer to the hook of the same ABI variant (pv_procaddr.c)",
     ),
     _hook("cuDeviceGetCount", "cuda", [P("int *", "count")], [V("cuDeviceGetCount", 2000)]),
+    # --- CUDA driver: launches, throttled under a compute share (pyvgpu/jit/compute.py) ----
     _hook(
         "cuLaunchKernel", "cuda", _LAUNCH,
-        [V("cuLaunchKernel", 4000), V("cuLaunchKernel_ptsz", 7000, per_thread=True)],
+        [V("cuLaunchKernel", 4000), V("cuLaunchKernel_ptsz", 7000, per_thread=True, policy="launch_kernel_ptsz")],
+        callback="launch_kernel",
     ),
     _hook(
         "cuLaunchKernelEx", "cuda",
         [P("const CUlaunchConfig *", "config"), P("CUfunction", "f"),
          P("void **", "kernelParams"), P("void **", "extra")],
-        [V("cuLaunchKernelEx", 11060), V("cuLaunchKernelEx_ptsz", 11060, per_thread=True)],
+        [V("cuLaunchKernelEx", 11060),
+         V("cuLaunchKernelEx_ptsz", 11060, per_thread=True, policy="launch_kernel_ex_ptsz")],
+        callback="launch_kernel_ex",
+    ),
+    _hook(
+        "cuLaunchCooperativeKernel", "cuda", _LAUNCH[:-1],
+        [V("cuLaunchCooperativeKernel", 9000),
+         V("cuLaunchCooperativeKernel_ptsz", 9000, per_thread=True, policy="launch_cooperative_ptsz")],
+        callback="launch_cooperative",
+    ),
+    _hook(
+        "cuLaunchCooperativeKernelMultiDevice", "cuda",
+        [P("CUDA_LAUNCH_PARAMS *", "launchParamsList"), P("unsigned int", "numDevices"),
+         P("unsigned int", "flags")],
+        [V("cuLaunchCooperativeKernelMultiDevice", 9000)],
+        callback="launch_multi_device",
+    ),
+    _hook(
+        "cuGraphLaunch", "cuda", [P("CUgraphExec", "hGraphExec"), P("CUstream", "hStream")],
+        [V("cuGraphLaunch", 10000), V("cuGraphLaunch_ptsz", 10000, per_thread=True, policy="graph_launch_ptsz")],
+        callback="graph_launch",
     ),
     # --- CUDA driver: memory (pyvgpu/jit/memory.py) ------------------------------
     _hook("cuDevicePrimaryCtxRetain", "cuda", [P("CUcontext *", "pctx"), P("CUdevice", "dev")],
@@ -346,6 +368,16 @@ HELPERS: tuple[Helper, ...] = (
     Helper("cuMemPoolGetAttribute", "cuda"),
     Helper("cuMemGetAllocationGranularity", "cuda"),
     Helper("nvmlDeviceGetIndex", "nvml"),
+    # compute share: timing launches, measuring the device (pyvgpu/jit/compute.py)
+    Helper("cuCtxGetCurrent", "cuda"),
+    Helper("cuEventCreate", "cuda"),
+    Helper("cuEventRecord", "cuda"),
+    Helper("cuEventQuery", "cuda"),
+    Helper("cuEventElapsedTime", "cuda"),
+    Helper("cuEventDestroy_v2", "cuda"),
+    Helper("cuStreamIsCapturing", "cuda"),
+    Helper("nvmlDeviceGetUtilizationRates", "nvml"),
+    Helper("nvmlDeviceGetComputeRunningProcesses_v3", "nvml"),
 )
 HELPER_INDEX: dict[str, int] = {h.name: i for i, h in enumerate(HELPERS)}
 

@@ -106,13 +106,15 @@ N_ENTRIES = len(hooks.ENTRIES)
 N_HELPERS = len(hooks.HELPERS)
 MAX_DEVICES = 16
 MAX_POOLS = 64  # memory pools a process tracks (cuMemAllocAsync accounting)
+COST_SLOTS = 4096  # kernels (function + launch shape) whose GPU time a process tracks
+SAMPLES = 8  # launches being timed at once
 
 # Kinds of device memory a process is charged for, per device.
 KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX002", "little")
+CTX_MAGIC = int.from_bytes(b"PVCTX003", "little")
 
 # The per-process context: what the shim hands every callback as its first
 # argument. Per-process values live here, never as compile-time constants,
@@ -141,6 +143,20 @@ CTX = Struct(
         Field("pool_dev", "i32", MAX_POOLS),
         Field("ctx_charged", "u64", MAX_DEVICES, doc="context bytes charged per device (1: measured, none)"),
         Field("nvml_state", "u32", doc="0 untried, 1 initialised by us, 2 unavailable"),
+        # compute share (pyvgpu/jit/compute.py)
+        Field("sm_policy", "u32", doc="GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
+        Field("sm_nvml", "u64", MAX_DEVICES, doc="NVML handle per CUDA device, 0 = not resolved yet"),
+        Field("sm_launches", "u64", doc="launches seen under a compute limit (drives sampling)"),
+        Field("sm_default_cost", "u64", doc="ns: mean of all timed launches, for kernels not timed yet"),
+        Field("sm_pending", "u32", doc="timing samples in flight"),
+        Field("sm_tick_ns", "u64", doc="CLOCK_MONOTONIC of the last reclaim by the watcher"),
+        Field("cost_key", "u64", COST_SLOTS, doc="kernel key (function and shape, or graph) per cost slot"),
+        Field("cost_ns", "u64", COST_SLOTS, doc="its estimated GPU time in ns"),
+        Field("samp_state", "u32", SAMPLES, doc="0 free, 1 being recorded, 2 in flight"),
+        Field("samp_key", "u64", SAMPLES),
+        Field("samp_ctx", "u64", SAMPLES, doc="CUcontext the sample's events belong to"),
+        Field("samp_start", "u64", SAMPLES, doc="CUevent before the launch"),
+        Field("samp_end", "u64", SAMPLES, doc="CUevent after the launch"),
     ],
     doc="per-process context passed to every callback (pyvgpu/layout.py)",
 )
@@ -150,7 +166,7 @@ CTX_OFF_CALLS = CTX.offset("calls")
 CTX_OFF_HELPER = CTX.offset("helper")
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
-REGION_VERSION = 1
+REGION_VERSION = 2
 GROUP_NAME_BYTES = 64
 
 # The shared region: one file per group of processes that share a quota.
@@ -171,6 +187,8 @@ REGION_HEADER = Struct(
         Field("device_size", "u32"),
         Field("slot_size", "u32"),
         Field("name", "u8", GROUP_NAME_BYTES, doc="group name, NUL-padded"),
+        Field("sm_switch", "u32", doc="compute limits on (1) or off (0) under GPU_CORE_UTILIZATION_POLICY=default"),
+        Field("sm_any", "u32", doc="devices with a compute limit; 0 lets launches skip the limiter"),
     ],
     align=64,
     doc="region header",
@@ -184,6 +202,15 @@ REGION_DEVICE = Struct(
         Field("oom_refusals", "u64", doc="allocations refused for the limit"),
         Field("reclaimed", "u64", doc="bytes returned from dead processes"),
         Field("sm_limit", "u32", doc="compute share in percent, 0 = none"),
+        Field("sm_util", "u32", doc="last measured device utilization, hundredths of a percent"),
+        Field("sm_tat", "u64", doc="limiter: CLOCK_MONOTONIC ns at which the group's budget is next free"),
+        Field("sm_scale", "u64", doc="controller: cost multiplier, 1/65536 units (0 = 1.0)"),
+        Field("sm_ctl_ns", "u64", doc="controller: CLOCK_MONOTONIC of its last step (also its lease)"),
+        Field("sm_throttle_ns", "u64", doc="ns launches waited for the budget"),
+        Field("sm_ctl_throttle", "u64", doc="controller: sm_throttle_ns at its last step"),
+        Field("sm_steps", "u64", doc="controller steps taken"),
+        Field("sm_state", "u32", doc="controller: 0 idle, 1 calibrating (alone), 2 holding (others on the GPU), "
+                                     "3 no measurement"),
     ],
     align=64,
     doc="per-device state of a group",
@@ -193,9 +220,12 @@ REGION_SLOT = Struct(
     [
         Field("state", "u32", doc="SLOT_FREE or SLOT_LIVE"),
         Field("pid", "u32", doc="pid of the owner, as it sees itself"),
+        Field("sm_policy", "u32", doc="its GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
         Field("start_ns", "u64", doc="CLOCK_REALTIME when claimed"),
         Field("used", "u64", MAX_DEVICES * N_KINDS, doc="bytes by [device][kind]"),
         Field("oom_refusals", "u64"),
+        Field("sm_launches", "u64", MAX_DEVICES, doc="launches charged to the compute budget, per device"),
+        Field("sm_cost_ns", "u64", MAX_DEVICES, doc="their estimated GPU time (ns, before scaling)"),
     ],
     align=64,
     doc="one process of the group",

@@ -9,7 +9,7 @@ the program starts.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from pyvgpu.errors import PyvgpuError
@@ -42,8 +42,8 @@ def _device(text: str, where: str) -> int:
 
 
 @dataclass
-class MemoryLimits:
-    """Per-device byte limits; ``default`` applies to devices not listed."""
+class DeviceValues:
+    """Per-device values (bytes, or percent); ``default`` applies to devices not listed."""
 
     default: int | None = None
     per_device: dict[int, int] = field(default_factory=dict)
@@ -59,26 +59,100 @@ class MemoryLimits:
         return self.default is not None or bool(self.per_device)
 
 
-def parse_memory_option(text: str) -> MemoryLimits:
-    """``--memory 4G`` (every device) or ``--memory 0=2G,1=6G``."""
-    where = f"--memory {text!r}"
-    lim = MemoryLimits()
+class MemoryLimits(DeviceValues):
+    """Per-device byte limits."""
+
+
+class SmLimits(DeviceValues):
+    """Per-device compute shares in percent (1-100; 100 = the whole device, no limit)."""
+
+
+def _parse_spec(text: str, where: str, what: str, one: str, pairs: str,
+                parse_one: Callable[[str, str], int]) -> tuple[int | None, dict[int, int]]:
+    """``V`` for every device or ``0=V,1=W``; ``parse_one(text, where)`` checks one value."""
     parts = [p for p in (text or "").split(",")]
     if not text or any(not p.strip() for p in parts):
-        raise PyvgpuError(f"{where}: give a size (4G) or device=size pairs (0=2G,1=6G)")
+        raise PyvgpuError(f"{where}: give a {what} ({one}) or device={what} pairs ({pairs})")
+    default: int | None = None
+    per: dict[int, int] = {}
     for part in parts:
         if "=" in part:
-            dev, size = part.split("=", 1)
+            dev, value = part.split("=", 1)
             d = _device(dev, where)
-            if d in lim.per_device:
+            if d in per:
                 raise PyvgpuError(f"{where}: device {d} is given twice")
-            lim.per_device[d] = parse_size(size, f"{where}, device {d}")
+            per[d] = parse_one(value, f"{where}, device {d}")
         else:
-            if lim.default is not None or len(parts) > 1:
-                raise PyvgpuError(f"{where}: a plain size mixed with device=size pairs; give either 4G or "
-                                  "0=2G,1=6G")
-            lim.default = parse_size(part, where)
-    return lim
+            if default is not None or len(parts) > 1:
+                raise PyvgpuError(f"{where}: a plain {what} mixed with device={what} pairs; give either {one} or "
+                                  f"{pairs}")
+            default = parse_one(part, where)
+    return default, per
+
+
+def parse_memory_option(text: str) -> MemoryLimits:
+    """``--memory 4G`` (every device) or ``--memory 0=2G,1=6G``."""
+    default, per = _parse_spec(text, f"--memory {text!r}", "size", "4G", "0=2G,1=6G", parse_size)
+    return MemoryLimits(default, per)
+
+
+def parse_percent(text: str, where: str) -> int:
+    """A compute share: an integer percent 1..100 (a trailing % is allowed)."""
+    t = (text or "").strip().removesuffix("%").strip()
+    if not t.isdigit() or not 1 <= int(t) <= 100:
+        raise PyvgpuError(f"{where}: {text!r} is not a compute share; give a whole percent from 1 to 100 "
+                          "(100 = the whole device), or leave the limit out")
+    return int(t)
+
+
+def parse_sm_option(text: str) -> SmLimits:
+    """``--sm 30`` (every device) or ``--sm 0=30,1=50``."""
+    default, per = _parse_spec(text, f"--sm {text!r}", "percent", "30", "0=30,1=50", parse_percent)
+    return SmLimits(default, per)
+
+
+def sm_from_env(env: Mapping[str, str]) -> SmLimits:
+    """HAMi's CUDA_DEVICE_SM_LIMIT and CUDA_DEVICE_SM_LIMIT_<i>; 0 there means no limit, as in HAMi."""
+    out = SmLimits()
+    base = "CUDA_DEVICE_SM_LIMIT"
+
+    def value(text: str, where: str) -> int | None:
+        if text.strip() == "0":
+            return None
+        return parse_percent(text, where)
+
+    if env.get(base):
+        out.default = value(env[base], base)
+    for key, v in env.items():
+        if key.startswith(base + "_") and v:
+            d = _device(key[len(base) + 1:], key)
+            pct = value(v, key)
+            if pct is not None:
+                out.per_device[d] = pct
+    return out
+
+
+def sm_to_env(lim: SmLimits) -> dict[str, str]:
+    out = {}
+    if lim.default is not None:
+        out["CUDA_DEVICE_SM_LIMIT"] = str(lim.default)
+    for d, v in sorted(lim.per_device.items()):
+        out[f"CUDA_DEVICE_SM_LIMIT_{d}"] = str(v)
+    return out
+
+
+SM_POLICIES = ("default", "force", "disable")
+
+
+def sm_policy(env: Mapping[str, str]) -> int:
+    """GPU_CORE_UTILIZATION_POLICY as 0 (default), 1 (force) or 2 (disable); unset or empty is default."""
+    text = env.get("GPU_CORE_UTILIZATION_POLICY", "").strip().lower()
+    if not text:
+        return 0
+    if text not in SM_POLICIES:
+        raise PyvgpuError(f"GPU_CORE_UTILIZATION_POLICY={env['GPU_CORE_UTILIZATION_POLICY']!r} is not one of "
+                          f"{', '.join(SM_POLICIES)}")
+    return SM_POLICIES.index(text)
 
 
 def memory_from_env(env: Mapping[str, str]) -> MemoryLimits:
@@ -110,22 +184,3 @@ def human(n: int) -> str:
         if n >= div:
             return f"{n / div:.2f} {unit}"
     return f"{n} B"
-
-
-def unenforced_sm_limit(env: Mapping[str, str]) -> str | None:
-    """The compute-share variables that are set, which this version cannot enforce yet."""
-    keys = sorted(k for k, v in env.items() if v and (k == "CUDA_DEVICE_SM_LIMIT" or
-                                                      k.startswith("CUDA_DEVICE_SM_LIMIT_")))
-    return ", ".join(f"{k}={env[k]}" for k in keys) or None
-
-
-def sm_limit_problem(env: Mapping[str, str]) -> str | None:
-    """An error for a requested compute share (fail closed), or None.
-
-    With PYVGPU_ON_ERROR=open the caller warns and runs without it instead.
-    """
-    found = unenforced_sm_limit(env)
-    if not found:
-        return None
-    return (f"{found} asks for a compute share, which this pyvgpu version does not enforce yet; unset it, or set "
-            "PYVGPU_ON_ERROR=open to run with the memory limits only")

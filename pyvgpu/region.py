@@ -92,12 +92,20 @@ class Region:
     def limits(self) -> list[int]:
         return [self.device(d).limit for d in range(L.MAX_DEVICES)]
 
+    def sm_limits(self) -> list[int]:
+        return [self.device(d).sm_limit for d in range(L.MAX_DEVICES)]
+
     @property
     def name(self) -> str:
         return bytes(self.header.name).rstrip(b"\0").decode(errors="replace")
 
 
-def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical: int) -> None:
+def _sm_any(limits: list[int]) -> int:
+    """Devices whose share actually limits (1..99): 0 lets every launch skip the limiter."""
+    return sum(1 for v in limits if 0 < v < 100)
+
+
+def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical: int, sm: list[int]) -> None:
     h = Header.from_buffer(buf, 0)
     h.magic = L.REGION_MAGIC
     h.version = L.REGION_VERSION
@@ -115,10 +123,14 @@ def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical
     ctypes.memmove(ctypes.addressof(h) + L.REGION_HEADER.offset("name"), raw, len(raw))
     for d, v in enumerate(limits):
         Device.from_buffer(buf, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size).limit = v
+    for d, v in enumerate(sm):
+        Device.from_buffer(buf, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size).sm_limit = v
+    h.sm_switch = 1
+    h.sm_any = _sm_any(sm)
 
 
 def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SLOTS,
-           mode: int = 0o600, n_physical: int = 0) -> bool:
+           mode: int = 0o600, n_physical: int = 0, sm: list[int] | None = None) -> bool:
     """Create the region file if it does not exist; True if this call created it.
 
     The complete file is written under a temporary name and linked into place,
@@ -127,7 +139,7 @@ def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SL
     path.parent.mkdir(parents=True, exist_ok=True)
     size = L.region_size(n_slots)
     header = bytearray(L.REGION_SLOTS_OFF)
-    _fill(header, name, limits, n_slots, n_physical)
+    _fill(header, name, limits, n_slots, n_physical, sm or [0] * L.MAX_DEVICES)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
@@ -221,12 +233,59 @@ def check_limits(region: Region, wanted: lim.MemoryLimits, source: str) -> None:
             )
 
 
-def create_or_open(path: Path, name: str, limits: lim.MemoryLimits, source: str, n_physical: int = 0) -> Region:
+def check_sm(region: Region, wanted: lim.SmLimits, source: str) -> None:
+    """Like check_limits, for compute shares."""
+    if not wanted:
+        return
+    have, want = region.sm_limits(), wanted.as_list()
+    for d in range(L.MAX_DEVICES):
+        if have[d] != want[d]:
+            h = f"{have[d]}%" if have[d] else "no compute limit"
+            w = f"{want[d]}%" if want[d] else "no compute limit"
+            raise PyvgpuError(
+                f"group {region.name!r} ({region.path}) has {h} on device {d}, but {source} asks for {w}; "
+                "use the group's limits, or start a group of your own"
+            )
+
+
+def create_or_open(path: Path, name: str, limits: lim.MemoryLimits, source: str, n_physical: int = 0,
+                   sm: lim.SmLimits | None = None, sm_source: str = "CUDA_DEVICE_SM_LIMIT") -> Region:
+    sm = sm or lim.SmLimits()
     if not path.exists():
-        create(path, name, limits.as_list(), n_physical=n_physical)
+        create(path, name, limits.as_list(), n_physical=n_physical, sm=sm.as_list())
     r = open_region(path)
     check_limits(r, limits, source)
+    check_sm(r, sm, sm_source)
     return r
+
+
+def set_sm_limit(path: Path, percent: int, device: int | None = None) -> list[int]:
+    """Change a group's compute share while its programs run; returns the new per-device shares.
+
+    ``percent`` 0 removes the limit; ``device`` None means every device. Running
+    launches read the share at their next call, the controller at its next step.
+    """
+    if not 0 <= percent <= 100:
+        raise PyvgpuError(f"compute share {percent!r}: give a whole percent from 1 to 100, or 0 for no limit")
+    if device is not None and not 0 <= device < L.MAX_DEVICES:
+        raise PyvgpuError(f"device {device!r} is not a device index 0..{L.MAX_DEVICES - 1}")
+    r = open_region(Path(path))
+    try:
+        for d in range(L.MAX_DEVICES) if device is None else [device]:
+            r.device(d).sm_limit = percent
+        r.header.sm_any = _sm_any(r.sm_limits())
+        return r.sm_limits()
+    finally:
+        os.close(r.fd)
+
+
+def set_sm_switch(path: Path, on: bool) -> None:
+    """Turn a group's compute limits on or off (what GPU_CORE_UTILIZATION_POLICY=default follows)."""
+    r = open_region(Path(path))
+    try:
+        r.header.sm_switch = 1 if on else 0
+    finally:
+        os.close(r.fd)
 
 
 def gc_private() -> int:

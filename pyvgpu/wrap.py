@@ -26,8 +26,8 @@ def _prepend(item: str, current: str | None, sep: str) -> str:
 
 
 def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: str | None = None,
-              memory: str | None = None, group: str | None = None, region_path: str | None = None,
-              join: bool = True) -> dict[str, str]:
+              memory: str | None = None, sm: str | None = None, group: str | None = None,
+              region_path: str | None = None, join: bool = True) -> dict[str, str]:
     """The wrapped program's environment: ``base`` plus the shim, the bootstrap and its group."""
     shim = shim_path()
     if not shim.exists():
@@ -50,14 +50,9 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
         env["PYVGPU_STATS"] = stats
     if on_error:
         env["PYVGPU_ON_ERROR"] = on_error
-    problem = lim.sm_limit_problem(env)
-    if problem:
-        if env.get("PYVGPU_ON_ERROR") != "open":
-            raise PyvgpuError(problem)
-        print(f"pyvgpu: warning: {problem.split(';')[0]}; running without it (PYVGPU_ON_ERROR=open)",
-              file=sys.stderr)
+    lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
     if join:
-        join_group(env, memory, group, region_path)
+        join_group(env, memory, group, region_path, sm)
     return env
 
 
@@ -82,10 +77,43 @@ def check_physical(limits: lim.MemoryLimits, source: str) -> int:
     return len(phys)
 
 
-def join_group(env: dict[str, str], memory: str | None, group: str | None, region_path: str | None) -> Path:
+def sm_limits_for(env: dict[str, str], sm: str | None) -> tuple[lim.SmLimits, str]:
+    """The compute shares asked for (--sm wins over CUDA_DEVICE_SM_LIMIT[_i]) and where they came from.
+
+    A share that cannot be enforced (NVML cannot measure the device) is refused, or with
+    PYVGPU_ON_ERROR=open dropped with a warning. GPU_CORE_UTILIZATION_POLICY=disable is
+    said out loud: the limit is recorded for the group but this program runs unlimited.
+    """
+    if sm is not None:
+        shares, source = lim.parse_sm_option(sm), f"--sm {sm}"
+        for k in [k for k in env if k.startswith("CUDA_DEVICE_SM_LIMIT")]:
+            del env[k]
+    else:
+        shares, source = lim.sm_from_env(env), "CUDA_DEVICE_SM_LIMIT"
+    if not any(0 < v < 100 for v in shares.as_list()):
+        return shares, source
+    problem = devices.utilization_problem([d for d, v in enumerate(shares.as_list()) if 0 < v < 100])
+    if problem:
+        msg = (f"{source}: {problem}, so a compute share cannot be enforced; leave the share out "
+               "(memory limits work without it)")
+        if env.get("PYVGPU_ON_ERROR") != "open":
+            raise PyvgpuError(msg)
+        print(f"pyvgpu: warning: {msg}; running without a compute share (PYVGPU_ON_ERROR=open)", file=sys.stderr)
+        for k in [k for k in env if k.startswith("CUDA_DEVICE_SM_LIMIT")]:
+            del env[k]
+        return lim.SmLimits(), source
+    if lim.sm_policy(env) == 2:
+        print(f"pyvgpu: warning: {source} is not enforced for this program: GPU_CORE_UTILIZATION_POLICY=disable",
+              file=sys.stderr)
+    return shares, source
+
+
+def join_group(env: dict[str, str], memory: str | None, group: str | None, region_path: str | None,
+               sm: str | None = None) -> Path:
     """Create or join the group's region before the program starts; set the env contract for it."""
     if group and region_path:
         raise PyvgpuError("give --group or --region, not both")
+    shares, sm_source = sm_limits_for(env, sm)
     if memory is not None:
         limits, source = lim.parse_memory_option(memory), f"--memory {memory}"
         for k in [k for k in env if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")]:
@@ -103,10 +131,13 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
         region.gc_private()
         path = region.new_private_path()
     name = group or path.stem
-    r = region.create_or_open(path, name, limits, source, n_physical)
+    r = region.create_or_open(path, name, limits, source, n_physical, shares, sm_source)
     if not limits:  # joining a group without asking: take its limits
         limits = lim.MemoryLimits(per_device={d: v for d, v in enumerate(r.limits()) if v})
+    if not shares:
+        shares = lim.SmLimits(per_device={d: v for d, v in enumerate(r.sm_limits()) if v})
     env.update(lim.memory_to_env(limits))
+    env.update(lim.sm_to_env(shares))
     env["PYVGPU_REGION"] = str(path)
     return path
 

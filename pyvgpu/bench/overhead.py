@@ -35,13 +35,14 @@ def _pv_bench(args: list[str], env: dict[str, str]) -> dict:
 
 
 def run(rounds: int = 5, samples: int = 1000, launch_batch: int = 100, alloc_batch: int = 10,
-        size: int = 2 << 20, extra_env: dict[str, str] | None = None, memory: str | None = None) -> dict:
+        size: int = 2 << 20, extra_env: dict[str, str] | None = None, memory: str | None = None,
+        sm: str | None = None) -> dict:
     if not BENCH_BIN.exists():
         raise PyvgpuError(f"{BENCH_BIN} is missing; reinstall pyvgpu")
     cache.ensure()
     raw = raw_env()
     raw.update(extra_env or {})
-    wrapped = wrap.build_env(raw, memory=memory)
+    wrapped = wrap.build_env(raw, memory=memory, sm=sm)
     ops = {"launch": ["launch", str(samples), str(launch_batch)],
            "alloc_free": ["alloc", str(max(10, samples // 4)), str(alloc_batch), str(size)]}
     summary = {}
@@ -64,11 +65,12 @@ def run(rounds: int = 5, samples: int = 1000, launch_batch: int = 100, alloc_bat
             "separate_rounds": sep,
         }
     return {"bench": "overhead", "machine": machine(), "rounds": rounds, "samples": samples,
-            "alloc_size": size, "memory_limit": memory, "ops": summary}
+            "alloc_size": size, "memory_limit": memory, "sm_limit": sm, "ops": summary}
 
 
 def table(result: dict) -> str:
     cap = f", wrapped under --memory {result['memory_limit']}" if result.get("memory_limit") else ""
+    cap += f", wrapped under --sm {result['sm_limit']}" if result.get("sm_limit") else ""
     lines = [f"pyvgpu bench overhead on {result['machine']['gpu']}: median host ns per call, "
              f"{result['rounds']} rounds{cap}",
              f"  {'op':<11} {'raw':>8} {'hook':>8} {'+paired':>8} {'ratio':>7} {'goal':>7} | separate processes: "

@@ -10,6 +10,12 @@
  *                                     (pyvgpu_real_function), same process, same GPU
  *                                     state; reports both medians
  *   pv_bench startup                  CLOCK_MONOTONIC ns when the first cuInit returned
+ *   pv_bench calibrate ITERS          GPU ns of one spin kernel of ITERS iterations (timing events)
+ *   pv_bench sm SECONDS ITERS kernel|graph
+ *                                     the compute-bound load of `pyvgpu bench sm`: spin kernels
+ *                                     (or a CUDA graph of GRAPH_KERNELS of them) back to back, the
+ *                                     queue kept GPU-busy but bounded; prints "P <ns> <kernels done>"
+ *                                     four times a second, then a JSON summary
  *
  * Prints one JSON line. Needs no CUDA toolkit: the kernel is PTX text that
  * the driver compiles.
@@ -38,9 +44,32 @@ static CUresult (*p_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, un
                                     unsigned, void *, void **, void **);
 static CUresult (*p_cuMemAlloc)(CUdeviceptr *, size_t);
 static CUresult (*p_cuMemFree)(CUdeviceptr);
+typedef void *CUevent, *CUgraph, *CUgraphExec, *CUgraphNode;
+static CUresult (*p_cuDeviceGetAttribute)(int *, int, CUdevice);
+static CUresult (*p_cuEventCreate)(CUevent *, unsigned);
+static CUresult (*p_cuEventRecord)(CUevent, void *);
+static CUresult (*p_cuEventSynchronize)(CUevent);
+static CUresult (*p_cuEventElapsedTime)(float *, CUevent, CUevent);
+static CUresult (*p_cuGraphCreate)(CUgraph *, unsigned);
+static CUresult (*p_cuGraphAddKernelNode)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const void *);
+static CUresult (*p_cuGraphInstantiateWithFlags)(CUgraphExec *, CUgraph, unsigned long long);
+static CUresult (*p_cuGraphLaunch)(CUgraphExec, void *);
 
 static const char PTX[] = ".version 7.8\n.target sm_75\n.address_size 64\n"
-                          ".visible .entry pv_empty()\n{\n\tret;\n}\n";
+                          ".visible .entry pv_empty()\n{\n\tret;\n}\n"
+                          /* pv_spin(n, out): n iterations of 4 independent FMA chains per thread; the
+                           * store is never taken but keeps the loop alive. Compute-bound, no memory. */
+                          ".visible .entry pv_spin(.param .u32 n, .param .u64 out)\n{\n"
+                          "\t.reg .pred p;\n\t.reg .b32 i, n;\n\t.reg .f32 a, b, c, d, m, k;\n\t.reg .b64 o;\n"
+                          "\tld.param.u32 n, [n];\n\tmov.b32 i, 0;\n"
+                          "\tmov.f32 a, 0f3F800000;\n\tmov.f32 b, 0f3F000000;\n\tmov.f32 c, 0f3E800000;\n"
+                          "\tmov.f32 d, 0f3E000000;\n\tmov.f32 m, 0f3F7FFFFE;\n\tmov.f32 k, 0f3A83126F;\n"
+                          "LOOP:\n\tfma.rn.f32 a, a, m, k;\n\tfma.rn.f32 b, b, m, k;\n\tfma.rn.f32 c, c, m, k;\n"
+                          "\tfma.rn.f32 d, d, m, k;\n\tadd.u32 i, i, 1;\n\tsetp.lt.u32 p, i, n;\n\t@p bra LOOP;\n"
+                          "\tadd.f32 a, a, b;\n\tadd.f32 c, c, d;\n\tadd.f32 a, a, c;\n"
+                          "\tsetp.neu.f32 p, a, 0f7F800000;\n\t@p bra DONE;\n"
+                          "\tld.param.u64 o, [out];\n\tst.global.f32 [o], a;\n"
+                          "DONE:\n\tret;\n}\n";
 
 static long long now_ns(void) {
     struct timespec ts;
@@ -95,6 +124,15 @@ static void setup(void) {
     get("cuLaunchKernel", &p_cuLaunchKernel);
     get("cuMemAlloc", &p_cuMemAlloc);
     get("cuMemFree", &p_cuMemFree);
+    get("cuDeviceGetAttribute", &p_cuDeviceGetAttribute);
+    get("cuEventCreate", &p_cuEventCreate);
+    get("cuEventRecord", &p_cuEventRecord);
+    get("cuEventSynchronize", &p_cuEventSynchronize);
+    get("cuEventElapsedTime", &p_cuEventElapsedTime);
+    get("cuGraphCreate", &p_cuGraphCreate);
+    get("cuGraphAddKernelNode", &p_cuGraphAddKernelNode);
+    get("cuGraphInstantiateWithFlags", &p_cuGraphInstantiateWithFlags);
+    get("cuGraphLaunch", &p_cuGraphLaunch);
     CUdevice dev;
     CUcontext ctx;
     CHECK(p_cuInit(0));
@@ -164,6 +202,111 @@ static long long sample(const char *op, int hooked, int batch, void *real_launch
                       batch);
 }
 
+/* ---- the compute-bound load of `pyvgpu bench sm` -------------------------- */
+
+#define GRAPH_KERNELS 10
+#define RING 8            /* progress events in flight: bounds the queue */
+#define LAUNCHES_PER_MARK 4
+
+static CUfunction g_spin;
+static unsigned g_blocks, g_iters;
+static void *g_spin_params[2];
+static CUdeviceptr g_sink;
+
+static void prepare_spin(unsigned iters) {
+    CUmodule mod;
+    int sms = 0;
+    CHECK(p_cuModuleLoadData(&mod, PTX));
+    CHECK(p_cuModuleGetFunction(&g_spin, mod, "pv_spin"));
+    CHECK(p_cuDeviceGetAttribute(&sms, 16 /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */, 0));
+    g_blocks = (unsigned)(sms > 0 ? sms : 1) * 8; /* 8 x 256 threads: every SM full */
+    g_iters = iters;
+    CHECK(p_cuMemAlloc(&g_sink, 64));
+    g_spin_params[0] = &g_iters;
+    g_spin_params[1] = &g_sink;
+}
+
+static void launch_spin(void) { CHECK(p_cuLaunchKernel(g_spin, g_blocks, 1, 1, 256, 1, 1, 0, NULL, g_spin_params, NULL)); }
+
+static int calibrate(unsigned iters) {
+    CUevent a, b;
+    float ms = 0, best = 1e30f;
+    prepare_spin(iters);
+    CHECK(p_cuEventCreate(&a, 0));
+    CHECK(p_cuEventCreate(&b, 0));
+    for (int r = 0; r < 7; r++) {
+        CHECK(p_cuEventRecord(a, NULL));
+        launch_spin();
+        CHECK(p_cuEventRecord(b, NULL));
+        CHECK(p_cuEventSynchronize(b));
+        CHECK(p_cuEventElapsedTime(&ms, a, b));
+        if (r > 0 && ms < best) /* the first includes loading the module */
+            best = ms;
+    }
+    printf("{\"op\": \"calibrate\", \"iters\": %u, \"kernel_ns\": %.0f, \"blocks\": %u}\n", iters,
+           best * 1e6, g_blocks);
+    return 0;
+}
+
+static int sm_load(double seconds, unsigned iters, int graph) {
+    prepare_spin(iters);
+    CUgraphExec exec = NULL;
+    if (graph) {
+        CUgraph g;
+        CUgraphNode prev = NULL, node;
+        CHECK(p_cuGraphCreate(&g, 0));
+        struct { /* CUDA_KERNEL_NODE_PARAMS_v2 */
+            CUfunction func;
+            unsigned gx, gy, gz, bx, by, bz, shm;
+            void **params, **extra;
+            void *kern, *ctx;
+        } np = {g_spin, g_blocks, 1, 1, 256, 1, 1, 0, g_spin_params, NULL, NULL, NULL};
+        for (int i = 0; i < GRAPH_KERNELS; i++) {
+            CHECK(p_cuGraphAddKernelNode(&node, g, prev ? &prev : NULL, prev ? 1 : 0, &np));
+            prev = node;
+        }
+        CHECK(p_cuGraphInstantiateWithFlags(&exec, g, 0));
+    }
+    int per_launch = graph ? GRAPH_KERNELS : 1;
+    CUevent ring[RING];
+    long long marked[RING]; /* kernels launched when ring[i] was recorded */
+    for (int i = 0; i < RING; i++) {
+        CHECK(p_cuEventCreate(&ring[i], 2 /* CU_EVENT_DISABLE_TIMING */));
+        marked[i] = -1;
+    }
+    long long launched = 0, done = 0, t0 = now_ns(), next_print = t0, end = t0 + (long long)(seconds * 1e9);
+    unsigned mark = 0;
+    printf("P %lld 0\n", t0);
+    while (now_ns() < end) {
+        for (int i = 0; i < LAUNCHES_PER_MARK; i++) {
+            if (graph)
+                CHECK(p_cuGraphLaunch(exec, NULL));
+            else
+                launch_spin();
+            launched += per_launch;
+        }
+        unsigned r = mark++ % RING;
+        if (marked[r] >= 0) { /* wait for the mark RING marks ago: at most RING x 4 launches queued */
+            CHECK(p_cuEventSynchronize(ring[r]));
+            done = marked[r];
+        }
+        CHECK(p_cuEventRecord(ring[r], NULL));
+        marked[r] = launched;
+        long long now = now_ns();
+        if (now >= next_print) {
+            printf("P %lld %lld\n", now, done);
+            fflush(stdout);
+            next_print = now + 250000000LL;
+        }
+    }
+    CHECK(p_cuCtxSynchronize());
+    long long t1 = now_ns();
+    printf("P %lld %lld\n", t1, launched);
+    printf("{\"op\": \"sm\", \"kernels\": %lld, \"seconds\": %.6f, \"iters\": %u, \"blocks\": %u, "
+           "\"graph\": %d}\n", launched, (t1 - t0) / 1e9, iters, g_blocks, graph);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: pv_bench [ab] launch SAMPLES BATCH | [ab] alloc SAMPLES BATCH SIZE | startup\n");
@@ -175,6 +318,17 @@ int main(int argc, char **argv) {
         CHECK(init(0));
         printf("{\"op\": \"startup\", \"t_ns\": %lld}\n", now_ns());
         return 0;
+    }
+    if (!strcmp(argv[1], "calibrate") || !strcmp(argv[1], "sm")) {
+        int sm = !strcmp(argv[1], "sm");
+        if (argc < (sm ? 5 : 3)) {
+            fprintf(stderr, "usage: pv_bench calibrate ITERS | pv_bench sm SECONDS ITERS kernel|graph\n");
+            return 2;
+        }
+        setup();
+        if (!sm)
+            return calibrate((unsigned)strtoul(argv[2], NULL, 10));
+        return sm_load(strtod(argv[2], NULL), (unsigned)strtoul(argv[3], NULL, 10), !strcmp(argv[4], "graph"));
     }
     int ab = !strcmp(argv[1], "ab");
     char **a = argv + ab;

@@ -78,17 +78,18 @@ SERVICES = hooks.SERVICES
 
 
 def build_services(only: set[str] | None = None) -> list[Callback]:
-    from pyvgpu.jit import quota
+    from pyvgpu.jit import compute, quota
 
     def svc_claim(ctx):
         return quota.claim_slot(ctx)
 
     def svc_tick(ctx):
-        # Only the region and fcntl: the watcher never calls the driver, so it
-        # is safe while the driver tears down at exit. Pools are settled at
-        # their next call instead.
+        # The region, fcntl and NVML only: the watcher never calls the CUDA
+        # driver, so it is safe while the driver tears down at exit. Pools are
+        # settled at their next call, launch timings on the launching thread.
         if quota.region_of(ctx) != 0:
-            quota.reclaim_dead(ctx)
+            quota.reclaim_due(ctx)
+            compute.control(ctx)
         return 0
 
     def svc_reclaim(ctx):

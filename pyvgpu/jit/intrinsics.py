@@ -94,6 +94,18 @@ atomic_load_u64 = _load(types.uint64, atomic=True)
 atomic_load_u32 = _load(types.uint32, atomic=True)
 atomic_store_u64 = _store(types.uint64, atomic=True)
 atomic_store_u32 = _store(types.uint32, atomic=True)
+
+
+@intrinsic
+def load_f32(typingctx, addr):
+    """The float at ``addr`` (out-parameters such as cuEventElapsedTime's milliseconds)."""
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_ptr(builder, args[0], ir.FloatType()), typ=ir.FloatType())
+
+    return types.float32(types.uint64), codegen
+
+
 # Read-modify-write: return the value before the operation.
 atomic_add_u64 = _rmw(types.uint64, "add")
 atomic_sub_u64 = _rmw(types.uint64, "sub")
@@ -244,22 +256,52 @@ def ofd_lock(typingctx, fd, cmd, ltype, start, length):
     return sig, codegen
 
 
-@intrinsic
-def realtime_ns(typingctx):
-    """CLOCK_REALTIME in nanoseconds (for records people read; not on any per-call path)."""
-
+def _clock_codegen(clock_id: int):
     def codegen(context, builder, sig, args):
         i32, i64 = ir.IntType(32), ir.IntType(64)
         ts = cgutils.alloca_once(builder, ir.ArrayType(i64, 2))
         fnty = ir.FunctionType(i32, [i32, ir.IntType(8).as_pointer()])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
-        builder.call(fn, [ir.Constant(i32, 0), builder.bitcast(ts, ir.IntType(8).as_pointer())])
+        builder.call(fn, [ir.Constant(i32, clock_id), builder.bitcast(ts, ir.IntType(8).as_pointer())])
         base = builder.ptrtoint(ts, i64)
         sec = builder.load(builder.inttoptr(base, i64.as_pointer()), typ=i64)
         nsec = builder.load(builder.inttoptr(builder.add(base, ir.Constant(i64, 8)), i64.as_pointer()), typ=i64)
         return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
 
-    return types.int64(), codegen
+    return codegen
+
+
+@intrinsic
+def realtime_ns(typingctx):
+    """CLOCK_REALTIME in nanoseconds (for records people read; not on any per-call path)."""
+    return types.int64(), _clock_codegen(0)
+
+
+@intrinsic
+def monotonic_ns(typingctx):
+    """CLOCK_MONOTONIC in nanoseconds: one clock for every process of the machine (the limiter's)."""
+    return types.int64(), _clock_codegen(1)
+
+
+@intrinsic
+def sleep_ns(typingctx, ns):
+    """nanosleep for ``ns`` nanoseconds (int64); an interrupted sleep just returns early."""
+
+    def codegen(context, builder, sig, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        n = context.cast(builder, args[0], sig.args[0], types.int64)
+        ts = cgutils.alloca_once(builder, ir.ArrayType(i64, 2))
+        base = builder.ptrtoint(ts, i64)
+        billion = ir.Constant(i64, 1_000_000_000)
+        builder.store(builder.sdiv(n, billion), builder.inttoptr(base, i64.as_pointer()))
+        builder.store(builder.srem(n, billion), builder.inttoptr(builder.add(base, ir.Constant(i64, 8)),
+                                                                 i64.as_pointer()))
+        p8 = ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32, [p8, p8]), "nanosleep")
+        builder.call(fn, [builder.bitcast(ts, p8), ir.Constant(p8, None)])
+        return context.get_dummy_value()
+
+    return types.void(ns), codegen
 
 
 @intrinsic

@@ -40,10 +40,20 @@ def forward(ctx, idx, args, notfound):
 
 
 def registry() -> dict:
+    from pyvgpu.jit import compute as C
     from pyvgpu.jit import memory as M
 
     return {
         "forward": forward,
+        "launch_kernel": C.launch_kernel,
+        "launch_kernel_ptsz": C.launch_kernel_ptsz,
+        "launch_kernel_ex": C.launch_kernel_ex,
+        "launch_kernel_ex_ptsz": C.launch_kernel_ex_ptsz,
+        "launch_cooperative": C.launch_cooperative,
+        "launch_cooperative_ptsz": C.launch_cooperative_ptsz,
+        "launch_multi_device": C.launch_multi_device,
+        "graph_launch": C.graph_launch,
+        "graph_launch_ptsz": C.graph_launch_ptsz,
         "legacy32": M.legacy32,
         "mem_alloc": M.mem_alloc,
         "mem_alloc_managed": M.mem_alloc_managed,

@@ -35,7 +35,9 @@ from pyvgpu.jit.intrinsics import (
     atomic_sub_u64,
     getpid,
     load_i32,
+    load_u32,
     load_u64,
+    monotonic_ns,
     ofd_lock,
     realtime_ns,
     store_u64,
@@ -57,6 +59,12 @@ SLOT_PID = L.REGION_SLOT.offset("pid")
 SLOT_START = L.REGION_SLOT.offset("start_ns")
 SLOT_USED = L.REGION_SLOT.offset("used")
 SLOT_OOM = L.REGION_SLOT.offset("oom_refusals")
+SLOT_SM_LAUNCHES = L.REGION_SLOT.offset("sm_launches")
+SLOT_SM_POLICY = L.REGION_SLOT.offset("sm_policy")
+OFF_SM_POLICY = L.CTX.offset("sm_policy")
+SLOT_SM_COST = L.REGION_SLOT.offset("sm_cost_ns")
+OFF_TICK = L.CTX.offset("sm_tick_ns")
+RECLAIM_PERIOD_NS = 500_000_000
 N_USED = L.MAX_DEVICES * L.N_KINDS
 DEVICES_OFF, DEVICE_SIZE = L.REGION_DEVICES_OFF, L.REGION_DEVICE.size
 SLOTS_OFF, SLOT_SIZE = L.REGION_SLOTS_OFF, L.REGION_SLOT.size
@@ -176,6 +184,16 @@ def reclaim_dead(ctx):
 
 
 @njit
+def reclaim_due(ctx):
+    """The watcher's reclaim, at most every RECLAIM_PERIOD_NS (it ticks faster for the compute controller)."""
+    now = monotonic_ns()
+    if now - np.int64(load_u64(ctx + OFF_TICK)) < RECLAIM_PERIOD_NS:
+        return _U0
+    store_u64(ctx + OFF_TICK, np.uint64(now))
+    return reclaim_dead(ctx)
+
+
+@njit
 def claim_slot(ctx):
     """Take a free slot (or a dead process's) for this process; its index, or -1 if all are in use."""
     region = load_u64(ctx + OFF_REGION)
@@ -191,8 +209,12 @@ def claim_slot(ctx):
         for j in range(N_USED):
             atomic_store_u64(s + SLOT_USED + j * 8, 0)
         atomic_store_u64(s + SLOT_OOM, 0)
+        for j in range(L.MAX_DEVICES):
+            atomic_store_u64(s + SLOT_SM_LAUNCHES + j * 8, 0)
+            atomic_store_u64(s + SLOT_SM_COST + j * 8, 0)
         store_u64(s + SLOT_START, realtime_ns())
         atomic_store_u32(s + SLOT_PID, getpid())
+        atomic_store_u32(s + SLOT_SM_POLICY, load_u32(ctx + OFF_SM_POLICY))
         atomic_store_u32(s + SLOT_STATE, L.SLOT_LIVE)
         store_u64(ctx + OFF_SLOT, s)
         atomic_store_u32(ctx + OFF_SLOT_INDEX, i)

@@ -19,6 +19,16 @@ typedef CUresult (*pv_real_cuLaunchKernelEx_t)(const CUlaunchConfig *config, CUf
 typedef CUresult (*pv_cb_cuLaunchKernelEx_t)(pv_ctx_t *ctx, uint32_t idx, const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
 typedef CUresult (*pv_real_cuLaunchKernelEx_ptsz_t)(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
 typedef CUresult (*pv_cb_cuLaunchKernelEx_ptsz_t)(pv_ctx_t *ctx, uint32_t idx, const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+typedef CUresult (*pv_real_cuLaunchCooperativeKernel_t)(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams);
+typedef CUresult (*pv_cb_cuLaunchCooperativeKernel_t)(pv_ctx_t *ctx, uint32_t idx, CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams);
+typedef CUresult (*pv_real_cuLaunchCooperativeKernel_ptsz_t)(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams);
+typedef CUresult (*pv_cb_cuLaunchCooperativeKernel_ptsz_t)(pv_ctx_t *ctx, uint32_t idx, CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams);
+typedef CUresult (*pv_real_cuLaunchCooperativeKernelMultiDevice_t)(CUDA_LAUNCH_PARAMS *launchParamsList, unsigned int numDevices, unsigned int flags);
+typedef CUresult (*pv_cb_cuLaunchCooperativeKernelMultiDevice_t)(pv_ctx_t *ctx, uint32_t idx, CUDA_LAUNCH_PARAMS *launchParamsList, unsigned int numDevices, unsigned int flags);
+typedef CUresult (*pv_real_cuGraphLaunch_t)(CUgraphExec hGraphExec, CUstream hStream);
+typedef CUresult (*pv_cb_cuGraphLaunch_t)(pv_ctx_t *ctx, uint32_t idx, CUgraphExec hGraphExec, CUstream hStream);
+typedef CUresult (*pv_real_cuGraphLaunch_ptsz_t)(CUgraphExec hGraphExec, CUstream hStream);
+typedef CUresult (*pv_cb_cuGraphLaunch_ptsz_t)(pv_ctx_t *ctx, uint32_t idx, CUgraphExec hGraphExec, CUstream hStream);
 typedef CUresult (*pv_real_cuDevicePrimaryCtxRetain_t)(CUcontext *pctx, CUdevice dev);
 typedef CUresult (*pv_cb_cuDevicePrimaryCtxRetain_t)(pv_ctx_t *ctx, uint32_t idx, CUcontext *pctx, CUdevice dev);
 typedef CUresult (*pv_real_cuCtxCreate_t)(CUcontext *pctx, unsigned int flags, CUdevice dev);
@@ -214,6 +224,86 @@ PV_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunctio
         cb = (pv_cb_cuLaunchKernelEx_ptsz_t)pv_callback(PV_E_cuLaunchKernelEx_ptsz);
     }
     return cb(&pv_ctx, PV_E_cuLaunchKernelEx_ptsz, config, f, kernelParams, extra);
+}
+
+PV_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)
+{
+    pv_cb_cuLaunchCooperativeKernel_t cb = (pv_cb_cuLaunchCooperativeKernel_t)pv_callback(PV_E_cuLaunchCooperativeKernel);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuLaunchCooperativeKernel_t real = (pv_real_cuLaunchCooperativeKernel_t)pv_real(PV_E_cuLaunchCooperativeKernel);
+            return real ? real(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuLaunchCooperativeKernel_t)pv_callback(PV_E_cuLaunchCooperativeKernel);
+    }
+    return cb(&pv_ctx, PV_E_cuLaunchCooperativeKernel, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
+}
+
+PV_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)
+{
+    pv_cb_cuLaunchCooperativeKernel_ptsz_t cb = (pv_cb_cuLaunchCooperativeKernel_ptsz_t)pv_callback(PV_E_cuLaunchCooperativeKernel_ptsz);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuLaunchCooperativeKernel_ptsz_t real = (pv_real_cuLaunchCooperativeKernel_ptsz_t)pv_real(PV_E_cuLaunchCooperativeKernel_ptsz);
+            return real ? real(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuLaunchCooperativeKernel_ptsz_t)pv_callback(PV_E_cuLaunchCooperativeKernel_ptsz);
+    }
+    return cb(&pv_ctx, PV_E_cuLaunchCooperativeKernel_ptsz, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
+}
+
+PV_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *launchParamsList, unsigned int numDevices, unsigned int flags)
+{
+    pv_cb_cuLaunchCooperativeKernelMultiDevice_t cb = (pv_cb_cuLaunchCooperativeKernelMultiDevice_t)pv_callback(PV_E_cuLaunchCooperativeKernelMultiDevice);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuLaunchCooperativeKernelMultiDevice_t real = (pv_real_cuLaunchCooperativeKernelMultiDevice_t)pv_real(PV_E_cuLaunchCooperativeKernelMultiDevice);
+            return real ? real(launchParamsList, numDevices, flags) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuLaunchCooperativeKernelMultiDevice_t)pv_callback(PV_E_cuLaunchCooperativeKernelMultiDevice);
+    }
+    return cb(&pv_ctx, PV_E_cuLaunchCooperativeKernelMultiDevice, launchParamsList, numDevices, flags);
+}
+
+PV_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+    pv_cb_cuGraphLaunch_t cb = (pv_cb_cuGraphLaunch_t)pv_callback(PV_E_cuGraphLaunch);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuGraphLaunch_t real = (pv_real_cuGraphLaunch_t)pv_real(PV_E_cuGraphLaunch);
+            return real ? real(hGraphExec, hStream) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuGraphLaunch_t)pv_callback(PV_E_cuGraphLaunch);
+    }
+    return cb(&pv_ctx, PV_E_cuGraphLaunch, hGraphExec, hStream);
+}
+
+PV_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
+    pv_cb_cuGraphLaunch_ptsz_t cb = (pv_cb_cuGraphLaunch_ptsz_t)pv_callback(PV_E_cuGraphLaunch_ptsz);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuGraphLaunch_ptsz_t real = (pv_real_cuGraphLaunch_ptsz_t)pv_real(PV_E_cuGraphLaunch_ptsz);
+            return real ? real(hGraphExec, hStream) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuGraphLaunch_ptsz_t)pv_callback(PV_E_cuGraphLaunch_ptsz);
+    }
+    return cb(&pv_ctx, PV_E_cuGraphLaunch_ptsz, hGraphExec, hStream);
 }
 
 PV_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -945,6 +1035,11 @@ const pv_entry_info_t pv_entry_infos[PV_N_ENTRIES] = {
     [PV_E_cuLaunchKernel_ptsz] = {"cuLaunchKernel_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuLaunchKernel, 7000},
     [PV_E_cuLaunchKernelEx] = {"cuLaunchKernelEx", PV_LIB_CUDA, 0, 1, PV_H_cuLaunchKernelEx, 11060},
     [PV_E_cuLaunchKernelEx_ptsz] = {"cuLaunchKernelEx_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuLaunchKernelEx, 11060},
+    [PV_E_cuLaunchCooperativeKernel] = {"cuLaunchCooperativeKernel", PV_LIB_CUDA, 0, 1, PV_H_cuLaunchCooperativeKernel, 9000},
+    [PV_E_cuLaunchCooperativeKernel_ptsz] = {"cuLaunchCooperativeKernel_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuLaunchCooperativeKernel, 9000},
+    [PV_E_cuLaunchCooperativeKernelMultiDevice] = {"cuLaunchCooperativeKernelMultiDevice", PV_LIB_CUDA, 0, 1, PV_H_cuLaunchCooperativeKernelMultiDevice, 9000},
+    [PV_E_cuGraphLaunch] = {"cuGraphLaunch", PV_LIB_CUDA, 0, 1, PV_H_cuGraphLaunch, 10000},
+    [PV_E_cuGraphLaunch_ptsz] = {"cuGraphLaunch_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuGraphLaunch, 10000},
     [PV_E_cuDevicePrimaryCtxRetain] = {"cuDevicePrimaryCtxRetain", PV_LIB_CUDA, 0, 1, PV_H_cuDevicePrimaryCtxRetain, 7000},
     [PV_E_cuCtxCreate] = {"cuCtxCreate", PV_LIB_CUDA, 0, 1, PV_H_cuCtxCreate, 2000},
     [PV_E_cuCtxCreate_v2] = {"cuCtxCreate_v2", PV_LIB_CUDA, 0, 1, PV_H_cuCtxCreate, 3020},
@@ -998,37 +1093,40 @@ const pv_hook_info_t pv_hook_infos[PV_N_HOOKS] = {
     [PV_H_cuDeviceGetCount] = {"cuDeviceGetCount", 3, 1},
     [PV_H_cuLaunchKernel] = {"cuLaunchKernel", 4, 2},
     [PV_H_cuLaunchKernelEx] = {"cuLaunchKernelEx", 6, 2},
-    [PV_H_cuDevicePrimaryCtxRetain] = {"cuDevicePrimaryCtxRetain", 8, 1},
-    [PV_H_cuCtxCreate] = {"cuCtxCreate", 9, 4},
-    [PV_H_cuDeviceTotalMem] = {"cuDeviceTotalMem", 13, 2},
-    [PV_H_cuMemGetInfo] = {"cuMemGetInfo", 15, 2},
-    [PV_H_cuMemAlloc] = {"cuMemAlloc", 17, 2},
-    [PV_H_cuMemAllocPitch] = {"cuMemAllocPitch", 19, 2},
-    [PV_H_cuMemAllocManaged] = {"cuMemAllocManaged", 21, 1},
-    [PV_H_cuMemFree] = {"cuMemFree", 22, 2},
-    [PV_H_cuMemAllocAsync] = {"cuMemAllocAsync", 24, 2},
-    [PV_H_cuMemAllocFromPoolAsync] = {"cuMemAllocFromPoolAsync", 26, 2},
-    [PV_H_cuMemFreeAsync] = {"cuMemFreeAsync", 28, 2},
-    [PV_H_cuMemPoolTrimTo] = {"cuMemPoolTrimTo", 30, 1},
-    [PV_H_cuMemPoolDestroy] = {"cuMemPoolDestroy", 31, 1},
-    [PV_H_cuMemCreate] = {"cuMemCreate", 32, 1},
-    [PV_H_cuMemRelease] = {"cuMemRelease", 33, 1},
-    [PV_H_cuArrayCreate] = {"cuArrayCreate", 34, 2},
-    [PV_H_cuArray3DCreate] = {"cuArray3DCreate", 36, 2},
-    [PV_H_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", 38, 1},
-    [PV_H_cuArrayDestroy] = {"cuArrayDestroy", 39, 1},
-    [PV_H_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", 40, 1},
-    [PV_H_cuModuleLoad] = {"cuModuleLoad", 41, 1},
-    [PV_H_cuModuleLoadData] = {"cuModuleLoadData", 42, 1},
-    [PV_H_cuModuleLoadDataEx] = {"cuModuleLoadDataEx", 43, 1},
-    [PV_H_cuModuleLoadFatBinary] = {"cuModuleLoadFatBinary", 44, 1},
-    [PV_H_cuModuleUnload] = {"cuModuleUnload", 45, 1},
-    [PV_H_cuLibraryLoadData] = {"cuLibraryLoadData", 46, 1},
-    [PV_H_cuLibraryLoadFromFile] = {"cuLibraryLoadFromFile", 47, 1},
-    [PV_H_cuLibraryUnload] = {"cuLibraryUnload", 48, 1},
-    [PV_H_nvmlInit] = {"nvmlInit", 49, 2},
-    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 51, 1},
-    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 52, 1},
+    [PV_H_cuLaunchCooperativeKernel] = {"cuLaunchCooperativeKernel", 8, 2},
+    [PV_H_cuLaunchCooperativeKernelMultiDevice] = {"cuLaunchCooperativeKernelMultiDevice", 10, 1},
+    [PV_H_cuGraphLaunch] = {"cuGraphLaunch", 11, 2},
+    [PV_H_cuDevicePrimaryCtxRetain] = {"cuDevicePrimaryCtxRetain", 13, 1},
+    [PV_H_cuCtxCreate] = {"cuCtxCreate", 14, 4},
+    [PV_H_cuDeviceTotalMem] = {"cuDeviceTotalMem", 18, 2},
+    [PV_H_cuMemGetInfo] = {"cuMemGetInfo", 20, 2},
+    [PV_H_cuMemAlloc] = {"cuMemAlloc", 22, 2},
+    [PV_H_cuMemAllocPitch] = {"cuMemAllocPitch", 24, 2},
+    [PV_H_cuMemAllocManaged] = {"cuMemAllocManaged", 26, 1},
+    [PV_H_cuMemFree] = {"cuMemFree", 27, 2},
+    [PV_H_cuMemAllocAsync] = {"cuMemAllocAsync", 29, 2},
+    [PV_H_cuMemAllocFromPoolAsync] = {"cuMemAllocFromPoolAsync", 31, 2},
+    [PV_H_cuMemFreeAsync] = {"cuMemFreeAsync", 33, 2},
+    [PV_H_cuMemPoolTrimTo] = {"cuMemPoolTrimTo", 35, 1},
+    [PV_H_cuMemPoolDestroy] = {"cuMemPoolDestroy", 36, 1},
+    [PV_H_cuMemCreate] = {"cuMemCreate", 37, 1},
+    [PV_H_cuMemRelease] = {"cuMemRelease", 38, 1},
+    [PV_H_cuArrayCreate] = {"cuArrayCreate", 39, 2},
+    [PV_H_cuArray3DCreate] = {"cuArray3DCreate", 41, 2},
+    [PV_H_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", 43, 1},
+    [PV_H_cuArrayDestroy] = {"cuArrayDestroy", 44, 1},
+    [PV_H_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", 45, 1},
+    [PV_H_cuModuleLoad] = {"cuModuleLoad", 46, 1},
+    [PV_H_cuModuleLoadData] = {"cuModuleLoadData", 47, 1},
+    [PV_H_cuModuleLoadDataEx] = {"cuModuleLoadDataEx", 48, 1},
+    [PV_H_cuModuleLoadFatBinary] = {"cuModuleLoadFatBinary", 49, 1},
+    [PV_H_cuModuleUnload] = {"cuModuleUnload", 50, 1},
+    [PV_H_cuLibraryLoadData] = {"cuLibraryLoadData", 51, 1},
+    [PV_H_cuLibraryLoadFromFile] = {"cuLibraryLoadFromFile", 52, 1},
+    [PV_H_cuLibraryUnload] = {"cuLibraryUnload", 53, 1},
+    [PV_H_nvmlInit] = {"nvmlInit", 54, 2},
+    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 56, 1},
+    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 57, 1},
 };
 
 /* Sorted by name for bsearch (dlsym and cuGetProcAddress lookups). */
@@ -1048,7 +1146,12 @@ const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES] = {
     {"cuDeviceTotalMem_v2", PV_E_cuDeviceTotalMem_v2},
     {"cuGetProcAddress", PV_E_cuGetProcAddress},
     {"cuGetProcAddress_v2", PV_E_cuGetProcAddress_v2},
+    {"cuGraphLaunch", PV_E_cuGraphLaunch},
+    {"cuGraphLaunch_ptsz", PV_E_cuGraphLaunch_ptsz},
     {"cuInit", PV_E_cuInit},
+    {"cuLaunchCooperativeKernel", PV_E_cuLaunchCooperativeKernel},
+    {"cuLaunchCooperativeKernelMultiDevice", PV_E_cuLaunchCooperativeKernelMultiDevice},
+    {"cuLaunchCooperativeKernel_ptsz", PV_E_cuLaunchCooperativeKernel_ptsz},
     {"cuLaunchKernel", PV_E_cuLaunchKernel},
     {"cuLaunchKernelEx", PV_E_cuLaunchKernelEx},
     {"cuLaunchKernelEx_ptsz", PV_E_cuLaunchKernelEx_ptsz},
@@ -1097,7 +1200,10 @@ const pv_name_index_t pv_hook_sorted[PV_N_HOOKS] = {
     {"cuDevicePrimaryCtxRetain", PV_H_cuDevicePrimaryCtxRetain},
     {"cuDeviceTotalMem", PV_H_cuDeviceTotalMem},
     {"cuGetProcAddress", PV_H_cuGetProcAddress},
+    {"cuGraphLaunch", PV_H_cuGraphLaunch},
     {"cuInit", PV_H_cuInit},
+    {"cuLaunchCooperativeKernel", PV_H_cuLaunchCooperativeKernel},
+    {"cuLaunchCooperativeKernelMultiDevice", PV_H_cuLaunchCooperativeKernelMultiDevice},
     {"cuLaunchKernel", PV_H_cuLaunchKernel},
     {"cuLaunchKernelEx", PV_H_cuLaunchKernelEx},
     {"cuLibraryLoadData", PV_H_cuLibraryLoadData},
@@ -1136,6 +1242,11 @@ void *const pv_hook_fns[PV_N_ENTRIES] = {
     [PV_E_cuLaunchKernel_ptsz] = (void *)cuLaunchKernel_ptsz,
     [PV_E_cuLaunchKernelEx] = (void *)cuLaunchKernelEx,
     [PV_E_cuLaunchKernelEx_ptsz] = (void *)cuLaunchKernelEx_ptsz,
+    [PV_E_cuLaunchCooperativeKernel] = (void *)cuLaunchCooperativeKernel,
+    [PV_E_cuLaunchCooperativeKernel_ptsz] = (void *)cuLaunchCooperativeKernel_ptsz,
+    [PV_E_cuLaunchCooperativeKernelMultiDevice] = (void *)cuLaunchCooperativeKernelMultiDevice,
+    [PV_E_cuGraphLaunch] = (void *)cuGraphLaunch,
+    [PV_E_cuGraphLaunch_ptsz] = (void *)cuGraphLaunch_ptsz,
     [PV_E_cuDevicePrimaryCtxRetain] = (void *)cuDevicePrimaryCtxRetain,
     [PV_E_cuCtxCreate] = (void *)cuCtxCreate,
     [PV_E_cuCtxCreate_v2] = (void *)cuCtxCreate_v2,
@@ -1196,6 +1307,15 @@ const pv_helper_info_t pv_helper_infos[PV_N_HELPERS] = {
     {"cuMemPoolGetAttribute", PV_LIB_CUDA},
     {"cuMemGetAllocationGranularity", PV_LIB_CUDA},
     {"nvmlDeviceGetIndex", PV_LIB_NVML},
+    {"cuCtxGetCurrent", PV_LIB_CUDA},
+    {"cuEventCreate", PV_LIB_CUDA},
+    {"cuEventRecord", PV_LIB_CUDA},
+    {"cuEventQuery", PV_LIB_CUDA},
+    {"cuEventElapsedTime", PV_LIB_CUDA},
+    {"cuEventDestroy_v2", PV_LIB_CUDA},
+    {"cuStreamIsCapturing", PV_LIB_CUDA},
+    {"nvmlDeviceGetUtilizationRates", PV_LIB_NVML},
+    {"nvmlDeviceGetComputeRunningProcesses_v3", PV_LIB_NVML},
 };
 
 const char *const pv_service_names[PV_N_SERVICES] = {

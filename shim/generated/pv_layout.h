@@ -5,16 +5,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3230305854435650ULL
+#define PV_CTX_MAGIC 0x3330305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/layout.py) */
 typedef struct pv_ctx {
     uint64_t magic;  /* CTX_MAGIC */
     uint32_t n_entries;  /* hook entries in this shim */
     uint8_t _pad0[4];
-    uint64_t real[53];  /* real driver function per entry, 0 if the driver lacks it */
-    uint64_t calls[53];  /* calls per entry, counted by the callbacks */
-    uint64_t helper[12];  /* real driver functions the policies call (hooks.HELPERS) */
+    uint64_t real[58];  /* real driver function per entry, 0 if the driver lacks it */
+    uint64_t calls[58];  /* calls per entry, counted by the callbacks */
+    uint64_t helper[21];  /* real driver functions the policies call (hooks.HELPERS) */
     uint64_t region;  /* address of the mapped region, 0 without one */
     uint64_t slot;  /* address of this process's slot in the region */
     int32_t slot_index;
@@ -31,29 +31,55 @@ typedef struct pv_ctx {
     int32_t pool_dev[64];
     uint64_t ctx_charged[16];  /* context bytes charged per device (1: measured, none) */
     uint32_t nvml_state;  /* 0 untried, 1 initialised by us, 2 unavailable */
+    uint32_t sm_policy;  /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
+    uint64_t sm_nvml[16];  /* NVML handle per CUDA device, 0 = not resolved yet */
+    uint64_t sm_launches;  /* launches seen under a compute limit (drives sampling) */
+    uint64_t sm_default_cost;  /* ns: mean of all timed launches, for kernels not timed yet */
+    uint32_t sm_pending;  /* timing samples in flight */
     uint8_t _pad1[4];
+    uint64_t sm_tick_ns;  /* CLOCK_MONOTONIC of the last reclaim by the watcher */
+    uint64_t cost_key[4096];  /* kernel key (function and shape, or graph) per cost slot */
+    uint64_t cost_ns[4096];  /* its estimated GPU time in ns */
+    uint32_t samp_state[8];  /* 0 free, 1 being recorded, 2 in flight */
+    uint64_t samp_key[8];
+    uint64_t samp_ctx[8];  /* CUcontext the sample's events belong to */
+    uint64_t samp_start[8];  /* CUevent before the launch */
+    uint64_t samp_end[8];  /* CUevent after the launch */
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
 _Static_assert(offsetof(pv_ctx_t, real) == 16, "pv_ctx.real");
-_Static_assert(offsetof(pv_ctx_t, calls) == 440, "pv_ctx.calls");
-_Static_assert(offsetof(pv_ctx_t, helper) == 864, "pv_ctx.helper");
-_Static_assert(offsetof(pv_ctx_t, region) == 960, "pv_ctx.region");
-_Static_assert(offsetof(pv_ctx_t, slot) == 968, "pv_ctx.slot");
-_Static_assert(offsetof(pv_ctx_t, slot_index) == 976, "pv_ctx.slot_index");
-_Static_assert(offsetof(pv_ctx_t, region_fd) == 980, "pv_ctx.region_fd");
-_Static_assert(offsetof(pv_ctx_t, n_slots) == 984, "pv_ctx.n_slots");
-_Static_assert(offsetof(pv_ctx_t, lock) == 988, "pv_ctx.lock");
-_Static_assert(offsetof(pv_ctx_t, table) == 992, "pv_ctx.table");
-_Static_assert(offsetof(pv_ctx_t, table_mask) == 1000, "pv_ctx.table_mask");
-_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 1008, "pv_ctx.table_maxdisp");
-_Static_assert(offsetof(pv_ctx_t, table_live) == 1016, "pv_ctx.table_live");
-_Static_assert(offsetof(pv_ctx_t, table_full) == 1024, "pv_ctx.table_full");
-_Static_assert(offsetof(pv_ctx_t, pool_handle) == 1032, "pv_ctx.pool_handle");
-_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 1544, "pv_ctx.pool_reserved");
-_Static_assert(offsetof(pv_ctx_t, pool_dev) == 2056, "pv_ctx.pool_dev");
-_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2312, "pv_ctx.ctx_charged");
-_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2440, "pv_ctx.nvml_state");
-_Static_assert(sizeof(pv_ctx_t) == 2448, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, calls) == 480, "pv_ctx.calls");
+_Static_assert(offsetof(pv_ctx_t, helper) == 944, "pv_ctx.helper");
+_Static_assert(offsetof(pv_ctx_t, region) == 1112, "pv_ctx.region");
+_Static_assert(offsetof(pv_ctx_t, slot) == 1120, "pv_ctx.slot");
+_Static_assert(offsetof(pv_ctx_t, slot_index) == 1128, "pv_ctx.slot_index");
+_Static_assert(offsetof(pv_ctx_t, region_fd) == 1132, "pv_ctx.region_fd");
+_Static_assert(offsetof(pv_ctx_t, n_slots) == 1136, "pv_ctx.n_slots");
+_Static_assert(offsetof(pv_ctx_t, lock) == 1140, "pv_ctx.lock");
+_Static_assert(offsetof(pv_ctx_t, table) == 1144, "pv_ctx.table");
+_Static_assert(offsetof(pv_ctx_t, table_mask) == 1152, "pv_ctx.table_mask");
+_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 1160, "pv_ctx.table_maxdisp");
+_Static_assert(offsetof(pv_ctx_t, table_live) == 1168, "pv_ctx.table_live");
+_Static_assert(offsetof(pv_ctx_t, table_full) == 1176, "pv_ctx.table_full");
+_Static_assert(offsetof(pv_ctx_t, pool_handle) == 1184, "pv_ctx.pool_handle");
+_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 1696, "pv_ctx.pool_reserved");
+_Static_assert(offsetof(pv_ctx_t, pool_dev) == 2208, "pv_ctx.pool_dev");
+_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2464, "pv_ctx.ctx_charged");
+_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2592, "pv_ctx.nvml_state");
+_Static_assert(offsetof(pv_ctx_t, sm_policy) == 2596, "pv_ctx.sm_policy");
+_Static_assert(offsetof(pv_ctx_t, sm_nvml) == 2600, "pv_ctx.sm_nvml");
+_Static_assert(offsetof(pv_ctx_t, sm_launches) == 2728, "pv_ctx.sm_launches");
+_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 2736, "pv_ctx.sm_default_cost");
+_Static_assert(offsetof(pv_ctx_t, sm_pending) == 2744, "pv_ctx.sm_pending");
+_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 2752, "pv_ctx.sm_tick_ns");
+_Static_assert(offsetof(pv_ctx_t, cost_key) == 2760, "pv_ctx.cost_key");
+_Static_assert(offsetof(pv_ctx_t, cost_ns) == 35528, "pv_ctx.cost_ns");
+_Static_assert(offsetof(pv_ctx_t, samp_state) == 68296, "pv_ctx.samp_state");
+_Static_assert(offsetof(pv_ctx_t, samp_key) == 68328, "pv_ctx.samp_key");
+_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68392, "pv_ctx.samp_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_start) == 68456, "pv_ctx.samp_start");
+_Static_assert(offsetof(pv_ctx_t, samp_end) == 68520, "pv_ctx.samp_end");
+_Static_assert(sizeof(pv_ctx_t) == 68584, "sizeof pv_ctx");
 
 #endif

@@ -99,15 +99,16 @@ static int limits_requested(void) {
 }
 
 /* ---- the watcher thread -------------------------------------------------
- * Calls the svc_tick callback twice a second while this process is in a
- * group, so quota of dead members comes back within a second. It never
- * takes the GIL and never calls the driver. */
+ * Calls the svc_tick callback ten times a second while this process is in a
+ * group: the compute controller steps from it (pyvgpu/jit/compute.py) and
+ * quota of dead members comes back within a second. It never takes the GIL
+ * and never calls the CUDA driver. */
 
 static void *watcher(void *arg) {
     (void)arg;
-    const struct timespec half = {0, 500 * 1000 * 1000};
+    const struct timespec tenth = {0, 100 * 1000 * 1000};
     for (;;) {
-        nanosleep(&half, NULL);
+        nanosleep(&tenth, NULL);
         pv_service_t tick = __atomic_load_n(&pv_services[PV_S_svc_tick], __ATOMIC_ACQUIRE);
         if (tick && pv_ctx.region)
             tick(&pv_ctx);

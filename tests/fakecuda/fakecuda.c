@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "fake_devices.h"
+#include "fake_sim.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -44,6 +45,7 @@ enum {
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
 };
 
 #define FAKE_DRIVER_VERSION 13000
@@ -59,7 +61,9 @@ static uint64_t g_used[MAX_DEV];
 static uint64_t g_next[MAX_DEV];
 static struct fake_ctx g_primary[MAX_DEV];
 static __thread CUcontext t_cur;
-static uint64_t g_busy_ns; /* simulated busy clock */
+static uint64_t g_ns_per_iter = 100; /* FAKECUDA_NS_PER_ITER (the simulated GPU, below) */
+static double g_event_scale = 1.0;   /* FAKECUDA_EVENT_SCALE: timing events read this much long */
+static uint64_t g_last_end;          /* when this process's queued work is done */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* ---- call counting ------------------------------------------------------- */
@@ -78,7 +82,11 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
     X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemPoolGetAttribute) X(cuMemCreate) X(cuMemRelease)    \
     X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap)         \
     X(cuMemSetAccess) X(cuArrayCreate_v2) X(cuArrayCreate) X(cuArray3DCreate_v2) X(cuMipmappedArrayCreate)         \
-    X(cuArrayDestroy) X(cuMipmappedArrayDestroy)
+    X(cuArrayDestroy) X(cuMipmappedArrayDestroy) X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz)   \
+    X(cuLaunchCooperativeKernelMultiDevice) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)                      \
+    X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy_v2) X(cuStreamIsCapturing) X(cuGraphCreate)       \
+    X(cuGraphAddKernelNode) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)                 \
+    X(cuGraphExecDestroy) X(cuGraphDestroy)
 
 #define X(name) FK_##name,
 enum { FAKE_FUNCS(X) FK_N };
@@ -97,6 +105,12 @@ __attribute__((constructor)) static void fake_config(void) {
         g_next[d] = 0x7f0000000000ULL + ((uint64_t)d << 36);
         g_primary[d].dev = d;
     }
+    const char *n = getenv("FAKECUDA_NS_PER_ITER");
+    if (n && *n)
+        g_ns_per_iter = strtoull(n, NULL, 10);
+    const char *e = getenv("FAKECUDA_EVENT_SCALE");
+    if (e && *e)
+        g_event_scale = strtod(e, NULL);
 }
 
 __attribute__((destructor)) static void fake_stats(void) {
@@ -176,6 +190,61 @@ static int tab_take(CUdeviceptr p, struct alloc *out) {
         i = (i + 1) & (g_tab_cap - 1);
     }
     return 0;
+}
+
+/* ---- the simulated GPU (fake_sim.h) ---------------------------------------- */
+
+/* A kernel's simulated duration: the spin kernel of pv_bench takes its first
+ * parameter (a u32 iteration count) x FAKECUDA_NS_PER_ITER ns (default 100);
+ * kernels without parameters take no time and skip the simulation. */
+
+static struct sim *sim(void) {
+    static struct sim *s;
+    struct sim *x = __atomic_load_n(&s, __ATOMIC_ACQUIRE);
+    if (x)
+        return x;
+    x = sim_map_file();
+    if (!x)
+        x = calloc(1, sizeof *x);
+    struct sim *expect = NULL;
+    if (!__atomic_compare_exchange_n(&s, &expect, x, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        x = expect; /* another thread won; a mapping lost is harmless in a test double */
+    return x;
+}
+
+EXPORT struct sim *fakecuda_sim(void) { return sim(); } /* the fake NVML reads it without FAKECUDA_SIM */
+
+static uint64_t kernel_ns(void **params) {
+    if (!params || !params[0])
+        return 0;
+    return (uint64_t)*(const uint32_t *)params[0] * g_ns_per_iter;
+}
+
+struct fake_event {
+    uint64_t t;          /* when it completes */
+    uint64_t rec;        /* when it was recorded */
+    int timing;          /* 0: CU_EVENT_DISABLE_TIMING */
+    int recorded;
+};
+#define START_EVENT_NS 50000 /* a launch this soon after a timing event is the kernel it times */
+static struct fake_event *g_start_event; /* a timing event recorded right before the next kernel */
+
+/* Queue a kernel of d ns on the current device. A timing event recorded just
+ * before it (within START_EVENT_NS) completes when the kernel starts, as on a
+ * GPU where this process's channel, once scheduled, runs the event and then
+ * the kernel: other processes' kernels ahead in the FIFO do not count, as
+ * time slices of other contexts do not on a real GPU. */
+static void run_kernel(uint64_t d) {
+    if (!d)
+        return;
+    uint64_t st, en, called = sim_now();
+    sim_enqueue(sim(), t_cur->dev, d, &st, &en); /* may block while the queue is full */
+    struct fake_event *e = __atomic_exchange_n(&g_start_event, NULL, __ATOMIC_ACQ_REL);
+    if (e && e->t < st && called - e->rec < START_EVENT_NS)
+        e->t = st;
+    uint64_t old = __atomic_load_n(&g_last_end, __ATOMIC_ACQUIRE);
+    while (old < en && !__atomic_compare_exchange_n(&g_last_end, &old, en, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        ;
 }
 
 /* ---- init, devices, contexts --------------------------------------------- */
@@ -301,6 +370,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     if (d < 0 || d >= g_ndev)
         return CUDA_ERROR_INVALID_DEVICE;
     take_context_memory(d);
+    sim_register(sim(), d);
     *c = &g_primary[d];
     return CUDA_SUCCESS;
 }
@@ -325,6 +395,7 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
     if (d < 0 || d >= g_ndev)
         return CUDA_ERROR_INVALID_DEVICE;
     take_context_memory(d);
+    sim_register(sim(), d);
     struct fake_ctx *x = malloc(sizeof *x);
     x->dev = d;
     *c = t_cur = x;
@@ -371,6 +442,7 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
 EXPORT CUresult cuCtxSynchronize(void) {
     COUNT(cuCtxSynchronize);
     NEED_CTX();
+    sim_sleep_until(__atomic_load_n(&g_last_end, __ATOMIC_ACQUIRE));
     return CUDA_SUCCESS;
 }
 
@@ -521,10 +593,10 @@ EXPORT CUresult cuModuleUnload(CUmodule m) {
     return CUDA_SUCCESS;
 }
 
-static CUresult launch(CUfunction f, uint64_t blocks) {
+static CUresult launch(CUfunction f, void **params) {
     if (f != &g_function_token)
         return CUDA_ERROR_INVALID_HANDLE;
-    __atomic_add_fetch(&g_busy_ns, 1000 + blocks, __ATOMIC_RELAXED);
+    run_kernel(kernel_ns(params));
     return CUDA_SUCCESS;
 }
 
@@ -532,7 +604,7 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
                                unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
     COUNT(cuLaunchKernel);
     NEED_CTX();
-    return launch(f, (uint64_t)gx * gy * gz);
+    return launch(f, params);
 }
 
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -540,7 +612,41 @@ EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsi
                                     void **extra) {
     COUNT(cuLaunchKernel_ptsz);
     NEED_CTX();
-    return launch(f, (uint64_t)gx * gy * gz);
+    return launch(f, params);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                          unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
+    COUNT(cuLaunchCooperativeKernel);
+    NEED_CTX();
+    return launch(f, params);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
+    COUNT(cuLaunchCooperativeKernel_ptsz);
+    NEED_CTX();
+    return launch(f, params);
+}
+
+typedef struct {
+    CUfunction f;
+    unsigned gx, gy, gz, bx, by, bz, shm;
+    CUstream s;
+    void **params;
+} fake_launch_params; /* CUDA_LAUNCH_PARAMS */
+
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(fake_launch_params *list, unsigned n, unsigned flags) {
+    COUNT(cuLaunchCooperativeKernelMultiDevice);
+    NEED_CTX();
+    if (!list || !n)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++) {
+        CUresult rc = launch(list[i].f, list[i].params);
+        if (rc)
+            return rc;
+    }
+    return CUDA_SUCCESS;
 }
 
 typedef struct {
@@ -555,7 +661,7 @@ EXPORT CUresult cuLaunchKernelEx(const fake_launch_config *c, CUfunction f, void
     NEED_CTX();
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, (uint64_t)c->gx * c->gy * c->gz);
+    return launch(f, params);
 }
 
 EXPORT CUresult cuLaunchKernelEx_ptsz(const fake_launch_config *c, CUfunction f, void **params, void **extra) {
@@ -563,7 +669,158 @@ EXPORT CUresult cuLaunchKernelEx_ptsz(const fake_launch_config *c, CUfunction f,
     NEED_CTX();
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, (uint64_t)c->gx * c->gy * c->gz);
+    return launch(f, params);
+}
+
+/* ---- events and graphs on the simulated clock ----------------------------- */
+
+EXPORT CUresult cuEventCreate(struct fake_event **e, unsigned flags) {
+    COUNT(cuEventCreate);
+    NEED_CTX();
+    if (!e)
+        return CUDA_ERROR_INVALID_VALUE;
+    *e = calloc(1, sizeof **e);
+    (*e)->timing = !(flags & 2);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(struct fake_event *e, CUstream s) {
+    COUNT(cuEventRecord);
+    NEED_CTX();
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = sim_now(), last = __atomic_load_n(&g_last_end, __ATOMIC_ACQUIRE);
+    e->t = last > now ? last : now;
+    e->rec = now;
+    e->recorded = 1;
+    if (e->timing)
+        __atomic_store_n(&g_start_event, e, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventQuery(struct fake_event *e) {
+    COUNT(cuEventQuery);
+    NEED_INIT();
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return !e->recorded || sim_now() >= e->t ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuEventSynchronize(struct fake_event *e) {
+    COUNT(cuEventSynchronize);
+    NEED_INIT();
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (e->recorded)
+        sim_sleep_until(e->t);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventElapsedTime(float *ms, struct fake_event *a, struct fake_event *b) {
+    COUNT(cuEventElapsedTime);
+    NEED_INIT();
+    if (!ms || !a || !b || !a->timing || !b->timing)
+        return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = sim_now();
+    if (!a->recorded || !b->recorded || now < a->t || now < b->t)
+        return CUDA_ERROR_NOT_READY;
+    *ms = (float)((double)((int64_t)(b->t - a->t)) * g_event_scale / 1e6);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(struct fake_event *e) {
+    COUNT(cuEventDestroy_v2);
+    NEED_INIT();
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct fake_event *x = e;
+    __atomic_compare_exchange_n(&g_start_event, &x, NULL, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
+    COUNT(cuStreamIsCapturing);
+    NEED_CTX();
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    *status = 0; /* CU_STREAM_CAPTURE_STATUS_NONE: the fake does not capture */
+    return CUDA_SUCCESS;
+}
+
+/* A graph is the sum of its kernels' durations, replayed as one unit. */
+struct fake_graph {
+    uint64_t ns;
+    unsigned kernels;
+};
+
+typedef struct {
+    CUfunction f;
+    unsigned gx, gy, gz, bx, by, bz, shm;
+    void **params;
+    void **extra;
+} fake_kernel_node_params; /* the leading fields of CUDA_KERNEL_NODE_PARAMS(_v2) */
+
+EXPORT CUresult cuGraphCreate(struct fake_graph **g, unsigned flags) {
+    COUNT(cuGraphCreate);
+    NEED_CTX();
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = calloc(1, sizeof **g);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddKernelNode(void **node, struct fake_graph *g, void *deps, size_t ndeps,
+                                     const fake_kernel_node_params *p) {
+    COUNT(cuGraphAddKernelNode);
+    NEED_CTX();
+    if (!node || !g || !p || p->f != &g_function_token)
+        return CUDA_ERROR_INVALID_VALUE;
+    g->ns += kernel_ns(p->params);
+    g->kernels++;
+    *node = g;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(struct fake_graph **exec, struct fake_graph *g,
+                                            unsigned long long flags) {
+    COUNT(cuGraphInstantiateWithFlags);
+    NEED_CTX();
+    if (!exec || !g)
+        return CUDA_ERROR_INVALID_VALUE;
+    *exec = malloc(sizeof **exec);
+    **exec = *g;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphLaunch(struct fake_graph *exec, CUstream s) {
+    COUNT(cuGraphLaunch);
+    NEED_CTX();
+    if (!exec)
+        return CUDA_ERROR_INVALID_HANDLE;
+    run_kernel(exec->ns);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphLaunch_ptsz(struct fake_graph *exec, CUstream s) {
+    COUNT(cuGraphLaunch_ptsz);
+    NEED_CTX();
+    if (!exec)
+        return CUDA_ERROR_INVALID_HANDLE;
+    run_kernel(exec->ns);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphExecDestroy(struct fake_graph *exec) {
+    COUNT(cuGraphExecDestroy);
+    free(exec);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphDestroy(struct fake_graph *g) {
+    COUNT(cuGraphDestroy);
+    free(g);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
@@ -584,6 +841,7 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
     COUNT(cuStreamSynchronize);
     NEED_CTX();
+    sim_sleep_until(__atomic_load_n(&g_last_end, __ATOMIC_ACQUIRE));
     return CUDA_SUCCESS;
 }
 

@@ -6,12 +6,14 @@
  */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fake_devices.h"
+#include "fake_sim.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -35,6 +37,7 @@ enum {
     NVML_ERROR_UNINITIALIZED = 1,
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
 };
 
 static int g_init, g_ndev;
@@ -73,7 +76,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *
 
 static int valid(nvmlDevice_t d) { return d >= &g_dev[0] && d < &g_dev[g_ndev]; }
 
-#include <dlfcn.h>
 /* Device-wide used: FAKENVML_USED plus what the fake libcuda in this process holds. */
 static uint64_t used_of(int d) {
     void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD); /* loaded locally, e.g. by ctypes */
@@ -116,13 +118,57 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     return NVML_SUCCESS;
 }
 
+/* The simulated GPU: the file named by FAKECUDA_SIM, else this process's fake libcuda's. */
+static struct sim *sim(void) {
+    static struct sim *s;
+    if (s)
+        return s;
+    s = sim_map_file();
+    if (!s) {
+        void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        struct sim *(*get)(void) = h ? (struct sim * (*)(void)) dlsym(h, "fakecuda_sim") : NULL;
+        s = get ? get() : NULL;
+    }
+    return s;
+}
+
+/* FAKENVML_NO_UTILIZATION=1: a GPU that cannot report utilization. */
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     if (!g_init)
         return NVML_ERROR_UNINITIALIZED;
     if (!u || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
-    u->gpu = 0;
+    const char *no = getenv("FAKENVML_NO_UTILIZATION");
+    if (no && *no == '1')
+        return 3; /* NVML_ERROR_NOT_SUPPORTED */
+    struct sim *s = sim();
+    u->gpu = s ? sim_utilization(s, d->index) : 0;
     u->memory = 0;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                            nvmlProcessInfo_t *infos) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!count || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct sim *s = sim();
+    int32_t pids[SIM_PROCS];
+    unsigned n = s ? sim_processes(s, d->index, pids, SIM_PROCS) : 0;
+    if (!infos || *count < n) {
+        *count = n;
+        return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    for (unsigned i = 0; i < n; i++)
+        infos[i] = (nvmlProcessInfo_t){(unsigned)pids[i], 0, 0xFFFFFFFFu, 0xFFFFFFFFu};
+    *count = n;
     return NVML_SUCCESS;
 }
 

@@ -1,0 +1,146 @@
+/* The simulated GPU's busy clock, shared by the fake libcuda (which queues
+ * kernels on it) and the fake libnvidia-ml (which reports utilization and
+ * compute processes from it). A test double only.
+ *
+ * Each device is one FIFO timeline: a kernel of d ns starts when the device
+ * is free (or now) and ends d ns later; launches block while more than
+ * SIM_QUEUE_NS of work is queued, as a full launch queue does. With
+ * FAKECUDA_SIM=PATH every process maps the same file, so several processes
+ * share one simulated GPU; without it each process has its own. */
+#ifndef FAKE_SIM_H
+#define FAKE_SIM_H
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SIM_DEVS 4
+#define SIM_RING 16384
+#define SIM_PROCS 64
+#define SIM_QUEUE_NS 20000000ULL
+#define SIM_WINDOW_NS 300000000ULL /* NVML utilization: busy share of the last 300 ms */
+#define SIM_MAGIC 0x314d495346414b45ULL
+#define SIM_FN static __attribute__((unused))
+
+struct sim_kernel {
+    uint64_t start, end;
+};
+struct sim_dev {
+    uint64_t free_at; /* CLOCK_MONOTONIC ns when all queued work is done */
+    uint64_t next;    /* ring index of the next kernel */
+    struct sim_kernel ring[SIM_RING];
+};
+struct sim_proc {
+    int32_t pid;
+    uint32_t devmask; /* devices it holds a context on */
+};
+struct sim {
+    uint64_t magic;
+    struct sim_proc procs[SIM_PROCS];
+    struct sim_dev dev[SIM_DEVS];
+};
+
+SIM_FN uint64_t sim_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+SIM_FN void sim_sleep_until(uint64_t t) {
+    for (uint64_t now = sim_now(); now < t; now = sim_now()) {
+        uint64_t d = t - now;
+        struct timespec ts = {(time_t)(d / 1000000000ULL), (long)(d % 1000000000ULL)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The shared state from FAKECUDA_SIM, or NULL when it is not set. */
+SIM_FN struct sim *sim_map_file(void) {
+    const char *path = getenv("FAKECUDA_SIM");
+    if (!path || !*path)
+        return NULL;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return NULL;
+    if (ftruncate(fd, sizeof(struct sim)) != 0) {
+        close(fd);
+        return NULL;
+    }
+    void *p = mmap(NULL, sizeof(struct sim), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return NULL;
+    struct sim *s = p;
+    __atomic_store_n(&s->magic, SIM_MAGIC, __ATOMIC_RELEASE);
+    return s;
+}
+
+/* Queue d ns of work on dev; returns its [start, end). Blocks while the queue is full. */
+SIM_FN void sim_enqueue(struct sim *s, int dev, uint64_t d, uint64_t *start, uint64_t *end) {
+    struct sim_dev *x = &s->dev[dev % SIM_DEVS];
+    uint64_t now = sim_now(), old, st;
+    old = __atomic_load_n(&x->free_at, __ATOMIC_ACQUIRE);
+    do {
+        st = old > now ? old : now;
+    } while (!__atomic_compare_exchange_n(&x->free_at, &old, st + d, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    uint64_t i = __atomic_fetch_add(&x->next, 1, __ATOMIC_RELAXED) % SIM_RING;
+    __atomic_store_n(&x->ring[i].start, st, __ATOMIC_RELAXED);
+    __atomic_store_n(&x->ring[i].end, st + d, __ATOMIC_RELEASE);
+    *start = st;
+    *end = st + d;
+    if (st > now + SIM_QUEUE_NS)
+        sim_sleep_until(st - SIM_QUEUE_NS);
+}
+
+/* Percent of the last SIM_WINDOW_NS during which dev ran a kernel, rounded. */
+SIM_FN unsigned sim_utilization(struct sim *s, int dev) {
+    struct sim_dev *x = &s->dev[dev % SIM_DEVS];
+    uint64_t now = sim_now(), lo = now > SIM_WINDOW_NS ? now - SIM_WINDOW_NS : 0, busy = 0;
+    for (int i = 0; i < SIM_RING; i++) {
+        uint64_t a = __atomic_load_n(&x->ring[i].start, __ATOMIC_RELAXED);
+        uint64_t b = __atomic_load_n(&x->ring[i].end, __ATOMIC_ACQUIRE);
+        if (a < lo)
+            a = lo;
+        if (b > now)
+            b = now;
+        if (b > a)
+            busy += b - a;
+    }
+    unsigned u = (unsigned)((busy * 100 + SIM_WINDOW_NS / 2) / SIM_WINDOW_NS);
+    return u > 100 ? 100 : u;
+}
+
+SIM_FN void sim_register(struct sim *s, int dev) {
+    int32_t me = (int32_t)getpid();
+    for (int i = 0; i < SIM_PROCS; i++)
+        if (__atomic_load_n(&s->procs[i].pid, __ATOMIC_ACQUIRE) == me) {
+            __atomic_fetch_or(&s->procs[i].devmask, 1u << dev, __ATOMIC_RELEASE);
+            return;
+        }
+    for (int i = 0; i < SIM_PROCS; i++) {
+        int32_t p = __atomic_load_n(&s->procs[i].pid, __ATOMIC_ACQUIRE);
+        if ((p == 0 || kill(p, 0) != 0) &&
+            __atomic_compare_exchange_n(&s->procs[i].pid, &p, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            __atomic_store_n(&s->procs[i].devmask, 1u << dev, __ATOMIC_RELEASE);
+            return;
+        }
+    }
+}
+
+/* Live processes holding a context on dev; their pids in out[] (up to max). */
+SIM_FN unsigned sim_processes(struct sim *s, int dev, int32_t *out, unsigned max) {
+    unsigned n = 0;
+    for (int i = 0; i < SIM_PROCS; i++) {
+        int32_t p = __atomic_load_n(&s->procs[i].pid, __ATOMIC_ACQUIRE);
+        if (p != 0 && (__atomic_load_n(&s->procs[i].devmask, __ATOMIC_ACQUIRE) & (1u << dev)) && kill(p, 0) == 0) {
+            if (out && n < max)
+                out[n] = p;
+            n++;
+        }
+    }
+    return n;
+}
+#endif
