@@ -87,6 +87,7 @@ def attach_region(ctx_addr: int, env=os.environ) -> None:
     wanted = limits.memory_from_env(env)
     shares = limits.sm_from_env(env)
     policy = limits.sm_policy(env)
+    limits.sm_batch_ns(env)  # a bad value is an error before anything is attached
     path = region.path_from_env(env)
     if path is None and not wanted and not shares:
         return  # no group and no limits: nothing to account
@@ -102,6 +103,7 @@ def attach_region(ctx_addr: int, env=os.environ) -> None:
     r = region.create_or_open(path, path.stem, wanted, "CUDA_DEVICE_MEMORY_LIMIT", sm=shares)
     ctx = layout.CTX.ctypes_class().from_address(ctx_addr)
     ctx.sm_policy = policy
+    ctx.sm_batch_ns = limits.sm_batch_ns(env)
     ctx.region = region.map_forever(r.fd, r.header.size)
     ctx.region_fd = r.fd
     ctx.n_slots = r.header.n_slots

@@ -145,6 +145,7 @@ CTX = Struct(
         Field("nvml_state", "u32", doc="0 untried, 1 initialised by us, 2 unavailable"),
         # compute share (pyvgpu/jit/compute.py)
         Field("sm_policy", "u32", doc="GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
+        Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how much budget held launches leave with"),
         Field("sm_nvml", "u64", MAX_DEVICES, doc="NVML handle per CUDA device, 0 = not resolved yet"),
         Field("sm_launches", "u64", doc="launches seen under a compute limit (drives sampling)"),
         Field("sm_default_cost", "u64", doc="ns: mean of all timed launches, for kernels not timed yet"),

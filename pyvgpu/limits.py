@@ -184,3 +184,16 @@ def human(n: int) -> str:
         if n >= div:
             return f"{n / div:.2f} {unit}"
     return f"{n} B"
+
+
+DEFAULT_SM_BATCH_MS = 2
+
+
+def sm_batch_ns(env: Mapping[str, str]) -> int:
+    """PYVGPU_SM_BATCH_MS: budget (ms of wall time) a held launch waits for, so launches leave together."""
+    text = env.get("PYVGPU_SM_BATCH_MS", "").strip()
+    if not text:
+        return DEFAULT_SM_BATCH_MS * 1_000_000
+    if not text.isdigit() or int(text) > 1000:
+        raise PyvgpuError(f"PYVGPU_SM_BATCH_MS={text!r}: give whole milliseconds from 0 to 1000")
+    return int(text) * 1_000_000

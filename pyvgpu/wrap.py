@@ -51,6 +51,7 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
     if on_error:
         env["PYVGPU_ON_ERROR"] = on_error
     lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
+    lim.sm_batch_ns(env)
     if join:
         join_group(env, memory, group, region_path, sm)
     return env

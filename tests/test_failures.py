@@ -119,10 +119,10 @@ def test_foreign_manifest_is_ignored(monkeypatch, tmp_path, cache_dir):
 
     d = tmp_path / "c"
     shutil.copytree(cache_dir, d)
-    man = next(d.glob("callbacks-*.json"))
-    data = json.loads(man.read_text())
-    data["table_hash"] = "0" * 16
-    man.write_text(json.dumps(data))
+    for man in d.glob("callbacks-*.json"):
+        data = json.loads(man.read_text())
+        data["table_hash"] = "0" * 16
+        man.write_text(json.dumps(data))
     assert cache.read(d) is None
 
 
@@ -137,15 +137,20 @@ def test_installing_into_a_mismatched_shim_is_refused():
     assert b"different builds" in lib.pyvgpu_last_error()
 
 
-def test_a_compute_share_is_not_silently_ignored(env, fake):
-    """Compute limits are not implemented yet: asking for one fails closed, by wrap and by the bare shim."""
+def test_a_compute_share_that_cannot_be_measured_fails_closed(env, fake):
+    """No way to measure utilization: the share is refused (wrap and bare shim), or dropped out loud when open."""
+    env["FAKENVML_NO_UTILIZATION"] = "1"
     env["CUDA_DEVICE_SM_LIMIT"] = "30"
     p = run([*PYVGPU, "wrap", "--", str(fake / "host_linked")], env=env)
-    assert p.returncode == 2 and "CUDA_DEVICE_SM_LIMIT=30" in p.stderr and "PYVGPU_ON_ERROR=open" in p.stderr
+    assert p.returncode == 2 and "CUDA_DEVICE_SM_LIMIT" in p.stderr and "utilization" in p.stderr, p.stderr
     env["LD_PRELOAD"] = str(__import__("pyvgpu.shim").shim.shim_path())
     p = run([str(fake / "host_linked")], env=env)  # as HAMi's device plugin would start it
-    assert "-> 800" in p.stdout and "CUDA_DEVICE_SM_LIMIT=30" in p.stderr
+    assert "-> 800" in p.stdout and "utilization" in p.stderr, (p.stdout, p.stderr)
     env.pop("LD_PRELOAD")
     env["PYVGPU_ON_ERROR"] = "open"
     p = run([*PYVGPU, "wrap", "--", str(fake / "host_linked")], env=env)
     assert p.returncode == 0 and p.stdout.startswith("OK") and "warning" in p.stderr
+    env.pop("PYVGPU_ON_ERROR")
+    env.pop("CUDA_DEVICE_SM_LIMIT")
+    p = run([*PYVGPU, "wrap", "--memory", "1G", "--", str(fake / "host_linked")], env=env)
+    assert p.returncode == 0 and p.stdout.startswith("OK"), p.stderr  # memory isolation needs no utilization

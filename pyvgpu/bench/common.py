@@ -20,7 +20,7 @@ def raw_env(base: dict[str, str] | None = None) -> dict[str, str]:
     else:
         env.pop("LD_PRELOAD", None)
     for k in list(env):
-        if k.startswith("PYVGPU_") and k != "PYVGPU_CACHE_DIR":
+        if k.startswith("PYVGPU_") and k not in ("PYVGPU_CACHE_DIR", "PYVGPU_SM_BATCH_MS"):
             del env[k]
     return env
 

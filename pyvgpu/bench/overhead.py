@@ -16,6 +16,7 @@ wrapped, alternating. It includes whole-process effects but varies by
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 from pyvgpu import cache, wrap
@@ -64,13 +65,23 @@ def run(rounds: int = 5, samples: int = 1000, launch_batch: int = 100, alloc_bat
             "separate_ratio": median(sep["wrapped"]) / median(sep["raw"]) if sep["raw"] else float("nan"),
             "separate_rounds": sep,
         }
-    return {"bench": "overhead", "machine": machine(), "rounds": rounds, "samples": samples,
+    throttled = None
+    if sm:  # the figure is the limiter's cost while tokens are there: say whether launches ever waited
+        from pathlib import Path
+
+        from pyvgpu import region
+
+        r = region.open_region(Path(wrapped["PYVGPU_REGION"]), writable=False)
+        os.close(r.fd)
+        throttled = r.device(0).sm_throttle_ns / 1e9
+    return {"bench": "overhead", "machine": machine(), "rounds": rounds, "samples": samples, "throttled_s": throttled,
             "alloc_size": size, "memory_limit": memory, "sm_limit": sm, "ops": summary}
 
 
 def table(result: dict) -> str:
     cap = f", wrapped under --memory {result['memory_limit']}" if result.get("memory_limit") else ""
-    cap += f", wrapped under --sm {result['sm_limit']}" if result.get("sm_limit") else ""
+    if result.get("sm_limit"):
+        cap += f", wrapped under --sm {result['sm_limit']} (launches held back: {result['throttled_s']:.3f} s)"
     lines = [f"pyvgpu bench overhead on {result['machine']['gpu']}: median host ns per call, "
              f"{result['rounds']} rounds{cap}",
              f"  {'op':<11} {'raw':>8} {'hook':>8} {'+paired':>8} {'ratio':>7} {'goal':>7} | separate processes: "

@@ -59,16 +59,16 @@ static const char PTX[] = ".version 7.8\n.target sm_75\n.address_size 64\n"
                           ".visible .entry pv_empty()\n{\n\tret;\n}\n"
                           /* pv_spin(n, out): n iterations of 4 independent FMA chains per thread; the
                            * store is never taken but keeps the loop alive. Compute-bound, no memory. */
-                          ".visible .entry pv_spin(.param .u32 n, .param .u64 out)\n{\n"
+                          ".visible .entry pv_spin(.param .u32 pv_n, .param .u64 pv_out)\n{\n"
                           "\t.reg .pred p;\n\t.reg .b32 i, n;\n\t.reg .f32 a, b, c, d, m, k;\n\t.reg .b64 o;\n"
-                          "\tld.param.u32 n, [n];\n\tmov.b32 i, 0;\n"
+                          "\tld.param.u32 n, [pv_n];\n\tmov.b32 i, 0;\n"
                           "\tmov.f32 a, 0f3F800000;\n\tmov.f32 b, 0f3F000000;\n\tmov.f32 c, 0f3E800000;\n"
                           "\tmov.f32 d, 0f3E000000;\n\tmov.f32 m, 0f3F7FFFFE;\n\tmov.f32 k, 0f3A83126F;\n"
                           "LOOP:\n\tfma.rn.f32 a, a, m, k;\n\tfma.rn.f32 b, b, m, k;\n\tfma.rn.f32 c, c, m, k;\n"
                           "\tfma.rn.f32 d, d, m, k;\n\tadd.u32 i, i, 1;\n\tsetp.lt.u32 p, i, n;\n\t@p bra LOOP;\n"
                           "\tadd.f32 a, a, b;\n\tadd.f32 c, c, d;\n\tadd.f32 a, a, c;\n"
                           "\tsetp.neu.f32 p, a, 0f7F800000;\n\t@p bra DONE;\n"
-                          "\tld.param.u64 o, [out];\n\tst.global.f32 [o], a;\n"
+                          "\tld.param.u64 o, [pv_out];\n\tst.global.f32 [o], a;\n"
                           "DONE:\n\tret;\n}\n";
 
 static long long now_ns(void) {

@@ -103,7 +103,18 @@ class _Run:
         rate = (end[1] - start[1]) / ((end[0] - start[0]) / 1e9)
         curve = [((t - t_first) / 1e9, (n1 - n0) / ((t - t0) / 1e9))
                  for (t0, n0), (t, n1) in zip(self.progress, self.progress[1:]) if t > t0]
-        return {"kernels_per_s": rate, "curve": curve, "controller": self.series}
+        return {"kernels_per_s": rate, "curve": curve, "controller": self.series, **self._charged()}
+
+    def _charged(self) -> dict:
+        """What the limiter charged: launches and their mean estimated GPU time."""
+        if self.region_path is None:
+            return {}
+        r = region.open_region(self.region_path, writable=False)
+        os.close(r.fd)
+        n = sum(r.slot(i).sm_launches[0] for i in range(r.header.n_slots))
+        cost = sum(r.slot(i).sm_cost_ns[0] for i in range(r.header.n_slots))
+        return {"launches_charged": n, "mean_cost_us": cost / n / 1000 if n else 0.0,
+                "throttled_s": r.device(0).sm_throttle_ns / 1e9}
 
 
 def _wrapped(base: dict[str, str], share: int, tmp: Path, name: str) -> tuple[dict[str, str], Path]:
@@ -167,11 +178,11 @@ def table(result: dict) -> str:
              f"{result['seconds']:.0f} s per run (first third left out)",
              f"  unlimited: {result['unlimited_kernels_per_s']:.1f} kernels/s"
              + (f" (spin kernel {result['spin_kernel_ns'] / 1000:.0f} us)" if result["spin_kernel_ns"] else ""),
-             f"  {'run':<7} {'target':>6} {'achieved':>9} {'error':>7} {'util':>6} {'scale':>6}"]
+             f"  {'run':<7} {'target':>6} {'achieved':>9} {'error':>7} {'util':>6} {'scale':>6} {'cost us':>8}"]
     for r in result["runs"]:
         last = r["controller"][-1] if r["controller"] else {"util": float("nan"), "scale": float("nan")}
         lines.append(f"  {r['kind']:<7} {r['target']:>5}% {r['achieved']:>8.1f}% {r['error_points']:>+6.1f} "
-                     f"{last['util']:>5.0f}% {last['scale']:>6.3f}")
+                     f"{last['util']:>5.0f}% {last['scale']:>6.3f} {r.get('mean_cost_us', 0):>8.1f}")
     lines.append(f"  largest error {result['max_error_points']:.1f} points (goal: within {result['goal_points']:.0f})")
     return "\n".join(lines)
 

@@ -6,7 +6,8 @@ device's time. Three parts:
 * **Cost model.** A launch costs the GPU time its kernel takes, in ns. Every
   kernel (function and launch shape; a whole CUDA graph for cuGraphLaunch)
   has its own estimate, learned by timing sampled launches between two CUDA
-  events: the first launch of each kernel, then one launch in SAMPLE_EVERY.
+  events: the first launch of each kernel, then one launch in SAMPLE_EVERY;
+  the estimate is a decaying minimum of the timings (``learn``).
   Timings are harvested later on the launching thread (never blocking), so
   a 200-block and a 2-block grid of the same function are told apart, and a
   long kernel costs what it takes rather than its grid size.
@@ -69,8 +70,8 @@ CU_STREAM_PER_THREAD = 2  # the per-thread default stream's handle, valid with e
 POLICY_DEFAULT, POLICY_FORCE, POLICY_DISABLE = 0, 1, 2
 
 BURST_NS = 2_000_000  # budget a group may run ahead of its share (absorbs sleep overshoot)
-SAMPLE_EVERY = 32  # time one launch in this many (a power of two)
-HARVEST_EVERY = 8  # look for finished timings every this many launches (a power of two)
+SAMPLE_EVERY = 256  # time one launch in this many (a power of two); a new kernel's first launch always
+HARVEST_EVERY = 64  # look for finished timings every this many launches (a power of two)
 CONTROL_PERIOD_NS = 500_000_000
 Q16 = 65536
 SCALE_MIN, SCALE_MAX = Q16 // 16, Q16 * 16
@@ -79,6 +80,7 @@ STATE_IDLE, STATE_CALIBRATING, STATE_HOLDING, STATE_NO_MEASUREMENT = 0, 1, 2, 3
 OFF_REGION = L.CTX.offset("region")
 OFF_SLOT = L.CTX.offset("slot")
 OFF_POLICY = L.CTX.offset("sm_policy")
+OFF_BATCH = L.CTX.offset("sm_batch_ns")
 OFF_NVML = L.CTX.offset("sm_nvml")
 OFF_LAUNCHES = L.CTX.offset("sm_launches")
 OFF_DEFAULT_COST = L.CTX.offset("sm_default_cost")
@@ -172,27 +174,20 @@ def cost_of(ctx, slot):
 
 @njit
 def learn(ctx, key, ns):
-    """Fold one timed launch into its kernel's estimate.
+    """Fold one timed launch into its kernel's estimate: a minimum that decays upward.
 
-    Timings near the estimate (within -25%..+25%) move it by 1/8 of the
-    difference; others by 1/32 of the estimate, so a rare outlier (the kernel
-    was preempted by another context's time slice) barely moves it while a
-    real change is still followed within a few dozen samples.
+    Another context's time slice can only lengthen a timed launch (on a shared
+    GPU it may run in the middle of ours), never shorten it. So the estimate
+    is the lowest recent timing: a sample below it replaces it, and it grows
+    by 1/64 per sample otherwise, which follows a kernel that really got
+    slower within a few dozen samples and forgets one lucky reading.
     """
     slot = cost_slot(ctx, key)
     if slot >= 0:
         addr = ctx + OFF_COST_NS + slot * 8
-        est = np.int64(load_u64(addr))
-        n = np.int64(ns)
-        if est == 0:
-            est = n
-        elif est * 3 // 4 <= n <= est * 5 // 4:
-            est += (n - est) // 8
-        elif n > est:
-            est += est // 32 + 1
-        else:
-            est -= est // 32
-        store_u64(addr, np.uint64(est if est > 0 else 1))
+        est = load_u64(addr)
+        up = est + est // np.uint64(64) + np.uint64(1)
+        store_u64(addr, ns if est == 0 or ns < up else up)
     d = np.int64(load_u64(ctx + OFF_DEFAULT_COST))
     store_u64(ctx + OFF_DEFAULT_COST, np.uint64(ns if d == 0 else d + (np.int64(ns) - d) // 16))
 
@@ -274,9 +269,9 @@ def harvest(ctx):
             continue
         if q == CUDA_SUCCESS and call_i32(elapsed, (ms, load_u64(ctx + sample_addr(OFF_S_START, i)),
                                                    end)) == CUDA_SUCCESS:
-            ns = np.int64(np.float64(load_f32(ms)) * 1e6)
-            if ns > 0:
-                learn(ctx, load_u64(ctx + sample_addr(OFF_S_KEY, i)), ns)
+            ns = np.float64(load_f32(ms)) * 1e6
+            if ns >= 1:
+                learn(ctx, load_u64(ctx + sample_addr(OFF_S_KEY, i)), np.uint64(ns))
         atomic_add_u32(ctx + OFF_PENDING, np.uint32(0xFFFFFFFF))  # -1
         atomic_store_u32(st, 0)
 
@@ -319,8 +314,15 @@ def throttle(ctx, region, dev, cost, limit):
     if slot != 0:
         atomic_add_u64(slot + SLOT_LAUNCHES + dev * 8, 1)
         atomic_add_u64(slot + SLOT_COST + dev * 8, cost)
-    wait = old - BURST_NS - now
+    batch = np.int64(load_u64(ctx + OFF_BATCH))
+    wait = old - BURST_NS - batch - now  # the tolerance holds a batch, so sleeping for one loses no budget
     if wait > 0:
+        # Sleeping sm_batch_ns past the point where this launch may go lets the
+        # launches after it pass at once, that much budget together: a GPU
+        # shared by time slicing then switches contexts once per batch instead
+        # of once per kernel (each switch costs time nobody gets). The schedule
+        # in sm_tat is absolute, so the average rate does not change.
+        wait += batch
         sleep_ns(wait)
         atomic_add_u64(d + DEV_THROTTLE, np.uint64(wait))
 
@@ -340,7 +342,7 @@ def launch(ctx, idx, args, notfound, key, stream):
     if load_u64(ctx + OFF_NVML + dev * 8) == 0:
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
     n = atomic_add_u64(ctx + OFF_LAUNCHES, 1)
-    if (n & np.uint64(HARVEST_EVERY - 1)) == 0 and atomic_load_u32(ctx + OFF_PENDING) != 0:
+    if atomic_load_u32(ctx + OFF_PENDING) != 0 and (n & np.uint64(HARVEST_EVERY - 1)) == 0:
         harvest(ctx)
     slot = cost_slot(ctx, key)
     throttle(ctx, region, dev, cost_of(ctx, slot), limit)

@@ -32,6 +32,7 @@ typedef struct pv_ctx {
     uint64_t ctx_charged[16];  /* context bytes charged per device (1: measured, none) */
     uint32_t nvml_state;  /* 0 untried, 1 initialised by us, 2 unavailable */
     uint32_t sm_policy;  /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
+    uint64_t sm_batch_ns;  /* PYVGPU_SM_BATCH_MS in ns: how much budget held launches leave with */
     uint64_t sm_nvml[16];  /* NVML handle per CUDA device, 0 = not resolved yet */
     uint64_t sm_launches;  /* launches seen under a compute limit (drives sampling) */
     uint64_t sm_default_cost;  /* ns: mean of all timed launches, for kernels not timed yet */
@@ -68,18 +69,19 @@ _Static_assert(offsetof(pv_ctx_t, pool_dev) == 2208, "pv_ctx.pool_dev");
 _Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2464, "pv_ctx.ctx_charged");
 _Static_assert(offsetof(pv_ctx_t, nvml_state) == 2592, "pv_ctx.nvml_state");
 _Static_assert(offsetof(pv_ctx_t, sm_policy) == 2596, "pv_ctx.sm_policy");
-_Static_assert(offsetof(pv_ctx_t, sm_nvml) == 2600, "pv_ctx.sm_nvml");
-_Static_assert(offsetof(pv_ctx_t, sm_launches) == 2728, "pv_ctx.sm_launches");
-_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 2736, "pv_ctx.sm_default_cost");
-_Static_assert(offsetof(pv_ctx_t, sm_pending) == 2744, "pv_ctx.sm_pending");
-_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 2752, "pv_ctx.sm_tick_ns");
-_Static_assert(offsetof(pv_ctx_t, cost_key) == 2760, "pv_ctx.cost_key");
-_Static_assert(offsetof(pv_ctx_t, cost_ns) == 35528, "pv_ctx.cost_ns");
-_Static_assert(offsetof(pv_ctx_t, samp_state) == 68296, "pv_ctx.samp_state");
-_Static_assert(offsetof(pv_ctx_t, samp_key) == 68328, "pv_ctx.samp_key");
-_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68392, "pv_ctx.samp_ctx");
-_Static_assert(offsetof(pv_ctx_t, samp_start) == 68456, "pv_ctx.samp_start");
-_Static_assert(offsetof(pv_ctx_t, samp_end) == 68520, "pv_ctx.samp_end");
-_Static_assert(sizeof(pv_ctx_t) == 68584, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 2600, "pv_ctx.sm_batch_ns");
+_Static_assert(offsetof(pv_ctx_t, sm_nvml) == 2608, "pv_ctx.sm_nvml");
+_Static_assert(offsetof(pv_ctx_t, sm_launches) == 2736, "pv_ctx.sm_launches");
+_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 2744, "pv_ctx.sm_default_cost");
+_Static_assert(offsetof(pv_ctx_t, sm_pending) == 2752, "pv_ctx.sm_pending");
+_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 2760, "pv_ctx.sm_tick_ns");
+_Static_assert(offsetof(pv_ctx_t, cost_key) == 2768, "pv_ctx.cost_key");
+_Static_assert(offsetof(pv_ctx_t, cost_ns) == 35536, "pv_ctx.cost_ns");
+_Static_assert(offsetof(pv_ctx_t, samp_state) == 68304, "pv_ctx.samp_state");
+_Static_assert(offsetof(pv_ctx_t, samp_key) == 68336, "pv_ctx.samp_key");
+_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68400, "pv_ctx.samp_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_start) == 68464, "pv_ctx.samp_start");
+_Static_assert(offsetof(pv_ctx_t, samp_end) == 68528, "pv_ctx.samp_end");
+_Static_assert(sizeof(pv_ctx_t) == 68592, "sizeof pv_ctx");
 
 #endif

@@ -45,6 +45,7 @@ def build(out: Path) -> Path:
         "-lcuda", "-lpthread")
     _cc(f"-I{hosts}", "-o", str(out / "host_mem_procaddr"), str(hosts / "host_mem.c"), "-ldl", "-lpthread")
     _cc("-shared", "-fPIC", "-o", str(out / "libexit_free.so"), str(hosts / "exit_free.c"), "-ldl")
+    _cc("-shared", "-fPIC", "-o", str(out / "libclock_count.so"), str(hosts / "clock_count.c"), "-ldl")
     _cc("-shared", "-fPIC", "-o", str(out / "librtld_next_a.so"), str(hosts / "rtld_next_a.c"), "-ldl")
     _cc("-shared", "-fPIC", "-o", str(out / "librtld_next_b.so"), str(hosts / "rtld_next_b.c"))
     _cc("-o", str(out / "rtld_next"), str(hosts / "rtld_next_main.c"), f"-L{out}", "-Wl,--no-as-needed",

@@ -1,0 +1,187 @@
+"""Compute shares on the fake driver's simulated busy clock (tests/fakecuda/fake_sim.h).
+
+The load is pv_bench's spin kernel: 2000 iterations x 100 ns = 200 us of
+simulated GPU time, so unlimited throughput is 5000 kernels/s. Achieved
+share = kernels/s / 5000, over the last part of each run. FAKECUDA_EVENT_SCALE
+makes the timing events read long or short (as overlapping streams or clock
+changes would), so the controller, not the cost model alone, must bring the
+share to its target.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import PYVGPU, run
+
+from pyvgpu import limits, region
+from pyvgpu.errors import PyvgpuError
+from pyvgpu.shim import BENCH_BIN
+
+UNLIMITED = 5000.0  # kernels/s of the simulated 200 us spin kernel
+ITERS = "2000"
+
+
+class Load:
+    """pv_bench sm under `pyvgpu wrap`, with its region sampled ten times a second."""
+
+    def __init__(self, env, tmp: Path, name: str, wrap_opts: list[str], seconds: float, mode: str = "kernel",
+                 region_path: Path | None = None):
+        self.region_path = region_path or tmp / f"{name}.region"
+        cmd = [*PYVGPU, "wrap", "--region", str(self.region_path), *wrap_opts, "--", str(BENCH_BIN), "sm",
+               str(seconds), ITERS, mode]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     cwd=str(tmp))
+        self.t0 = time.monotonic()
+        self.series: list[tuple[float, float, float]] = []  # (t, util %, scale)
+        self._t = threading.Thread(target=self._sample, daemon=True)
+        self._t.start()
+
+    def _sample(self):
+        while self.proc.poll() is None:
+            time.sleep(0.1)
+            try:
+                r = region.open_region(self.region_path, writable=False)
+            except PyvgpuError:
+                continue
+            __import__("os").close(r.fd)
+            d = r.device(0)
+            if d.sm_steps:
+                self.series.append((time.monotonic() - self.t0, d.sm_util / 100, (d.sm_scale or 65536) / 65536))
+
+    def finish(self, after: float) -> float:
+        """Achieved share (%) from ``after`` seconds into the run to its end."""
+        out, err = self.proc.communicate(timeout=120)
+        self._t.join(timeout=2)
+        assert self.proc.returncode == 0, err
+        pts = [(int(t), int(n)) for _, t, n in (line.split() for line in out.splitlines() if line.startswith("P "))]
+        t0 = pts[0][0]
+        start = next(p for p in pts if p[0] - t0 >= after * 1e9)
+        end = pts[-1]
+        return 100 * (end[1] - start[1]) / ((end[0] - start[0]) / 1e9) / UNLIMITED
+
+
+def sim_env(env, tmp: Path, name: str, **extra: str) -> dict:
+    e = dict(env, FAKECUDA_SIM=str(tmp / f"{name}.sim"), FAKECUDA_CTX_BYTES="64M", **extra)
+    return e
+
+
+def sign_changes(xs: list[float]) -> int:
+    steps = [b - a for a, b in zip(xs, xs[1:]) if abs(b - a) > 1e-9]
+    return sum(1 for a, b in zip(steps, steps[1:]) if (a > 0) != (b > 0))
+
+
+@pytest.mark.parametrize("bias,targets", [("1.4", (10, 30, 50, 70, 90)), ("0.7", (10, 30, 50, 70)),
+                                          ("0.85", (90,))])
+def test_controller_converges_within_3_points_without_oscillating(env, tmp_path, bias, targets):
+    loads = {t: Load(sim_env(env, tmp_path, f"t{t}", FAKECUDA_EVENT_SCALE=bias), tmp_path, f"t{t}",
+                     ["--sm", str(t)], seconds=8) for t in targets}
+    for t, load in loads.items():
+        achieved = load.finish(after=4.5)
+        assert abs(achieved - t) <= 3, f"target {t}%, bias {bias}: achieved {achieved:.1f}%"
+        late = [s for s in load.series if s[0] >= 4.5]
+        assert late, "the controller took no steps"
+        assert all(abs(u - t) <= 3 for _, u, _ in late), f"target {t}%: utilization {[u for _, u, _ in late]}"
+        scales = [s for _, _, s in load.series]
+        assert sign_changes(scales) <= 1, f"target {t}%: the scale oscillates: {scales}"
+
+
+def test_a_pair_of_groups_gets_30_and_70(env, tmp_path):
+    e = sim_env(env, tmp_path, "pair")
+    a = Load(e, tmp_path, "a", ["--sm", "30"], seconds=6)
+    b = Load(e, tmp_path, "b", ["--sm", "70"], seconds=6)
+    sa, sb = a.finish(after=3), b.finish(after=3)
+    assert abs(sa - 30) <= 3 and abs(sb - 70) <= 3, (sa, sb)
+
+
+def test_graph_replay_is_limited(env, tmp_path):
+    load = Load(sim_env(env, tmp_path, "g", FAKECUDA_EVENT_SCALE="1.2"), tmp_path, "g", ["--sm", "40"], seconds=7,
+                mode="graph")
+    achieved = load.finish(after=4)
+    assert abs(achieved - 40) <= 3, achieved
+
+
+def test_the_group_shares_one_budget(env, tmp_path):
+    """Two processes of one group at 40% use 40% together, not 40% each."""
+    e = sim_env(env, tmp_path, "grp")
+    path = tmp_path / "shared.region"
+    a = Load(e, tmp_path, "a", ["--sm", "40"], seconds=6, region_path=path)
+    b = Load(e, tmp_path, "b", ["--sm", "40"], seconds=6, region_path=path)
+    total = a.finish(after=3) + b.finish(after=3)
+    assert abs(total - 40) <= 3, total
+
+
+def test_live_change_of_the_share(env, tmp_path):
+    load = Load(sim_env(env, tmp_path, "live"), tmp_path, "live", ["--sm", "20"], seconds=9)
+    time.sleep(4)
+    assert region.set_sm_limit(load.region_path, 60, device=0)[0] == 60
+    achieved = load.finish(after=6)
+    assert abs(achieved - 60) <= 3, achieved
+    with pytest.raises(PyvgpuError, match="whole percent"):
+        region.set_sm_limit(load.region_path, 150)
+
+
+@pytest.mark.parametrize("policy,switch,limited", [("disable", 1, False), ("force", 0, True), ("default", 0, False),
+                                                   ("default", 1, True)])
+def test_utilization_policy(env, tmp_path, policy, switch, limited):
+    path = tmp_path / "p.region"
+    e = sim_env(env, tmp_path, "pol", GPU_CORE_UTILIZATION_POLICY=policy)
+    region.create(path, "p", [0] * 16, sm=[30] * 16)
+    region.set_sm_switch(path, bool(switch))
+    load = Load(e, tmp_path, "p", ["--sm", "30"], seconds=4, region_path=path)
+    achieved = load.finish(after=2)
+    if limited:
+        assert abs(achieved - 30) <= 3, achieved
+    else:
+        assert achieved > 90, achieved
+    r = region.open_region(path, writable=False)
+    assert any(r.slot(i).sm_policy == limits.SM_POLICIES.index(policy) for i in range(4))
+
+
+def test_no_limit_means_no_clock_read_per_launch(env, fake, tmp_path):
+    """With a region (memory cap) but no compute share, launches read no clock and never sleep."""
+    counts = {}
+    for opts, batch in ((["--memory", "1G"], 100), (["--memory", "1G"], 5000), (["--sm", "90"], 100),
+                        (["--sm", "90"], 5000)):
+        out = tmp_path / f"count-{opts[0]}-{batch}"
+        e = sim_env(env, tmp_path, "clk", LD_PRELOAD=str(fake / "libclock_count.so"), CLOCK_COUNT_FILE=str(out))
+        p = run([*PYVGPU, "wrap", *opts, "--", str(BENCH_BIN), "launch", "10", str(batch)], env=e)
+        assert p.returncode == 0, p.stderr
+        counts[(opts[0], batch)] = [int(x) for x in out.read_text().split()]
+    extra_no_limit = counts[("--memory", 5000)][0] - counts[("--memory", 100)][0]
+    extra_limit = counts[("--sm", 5000)][0] - counts[("--sm", 100)][0]
+    assert extra_limit >= 10 * 4900  # the counter works: a limited launch reads the clock
+    assert extra_no_limit < 50, counts  # 49000 more launches, no more clock reads (the watcher's aside)
+
+
+@pytest.mark.parametrize("value", ["0", "101", "30.5", "-5", "x", "0=30,0=40", "30,1=40", ""])
+def test_bad_sm_option(env, value):
+    p = run([*PYVGPU, "wrap", "--sm", value, "--", "true"], env=env)
+    assert p.returncode == 2 and "--sm" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("var,value", [("CUDA_DEVICE_SM_LIMIT", "150"), ("CUDA_DEVICE_SM_LIMIT_1", "abc"),
+                                       ("GPU_CORE_UTILIZATION_POLICY", "sometimes")])
+def test_bad_sm_env(env, var, value):
+    env[var] = value
+    p = run([*PYVGPU, "wrap", "--", "true"], env=env)
+    assert p.returncode == 2 and var in p.stderr and value in p.stderr, p.stderr
+
+
+def test_sm_parsing():
+    assert limits.parse_sm_option("30").as_list()[:2] == [30, 30]
+    assert limits.parse_sm_option("0=30,1=50%").as_list()[:3] == [30, 50, 0]
+    assert not limits.sm_from_env({"CUDA_DEVICE_SM_LIMIT": "0"})  # HAMi's "no limit"
+    assert limits.sm_from_env({"CUDA_DEVICE_SM_LIMIT_2": "25"}).as_list()[2] == 25
+    assert limits.sm_policy({}) == 0 and limits.sm_policy({"GPU_CORE_UTILIZATION_POLICY": "FORCE"}) == 1
+
+
+def test_joining_a_group_with_another_share_is_an_error(env, tmp_path):
+    path = tmp_path / "g.region"
+    region.create(path, "g", [0] * 16, sm=[30] * 16)
+    p = run([*PYVGPU, "wrap", "--region", str(path), "--sm", "50", "--", "true"], env=env)
+    assert p.returncode == 2 and "30%" in p.stderr and "50%" in p.stderr, p.stderr
