@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 
 from pyvgpu import layout as L
+from pyvgpu import limits
 from pyvgpu import region as R
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import human
@@ -51,12 +52,16 @@ def _alive(r: R.Region, i: int) -> bool:
     return struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))[0] != fcntl.F_UNLCK
 
 
+SM_STATES = ("idle", "calibrating (alone on the device)", "holding (others share the device)",
+             "no measurement (NVML failed)")
+
+
 def describe(r: R.Region, reclaimed: int) -> dict:
     devices = []
     for d in range(L.MAX_DEVICES):
         dev = r.device(d)
         present = d < r.header.n_physical if r.header.n_physical else bool(dev.limit) and d == 0
-        if not (present or dev.used or dev.peak or dev.oom_refusals):
+        if not (present or dev.used or dev.peak or dev.oom_refusals or dev.sm_limit):
             continue
         devices.append({
             "index": d,
@@ -66,6 +71,14 @@ def describe(r: R.Region, reclaimed: int) -> dict:
             "peak": dev.peak,
             "oom_refusals": dev.oom_refusals,
             "reclaimed": dev.reclaimed,
+            "sm": {
+                "limit_percent": dev.sm_limit or None,
+                "enforced": bool(0 < dev.sm_limit < 100 and r.header.sm_switch),
+                "utilization_percent": dev.sm_util / 100 if dev.sm_steps else None,
+                "controller": SM_STATES[dev.sm_state] if dev.sm_steps else "not started",
+                "scale": (dev.sm_scale or 65536) / 65536,
+                "throttled_s": dev.sm_throttle_ns / 1e9,
+            },
         })
     procs = []
     for i in range(r.header.n_slots):
@@ -78,9 +91,11 @@ def describe(r: R.Region, reclaimed: int) -> dict:
             if any(kinds.values()):
                 by_dev[str(d)] = kinds
         procs.append({"slot": i, "pid": s.pid, "alive": _alive(r, i), "start_ns": s.start_ns,
-                      "oom_refusals": s.oom_refusals, "devices": by_dev})
+                      "oom_refusals": s.oom_refusals, "devices": by_dev,
+                      "sm_policy": limits.SM_POLICIES[s.sm_policy] if s.sm_policy < 3 else "?",
+                      "launches_limited": sum(s.sm_launches)})
     return {"name": r.name, "path": str(r.path), "created_ns": r.header.created_ns,
-            "reclaimed_now": reclaimed, "devices": devices, "processes": procs}
+            "sm_switch": bool(r.header.sm_switch), "reclaimed_now": reclaimed, "devices": devices, "processes": procs}
 
 
 def collect(group: str | None = None, region_path: str | None = None) -> list[dict]:
@@ -115,9 +130,19 @@ def render(groups: list[dict]) -> str:
             free = human(d["free"]) if d["free"] is not None else "-"
             lines.append(f"  {d['index']:>6} {lim:>12} {human(d['used']):>12} {free:>12} {human(d['peak']):>12} "
                          f"{d['oom_refusals']:>5}")
+        for d in g["devices"]:
+            sm = d["sm"]
+            if sm["limit_percent"]:
+                state = "enforced" if sm["enforced"] else "NOT enforced (the group's switch is off)"
+                util = f"{sm['utilization_percent']:.0f}%" if sm["utilization_percent"] is not None else "-"
+                lines.append(f"  device {d['index']}: compute share {sm['limit_percent']}% {state}; device "
+                             f"utilization {util}, controller {sm['controller']}, scale {sm['scale']:.3f}, "
+                             f"held back {sm['throttled_s']:.1f} s")
         lines.append(f"  {'pid':>8} {'device':>6} {'data':>12} {'context':>12} {'module':>12}")
         for p in g["processes"]:
             note = "" if p["alive"] else "  (dead, not yet reclaimed)"
+            if p["sm_policy"] != "default":
+                note += f"  (GPU_CORE_UTILIZATION_POLICY={p['sm_policy']})"
             if not p["devices"]:
                 lines.append(f"  {p['pid']:>8} {'-':>6} {'0 B':>12} {'0 B':>12} {'0 B':>12}{note}")
             for d, kinds in p["devices"].items():

@@ -71,8 +71,8 @@ def sim_env(env, tmp: Path, name: str, **extra: str) -> dict:
 
 
 def sign_changes(xs: list[float]) -> int:
-    steps = [b - a for a, b in zip(xs, xs[1:]) if abs(b - a) > 1e-9]
-    return sum(1 for a, b in zip(steps, steps[1:]) if (a > 0) != (b > 0))
+    steps = [b - a for a, b in zip(xs, xs[1:], strict=False) if abs(b - a) > 1e-9]
+    return sum(1 for a, b in zip(steps, steps[1:], strict=False) if (a > 0) != (b > 0))
 
 
 @pytest.mark.parametrize("bias,targets", [("1.4", (10, 30, 50, 70, 90)), ("0.7", (10, 30, 50, 70)),

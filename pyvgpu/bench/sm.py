@@ -102,7 +102,7 @@ class _Run:
         end = self.progress[-1]
         rate = (end[1] - start[1]) / ((end[0] - start[0]) / 1e9)
         curve = [((t - t_first) / 1e9, (n1 - n0) / ((t - t0) / 1e9))
-                 for (t0, n0), (t, n1) in zip(self.progress, self.progress[1:]) if t > t0]
+                 for (t0, n0), (t, n1) in zip(self.progress, self.progress[1:], strict=False) if t > t0]
         return {"kernels_per_s": rate, "curve": curve, "controller": self.series, **self._charged()}
 
     def _charged(self) -> dict:

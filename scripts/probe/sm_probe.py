@@ -3,7 +3,6 @@ utilization, per process, under duty-cycled and competing matmul loops, and
 whether CUDA events can be queried from a thread with no current context."""
 import ctypes
 import json
-import os
 import subprocess
 import sys
 import threading
