@@ -86,7 +86,8 @@ def test_controller_converges_within_3_points_without_oscillating(env, tmp_path,
         late = [s for s in load.series if s[0] >= 4.5]
         assert late, "the controller took no steps"
         assert all(abs(u - t) <= 3 for _, u, _ in late), f"target {t}%: utilization {[u for _, u, _ in late]}"
-        scales = [s for _, _, s in load.series]
+        # steady load only: in its last second the program winds down and stops launching
+        scales = [s for ts, _, s in load.series if ts <= 7.0]
         assert sign_changes(scales) <= 1, f"target {t}%: the scale oscillates: {scales}"
 
 
