@@ -70,8 +70,12 @@ def sim_env(env, tmp: Path, name: str, **extra: str) -> dict:
     return e
 
 
-def sign_changes(xs: list[float]) -> int:
-    steps = [b - a for a, b in zip(xs, xs[1:], strict=False) if abs(b - a) > 1e-9]
+def sign_changes(xs: list[float], dead_band: float = 0.02) -> int:
+    """Direction changes of the scale, counting only steps over dead_band (relative).
+
+    Utilization readings carry noise of about a point, so a settled controller may nudge
+    its scale by well under 1% and back; an oscillation is a swing, not a nudge."""
+    steps = [b - a for a, b in zip(xs, xs[1:], strict=False) if abs(b - a) > dead_band * abs(a)]
     return sum(1 for a, b in zip(steps, steps[1:], strict=False) if (a > 0) != (b > 0))
 
 
