@@ -109,6 +109,13 @@ def attach_region(ctx_addr: int, env=os.environ) -> None:
     ctx.n_slots = r.header.n_slots
     ctx.slot = 0
     ctx.slot_index = -1
+    if r.header.n_visible:
+        msg = (f"pyvgpu: CUDA in this process does not see its vGPU's devices (nvidia-smi's "
+               f"{','.join(str(i) for i, _ in r.visible())}), in that order: CUDA_VISIBLE_DEVICES was changed "
+               "inside the program. Choose devices with `pyvgpu wrap --devices`, not in the program. "
+               "Its GPU use is refused.\n").encode()
+        msg = msg[: layout.MESSAGE_BYTES - 1]
+        ctypes.memmove(ctypes.addressof(ctx) + layout.CTX.offset("devices_msg"), msg, len(msg))
     _REGION = r
 
 

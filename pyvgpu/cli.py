@@ -24,6 +24,8 @@ app = typer.Typer(
 bench_app = typer.Typer(help="Benchmarks that print figures, raw against wrapped, measured in one run.",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+limits_app = typer.Typer(help="Change a running group's limits.", no_args_is_help=True)
+app.add_typer(limits_app, name="limits")
 
 
 class OnError(str, enum.Enum):
@@ -68,6 +70,11 @@ def wrap(
                                 "device, or 0=30,1=50 per device (1-100). Default: CUDA_DEVICE_SM_LIMIT[_i], "
                                 "else none. GPU_CORE_UTILIZATION_POLICY=force|disable overrides the group's "
                                 "switch (README)."),
+    devices: str = typer.Option(None, "--devices", "-d", metavar="IDX|UUID,...",
+                                help="The devices the program sees, in this order: indices as nvidia-smi shows "
+                                     "them, or GPU UUIDs (0,2 or GPU-8e1f...). CUDA and NVML both see only these, "
+                                     "numbered from 0; --memory and --sm device indices count in this list. "
+                                     "Default: the group's devices, else all."),
     group: str = typer.Option(None, "--group", "-g", metavar="NAME",
                               help="Join (or start) the named group: every process in it shares one quota. "
                                    "Default: a private group for this program and its children."),
@@ -80,7 +87,7 @@ def wrap(
 ) -> None:
     """Run PROGRAM in a vGPU. It keeps this process's pid, exit code and signals.
 
-    Example: pyvgpu wrap --memory 4G --sm 30 -- python train.py
+    Example: pyvgpu wrap --memory 4G --sm 30 --devices 1 -- python train.py
     """
     import os
 
@@ -90,7 +97,7 @@ def wrap(
     try:
         env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None),
                           on_error=on_error.value if on_error else None, memory=memory, sm=sm, group=group,
-                          region_path=region)
+                          region_path=region, devices=devices)
         w.exec_wrapped(command, env)
     except PyvgpuError as e:
         raise _fail(str(e), 127 if str(e).startswith("program not found") else 2) from None
@@ -116,6 +123,87 @@ def status(
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     typer.echo(json.dumps({"groups": groups}, indent=1) if as_json else st.render(groups))
+
+
+def _group_path(group: str | None, region: str | None) -> Path:
+    from pyvgpu import region as R
+    from pyvgpu.errors import PyvgpuError
+
+    if bool(group) == bool(region):
+        raise PyvgpuError("name the group: give --group NAME or --region PATH (one of them)")
+    return Path(region) if region else R.group_path(group)
+
+
+@limits_app.command("set")
+def limits_set(
+    group: str = typer.Option(None, "--group", "-g", metavar="NAME", help="The named group to change."),
+    region: str = typer.Option(None, "--region", metavar="PATH", help="The group region file to change."),
+    memory: str = typer.Option(None, "--memory", "-m", metavar="SIZE|DEV=SIZE,...|none",
+                               help="New memory cap: 4G on every device, 0=2G,1=6G per device, or none. A cap "
+                                    "below what the group holds refuses new allocations until it frees enough; "
+                                    "it never kills."),
+    sm: str = typer.Option(None, "--sm", metavar="PCT|DEV=PCT,...|none",
+                           help="New compute share: 30 on every device, 0=30,1=50 per device, or none."),
+) -> None:
+    """Change the limits of a running group; its processes follow at their next call.
+
+    Example: pyvgpu limits set --group team-a --memory 8G --sm 50
+    """
+    from pyvgpu import live
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        change = live.set_limits(_group_path(group, region), memory, sm)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    for line in change.text():
+        typer.echo(line)
+
+
+@app.command()
+def top(
+    group: str = typer.Option(None, "--group", "-g", metavar="NAME", help="Show only this named group."),
+    region: str = typer.Option(None, "--region", metavar="PATH", help="Show only the group region at PATH."),
+    interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes."),
+    once: bool = typer.Option(False, "--once", help="Print one frame (rates over one interval) and exit."),
+) -> None:
+    """A live table of every group, device and process: memory used vs limit, SM share vs target,
+    launches/s, OOM refusals, and the latest events. Quits on q or Ctrl-C."""
+    from pyvgpu import top as t
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        t.run(group=group, region_path=region, interval=interval, once=once)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+
+
+@app.command()
+def exporter(
+    port: int = typer.Option(9400, "--port", "-p", min=0, max=65535, help="TCP port to serve /metrics on (0: any "
+                                                                          "free one, printed at start)."),
+    address: str = typer.Option("0.0.0.0", "--address", help="Address to listen on (127.0.0.1: this host only)."),
+    group: str = typer.Option(None, "--group", "-g", metavar="NAME", help="Export only this named group."),
+    region: str = typer.Option(None, "--region", metavar="PATH", help="Export only the group region at PATH."),
+) -> None:
+    """Serve Prometheus metrics for every group under the runtime dir, read afresh at each scrape.
+
+    Metrics: pyvgpu_memory_limit_bytes, pyvgpu_memory_used_bytes{pid,kind}, pyvgpu_sm_limit_percent,
+    pyvgpu_sm_utilization_percent, pyvgpu_oom_refusals_total, pyvgpu_throttle_seconds_total (docs/monitoring.md).
+    """
+    from pyvgpu import exporter as ex
+
+    try:
+        srv = ex.server(port, address, group, region)
+    except OSError as e:
+        raise _fail(f"cannot listen on {address}:{port}: {e.strerror}; choose another --port") from None
+    typer.echo(f"pyvgpu exporter: serving http://{address}:{srv.server_port}/metrics (Ctrl-C stops)", err=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.server_close()
 
 
 @app.command()

@@ -155,7 +155,8 @@ _LAUNCH = [
 
 HOOKS: tuple[Hook, ...] = (
     # --- CUDA driver: plumbing and launches -----------------------------------
-    _hook("cuInit", "cuda", [P("unsigned int", "Flags")], [V("cuInit", 2000)]),
+    # --- CUDA driver: which devices (pyvgpu/jit/devices.py) ---------------------------
+    _hook("cuInit", "cuda", [P("unsigned int", "Flags")], [V("cuInit", 2000)], callback="cuda_init"),
     _hook(
         "cuGetProcAddress", "cuda",
         [P("const char *", "symbol"), P("void **", "pfn"), P("int", "cudaVersion"),
@@ -166,7 +167,8 @@ HOOKS: tuple[Hook, ...] = (
         callback=None,
         doc="maps the driver's answer to the hook of the same ABI variant (pv_procaddr.c)",
     ),
-    _hook("cuDeviceGetCount", "cuda", [P("int *", "count")], [V("cuDeviceGetCount", 2000)]),
+    _hook("cuDeviceGetCount", "cuda", [P("int *", "count")], [V("cuDeviceGetCount", 2000)],
+          callback="device_count"),
     # --- CUDA driver: launches, throttled under a compute share (pyvgpu/jit/compute.py) ----
     _hook(
         "cuLaunchKernel", "cuda", _LAUNCH,
@@ -330,8 +332,38 @@ HOOKS: tuple[Hook, ...] = (
           [V("cuLibraryLoadFromFile", 12000)], callback="library_load"),
     _hook("cuLibraryUnload", "cuda", [P("CUlibrary", "library")], [V("cuLibraryUnload", 12000)],
           callback="release"),
-    # --- NVML ----------------------------------------------------------------
+    # --- NVML: the group's devices, as CUDA sees them (pyvgpu/jit/devices.py) -------
     _hook("nvmlInit", "nvml", [], [V("nvmlInit"), V("nvmlInit_v2")]),
+    _hook("nvmlDeviceGetCount", "nvml", [P("unsigned int *", "deviceCount")],
+          [V("nvmlDeviceGetCount"), V("nvmlDeviceGetCount_v2")], callback="nvml_count"),
+    _hook("nvmlDeviceGetHandleByIndex", "nvml", [P("unsigned int", "index"), P("nvmlDevice_t *", "device")],
+          [V("nvmlDeviceGetHandleByIndex"), V("nvmlDeviceGetHandleByIndex_v2")], callback="nvml_by_index"),
+    _hook("nvmlDeviceGetHandleByUUID", "nvml", [P("const char *", "uuid"), P("nvmlDevice_t *", "device")],
+          [V("nvmlDeviceGetHandleByUUID")], callback="nvml_by_key"),
+    _hook("nvmlDeviceGetHandleByPciBusId", "nvml", [P("const char *", "pciBusId"), P("nvmlDevice_t *", "device")],
+          [V("nvmlDeviceGetHandleByPciBusId"), V("nvmlDeviceGetHandleByPciBusId_v2")], callback="nvml_by_key"),
+    _hook("nvmlDeviceGetHandleBySerial", "nvml", [P("const char *", "serial"), P("nvmlDevice_t *", "device")],
+          [V("nvmlDeviceGetHandleBySerial")], callback="nvml_by_key"),
+    _hook("nvmlDeviceGetIndex", "nvml", [P("nvmlDevice_t", "device"), P("unsigned int *", "index")],
+          [V("nvmlDeviceGetIndex")], callback="nvml_index"),
+    _hook("nvmlDeviceGetComputeRunningProcesses", "nvml",
+          [P("nvmlDevice_t", "device"), P("unsigned int *", "infoCount"), P("nvmlProcessInfo_t *", "infos")],
+          [V("nvmlDeviceGetComputeRunningProcesses", policy="nvml_processes_v1",
+             params=[P("nvmlDevice_t", "device"), P("unsigned int *", "infoCount"),
+                     P("nvmlProcessInfo_v1_t *", "infos")]),
+           V("nvmlDeviceGetComputeRunningProcesses_v2"), V("nvmlDeviceGetComputeRunningProcesses_v3")],
+          callback="nvml_processes"),
+    _hook("nvmlDeviceGetGraphicsRunningProcesses", "nvml",
+          [P("nvmlDevice_t", "device"), P("unsigned int *", "infoCount"), P("nvmlProcessInfo_t *", "infos")],
+          [V("nvmlDeviceGetGraphicsRunningProcesses", policy="nvml_processes_v1",
+             params=[P("nvmlDevice_t", "device"), P("unsigned int *", "infoCount"),
+                     P("nvmlProcessInfo_v1_t *", "infos")]),
+           V("nvmlDeviceGetGraphicsRunningProcesses_v2"), V("nvmlDeviceGetGraphicsRunningProcesses_v3")],
+          callback="nvml_processes"),
+    _hook("nvmlDeviceGetUtilizationRates", "nvml",
+          [P("nvmlDevice_t", "device"), P("nvmlUtilization_t *", "utilization")],
+          [V("nvmlDeviceGetUtilizationRates")], callback="nvml_utilization"),
+    # --- NVML: memory (pyvgpu/jit/memory.py) ------------------------------------------
     _hook(
         "nvmlDeviceGetMemoryInfo", "nvml",
         [P("nvmlDevice_t", "device"), P("nvmlMemory_t *", "memory")],
@@ -378,13 +410,17 @@ HELPERS: tuple[Helper, ...] = (
     Helper("cuStreamIsCapturing", "cuda"),
     Helper("nvmlDeviceGetUtilizationRates", "nvml"),
     Helper("nvmlDeviceGetComputeRunningProcesses_v3", "nvml"),
+    # devices: the check at cuInit (pyvgpu/jit/devices.py)
+    Helper("cuDeviceGetUuid_v2", "cuda"),
 )
 HELPER_INDEX: dict[str, int] = {h.name: i for i, h in enumerate(HELPERS)}
 
 # Callbacks called outside any hooked function (pyvgpu/jit/callbacks.py):
 # svc_claim(ctx) takes a slot in the region (after fork), svc_tick(ctx) is the
-# watcher thread's periodic work, svc_reclaim(ctx) frees dead processes' quota.
-SERVICES: tuple[str, ...] = ("svc_claim", "svc_tick", "svc_reclaim")
+# watcher thread's periodic work, svc_reclaim(ctx) frees dead processes' quota,
+# svc_log(ctx, kind, device, a, b) writes an event (Python tools only: the shim
+# never calls it, so its signature may differ from the others').
+SERVICES: tuple[str, ...] = ("svc_claim", "svc_tick", "svc_reclaim", "svc_log")
 
 
 def _entries(hooks: tuple[Hook, ...]) -> tuple[Entry, ...]:

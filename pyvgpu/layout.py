@@ -114,7 +114,9 @@ KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX003", "little")
+CTX_MAGIC = int.from_bytes(b"PVCTX004", "little")
+UUID_BYTES = 16
+MESSAGE_BYTES = 256
 
 # The per-process context: what the shim hands every callback as its first
 # argument. Per-process values live here, never as compile-time constants,
@@ -158,6 +160,10 @@ CTX = Struct(
         Field("samp_ctx", "u64", SAMPLES, doc="CUcontext the sample's events belong to"),
         Field("samp_start", "u64", SAMPLES, doc="CUevent before the launch"),
         Field("samp_end", "u64", SAMPLES, doc="CUevent after the launch"),
+        # devices (pyvgpu/jit/devices.py)
+        Field("devices_refused", "u32", doc="1: CUDA sees other devices than the group's, GPU use is refused"),
+        Field("devices_msg", "u8", MESSAGE_BYTES, doc="NUL-terminated: what stderr gets if CUDA sees other "
+                                                       "devices than the group's"),
     ],
     doc="per-process context passed to every callback (pyvgpu/layout.py)",
 )
@@ -167,7 +173,7 @@ CTX_OFF_CALLS = CTX.offset("calls")
 CTX_OFF_HELPER = CTX.offset("helper")
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
-REGION_VERSION = 2
+REGION_VERSION = 3
 GROUP_NAME_BYTES = 64
 
 # The shared region: one file per group of processes that share a quota.
@@ -190,6 +196,10 @@ REGION_HEADER = Struct(
         Field("name", "u8", GROUP_NAME_BYTES, doc="group name, NUL-padded"),
         Field("sm_switch", "u32", doc="compute limits on (1) or off (0) under GPU_CORE_UTILIZATION_POLICY=default"),
         Field("sm_any", "u32", doc="devices with a compute limit; 0 lets launches skip the limiter"),
+        Field("n_visible", "u32", doc="devices of the group (--devices); 0 = as the program's CUDA sees them"),
+        Field("visible", "u32", MAX_DEVICES, doc="NVML (physical) index of each group device"),
+        Field("visible_uuid", "u8", MAX_DEVICES * UUID_BYTES, doc="its UUID, 16 raw bytes"),
+        Field("ev_next", "u64", doc="events written so far; the next goes to ring entry ev_next % N_EVENTS"),
     ],
     align=64,
     doc="region header",
@@ -212,6 +222,8 @@ REGION_DEVICE = Struct(
         Field("sm_steps", "u64", doc="controller steps taken"),
         Field("sm_state", "u32", doc="controller: 0 idle, 1 calibrating (alone), 2 holding (others on the GPU), "
                                      "3 no measurement"),
+        Field("sm_group_util", "u32", doc="the group's own utilization estimate, hundredths of a percent"),
+        Field("sm_cost_mark", "u64", doc="controller: the group's charged GPU time (ns, scaled) at its last step"),
     ],
     align=64,
     doc="per-device state of a group",
@@ -227,13 +239,35 @@ REGION_SLOT = Struct(
         Field("oom_refusals", "u64"),
         Field("sm_launches", "u64", MAX_DEVICES, doc="launches charged to the compute budget, per device"),
         Field("sm_cost_ns", "u64", MAX_DEVICES, doc="their estimated GPU time (ns, before scaling)"),
+        Field("launches", "u64", doc="kernel and graph launches on any device, limited or not"),
     ],
     align=64,
     doc="one process of the group",
 )
+# The event log: a ring of the group's latest events (OOM refusals, reclaims,
+# limit changes), written lock-free by whoever takes the next index.
+REGION_EVENT = Struct(
+    "pv_region_event",
+    [
+        Field("seq", "u64", doc="its index + 1 once written completely; readers skip entries that do not match"),
+        Field("time_ns", "u64", doc="CLOCK_REALTIME"),
+        Field("kind", "u32", doc="EVENT_KINDS index"),
+        Field("device", "i32", doc="group device index, -1 for none"),
+        Field("pid", "u32", doc="the process it concerns"),
+        Field("a", "u64", doc="kind-specific: bytes asked, bytes reclaimed, old limit"),
+        Field("b", "u64", doc="kind-specific: bytes used, new limit"),
+    ],
+    align=8,
+    doc="one entry of the event ring",
+)
+N_EVENTS = 256
+EV_OOM, EV_RECLAIM, EV_MEMORY_LIMIT, EV_SM_LIMIT, EV_DEVICES_REFUSED = 1, 2, 3, 4, 5
+EVENT_KINDS = ("none", "oom", "reclaim", "memory_limit", "sm_limit", "devices_refused")
+
 SLOT_FREE, SLOT_LIVE = 0, 1
 REGION_DEVICES_OFF = REGION_HEADER.size
-REGION_SLOTS_OFF = REGION_DEVICES_OFF + MAX_DEVICES * REGION_DEVICE.size
+REGION_EVENTS_OFF = REGION_DEVICES_OFF + MAX_DEVICES * REGION_DEVICE.size
+REGION_SLOTS_OFF = REGION_EVENTS_OFF + N_EVENTS * REGION_EVENT.size
 DEFAULT_SLOTS = 1024
 
 

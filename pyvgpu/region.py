@@ -27,9 +27,11 @@ from pathlib import Path
 
 from pyvgpu import layout as L
 from pyvgpu import limits as lim
+from pyvgpu.devices import Gpu, uuid_text
 from pyvgpu.errors import PyvgpuError
 
 Header = L.REGION_HEADER.ctypes_class()
+Event = L.REGION_EVENT.ctypes_class()
 Device = L.REGION_DEVICE.ctypes_class()
 Slot = L.REGION_SLOT.ctypes_class()
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
@@ -95,6 +97,30 @@ class Region:
     def sm_limits(self) -> list[int]:
         return [self.device(d).sm_limit for d in range(L.MAX_DEVICES)]
 
+    def visible(self) -> list[tuple[int, str]]:
+        """The group's devices (--devices): (NVML index, UUID) of each; [] = as CUDA sees them."""
+        raw = bytes(self.header.visible_uuid)
+        return [(self.header.visible[g], uuid_text(raw[g * L.UUID_BYTES:(g + 1) * L.UUID_BYTES]))
+                for g in range(self.header.n_visible)]
+
+    def event(self, i: int) -> ctypes.Structure:
+        return Event.from_buffer(self.map, L.REGION_EVENTS_OFF + (i % L.N_EVENTS) * L.REGION_EVENT.size)
+
+    def events(self, last: int = L.N_EVENTS) -> list[dict]:
+        """The latest events, oldest first; entries being written or overwritten are skipped."""
+        end = self.header.ev_next
+        out = []
+        for i in range(max(0, end - min(last, L.N_EVENTS)), end):
+            e = self.event(i)
+            seq = e.seq
+            if seq != i + 1:
+                continue
+            item = {"time_ns": e.time_ns, "kind": L.EVENT_KINDS[e.kind] if e.kind < len(L.EVENT_KINDS) else "?",
+                    "device": e.device if e.device >= 0 else None, "pid": e.pid, "a": e.a, "b": e.b}
+            if e.seq == seq:  # not overwritten while we read it
+                out.append(item)
+        return out
+
     @property
     def name(self) -> str:
         return bytes(self.header.name).rstrip(b"\0").decode(errors="replace")
@@ -105,7 +131,8 @@ def _sm_any(limits: list[int]) -> int:
     return sum(1 for v in limits if 0 < v < 100)
 
 
-def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical: int, sm: list[int]) -> None:
+def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical: int, sm: list[int],
+          visible: list[Gpu]) -> None:
     h = Header.from_buffer(buf, 0)
     h.magic = L.REGION_MAGIC
     h.version = L.REGION_VERSION
@@ -127,10 +154,16 @@ def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical
         Device.from_buffer(buf, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size).sm_limit = v
     h.sm_switch = 1
     h.sm_any = _sm_any(sm)
+    h.n_visible = len(visible)
+    uuids = b"".join(g.uuid_bytes for g in visible)
+    ctypes.memmove(ctypes.addressof(h) + L.REGION_HEADER.offset("visible_uuid"), uuids, len(uuids))
+    for i, g in enumerate(visible):
+        h.visible[i] = g.index
 
 
 def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SLOTS,
-           mode: int = 0o600, n_physical: int = 0, sm: list[int] | None = None) -> bool:
+           mode: int = 0o600, n_physical: int = 0, sm: list[int] | None = None,
+           visible: list[Gpu] | None = None) -> bool:
     """Create the region file if it does not exist; True if this call created it.
 
     The complete file is written under a temporary name and linked into place,
@@ -139,7 +172,7 @@ def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SL
     path.parent.mkdir(parents=True, exist_ok=True)
     size = L.region_size(n_slots)
     header = bytearray(L.REGION_SLOTS_OFF)
-    _fill(header, name, limits, n_slots, n_physical, sm or [0] * L.MAX_DEVICES)
+    _fill(header, name, limits, n_slots, n_physical, sm or [0] * L.MAX_DEVICES, visible or [])
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
@@ -248,15 +281,68 @@ def check_sm(region: Region, wanted: lim.SmLimits, source: str) -> None:
             )
 
 
+def check_devices(region: Region, wanted: list[Gpu], source: str) -> None:
+    """A process asking for other devices than its group's gets a clear error."""
+    have = region.visible()
+    if wanted and [g.uuid for g in wanted] != [u for _, u in have]:
+        h = ",".join(str(i) for i, _ in have) or "the devices CUDA sees (no --devices)"
+        w = ",".join(str(g.index) for g in wanted)
+        raise PyvgpuError(f"group {region.name!r} ({region.path}) uses devices {h}, but {source} asks for {w}; "
+                          "use the group's devices, or start a group of your own")
+
+
 def create_or_open(path: Path, name: str, limits: lim.MemoryLimits, source: str, n_physical: int = 0,
-                   sm: lim.SmLimits | None = None, sm_source: str = "CUDA_DEVICE_SM_LIMIT") -> Region:
+                   sm: lim.SmLimits | None = None, sm_source: str = "CUDA_DEVICE_SM_LIMIT",
+                   visible: list[Gpu] | None = None, devices_source: str = "--devices") -> Region:
     sm = sm or lim.SmLimits()
     if not path.exists():
-        create(path, name, limits.as_list(), n_physical=n_physical, sm=sm.as_list())
+        create(path, name, limits.as_list(), n_physical=n_physical, sm=sm.as_list(), visible=visible)
     r = open_region(path)
     check_limits(r, limits, source)
     check_sm(r, sm, sm_source)
+    check_devices(r, visible or [], devices_source)
     return r
+
+
+def _devices_of(device: int | None) -> list[int]:
+    if device is not None and not 0 <= device < L.MAX_DEVICES:
+        raise PyvgpuError(f"device {device!r} is not a device index 0..{L.MAX_DEVICES - 1}")
+    return list(range(L.MAX_DEVICES)) if device is None else [device]
+
+
+def _log_change(r: Region, kind: int, device: int | None, old: list[int], new: list[int]) -> None:
+    """One event per device changed; one with device -1 when every device was set alike."""
+    from pyvgpu import services
+
+    if old == new:
+        return
+    if device is None and len(set(old)) == 1:
+        services.log_event(r, kind, -1, old[0], new[0])
+        return
+    for d in range(L.MAX_DEVICES):
+        if old[d] != new[d]:
+            services.log_event(r, kind, d, old[d], new[d])
+
+
+def set_memory_limit(path: Path, nbytes: int, device: int | None = None) -> list[int]:
+    """Change a group's memory cap while its programs run; returns the new per-device caps.
+
+    ``nbytes`` 0 removes the cap; ``device`` None means every device. The next
+    allocation sees it. A cap below what the group uses refuses new allocations
+    until enough is freed; nothing running is killed or loses memory.
+    """
+    if nbytes < 0:
+        raise PyvgpuError(f"memory limit {nbytes!r}: give a size in bytes, or 0 for no limit")
+
+    r = open_region(Path(path))
+    try:
+        old = r.limits()
+        for d in _devices_of(device):
+            r.device(d).limit = nbytes
+        _log_change(r, L.EV_MEMORY_LIMIT, device, old, r.limits())
+        return r.limits()
+    finally:
+        os.close(r.fd)
 
 
 def set_sm_limit(path: Path, percent: int, device: int | None = None) -> list[int]:
@@ -267,13 +353,14 @@ def set_sm_limit(path: Path, percent: int, device: int | None = None) -> list[in
     """
     if not 0 <= percent <= 100:
         raise PyvgpuError(f"compute share {percent!r}: give a whole percent from 1 to 100, or 0 for no limit")
-    if device is not None and not 0 <= device < L.MAX_DEVICES:
-        raise PyvgpuError(f"device {device!r} is not a device index 0..{L.MAX_DEVICES - 1}")
+
     r = open_region(Path(path))
     try:
-        for d in range(L.MAX_DEVICES) if device is None else [device]:
+        old = r.sm_limits()
+        for d in _devices_of(device):
             r.device(d).sm_limit = percent
         r.header.sm_any = _sm_any(r.sm_limits())
+        _log_change(r, L.EV_SM_LIMIT, device, old, r.sm_limits())
         return r.sm_limits()
     finally:
         os.close(r.fd)

@@ -5,15 +5,15 @@ The JSON schema is documented in docs/status.md.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import mmap
 import os
 import struct
+import time
 from pathlib import Path
 
 from pyvgpu import layout as L
-from pyvgpu import limits
+from pyvgpu import limits, services
 from pyvgpu import region as R
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import human
@@ -32,21 +32,6 @@ def region_paths(group: str | None = None, region_path: str | None = None) -> li
     return out
 
 
-def _reclaim(r: R.Region) -> int:
-    """Run the callbacks' own reclaim (pyvgpu/jit/quota.py) on this region."""
-    from pyvgpu import bootstrap, cache
-
-    _, services = bootstrap.load(cache.ensure())
-    ctx = L.CTX.ctypes_class()()
-    ctx.magic = L.CTX_MAGIC
-    ctx.region = r.address
-    ctx.region_fd = r.fd
-    ctx.slot_index = -1
-    ctx.n_slots = r.header.n_slots
-    fn = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64)(services["svc_reclaim"])
-    return fn(ctypes.addressof(ctx))
-
-
 def _alive(r: R.Region, i: int) -> bool:
     lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF + i * L.REGION_SLOT.size, 1, 0)
     return struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))[0] != fcntl.F_UNLCK
@@ -60,7 +45,8 @@ def describe(r: R.Region, reclaimed: int) -> dict:
     devices = []
     for d in range(L.MAX_DEVICES):
         dev = r.device(d)
-        present = d < r.header.n_physical if r.header.n_physical else bool(dev.limit) and d == 0
+        n = r.header.n_visible or r.header.n_physical
+        present = d < n if n else bool(dev.limit) and d == 0
         if not (present or dev.used or dev.peak or dev.oom_refusals or dev.sm_limit):
             continue
         devices.append({
@@ -75,6 +61,7 @@ def describe(r: R.Region, reclaimed: int) -> dict:
                 "limit_percent": dev.sm_limit or None,
                 "enforced": bool(0 < dev.sm_limit < 100 and r.header.sm_switch),
                 "utilization_percent": dev.sm_util / 100 if dev.sm_steps else None,
+                "group_utilization_percent": dev.sm_group_util / 100 if dev.sm_steps else None,
                 "controller": SM_STATES[dev.sm_state] if dev.sm_steps else "not started",
                 "scale": (dev.sm_scale or 65536) / 65536,
                 "throttled_s": dev.sm_throttle_ns / 1e9,
@@ -93,9 +80,37 @@ def describe(r: R.Region, reclaimed: int) -> dict:
         procs.append({"slot": i, "pid": s.pid, "alive": _alive(r, i), "start_ns": s.start_ns,
                       "oom_refusals": s.oom_refusals, "devices": by_dev,
                       "sm_policy": limits.SM_POLICIES[s.sm_policy] if s.sm_policy < 3 else "?",
-                      "launches_limited": sum(s.sm_launches)})
+                      "launches": s.launches, "launches_limited": sum(s.sm_launches)})
+    visible = [{"index": g, "nvml_index": i, "uuid": u} for g, (i, u) in enumerate(r.visible())]
     return {"name": r.name, "path": str(r.path), "created_ns": r.header.created_ns,
-            "sm_switch": bool(r.header.sm_switch), "reclaimed_now": reclaimed, "devices": devices, "processes": procs}
+            "sm_switch": bool(r.header.sm_switch), "reclaimed_now": reclaimed,
+            "gpus": visible or None, "devices": devices, "processes": procs, "events": r.events(EVENTS_SHOWN)}
+
+
+EVENTS_SHOWN = 20
+
+
+def event_text(e: dict) -> str:
+    """One event, as status and top print it."""
+    dev = "every device" if e["device"] is None else f"device {e['device']}"
+    kind = e["kind"]
+    if kind == "oom":
+        what = f"refused {human(e['a'])} for the cap on {dev} (group used {human(e['b'])}), pid {e['pid']}"
+    elif kind == "reclaim":
+        what = f"reclaimed {human(e['a'])} on {dev} from pid {e['pid']}, which died"
+    elif kind == "memory_limit":
+        old = human(e["a"]) if e["a"] else "none"
+        new = human(e["b"]) if e["b"] else "none"
+        what = f"memory limit on {dev}: {old} -> {new} (by pid {e['pid']})"
+    elif kind == "sm_limit":
+        old = f"{e['a']}%" if e["a"] else "none"
+        new = f"{e['b']}%" if e["b"] else "none"
+        what = f"compute share on {dev}: {old} -> {new} (by pid {e['pid']})"
+    elif kind == "devices_refused":
+        what = f"pid {e['pid']} changed CUDA_VISIBLE_DEVICES; its GPU use was refused"
+    else:
+        what = f"{kind} a={e['a']} b={e['b']} pid {e['pid']}"
+    return f"{time.strftime('%H:%M:%S', time.localtime(e['time_ns'] / 1e9))} {what}"
 
 
 def collect(group: str | None = None, region_path: str | None = None) -> list[dict]:
@@ -109,7 +124,7 @@ def collect(group: str | None = None, region_path: str | None = None) -> list[di
                 raise
             continue  # another user's or a stale file among many: skip it
         try:
-            reclaimed = _reclaim(r) if isinstance(r.map, mmap.mmap) else 0  # a read-only snapshot cannot
+            reclaimed = services.reclaim(r) if isinstance(r.map, mmap.mmap) else 0  # a read-only snapshot cannot
             out.append(describe(r, reclaimed))
         finally:
             os.close(r.fd)
@@ -124,6 +139,9 @@ def render(groups: list[dict]) -> str:
         lines.append(f"group {g['name']}  ({g['path']})")
         if g["reclaimed_now"]:
             lines.append(f"  reclaimed {human(g['reclaimed_now'])} from processes that died")
+        if g["gpus"]:
+            lines.append("  devices: " + ", ".join(f"{x['index']} = nvidia-smi {x['nvml_index']} ({x['uuid']})"
+                                                     for x in g["gpus"]))
         lines.append(f"  {'device':>6} {'limit':>12} {'used':>12} {'free':>12} {'peak':>12} {'oom':>5}")
         for d in g["devices"]:
             lim = human(d["limit"]) if d["limit"] else "none"
@@ -148,4 +166,7 @@ def render(groups: list[dict]) -> str:
             for d, kinds in p["devices"].items():
                 lines.append(f"  {p['pid']:>8} {d:>6} {human(kinds['data']):>12} {human(kinds['context']):>12} "
                              f"{human(kinds['module']):>12}{note}")
+        if g["events"]:
+            lines.append("  latest events:")
+            lines.extend(f"    {event_text(e)}" for e in g["events"][-5:])
     return "\n".join(lines)

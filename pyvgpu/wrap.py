@@ -27,7 +27,7 @@ def _prepend(item: str, current: str | None, sep: str) -> str:
 
 def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: str | None = None,
               memory: str | None = None, sm: str | None = None, group: str | None = None,
-              region_path: str | None = None, join: bool = True) -> dict[str, str]:
+              region_path: str | None = None, devices: str | None = None, join: bool = True) -> dict[str, str]:
     """The wrapped program's environment: ``base`` plus the shim, the bootstrap and its group."""
     shim = shim_path()
     if not shim.exists():
@@ -53,23 +53,31 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
     lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
     lim.sm_batch_ns(env)
     if join:
-        join_group(env, memory, group, region_path, sm)
+        join_group(env, memory, group, region_path, sm, devices)
+    elif devices is not None:
+        raise PyvgpuError("--devices needs a group region")
     return env
 
 
-def check_physical(limits: lim.MemoryLimits, source: str) -> int:
-    """A limit above a device's memory, or for a device the machine lacks, is an error (when NVML can tell).
+def check_physical(limits: lim.MemoryLimits, source: str, chosen: list[devices.Gpu] | None = None) -> int:
+    """A limit above a device's memory, or for a device the group lacks, is an error (when NVML can tell).
 
-    Returns the number of devices NVML sees (0 if it cannot tell, or if there is
-    nothing to check: initialising NVML costs a wrapped program ~0.1 s)."""
-    if not limits:
+    Device d of the limits is the group's device d: the d-th of --devices when given.
+    Returns the number of devices the group has (0 if NVML cannot tell, or if there
+    is nothing to check: initialising NVML costs a wrapped program ~0.1 s)."""
+    if not limits and not chosen:
         return 0
-    phys = devices.physical_memory()
-    if phys is None:
-        return 0
+    if chosen:
+        phys = [g.total for g in chosen]
+        what = f"{len(phys)} with --devices"
+    else:
+        phys = devices.physical_memory()
+        if phys is None:
+            return 0
+        what = f"this machine has {len(phys)}"
     for d in sorted(limits.per_device):
         if d >= len(phys):
-            raise PyvgpuError(f"{source}: there is no device {d} (this machine has {len(phys)})")
+            raise PyvgpuError(f"{source}: there is no device {d} ({what})")
     for d, total in enumerate(phys):
         want = limits.for_device(d)
         if want and want > total:
@@ -78,7 +86,8 @@ def check_physical(limits: lim.MemoryLimits, source: str) -> int:
     return len(phys)
 
 
-def sm_limits_for(env: dict[str, str], sm: str | None) -> tuple[lim.SmLimits, str]:
+def sm_limits_for(env: dict[str, str], sm: str | None,
+                  chosen: list[devices.Gpu] | None = None) -> tuple[lim.SmLimits, str]:
     """The compute shares asked for (--sm wins over CUDA_DEVICE_SM_LIMIT[_i]) and where they came from.
 
     A share that cannot be enforced (NVML cannot measure the device) is refused, or with
@@ -93,7 +102,12 @@ def sm_limits_for(env: dict[str, str], sm: str | None) -> tuple[lim.SmLimits, st
         shares, source = lim.sm_from_env(env), "CUDA_DEVICE_SM_LIMIT"
     if not any(0 < v < 100 for v in shares.as_list()):
         return shares, source
-    problem = devices.utilization_problem([d for d, v in enumerate(shares.as_list()) if 0 < v < 100])
+    limited = [d for d, v in enumerate(shares.as_list()) if 0 < v < 100]
+    if chosen:  # group device d is the machine's chosen[d]; shares past the group's devices apply to none
+        if shares.per_device and max(shares.per_device) >= len(chosen):
+            raise PyvgpuError(f"{source}: there is no device {max(shares.per_device)} ({len(chosen)} with --devices)")
+        limited = [chosen[d].index for d in limited if d < len(chosen)]
+    problem = devices.utilization_problem(limited)
     if problem:
         msg = (f"{source}: {problem}, so a compute share cannot be enforced; leave the share out "
                "(memory limits work without it)")
@@ -110,18 +124,19 @@ def sm_limits_for(env: dict[str, str], sm: str | None) -> tuple[lim.SmLimits, st
 
 
 def join_group(env: dict[str, str], memory: str | None, group: str | None, region_path: str | None,
-               sm: str | None = None) -> Path:
+               sm: str | None = None, device_spec: str | None = None) -> Path:
     """Create or join the group's region before the program starts; set the env contract for it."""
     if group and region_path:
         raise PyvgpuError("give --group or --region, not both")
-    shares, sm_source = sm_limits_for(env, sm)
+    chosen = devices.select(device_spec, env) if device_spec is not None else []
+    shares, sm_source = sm_limits_for(env, sm, chosen)
     if memory is not None:
         limits, source = lim.parse_memory_option(memory), f"--memory {memory}"
         for k in [k for k in env if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")]:
             del env[k]
     else:
         limits, source = lim.memory_from_env(env), "CUDA_DEVICE_MEMORY_LIMIT"
-    n_physical = check_physical(limits, source)
+    n_physical = check_physical(limits, source, chosen)
     if region_path:
         path = Path(region_path).absolute()
     elif group:
@@ -132,13 +147,16 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
         region.gc_private()
         path = region.new_private_path()
     name = group or path.stem
-    r = region.create_or_open(path, name, limits, source, n_physical, shares, sm_source)
+    r = region.create_or_open(path, name, limits, source, n_physical, shares, sm_source, chosen,
+                              f"--devices {device_spec}")
     if not limits:  # joining a group without asking: take its limits
         limits = lim.MemoryLimits(per_device={d: v for d, v in enumerate(r.limits()) if v})
     if not shares:
         shares = lim.SmLimits(per_device={d: v for d, v in enumerate(r.sm_limits()) if v})
     env.update(lim.memory_to_env(limits))
     env.update(lim.sm_to_env(shares))
+    if r.header.n_visible:  # the group's devices, also for a member that did not name them
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(u for _, u in r.visible())
     env["PYVGPU_REGION"] = str(path)
     return path
 

@@ -57,7 +57,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     """This environment without pyvgpu's and the fake's variables, plus ``extra``."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYVGPU_", "CUDA_DEVICE_", "FAKECUDA_", "FAKENVML_"))
-           and k not in ("LD_PRELOAD", "PYTHONPATH")}
+           and k not in ("LD_PRELOAD", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
     env["PYTHONPATH"] = pyvgpu_import_root()
     env.update(extra)
     return env

@@ -156,3 +156,22 @@ def mypid():
 
 def test_getpid():
     assert _call(mypid, ctypes.c_int32, [])() == os.getpid()
+
+
+@cfunc(types.int64(types.int32, types.uint64, types.uint64), nopython=True, error_model="numpy")
+def write_some(fd, addr, n):
+    return I.write_fd(fd, addr, n)
+
+
+def test_write_fd_writes_the_bytes_given():
+    r, w = os.pipe()
+    try:
+        text = ctypes.create_string_buffer(b"refused: device 3\n")
+        assert _call(write_some, ctypes.c_int64, [ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64])(
+            w, ctypes.addressof(text), 18) == 18
+        assert os.read(r, 100) == b"refused: device 3\n"
+        assert _call(write_some, ctypes.c_int64, [ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64])(
+            -1, ctypes.addressof(text), 18) == -1
+    finally:
+        os.close(r)
+        os.close(w)

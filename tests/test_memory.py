@@ -441,7 +441,8 @@ def test_status_json_schema(env, fake, tmp_path):
     a = hold(env, fake, 3 * MiB, "--memory", "0=64M", "--region", str(reg))
     try:
         g = status(env, reg)
-        assert set(g) == {"name", "path", "created_ns", "sm_switch", "reclaimed_now", "devices", "processes"}
+        assert set(g) == {"name", "path", "created_ns", "sm_switch", "reclaimed_now", "gpus", "devices", "processes",
+                          "events"}
         dev = g["devices"][0]
         sm = dev.pop("sm")
         assert dev == {"index": 0, "limit": LIMIT, "used": 3 * MiB, "free": LIMIT - 3 * MiB, "peak": 3 * MiB,
@@ -449,6 +450,7 @@ def test_status_json_schema(env, fake, tmp_path):
         assert sm["limit_percent"] is None and not sm["enforced"] and sm["controller"] == "not started"
         (pr,) = g["processes"]
         assert pr["alive"] and pr["pid"] > 0 and pr["sm_policy"] == "default" and pr["launches_limited"] == 0
+        assert pr["launches"] == 0 and g["events"] == [] and g["gpus"] is None
         assert pr["devices"] == {"0": {"data": 3 * MiB, "context": 0, "module": 0}}
         text = run([*PYVGPU, "status", "--region", str(reg)], env=env).stdout
         assert "64 MiB" in text and "3 MiB" in text

@@ -21,7 +21,7 @@ from pyvgpu.jit import callbacks
 
 # Undefined symbols the object may keep: resolved from libc at load time.
 ALLOWED_EXTERNALS = frozenset({
-    "__errno_location", "getpid", "close", "fcntl", "open", "memcpy", "memset", "memmove",
+    "__errno_location", "getpid", "close", "write", "fcntl", "open", "memcpy", "memset", "memmove",
     "clock_gettime", "sched_yield", "nanosleep", "syscall",
 })
 

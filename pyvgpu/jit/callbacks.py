@@ -78,7 +78,7 @@ SERVICES = hooks.SERVICES
 
 
 def build_services(only: set[str] | None = None) -> list[Callback]:
-    from pyvgpu.jit import compute, quota
+    from pyvgpu.jit import compute, events, quota
 
     def svc_claim(ctx):
         return quota.claim_slot(ctx)
@@ -95,9 +95,14 @@ def build_services(only: set[str] | None = None) -> list[Callback]:
     def svc_reclaim(ctx):
         return quota.reclaim_dead(ctx)
 
+    def svc_log(ctx, kind, device, a, b):
+        events.record(quota.region_of(ctx), kind, device, 0, a, b)
+        return 0
+
     sigs = {"svc_claim": types.int32(types.uint64), "svc_tick": types.int32(types.uint64),
-            "svc_reclaim": types.uint64(types.uint64)}
-    fns = {"svc_claim": svc_claim, "svc_tick": svc_tick, "svc_reclaim": svc_reclaim}
+            "svc_reclaim": types.uint64(types.uint64),
+            "svc_log": types.int32(types.uint64, types.uint32, types.int32, types.uint64, types.uint64)}
+    fns = {"svc_claim": svc_claim, "svc_tick": svc_tick, "svc_reclaim": svc_reclaim, "svc_log": svc_log}
     return [Callback(n, [], cfunc(sigs[n], nopython=True, error_model="numpy")(fns[n])) for n in SERVICES
             if only is None or n in only]
 

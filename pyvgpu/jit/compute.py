@@ -25,8 +25,9 @@ device's time. Three parts:
   the scale holds. It lowers the scale only while the limiter actually held
   launches back (a program that asks for less is not a reason to give more).
 
-With no limit in force a launch costs two loads from memory before the
-driver is called: no clock read, no lock, no syscall.
+With no limit in force a launch costs a few loads and one atomic add (the
+process's launch count, for ``pyvgpu top``) before the driver is called: no
+clock read, no lock, no syscall.
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ DEV_CTL_THROTTLE = L.REGION_DEVICE.offset("sm_ctl_throttle")
 DEV_STEPS = L.REGION_DEVICE.offset("sm_steps")
 DEV_STATE = L.REGION_DEVICE.offset("sm_state")
 SLOT_LAUNCHES = L.REGION_SLOT.offset("sm_launches")
+SLOT_ALL_LAUNCHES = L.REGION_SLOT.offset("launches")
+DEV_GROUP_UTIL = L.REGION_DEVICE.offset("sm_group_util")
+DEV_COST_MARK = L.REGION_DEVICE.offset("sm_cost_mark")
 SLOT_COST = L.REGION_SLOT.offset("sm_cost_ns")
 SLOT_USED = L.REGION_SLOT.offset("used")
 SLOT_STATE = L.REGION_SLOT.offset("state")
@@ -127,14 +131,22 @@ _NO_HANDLE = np.uint64(1)  # sm_nvml value: NVML cannot see this device
 # --- the fast path ----------------------------------------------------------------------
 
 @njit(inline="always")
-def limited_region(ctx):
-    """The region if launches go through the limiter, else 0. Loads only."""
-    region = load_u64(ctx + OFF_REGION)
-    if region == 0 or load_u32(region + HDR_ANY) == 0:
-        return np.uint64(0)
+def limited(ctx, region):
+    """True if this process's launches go through the limiter. Loads only."""
+    if load_u32(region + HDR_ANY) == 0:
+        return False
     policy = load_u32(ctx + OFF_POLICY)
-    if policy == POLICY_DISABLE or (policy == POLICY_DEFAULT and load_u32(region + HDR_SWITCH) == 0):
-        return np.uint64(0)
+    return not (policy == POLICY_DISABLE or (policy == POLICY_DEFAULT and load_u32(region + HDR_SWITCH) == 0))
+
+
+@njit(inline="always")
+def counted_region(ctx):
+    """The region, with this launch counted for the process (pyvgpu top's launches/s), or 0 without a group."""
+    region = load_u64(ctx + OFF_REGION)
+    if region != 0:
+        slot = load_u64(ctx + OFF_SLOT)
+        if slot != 0:
+            atomic_add_u64(slot + SLOT_ALL_LAUNCHES, 1)
     return region
 
 
@@ -329,9 +341,9 @@ def throttle(ctx, region, dev, cost, limit):
 
 @njit
 def launch(ctx, idx, args, notfound, key, stream):
-    """Every launch path ends here: limit, time a sample, launch."""
-    region = limited_region(ctx)
-    if region == 0:
+    """Every launch path ends here: count, limit, time a sample, launch."""
+    region = counted_region(ctx)
+    if region == 0 or not limited(ctx, region):
         return call_real(ctx, idx, args, notfound)
     dev = current_device(ctx)
     if dev < 0:
@@ -422,8 +434,8 @@ def launch_multi_device(ctx, idx, args, notfound):
     """One kernel on several devices at once: charged to the calling thread's device, by the first entry's
     kernel (the launches run in lockstep); not timed, its streams belong to several contexts."""
     plist, ndev, flags = args
-    region = limited_region(ctx)
-    if region == 0 or plist == 0 or ndev == 0:
+    region = counted_region(ctx)
+    if region == 0 or not limited(ctx, region) or plist == 0 or ndev == 0:
         return call_real(ctx, idx, args, notfound)
     dev = current_device(ctx)
     if dev < 0:
@@ -472,7 +484,18 @@ def group_alone(ctx, region, handle, dev):
 
 
 @njit
-def step(ctx, region, dev, handle, limit):
+def group_cost(ctx, region, dev):
+    """GPU time (ns, unscaled) the group's live processes were charged on dev so far."""
+    total = np.uint64(0)
+    for i in range(load_u32(ctx + Q.OFF_NSLOTS)):
+        s = Q.slot_addr(region, i)
+        if atomic_load_u32(s + SLOT_STATE) == L.SLOT_LIVE:
+            total += atomic_load_u64(s + SLOT_COST + dev * 8)
+    return total
+
+
+@njit
+def step(ctx, region, dev, handle, limit, period):
     """One controller step for the group on dev (this process holds the lease)."""
     d = Q.device_addr(region, dev)
     util = stack_buffer(8)
@@ -483,16 +506,27 @@ def step(ctx, region, dev, handle, limit):
     atomic_store_u32(d + DEV_UTIL, u * 100)
     thr = atomic_load_u64(d + DEV_THROTTLE)
     throttled = thr != atomic_xchg_ctl(d, thr)
+    scale = np.float64(atomic_load_u64(d + DEV_SCALE))
+    if scale == 0:
+        scale = np.float64(Q16)
+    alone = group_alone(ctx, region, handle, dev)
+    # The group's own utilization (what NVML shows the group, pyvgpu/jit/devices.py): the
+    # device's reading while alone; else the GPU time it was charged, at most that reading.
+    cost = group_cost(ctx, region, dev)
+    mark = atomic_load_u64(d + DEV_COST_MARK)
+    atomic_store_u64(d + DEV_COST_MARK, cost)
+    mine = np.float64(u) * 100.0
+    if not alone:
+        spent = np.float64(cost - mark) if cost >= mark else 0.0  # a reclaimed slot takes its count along
+        mine = min(mine, spent * scale / Q16 / max(np.float64(period), 1.0) * 1e4)
+    atomic_store_u32(d + DEV_GROUP_UTIL, np.uint32(mine))
     atomic_add_u64(d + DEV_STEPS, 1)
-    if not group_alone(ctx, region, handle, dev):
+    if not alone:
         atomic_store_u32(d + DEV_STATE, STATE_HOLDING)
         return
     atomic_store_u32(d + DEV_STATE, STATE_CALIBRATING)
     if u == limit or (u < limit and not throttled):
         return
-    scale = np.float64(atomic_load_u64(d + DEV_SCALE))
-    if scale == 0:
-        scale = np.float64(Q16)
     ratio = max(0.5, min(2.0, max(np.float64(u), 0.5) / np.float64(limit)))
     new = scale * math.sqrt(ratio)
     new = max(np.float64(SCALE_MIN), min(np.float64(SCALE_MAX), new))
@@ -526,4 +560,4 @@ def control(ctx):
             continue  # another process of the group took this step
         if last == 0:
             continue  # the first period: NVML's window still holds the time before the program ran
-        step(ctx, region, dev, h, limit)
+        step(ctx, region, dev, h, limit, now - last)

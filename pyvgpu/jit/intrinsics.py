@@ -15,7 +15,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 _LL = {types.uint64: ir.IntType(64), types.int64: ir.IntType(64), types.uint32: ir.IntType(32),
-       types.int32: ir.IntType(32)}
+       types.int32: ir.IntType(32), types.uint8: ir.IntType(8)}
 
 
 def _ptr(builder, addr, llty):
@@ -85,6 +85,7 @@ def _cas(ty):
 
 # Plain and atomic (sequentially consistent) loads and stores.
 load_u64 = _load(types.uint64, atomic=False)
+load_u8 = _load(types.uint8, atomic=False)
 load_u32 = _load(types.uint32, atomic=False)
 load_i32 = _load(types.int32, atomic=False)
 store_u64 = _store(types.uint64, atomic=False)
@@ -168,6 +169,13 @@ def getpid(typingctx):
 @intrinsic
 def close(typingctx, fd):
     return types.int32(types.int32), _libc("close", types.int32, (types.int32,))
+
+
+@intrinsic
+def write_fd(typingctx, fd, addr, n):
+    """write(fd, addr, n): how a callback reports to stderr (the text is prepared by Python in the ctx)."""
+    return types.int64(types.int32, types.uint64, types.uint64), _libc("write", types.int64,
+                                                                       (types.int32, types.uint64, types.uint64))
 
 
 @intrinsic

@@ -15,6 +15,7 @@ from numba import njit
 
 from pyvgpu import hooks
 from pyvgpu import layout as L
+from pyvgpu.jit import devices as D
 from pyvgpu.jit import ptrtable as T
 from pyvgpu.jit import quota as Q
 from pyvgpu.jit.intrinsics import (
@@ -66,7 +67,6 @@ OFF_CTX_CHARGED = L.CTX.offset("ctx_charged")
 OFF_NVML_STATE = L.CTX.offset("nvml_state")
 H_DEVICE_GET_MEM_POOL = hooks.HELPER_INDEX["cuDeviceGetMemPool"]
 H_POOL_GET_ATTRIBUTE = hooks.HELPER_INDEX["cuMemPoolGetAttribute"]
-H_NVML_GET_INDEX = hooks.HELPER_INDEX["nvmlDeviceGetIndex"]
 E_MEM_FREE = hooks.BY_ABI["cuMemFree_v2"].index
 E_MEM_FREE_ASYNC = hooks.BY_ABI["cuMemFreeAsync"].index
 E_MEM_RELEASE = hooks.BY_ABI["cuMemRelease"].index
@@ -101,7 +101,7 @@ def charge_or_refuse(ctx, dev, kind, n):
         return True
     if Q.reclaim_dead(ctx) != 0 and Q.try_charge(ctx, dev, kind, n):
         return True
-    Q.count_oom(ctx, dev)
+    Q.count_oom(ctx, dev, n)
     return False
 
 
@@ -273,17 +273,6 @@ def device_total_mem(ctx, idx, args, notfound):
 
 
 @njit
-def nvml_device(ctx, handle):
-    """The device index of an NVML handle (NVML and CUDA order agree without CUDA_VISIBLE_DEVICES)."""
-    fn = helper(ctx, H_NVML_GET_INDEX)
-    out = stack_u64()
-    if fn == 0 or call_i32(fn, (handle, out)) != NVML_SUCCESS:
-        return -1
-    d = load_i32(out)
-    return d if 0 <= d < L.MAX_DEVICES else -1
-
-
-@njit
 def nvml_view(ctx, dev, phys_total, phys_free):
     """(total, used, free) for NVML: the group's usage; never underflows."""
     lim = device_limit(ctx, dev)
@@ -301,7 +290,7 @@ def nvml_memory(ctx, idx, args, notfound, off_total, off_free, off_used, off_res
     rc = call_real(ctx, idx, args, notfound)
     if rc != NVML_SUCCESS or mem == 0 or Q.region_of(ctx) == 0:
         return rc
-    dev = nvml_device(ctx, handle)
+    dev = D.nvml_group_device(ctx, handle)
     if dev < 0 or device_limit(ctx, dev) == 0:
         return rc
     total, used, free = nvml_view(ctx, dev, load_u64(mem + off_total), load_u64(mem + off_free))
@@ -649,6 +638,8 @@ def device_used(ctx, dev):
 @njit
 def measured_context(ctx, idx, args, notfound, dev, pctx, primary):
     """Create the context through the driver, charging what it took if this is our first on dev."""
+    if D.refused(ctx):
+        return D.CUDA_ERROR_NO_DEVICE  # CUDA sees devices outside the group (cuInit said why)
     if Q.region_of(ctx) == 0 or dev < 0 or dev >= L.MAX_DEVICES or pctx == 0:
         return call_real(ctx, idx, args, notfound)
     slot = ctx + OFF_CTX_CHARGED + dev * 8

@@ -41,10 +41,20 @@ def forward(ctx, idx, args, notfound):
 
 def registry() -> dict:
     from pyvgpu.jit import compute as C
+    from pyvgpu.jit import devices as D
     from pyvgpu.jit import memory as M
 
     return {
         "forward": forward,
+        "cuda_init": D.cuda_init,
+        "device_count": D.device_count,
+        "nvml_count": D.nvml_count,
+        "nvml_by_index": D.nvml_by_index,
+        "nvml_by_key": D.nvml_by_key,
+        "nvml_index": D.nvml_index,
+        "nvml_processes": D.nvml_processes,
+        "nvml_processes_v1": D.nvml_processes_v1,
+        "nvml_utilization": D.nvml_utilization,
         "launch_kernel": C.launch_kernel,
         "launch_kernel_ptsz": C.launch_kernel_ptsz,
         "launch_kernel_ex": C.launch_kernel_ex,

@@ -21,6 +21,7 @@ import numpy as np
 from numba import njit
 
 from pyvgpu import layout as L
+from pyvgpu.jit import events
 from pyvgpu.jit.intrinsics import (
     F_OFD_SETLK,
     F_UNLCK,
@@ -63,6 +64,7 @@ SLOT_SM_LAUNCHES = L.REGION_SLOT.offset("sm_launches")
 SLOT_SM_POLICY = L.REGION_SLOT.offset("sm_policy")
 OFF_SM_POLICY = L.CTX.offset("sm_policy")
 SLOT_SM_COST = L.REGION_SLOT.offset("sm_cost_ns")
+SLOT_LAUNCHES = L.REGION_SLOT.offset("launches")
 OFF_TICK = L.CTX.offset("sm_tick_ns")
 RECLAIM_PERIOD_NS = 500_000_000
 N_USED = L.MAX_DEVICES * L.N_KINDS
@@ -134,26 +136,35 @@ def uncharge(ctx, dev, kind, n):
 
 
 @njit
-def count_oom(ctx, dev):
+def count_oom(ctx, dev, n):
+    """A refusal for the cap: counted for the device and the process, and logged with its size."""
     region = load_u64(ctx + OFF_REGION)
     if region != 0:
-        atomic_add_u64(device_addr(region, dev) + DEV_OOM, 1)
+        d = device_addr(region, dev)
+        atomic_add_u64(d + DEV_OOM, 1)
         atomic_add_u64(load_u64(ctx + OFF_SLOT) + SLOT_OOM, 1)
+        events.record(region, L.EV_OOM, dev, 0, n, atomic_load_u64(d + DEV_USED))
 
 
 @njit
 def _release_slot_counters(region, s):
-    """Give a dead slot's bytes back to the devices; the caller holds the slot's lock."""
+    """Give a dead slot's bytes back to the devices, logging each device's; the caller holds the slot's lock."""
     total = _U0
-    for j in range(N_USED):
-        a = s + SLOT_USED + j * 8
-        n = atomic_load_u64(a)
-        if n != 0:
-            d = device_addr(region, j // L.N_KINDS)
-            atomic_sub_u64(d + DEV_USED, n)
-            atomic_add_u64(d + DEV_RECLAIMED, n)
-            atomic_store_u64(a, 0)
-            total += n
+    pid = atomic_load_u32(s + SLOT_PID)
+    for dev in range(L.MAX_DEVICES):
+        freed = _U0
+        for k in range(L.N_KINDS):
+            a = s + SLOT_USED + (dev * L.N_KINDS + k) * 8
+            n = atomic_load_u64(a)
+            if n != 0:
+                d = device_addr(region, dev)
+                atomic_sub_u64(d + DEV_USED, n)
+                atomic_add_u64(d + DEV_RECLAIMED, n)
+                atomic_store_u64(a, 0)
+                freed += n
+        if freed != 0:
+            events.record(region, L.EV_RECLAIM, dev, pid, freed, 0)
+            total += freed
     return total
 
 
@@ -212,6 +223,7 @@ def claim_slot(ctx):
         for j in range(L.MAX_DEVICES):
             atomic_store_u64(s + SLOT_SM_LAUNCHES + j * 8, 0)
             atomic_store_u64(s + SLOT_SM_COST + j * 8, 0)
+        atomic_store_u64(s + SLOT_LAUNCHES, 0)
         store_u64(s + SLOT_START, realtime_ns())
         atomic_store_u32(s + SLOT_PID, getpid())
         atomic_store_u32(s + SLOT_SM_POLICY, load_u32(ctx + OFF_SM_POLICY))

@@ -115,6 +115,38 @@ typedef nvmlReturn_t (*pv_real_nvmlInit_t)(void);
 typedef nvmlReturn_t (*pv_cb_nvmlInit_t)(pv_ctx_t *ctx, uint32_t idx);
 typedef nvmlReturn_t (*pv_real_nvmlInit_v2_t)(void);
 typedef nvmlReturn_t (*pv_cb_nvmlInit_v2_t)(pv_ctx_t *ctx, uint32_t idx);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetCount_t)(unsigned int *deviceCount);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetCount_t)(pv_ctx_t *ctx, uint32_t idx, unsigned int *deviceCount);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetCount_v2_t)(unsigned int *deviceCount);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetCount_v2_t)(pv_ctx_t *ctx, uint32_t idx, unsigned int *deviceCount);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetHandleByIndex_t)(unsigned int index, nvmlDevice_t *device);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetHandleByIndex_t)(pv_ctx_t *ctx, uint32_t idx, unsigned int index, nvmlDevice_t *device);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetHandleByIndex_v2_t)(unsigned int index, nvmlDevice_t *device);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetHandleByIndex_v2_t)(pv_ctx_t *ctx, uint32_t idx, unsigned int index, nvmlDevice_t *device);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetHandleByUUID_t)(const char *uuid, nvmlDevice_t *device);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetHandleByUUID_t)(pv_ctx_t *ctx, uint32_t idx, const char *uuid, nvmlDevice_t *device);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetHandleByPciBusId_t)(const char *pciBusId, nvmlDevice_t *device);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetHandleByPciBusId_t)(pv_ctx_t *ctx, uint32_t idx, const char *pciBusId, nvmlDevice_t *device);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetHandleByPciBusId_v2_t)(const char *pciBusId, nvmlDevice_t *device);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetHandleByPciBusId_v2_t)(pv_ctx_t *ctx, uint32_t idx, const char *pciBusId, nvmlDevice_t *device);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetHandleBySerial_t)(const char *serial, nvmlDevice_t *device);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetHandleBySerial_t)(pv_ctx_t *ctx, uint32_t idx, const char *serial, nvmlDevice_t *device);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetIndex_t)(nvmlDevice_t device, unsigned int *index);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetIndex_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, unsigned int *index);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetComputeRunningProcesses_t)(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetComputeRunningProcesses_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetComputeRunningProcesses_v2_t)(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetComputeRunningProcesses_v2_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetComputeRunningProcesses_v3_t)(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetComputeRunningProcesses_v3_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetGraphicsRunningProcesses_t)(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetGraphicsRunningProcesses_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetGraphicsRunningProcesses_v2_t)(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetGraphicsRunningProcesses_v2_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetGraphicsRunningProcesses_v3_t)(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetGraphicsRunningProcesses_v3_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetUtilizationRates_t)(nvmlDevice_t device, nvmlUtilization_t *utilization);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetUtilizationRates_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, nvmlUtilization_t *utilization);
 typedef nvmlReturn_t (*pv_real_nvmlDeviceGetMemoryInfo_t)(nvmlDevice_t device, nvmlMemory_t *memory);
 typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetMemoryInfo_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, nvmlMemory_t *memory);
 typedef nvmlReturn_t (*pv_real_nvmlDeviceGetMemoryInfo_v2_t)(nvmlDevice_t device, nvmlMemory_v2_t *memory);
@@ -994,6 +1026,262 @@ PV_EXPORT nvmlReturn_t nvmlInit_v2(void)
     return cb(&pv_ctx, PV_E_nvmlInit_v2);
 }
 
+PV_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
+{
+    pv_cb_nvmlDeviceGetCount_t cb = (pv_cb_nvmlDeviceGetCount_t)pv_callback(PV_E_nvmlDeviceGetCount);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetCount_t real = (pv_real_nvmlDeviceGetCount_t)pv_real(PV_E_nvmlDeviceGetCount);
+            return real ? real(deviceCount) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetCount_t)pv_callback(PV_E_nvmlDeviceGetCount);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetCount, deviceCount);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+    pv_cb_nvmlDeviceGetCount_v2_t cb = (pv_cb_nvmlDeviceGetCount_v2_t)pv_callback(PV_E_nvmlDeviceGetCount_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetCount_v2_t real = (pv_real_nvmlDeviceGetCount_v2_t)pv_real(PV_E_nvmlDeviceGetCount_v2);
+            return real ? real(deviceCount) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetCount_v2_t)pv_callback(PV_E_nvmlDeviceGetCount_v2);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetCount_v2, deviceCount);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
+    pv_cb_nvmlDeviceGetHandleByIndex_t cb = (pv_cb_nvmlDeviceGetHandleByIndex_t)pv_callback(PV_E_nvmlDeviceGetHandleByIndex);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetHandleByIndex_t real = (pv_real_nvmlDeviceGetHandleByIndex_t)pv_real(PV_E_nvmlDeviceGetHandleByIndex);
+            return real ? real(index, device) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetHandleByIndex_t)pv_callback(PV_E_nvmlDeviceGetHandleByIndex);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetHandleByIndex, index, device);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    pv_cb_nvmlDeviceGetHandleByIndex_v2_t cb = (pv_cb_nvmlDeviceGetHandleByIndex_v2_t)pv_callback(PV_E_nvmlDeviceGetHandleByIndex_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetHandleByIndex_v2_t real = (pv_real_nvmlDeviceGetHandleByIndex_v2_t)pv_real(PV_E_nvmlDeviceGetHandleByIndex_v2);
+            return real ? real(index, device) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetHandleByIndex_v2_t)pv_callback(PV_E_nvmlDeviceGetHandleByIndex_v2);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetHandleByIndex_v2, index, device);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    pv_cb_nvmlDeviceGetHandleByUUID_t cb = (pv_cb_nvmlDeviceGetHandleByUUID_t)pv_callback(PV_E_nvmlDeviceGetHandleByUUID);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetHandleByUUID_t real = (pv_real_nvmlDeviceGetHandleByUUID_t)pv_real(PV_E_nvmlDeviceGetHandleByUUID);
+            return real ? real(uuid, device) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetHandleByUUID_t)pv_callback(PV_E_nvmlDeviceGetHandleByUUID);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetHandleByUUID, uuid, device);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device)
+{
+    pv_cb_nvmlDeviceGetHandleByPciBusId_t cb = (pv_cb_nvmlDeviceGetHandleByPciBusId_t)pv_callback(PV_E_nvmlDeviceGetHandleByPciBusId);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetHandleByPciBusId_t real = (pv_real_nvmlDeviceGetHandleByPciBusId_t)pv_real(PV_E_nvmlDeviceGetHandleByPciBusId);
+            return real ? real(pciBusId, device) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetHandleByPciBusId_t)pv_callback(PV_E_nvmlDeviceGetHandleByPciBusId);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetHandleByPciBusId, pciBusId, device);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device)
+{
+    pv_cb_nvmlDeviceGetHandleByPciBusId_v2_t cb = (pv_cb_nvmlDeviceGetHandleByPciBusId_v2_t)pv_callback(PV_E_nvmlDeviceGetHandleByPciBusId_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetHandleByPciBusId_v2_t real = (pv_real_nvmlDeviceGetHandleByPciBusId_v2_t)pv_real(PV_E_nvmlDeviceGetHandleByPciBusId_v2);
+            return real ? real(pciBusId, device) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetHandleByPciBusId_v2_t)pv_callback(PV_E_nvmlDeviceGetHandleByPciBusId_v2);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetHandleByPciBusId_v2, pciBusId, device);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char *serial, nvmlDevice_t *device)
+{
+    pv_cb_nvmlDeviceGetHandleBySerial_t cb = (pv_cb_nvmlDeviceGetHandleBySerial_t)pv_callback(PV_E_nvmlDeviceGetHandleBySerial);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetHandleBySerial_t real = (pv_real_nvmlDeviceGetHandleBySerial_t)pv_real(PV_E_nvmlDeviceGetHandleBySerial);
+            return real ? real(serial, device) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetHandleBySerial_t)pv_callback(PV_E_nvmlDeviceGetHandleBySerial);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetHandleBySerial, serial, device);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    pv_cb_nvmlDeviceGetIndex_t cb = (pv_cb_nvmlDeviceGetIndex_t)pv_callback(PV_E_nvmlDeviceGetIndex);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetIndex_t real = (pv_real_nvmlDeviceGetIndex_t)pv_real(PV_E_nvmlDeviceGetIndex);
+            return real ? real(device, index) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetIndex_t)pv_callback(PV_E_nvmlDeviceGetIndex);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetIndex, device, index);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos)
+{
+    pv_cb_nvmlDeviceGetComputeRunningProcesses_t cb = (pv_cb_nvmlDeviceGetComputeRunningProcesses_t)pv_callback(PV_E_nvmlDeviceGetComputeRunningProcesses);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetComputeRunningProcesses_t real = (pv_real_nvmlDeviceGetComputeRunningProcesses_t)pv_real(PV_E_nvmlDeviceGetComputeRunningProcesses);
+            return real ? real(device, infoCount, infos) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetComputeRunningProcesses_t)pv_callback(PV_E_nvmlDeviceGetComputeRunningProcesses);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetComputeRunningProcesses, device, infoCount, infos);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
+{
+    pv_cb_nvmlDeviceGetComputeRunningProcesses_v2_t cb = (pv_cb_nvmlDeviceGetComputeRunningProcesses_v2_t)pv_callback(PV_E_nvmlDeviceGetComputeRunningProcesses_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetComputeRunningProcesses_v2_t real = (pv_real_nvmlDeviceGetComputeRunningProcesses_v2_t)pv_real(PV_E_nvmlDeviceGetComputeRunningProcesses_v2);
+            return real ? real(device, infoCount, infos) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetComputeRunningProcesses_v2_t)pv_callback(PV_E_nvmlDeviceGetComputeRunningProcesses_v2);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetComputeRunningProcesses_v2, device, infoCount, infos);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
+{
+    pv_cb_nvmlDeviceGetComputeRunningProcesses_v3_t cb = (pv_cb_nvmlDeviceGetComputeRunningProcesses_v3_t)pv_callback(PV_E_nvmlDeviceGetComputeRunningProcesses_v3);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetComputeRunningProcesses_v3_t real = (pv_real_nvmlDeviceGetComputeRunningProcesses_v3_t)pv_real(PV_E_nvmlDeviceGetComputeRunningProcesses_v3);
+            return real ? real(device, infoCount, infos) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetComputeRunningProcesses_v3_t)pv_callback(PV_E_nvmlDeviceGetComputeRunningProcesses_v3);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetComputeRunningProcesses_v3, device, infoCount, infos);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos)
+{
+    pv_cb_nvmlDeviceGetGraphicsRunningProcesses_t cb = (pv_cb_nvmlDeviceGetGraphicsRunningProcesses_t)pv_callback(PV_E_nvmlDeviceGetGraphicsRunningProcesses);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetGraphicsRunningProcesses_t real = (pv_real_nvmlDeviceGetGraphicsRunningProcesses_t)pv_real(PV_E_nvmlDeviceGetGraphicsRunningProcesses);
+            return real ? real(device, infoCount, infos) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetGraphicsRunningProcesses_t)pv_callback(PV_E_nvmlDeviceGetGraphicsRunningProcesses);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetGraphicsRunningProcesses, device, infoCount, infos);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
+{
+    pv_cb_nvmlDeviceGetGraphicsRunningProcesses_v2_t cb = (pv_cb_nvmlDeviceGetGraphicsRunningProcesses_v2_t)pv_callback(PV_E_nvmlDeviceGetGraphicsRunningProcesses_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetGraphicsRunningProcesses_v2_t real = (pv_real_nvmlDeviceGetGraphicsRunningProcesses_v2_t)pv_real(PV_E_nvmlDeviceGetGraphicsRunningProcesses_v2);
+            return real ? real(device, infoCount, infos) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetGraphicsRunningProcesses_v2_t)pv_callback(PV_E_nvmlDeviceGetGraphicsRunningProcesses_v2);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetGraphicsRunningProcesses_v2, device, infoCount, infos);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
+{
+    pv_cb_nvmlDeviceGetGraphicsRunningProcesses_v3_t cb = (pv_cb_nvmlDeviceGetGraphicsRunningProcesses_v3_t)pv_callback(PV_E_nvmlDeviceGetGraphicsRunningProcesses_v3);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetGraphicsRunningProcesses_v3_t real = (pv_real_nvmlDeviceGetGraphicsRunningProcesses_v3_t)pv_real(PV_E_nvmlDeviceGetGraphicsRunningProcesses_v3);
+            return real ? real(device, infoCount, infos) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetGraphicsRunningProcesses_v3_t)pv_callback(PV_E_nvmlDeviceGetGraphicsRunningProcesses_v3);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetGraphicsRunningProcesses_v3, device, infoCount, infos);
+}
+
+PV_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+    pv_cb_nvmlDeviceGetUtilizationRates_t cb = (pv_cb_nvmlDeviceGetUtilizationRates_t)pv_callback(PV_E_nvmlDeviceGetUtilizationRates);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetUtilizationRates_t real = (pv_real_nvmlDeviceGetUtilizationRates_t)pv_real(PV_E_nvmlDeviceGetUtilizationRates);
+            return real ? real(device, utilization) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetUtilizationRates_t)pv_callback(PV_E_nvmlDeviceGetUtilizationRates);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetUtilizationRates, device, utilization);
+}
+
 PV_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     pv_cb_nvmlDeviceGetMemoryInfo_t cb = (pv_cb_nvmlDeviceGetMemoryInfo_t)pv_callback(PV_E_nvmlDeviceGetMemoryInfo);
@@ -1083,6 +1371,22 @@ const pv_entry_info_t pv_entry_infos[PV_N_ENTRIES] = {
     [PV_E_cuLibraryUnload] = {"cuLibraryUnload", PV_LIB_CUDA, 0, 1, PV_H_cuLibraryUnload, 12000},
     [PV_E_nvmlInit] = {"nvmlInit", PV_LIB_NVML, 0, 1, PV_H_nvmlInit, 0},
     [PV_E_nvmlInit_v2] = {"nvmlInit_v2", PV_LIB_NVML, 0, 1, PV_H_nvmlInit, 0},
+    [PV_E_nvmlDeviceGetCount] = {"nvmlDeviceGetCount", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetCount, 0},
+    [PV_E_nvmlDeviceGetCount_v2] = {"nvmlDeviceGetCount_v2", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetCount, 0},
+    [PV_E_nvmlDeviceGetHandleByIndex] = {"nvmlDeviceGetHandleByIndex", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetHandleByIndex, 0},
+    [PV_E_nvmlDeviceGetHandleByIndex_v2] = {"nvmlDeviceGetHandleByIndex_v2", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetHandleByIndex, 0},
+    [PV_E_nvmlDeviceGetHandleByUUID] = {"nvmlDeviceGetHandleByUUID", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetHandleByUUID, 0},
+    [PV_E_nvmlDeviceGetHandleByPciBusId] = {"nvmlDeviceGetHandleByPciBusId", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetHandleByPciBusId, 0},
+    [PV_E_nvmlDeviceGetHandleByPciBusId_v2] = {"nvmlDeviceGetHandleByPciBusId_v2", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetHandleByPciBusId, 0},
+    [PV_E_nvmlDeviceGetHandleBySerial] = {"nvmlDeviceGetHandleBySerial", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetHandleBySerial, 0},
+    [PV_E_nvmlDeviceGetIndex] = {"nvmlDeviceGetIndex", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetIndex, 0},
+    [PV_E_nvmlDeviceGetComputeRunningProcesses] = {"nvmlDeviceGetComputeRunningProcesses", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetComputeRunningProcesses, 0},
+    [PV_E_nvmlDeviceGetComputeRunningProcesses_v2] = {"nvmlDeviceGetComputeRunningProcesses_v2", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetComputeRunningProcesses, 0},
+    [PV_E_nvmlDeviceGetComputeRunningProcesses_v3] = {"nvmlDeviceGetComputeRunningProcesses_v3", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetComputeRunningProcesses, 0},
+    [PV_E_nvmlDeviceGetGraphicsRunningProcesses] = {"nvmlDeviceGetGraphicsRunningProcesses", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetGraphicsRunningProcesses, 0},
+    [PV_E_nvmlDeviceGetGraphicsRunningProcesses_v2] = {"nvmlDeviceGetGraphicsRunningProcesses_v2", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetGraphicsRunningProcesses, 0},
+    [PV_E_nvmlDeviceGetGraphicsRunningProcesses_v3] = {"nvmlDeviceGetGraphicsRunningProcesses_v3", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetGraphicsRunningProcesses, 0},
+    [PV_E_nvmlDeviceGetUtilizationRates] = {"nvmlDeviceGetUtilizationRates", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetUtilizationRates, 0},
     [PV_E_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetMemoryInfo, 0},
     [PV_E_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetMemoryInfo_v2, 0},
 };
@@ -1125,8 +1429,17 @@ const pv_hook_info_t pv_hook_infos[PV_N_HOOKS] = {
     [PV_H_cuLibraryLoadFromFile] = {"cuLibraryLoadFromFile", 52, 1},
     [PV_H_cuLibraryUnload] = {"cuLibraryUnload", 53, 1},
     [PV_H_nvmlInit] = {"nvmlInit", 54, 2},
-    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 56, 1},
-    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 57, 1},
+    [PV_H_nvmlDeviceGetCount] = {"nvmlDeviceGetCount", 56, 2},
+    [PV_H_nvmlDeviceGetHandleByIndex] = {"nvmlDeviceGetHandleByIndex", 58, 2},
+    [PV_H_nvmlDeviceGetHandleByUUID] = {"nvmlDeviceGetHandleByUUID", 60, 1},
+    [PV_H_nvmlDeviceGetHandleByPciBusId] = {"nvmlDeviceGetHandleByPciBusId", 61, 2},
+    [PV_H_nvmlDeviceGetHandleBySerial] = {"nvmlDeviceGetHandleBySerial", 63, 1},
+    [PV_H_nvmlDeviceGetIndex] = {"nvmlDeviceGetIndex", 64, 1},
+    [PV_H_nvmlDeviceGetComputeRunningProcesses] = {"nvmlDeviceGetComputeRunningProcesses", 65, 3},
+    [PV_H_nvmlDeviceGetGraphicsRunningProcesses] = {"nvmlDeviceGetGraphicsRunningProcesses", 68, 3},
+    [PV_H_nvmlDeviceGetUtilizationRates] = {"nvmlDeviceGetUtilizationRates", 71, 1},
+    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 72, 1},
+    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 73, 1},
 };
 
 /* Sorted by name for bsearch (dlsym and cuGetProcAddress lookups). */
@@ -1185,8 +1498,24 @@ const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES] = {
     {"cuModuleLoadDataEx", PV_E_cuModuleLoadDataEx},
     {"cuModuleLoadFatBinary", PV_E_cuModuleLoadFatBinary},
     {"cuModuleUnload", PV_E_cuModuleUnload},
+    {"nvmlDeviceGetComputeRunningProcesses", PV_E_nvmlDeviceGetComputeRunningProcesses},
+    {"nvmlDeviceGetComputeRunningProcesses_v2", PV_E_nvmlDeviceGetComputeRunningProcesses_v2},
+    {"nvmlDeviceGetComputeRunningProcesses_v3", PV_E_nvmlDeviceGetComputeRunningProcesses_v3},
+    {"nvmlDeviceGetCount", PV_E_nvmlDeviceGetCount},
+    {"nvmlDeviceGetCount_v2", PV_E_nvmlDeviceGetCount_v2},
+    {"nvmlDeviceGetGraphicsRunningProcesses", PV_E_nvmlDeviceGetGraphicsRunningProcesses},
+    {"nvmlDeviceGetGraphicsRunningProcesses_v2", PV_E_nvmlDeviceGetGraphicsRunningProcesses_v2},
+    {"nvmlDeviceGetGraphicsRunningProcesses_v3", PV_E_nvmlDeviceGetGraphicsRunningProcesses_v3},
+    {"nvmlDeviceGetHandleByIndex", PV_E_nvmlDeviceGetHandleByIndex},
+    {"nvmlDeviceGetHandleByIndex_v2", PV_E_nvmlDeviceGetHandleByIndex_v2},
+    {"nvmlDeviceGetHandleByPciBusId", PV_E_nvmlDeviceGetHandleByPciBusId},
+    {"nvmlDeviceGetHandleByPciBusId_v2", PV_E_nvmlDeviceGetHandleByPciBusId_v2},
+    {"nvmlDeviceGetHandleBySerial", PV_E_nvmlDeviceGetHandleBySerial},
+    {"nvmlDeviceGetHandleByUUID", PV_E_nvmlDeviceGetHandleByUUID},
+    {"nvmlDeviceGetIndex", PV_E_nvmlDeviceGetIndex},
     {"nvmlDeviceGetMemoryInfo", PV_E_nvmlDeviceGetMemoryInfo},
     {"nvmlDeviceGetMemoryInfo_v2", PV_E_nvmlDeviceGetMemoryInfo_v2},
+    {"nvmlDeviceGetUtilizationRates", PV_E_nvmlDeviceGetUtilizationRates},
     {"nvmlInit", PV_E_nvmlInit},
     {"nvmlInit_v2", PV_E_nvmlInit_v2},
 };
@@ -1228,8 +1557,17 @@ const pv_name_index_t pv_hook_sorted[PV_N_HOOKS] = {
     {"cuModuleLoadDataEx", PV_H_cuModuleLoadDataEx},
     {"cuModuleLoadFatBinary", PV_H_cuModuleLoadFatBinary},
     {"cuModuleUnload", PV_H_cuModuleUnload},
+    {"nvmlDeviceGetComputeRunningProcesses", PV_H_nvmlDeviceGetComputeRunningProcesses},
+    {"nvmlDeviceGetCount", PV_H_nvmlDeviceGetCount},
+    {"nvmlDeviceGetGraphicsRunningProcesses", PV_H_nvmlDeviceGetGraphicsRunningProcesses},
+    {"nvmlDeviceGetHandleByIndex", PV_H_nvmlDeviceGetHandleByIndex},
+    {"nvmlDeviceGetHandleByPciBusId", PV_H_nvmlDeviceGetHandleByPciBusId},
+    {"nvmlDeviceGetHandleBySerial", PV_H_nvmlDeviceGetHandleBySerial},
+    {"nvmlDeviceGetHandleByUUID", PV_H_nvmlDeviceGetHandleByUUID},
+    {"nvmlDeviceGetIndex", PV_H_nvmlDeviceGetIndex},
     {"nvmlDeviceGetMemoryInfo", PV_H_nvmlDeviceGetMemoryInfo},
     {"nvmlDeviceGetMemoryInfo_v2", PV_H_nvmlDeviceGetMemoryInfo_v2},
+    {"nvmlDeviceGetUtilizationRates", PV_H_nvmlDeviceGetUtilizationRates},
     {"nvmlInit", PV_H_nvmlInit},
 };
 
@@ -1290,6 +1628,22 @@ void *const pv_hook_fns[PV_N_ENTRIES] = {
     [PV_E_cuLibraryUnload] = (void *)cuLibraryUnload,
     [PV_E_nvmlInit] = (void *)nvmlInit,
     [PV_E_nvmlInit_v2] = (void *)nvmlInit_v2,
+    [PV_E_nvmlDeviceGetCount] = (void *)nvmlDeviceGetCount,
+    [PV_E_nvmlDeviceGetCount_v2] = (void *)nvmlDeviceGetCount_v2,
+    [PV_E_nvmlDeviceGetHandleByIndex] = (void *)nvmlDeviceGetHandleByIndex,
+    [PV_E_nvmlDeviceGetHandleByIndex_v2] = (void *)nvmlDeviceGetHandleByIndex_v2,
+    [PV_E_nvmlDeviceGetHandleByUUID] = (void *)nvmlDeviceGetHandleByUUID,
+    [PV_E_nvmlDeviceGetHandleByPciBusId] = (void *)nvmlDeviceGetHandleByPciBusId,
+    [PV_E_nvmlDeviceGetHandleByPciBusId_v2] = (void *)nvmlDeviceGetHandleByPciBusId_v2,
+    [PV_E_nvmlDeviceGetHandleBySerial] = (void *)nvmlDeviceGetHandleBySerial,
+    [PV_E_nvmlDeviceGetIndex] = (void *)nvmlDeviceGetIndex,
+    [PV_E_nvmlDeviceGetComputeRunningProcesses] = (void *)nvmlDeviceGetComputeRunningProcesses,
+    [PV_E_nvmlDeviceGetComputeRunningProcesses_v2] = (void *)nvmlDeviceGetComputeRunningProcesses_v2,
+    [PV_E_nvmlDeviceGetComputeRunningProcesses_v3] = (void *)nvmlDeviceGetComputeRunningProcesses_v3,
+    [PV_E_nvmlDeviceGetGraphicsRunningProcesses] = (void *)nvmlDeviceGetGraphicsRunningProcesses,
+    [PV_E_nvmlDeviceGetGraphicsRunningProcesses_v2] = (void *)nvmlDeviceGetGraphicsRunningProcesses_v2,
+    [PV_E_nvmlDeviceGetGraphicsRunningProcesses_v3] = (void *)nvmlDeviceGetGraphicsRunningProcesses_v3,
+    [PV_E_nvmlDeviceGetUtilizationRates] = (void *)nvmlDeviceGetUtilizationRates,
     [PV_E_nvmlDeviceGetMemoryInfo] = (void *)nvmlDeviceGetMemoryInfo,
     [PV_E_nvmlDeviceGetMemoryInfo_v2] = (void *)nvmlDeviceGetMemoryInfo_v2,
 };
@@ -1316,10 +1670,12 @@ const pv_helper_info_t pv_helper_infos[PV_N_HELPERS] = {
     {"cuStreamIsCapturing", PV_LIB_CUDA},
     {"nvmlDeviceGetUtilizationRates", PV_LIB_NVML},
     {"nvmlDeviceGetComputeRunningProcesses_v3", PV_LIB_NVML},
+    {"cuDeviceGetUuid_v2", PV_LIB_CUDA},
 };
 
 const char *const pv_service_names[PV_N_SERVICES] = {
     [PV_S_svc_claim] = "svc_claim",
     [PV_S_svc_tick] = "svc_tick",
     [PV_S_svc_reclaim] = "svc_reclaim",
+    [PV_S_svc_log] = "svc_log",
 };

@@ -3,10 +3,10 @@
 #ifndef PV_TABLE_H
 #define PV_TABLE_H
 
-#define PV_N_ENTRIES 58
-#define PV_N_HOOKS 39
-#define PV_N_HELPERS 21
-#define PV_TABLE_HASH "490bf5aa687e9851"
+#define PV_N_ENTRIES 74
+#define PV_N_HOOKS 48
+#define PV_N_HELPERS 22
+#define PV_TABLE_HASH "4357da16e6a0d3a5"
 
 /* One entry per exported ABI symbol (variant). */
 enum pv_entry {
@@ -66,8 +66,24 @@ enum pv_entry {
     PV_E_cuLibraryUnload = 53,
     PV_E_nvmlInit = 54,
     PV_E_nvmlInit_v2 = 55,
-    PV_E_nvmlDeviceGetMemoryInfo = 56,
-    PV_E_nvmlDeviceGetMemoryInfo_v2 = 57,
+    PV_E_nvmlDeviceGetCount = 56,
+    PV_E_nvmlDeviceGetCount_v2 = 57,
+    PV_E_nvmlDeviceGetHandleByIndex = 58,
+    PV_E_nvmlDeviceGetHandleByIndex_v2 = 59,
+    PV_E_nvmlDeviceGetHandleByUUID = 60,
+    PV_E_nvmlDeviceGetHandleByPciBusId = 61,
+    PV_E_nvmlDeviceGetHandleByPciBusId_v2 = 62,
+    PV_E_nvmlDeviceGetHandleBySerial = 63,
+    PV_E_nvmlDeviceGetIndex = 64,
+    PV_E_nvmlDeviceGetComputeRunningProcesses = 65,
+    PV_E_nvmlDeviceGetComputeRunningProcesses_v2 = 66,
+    PV_E_nvmlDeviceGetComputeRunningProcesses_v3 = 67,
+    PV_E_nvmlDeviceGetGraphicsRunningProcesses = 68,
+    PV_E_nvmlDeviceGetGraphicsRunningProcesses_v2 = 69,
+    PV_E_nvmlDeviceGetGraphicsRunningProcesses_v3 = 70,
+    PV_E_nvmlDeviceGetUtilizationRates = 71,
+    PV_E_nvmlDeviceGetMemoryInfo = 72,
+    PV_E_nvmlDeviceGetMemoryInfo_v2 = 73,
 };
 
 /* Services: callbacks called outside hooked functions (pyvgpu.hooks.SERVICES). */
@@ -75,6 +91,7 @@ enum pv_service {
     PV_S_svc_claim = 0,
     PV_S_svc_tick = 1,
     PV_S_svc_reclaim = 2,
+    PV_S_svc_log = 3,
     PV_N_SERVICES
 };
 
@@ -117,8 +134,17 @@ enum pv_hook {
     PV_H_cuLibraryLoadFromFile = 34,
     PV_H_cuLibraryUnload = 35,
     PV_H_nvmlInit = 36,
-    PV_H_nvmlDeviceGetMemoryInfo = 37,
-    PV_H_nvmlDeviceGetMemoryInfo_v2 = 38,
+    PV_H_nvmlDeviceGetCount = 37,
+    PV_H_nvmlDeviceGetHandleByIndex = 38,
+    PV_H_nvmlDeviceGetHandleByUUID = 39,
+    PV_H_nvmlDeviceGetHandleByPciBusId = 40,
+    PV_H_nvmlDeviceGetHandleBySerial = 41,
+    PV_H_nvmlDeviceGetIndex = 42,
+    PV_H_nvmlDeviceGetComputeRunningProcesses = 43,
+    PV_H_nvmlDeviceGetGraphicsRunningProcesses = 44,
+    PV_H_nvmlDeviceGetUtilizationRates = 45,
+    PV_H_nvmlDeviceGetMemoryInfo = 46,
+    PV_H_nvmlDeviceGetMemoryInfo_v2 = 47,
 };
 
 #endif

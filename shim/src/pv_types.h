@@ -35,6 +35,9 @@ typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
 typedef struct nvmlMemory_st nvmlMemory_t;
 typedef struct nvmlMemory_v2_st nvmlMemory_v2_t;
+typedef struct nvmlProcessInfo_st nvmlProcessInfo_t;
+typedef struct nvmlProcessInfo_v1_st nvmlProcessInfo_v1_t;
+typedef struct nvmlUtilization_st nvmlUtilization_t;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1

@@ -3,7 +3,7 @@
     python tests/fakecuda/build.py OUT_DIR
 
 OUT_DIR gets libcuda.so.1, libnvidia-ml.so.1 (and .so links, for -l),
-host_linked, host_procaddr and the RTLD_NEXT probe.
+host_linked, host_devices, host_procaddr and the RTLD_NEXT probe.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def build(out: Path) -> Path:
             os.symlink(f"{name}.so.1", link)
     hosts = TESTS / "hosts"
     _cc(f"-I{hosts}", "-o", str(out / "host_linked"), str(hosts / "host_linked.c"), f"-L{out}", "-lcuda",
+        "-lnvidia-ml")
+    _cc(f"-I{hosts}", "-o", str(out / "host_devices"), str(hosts / "host_devices.c"), f"-L{out}", "-lcuda",
         "-lnvidia-ml")
     _cc(f"-I{hosts}", "-o", str(out / "host_procaddr"), str(hosts / "host_procaddr.c"), "-ldl")
     _cc(f"-I{hosts}", "-DLINKED", "-o", str(out / "host_mem_linked"), str(hosts / "host_mem.c"), f"-L{out}",

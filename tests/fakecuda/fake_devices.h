@@ -1,6 +1,13 @@
 /* The simulated devices, shared by the fake libcuda and libnvidia-ml so both
  * see the same machine: FAKECUDA_DEVICES="16G,8G" lists capacities
- * (default: two devices of 16 GiB and 8 GiB). */
+ * (default: two devices of 16 GiB and 8 GiB). These are the physical
+ * devices, in NVML's order; CUDA_VISIBLE_DEVICES (fake libcuda only) picks
+ * and orders the CUDA devices among them.
+ *
+ * Physical device i has
+ *   UUID    bytes fa 4e c0 da 00 .. 00 i, text "GPU-fa4ec0da-0000-0000-0000-0000000000XX" (XX: i, 2 hex digits)
+ *   PCI bus "00000000:XX:00.0" (XX: i + 1, 2 hex digits)
+ *   serial  "FAKE%04d" of i (NVML) */
 #ifndef FAKE_DEVICES_H
 #define FAKE_DEVICES_H
 #include <ctype.h>
@@ -10,9 +17,11 @@
 #include <string.h>
 
 #define MAX_DEV 16
+#define FAKE_FN static __attribute__((unused))
+#define FAKE_UUID_LEN 40 /* "GPU-" + 36 */
 
 /* "4G", "512m", "1048576": binary K/M/G/T suffixes */
-static uint64_t parse_size(const char *s) {
+FAKE_FN uint64_t parse_size(const char *s) {
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
     switch (toupper((unsigned char)*end)) {
@@ -26,7 +35,7 @@ static uint64_t parse_size(const char *s) {
 }
 
 /* Fill caps[] from FAKECUDA_DEVICES; returns the number of devices. */
-static int fake_device_caps(uint64_t caps[MAX_DEV]) {
+FAKE_FN int fake_device_caps(uint64_t caps[MAX_DEV]) {
     const char *d = getenv("FAKECUDA_DEVICES");
     char buf[512];
     int n = 0;
@@ -34,5 +43,28 @@ static int fake_device_caps(uint64_t caps[MAX_DEV]) {
     for (char *tok = strtok(buf, ","); tok && n < MAX_DEV; tok = strtok(NULL, ","))
         caps[n++] = parse_size(tok);
     return n;
+}
+
+FAKE_FN void fake_uuid_bytes(int i, unsigned char b[16]) {
+    static const unsigned char head[4] = {0xfa, 0x4e, 0xc0, 0xda};
+    memset(b, 0, 16);
+    memcpy(b, head, 4);
+    b[15] = (unsigned char)i;
+}
+
+/* The text form of 16 UUID bytes: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (out: FAKE_UUID_LEN + 1 bytes). */
+FAKE_FN void fake_uuid_format(const unsigned char b[16], char *out) {
+    char *o = out + sprintf(out, "GPU-");
+    for (int k = 0; k < 16; k++) {
+        if (k == 4 || k == 6 || k == 8 || k == 10)
+            *o++ = '-';
+        o += sprintf(o, "%02x", b[k]);
+    }
+}
+
+FAKE_FN void fake_uuid_text(int i, char out[FAKE_UUID_LEN + 1]) {
+    unsigned char b[16];
+    fake_uuid_bytes(i, b);
+    fake_uuid_format(b, out);
 }
 #endif

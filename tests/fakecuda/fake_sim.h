@@ -6,7 +6,9 @@
  * is free (or now) and ends d ns later; launches block while more than
  * SIM_QUEUE_NS of work is queued, as a full launch queue does. With
  * FAKECUDA_SIM=PATH every process maps the same file, so several processes
- * share one simulated GPU; without it each process has its own. */
+ * share one simulated GPU; without it each process has its own.
+ * Devices here are always physical indexes (NVML's), never CUDA ordinals,
+ * which CUDA_VISIBLE_DEVICES may reorder. */
 #ifndef FAKE_SIM_H
 #define FAKE_SIM_H
 #include <fcntl.h>
@@ -17,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SIM_DEVS 4
+#define SIM_DEVS 16 /* physical devices (MAX_DEV of fake_devices.h) */
 #define SIM_RING 16384
 #define SIM_PROCS 64
 #define SIM_QUEUE_NS 20000000ULL

@@ -1,7 +1,11 @@
 /* A fake libcuda.so.1 for CPU-only tests. It is a test double of the
  * hardware and never ships.
  *
- * Devices: FAKECUDA_DEVICES="16G,8G" (capacities; default two devices).
+ * Devices: FAKECUDA_DEVICES="16G,8G" (capacities; default two devices) are
+ * the physical devices. CUDA_VISIBLE_DEVICES, read by cuInit with the real
+ * driver's rules (below), picks and orders them: a CUdevice is an ordinal in that list,
+ * and all per-device state (memory, contexts, the simulated clock, the
+ * process registry the fake NVML reads) is kept by physical index.
  * Memory: allocations get unique fake addresses and are tracked, so a
  * double free or a foreign pointer fails as on a real driver.
  * Launches: counted; each advances a simulated busy clock.
@@ -41,6 +45,7 @@ enum {
     CUDA_ERROR_INVALID_VALUE = 1,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
@@ -51,15 +56,22 @@ enum {
 #define FAKE_DRIVER_VERSION 13000
 
 struct fake_ctx {
-    int dev;
+    int dev;  /* the CUdevice (ordinal) it was made for */
+    int phys; /* its physical device: the index of all per-device state */
 };
 
+typedef struct {
+    char bytes[16];
+} CUuuid;
+
 static int g_init;
-static int g_ndev;
-static uint64_t g_cap[MAX_DEV];
+static int g_nphys;          /* physical devices (FAKECUDA_DEVICES) */
+static int g_ndev;           /* visible devices (CUDA_VISIBLE_DEVICES), set by cuInit */
+static int g_phys[MAX_DEV];  /* CUdevice ordinal -> physical index */
+static uint64_t g_cap[MAX_DEV];   /* by physical index, as are the next four */
 static uint64_t g_used[MAX_DEV];
 static uint64_t g_next[MAX_DEV];
-static struct fake_ctx g_primary[MAX_DEV];
+static struct fake_ctx g_primary[MAX_DEV]; /* by ordinal */
 static __thread CUcontext t_cur;
 static uint64_t g_ns_per_iter = 100; /* FAKECUDA_NS_PER_ITER (the simulated GPU, below) */
 static double g_event_scale = 1.0;   /* FAKECUDA_EVENT_SCALE: timing events read this much long */
@@ -71,6 +83,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 #define FAKE_FUNCS(X)                                                                                            \
     X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName)                         \
     X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)                \
+    X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2) X(cuDeviceGetPCIBusId)                                               \
     X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuCtxCreate_v2) X(cuCtxDestroy_v2)             \
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemAlloc_v2)    \
     X(cuMemFree) X(cuMemFree_v2) X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuModuleLoadData) X(cuModuleLoad) X(cuModuleGetFunction)    \
@@ -100,11 +113,9 @@ static uint64_t fk_calls[FK_N];
 /* ---- configuration ------------------------------------------------------- */
 
 __attribute__((constructor)) static void fake_config(void) {
-    g_ndev = fake_device_caps(g_cap);
-    for (int d = 0; d < g_ndev; d++) {
+    g_nphys = fake_device_caps(g_cap);
+    for (int d = 0; d < g_nphys; d++)
         g_next[d] = 0x7f0000000000ULL + ((uint64_t)d << 36);
-        g_primary[d].dev = d;
-    }
     const char *n = getenv("FAKECUDA_NS_PER_ITER");
     if (n && *n)
         g_ns_per_iter = strtoull(n, NULL, 10);
@@ -138,7 +149,7 @@ __attribute__((destructor)) static void fake_stats(void) {
 struct alloc {
     CUdeviceptr ptr;  /* also VMM and array handles: one key space in the fake */
     uint64_t size;    /* bytes taken from the device */
-    int dev;
+    int dev;          /* physical */
     int pool;         /* -1, or the pool an async allocation came from */
 };
 static struct alloc *g_tab;
@@ -238,7 +249,7 @@ static void run_kernel(uint64_t d) {
     if (!d)
         return;
     uint64_t st, en, called = sim_now();
-    sim_enqueue(sim(), t_cur->dev, d, &st, &en); /* may block while the queue is full */
+    sim_enqueue(sim(), t_cur->phys, d, &st, &en); /* may block while the queue is full */
     struct fake_event *e = __atomic_exchange_n(&g_start_event, NULL, __ATOMIC_ACQ_REL);
     if (e && e->t < st && called - e->rec < START_EVENT_NS)
         e->t = st;
@@ -261,12 +272,121 @@ static void run_kernel(uint64_t d) {
             return CUDA_ERROR_INVALID_CONTEXT;                                                                   \
     } while (0)
 
+/* ---- CUDA_VISIBLE_DEVICES -------------------------------------------------- */
+/* As measured on driver 580 (H100, 2x H200): entries are split at ',' and
+ * trimmed. An index entry is read as strtol does (trailing junk ignored:
+ * "1a" is 1); it must be below the device count. A "GPU-" entry (that case)
+ * is hex digits, '-' anywhere ignored, digits past 32 ignored, naming the
+ * device whose UUID starts with them (here: exactly one device). The list
+ * ends at the first invalid entry, or at the first entry of the other kind
+ * than the first one ("0,GPU-..." and "GPU-...,1" keep one device). A device
+ * named twice by entries of one kind fails cuInit with
+ * CUDA_ERROR_INVALID_DEVICE; no device at all ("" or an invalid first entry)
+ * fails it with CUDA_ERROR_NO_DEVICE. Either way the driver stays
+ * uninitialized: every later call answers CUDA_ERROR_NOT_INITIALIZED. */
+
+enum { ENTRY_BAD, ENTRY_INDEX, ENTRY_UUID };
+
+static int hexval(char c) { return isdigit((unsigned char)c) ? c - '0' : tolower((unsigned char)c) - 'a' + 10; }
+
+/* The physical device a "GPU-" entry (without the "GPU-") names, or -1. */
+static int visible_uuid(const char *e) {
+    unsigned char nib[32];
+    int n = 0;
+    for (; *e; e++) {
+        if (*e == '-')
+            continue;
+        if (!isxdigit((unsigned char)*e))
+            return -1;
+        if (n < 32)
+            nib[n++] = (unsigned char)hexval(*e);
+    }
+    if (!n)
+        return -1;
+    int found = -1;
+    for (int i = 0; i < g_nphys; i++) {
+        unsigned char b[16];
+        int k = 0;
+        fake_uuid_bytes(i, b);
+        while (k < n && nib[k] == ((k % 2 ? b[k / 2] : b[k / 2] >> 4) & 15))
+            k++;
+        if (k == n) {
+            if (found >= 0)
+                return -1; /* a prefix of two UUIDs */
+            found = i;
+        }
+    }
+    return found;
+}
+
+/* The physical device an entry names (*kind: ENTRY_INDEX/ENTRY_UUID), or -1. */
+static int visible_entry(const char *e, int *kind) {
+    *kind = ENTRY_BAD;
+    if (!strncmp(e, "GPU-", 4)) {
+        *kind = ENTRY_UUID;
+        return visible_uuid(e + 4);
+    }
+    char *end;
+    long v = strtol(e, &end, 10);
+    if (end == e)
+        return -1; /* "MIG-..." too: the fake has no MIG instances */
+    *kind = ENTRY_INDEX;
+    return v >= 0 && v < g_nphys ? (int)v : -1;
+}
+
+/* Fill g_phys/g_ndev from CUDA_VISIBLE_DEVICES (unset: every device); returns cuInit's answer. */
+static CUresult parse_visible(void) {
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    g_ndev = 0;
+    if (!v) {
+        for (int d = 0; d < g_nphys; d++)
+            g_phys[g_ndev++] = d;
+        return g_ndev ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+    }
+    char buf[1024];
+    int first_kind = ENTRY_BAD;
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *e = buf, *next; e && g_ndev < MAX_DEV; e = next) {
+        next = strchr(e, ',');
+        if (next)
+            *next++ = 0;
+        while (isspace((unsigned char)*e))
+            e++;
+        for (char *t = e + strlen(e); t > e && isspace((unsigned char)t[-1]);)
+            *--t = 0;
+        int kind, p = visible_entry(e, &kind);
+        if (p < 0 || (first_kind != ENTRY_BAD && kind != first_kind))
+            break;
+        first_kind = kind;
+        for (int k = 0; k < g_ndev; k++)
+            if (g_phys[k] == p) {
+                g_ndev = 0;
+                return CUDA_ERROR_INVALID_DEVICE;
+            }
+        g_phys[g_ndev++] = p;
+    }
+    return g_ndev ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+/* The physical index of a valid CUdevice, else -1. */
+static int phys_of(CUdevice d) { return d >= 0 && d < g_ndev ? g_phys[d] : -1; }
+
 EXPORT CUresult cuInit(unsigned flags) {
+    static int parsed;
+    static CUresult rc;
     COUNT(cuInit);
     if (flags)
         return CUDA_ERROR_INVALID_VALUE;
-    g_init = 1;
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_mu);
+    if (!parsed) {
+        rc = parse_visible();
+        for (int d = 0; d < g_ndev; d++)
+            g_primary[d] = (struct fake_ctx){d, g_phys[d]};
+        g_init = rc == CUDA_SUCCESS;
+        parsed = 1;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
 }
 
 EXPORT CUresult cuDriverGetVersion(int *v) {
@@ -302,9 +422,9 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     NEED_INIT();
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (d < 0 || d >= g_ndev)
+    if (phys_of(d) < 0)
         return CUDA_ERROR_INVALID_DEVICE;
-    snprintf(name, len, "Fake GPU %d", d);
+    snprintf(name, len, "Fake GPU %d", phys_of(d));
     return CUDA_SUCCESS;
 }
 
@@ -313,9 +433,9 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     NEED_INIT();
     if (!bytes)
         return CUDA_ERROR_INVALID_VALUE;
-    if (d < 0 || d >= g_ndev)
+    if (phys_of(d) < 0)
         return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = g_cap[d];
+    *bytes = g_cap[phys_of(d)];
     return CUDA_SUCCESS;
 }
 
@@ -324,9 +444,10 @@ EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
     NEED_INIT();
     if (!bytes)
         return CUDA_ERROR_INVALID_VALUE;
-    if (d < 0 || d >= g_ndev)
+    int p = phys_of(d);
+    if (p < 0)
         return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = g_cap[d] > 0xffffffffULL ? 0xffffffffU : (unsigned)g_cap[d];
+    *bytes = g_cap[p] > 0xffffffffULL ? 0xffffffffU : (unsigned)g_cap[p];
     return CUDA_SUCCESS;
 }
 
@@ -335,13 +456,15 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     NEED_INIT();
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
-    if (d < 0 || d >= g_ndev)
+    int p = phys_of(d);
+    if (p < 0)
         return CUDA_ERROR_INVALID_DEVICE;
-    *v = attr == 16 ? 132 : 1; /* 16: multiprocessor count */
+    /* 16: multiprocessor count; 33/34/50: PCI bus/device/domain id, as cuDeviceGetPCIBusId */
+    *v = attr == 16 ? 132 : attr == 33 ? p + 1 : (attr == 34 || attr == 50) ? 0 : 1;
     return CUDA_SUCCESS;
 }
 
-/* FAKECUDA_CTX_BYTES: device memory a context takes (default 0), as a real one does. */
+/* FAKECUDA_CTX_BYTES: device memory a context takes (default 0), as a real one does. d: physical. */
 static int g_ctx_made[MAX_DEV];
 static void take_context_memory(int d) {
     const char *s = getenv("FAKECUDA_CTX_BYTES");
@@ -351,14 +474,38 @@ static void take_context_memory(int d) {
     pthread_mutex_unlock(&g_mu);
 }
 
-/* Device-wide used bytes, read by the fake NVML. */
-EXPORT uint64_t fakecuda_device_used(int d) { return d >= 0 && d < g_ndev ? g_used[d] : 0; }
+/* Device-wide used bytes, read by the fake NVML: d is a physical (NVML) index. */
+EXPORT uint64_t fakecuda_device_used(int d) { return d >= 0 && d < g_nphys ? g_used[d] : 0; }
 
 EXPORT CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice d) {
+    COUNT(cuDeviceGetPCIBusId);
     NEED_INIT();
-    if (!bus || len < 13 || d < 0 || d >= g_ndev)
+    if (!bus || len < 13 || phys_of(d) < 0)
         return CUDA_ERROR_INVALID_VALUE;
-    snprintf(bus, len, "00000000:%02x:00.0", d + 1);
+    snprintf(bus, len, "00000000:%02x:00.0", phys_of(d) + 1);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice d) {
+    COUNT(cuDeviceGetUuid_v2);
+    NEED_INIT();
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (phys_of(d) < 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    fake_uuid_bytes(phys_of(d), (unsigned char *)uuid->bytes);
+    return CUDA_SUCCESS;
+}
+
+/* The same as _v2 here: the two differ only for MIG instances, which the fake has none of. */
+EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice d) {
+    COUNT(cuDeviceGetUuid);
+    NEED_INIT();
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (phys_of(d) < 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    fake_uuid_bytes(phys_of(d), (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
 
@@ -367,10 +514,11 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     NEED_INIT();
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
-    if (d < 0 || d >= g_ndev)
+    int p = phys_of(d);
+    if (p < 0)
         return CUDA_ERROR_INVALID_DEVICE;
-    take_context_memory(d);
-    sim_register(sim(), d);
+    take_context_memory(p);
+    sim_register(sim(), p);
     *c = &g_primary[d];
     return CUDA_SUCCESS;
 }
@@ -378,13 +526,13 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     COUNT(cuDevicePrimaryCtxRelease_v2);
     NEED_INIT();
-    return (d < 0 || d >= g_ndev) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+    return phys_of(d) < 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d) {
     COUNT(cuDevicePrimaryCtxRelease);
     NEED_INIT();
-    return (d < 0 || d >= g_ndev) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+    return phys_of(d) < 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
@@ -392,12 +540,14 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
     NEED_INIT();
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
-    if (d < 0 || d >= g_ndev)
+    int p = phys_of(d);
+    if (p < 0)
         return CUDA_ERROR_INVALID_DEVICE;
-    take_context_memory(d);
-    sim_register(sim(), d);
+    take_context_memory(p);
+    sim_register(sim(), p);
     struct fake_ctx *x = malloc(sizeof *x);
     x->dev = d;
+    x->phys = p;
     *c = t_cur = x;
     return CUDA_SUCCESS;
 }
@@ -448,6 +598,7 @@ EXPORT CUresult cuCtxSynchronize(void) {
 
 /* ---- memory -------------------------------------------------------------- */
 
+/* dev: physical */
 static CUresult alloc_on(int dev, CUdeviceptr *p, uint64_t size) {
     if (!p || !size)
         return CUDA_ERROR_INVALID_VALUE;
@@ -470,7 +621,7 @@ static CUresult alloc_on(int dev, CUdeviceptr *p, uint64_t size) {
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) {
     COUNT(cuMemAlloc_v2);
     NEED_CTX();
-    return alloc_on(t_cur->dev, p, size);
+    return alloc_on(t_cur->phys, p, size);
 }
 
 EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *p, unsigned int size) {
@@ -499,8 +650,8 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
     if (!free_b || !total)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
-    *total = g_cap[t_cur->dev];
-    *free_b = g_cap[t_cur->dev] - g_used[t_cur->dev];
+    *total = g_cap[t_cur->phys];
+    *free_b = g_cap[t_cur->phys] - g_used[t_cur->phys];
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
@@ -510,7 +661,7 @@ EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total) {
     NEED_CTX();
     if (!free_b || !total)
         return CUDA_ERROR_INVALID_VALUE;
-    uint64_t t = g_cap[t_cur->dev], f = t - g_used[t_cur->dev];
+    uint64_t t = g_cap[t_cur->phys], f = t - g_used[t_cur->phys];
     *total = t > 0xffffffffULL ? 0xffffffffU : (unsigned)t;
     *free_b = f > 0xffffffffULL ? 0xffffffffU : (unsigned)f;
     return CUDA_SUCCESS;
@@ -524,7 +675,7 @@ static int g_function_token, g_stream_token;
  * memory per module (default 0), as an eagerly loaded module takes. */
 #define MAX_MODULES 256
 static struct fake_module {
-    int live, dev;
+    int live, dev; /* dev: physical */
     uint64_t bytes;
 } g_modules[MAX_MODULES];
 
@@ -534,12 +685,12 @@ static CUresult module_new(CUmodule *m) {
     pthread_mutex_lock(&g_mu);
     for (int i = 0; i < MAX_MODULES; i++)
         if (!g_modules[i].live) {
-            if (g_used[t_cur->dev] + n > g_cap[t_cur->dev]) {
+            if (g_used[t_cur->phys] + n > g_cap[t_cur->phys]) {
                 pthread_mutex_unlock(&g_mu);
                 return CUDA_ERROR_OUT_OF_MEMORY;
             }
-            g_used[t_cur->dev] += n;
-            g_modules[i] = (struct fake_module){1, t_cur->dev, n};
+            g_used[t_cur->phys] += n;
+            g_modules[i] = (struct fake_module){1, t_cur->phys, n};
             pthread_mutex_unlock(&g_mu);
             *m = &g_modules[i];
             return CUDA_SUCCESS;
@@ -871,7 +1022,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, 
     if (!p || !pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
     size_t pt = (width + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
-    CUresult rc = alloc_on(t_cur->dev, p, (uint64_t)pt * height);
+    CUresult rc = alloc_on(t_cur->phys, p, (uint64_t)pt * height);
     if (!rc)
         *pitch = pt;
     return rc;
@@ -886,7 +1037,7 @@ EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *p, unsigned *pitch, unsigned w, 
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned flags) {
     COUNT(cuMemAllocManaged);
     NEED_CTX();
-    return alloc_on(t_cur->dev, p, size);
+    return alloc_on(t_cur->phys, p, size);
 }
 
 /* ---- stream-ordered allocation and pools --------------------------------------- */
@@ -896,7 +1047,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned flags) {
 #define MAX_POOLS 64
 #define POOL_STEP (2u << 20)
 struct fake_pool {
-    int live, dev;
+    int live, dev; /* dev: physical */
     uint64_t reserved, used;
 };
 static struct fake_pool g_pools[MAX_POOLS];
@@ -908,7 +1059,7 @@ static int pool_index(void *h) {
 }
 
 static int default_pool(int dev) {
-    /* pools 0..MAX_DEV-1 are the devices' default pools */
+    /* pools 0..MAX_DEV-1 are the devices' default pools, by physical index */
     struct fake_pool *p = &g_pools[dev];
     if (!p->live) {
         p->live = 1;
@@ -920,18 +1071,18 @@ static int default_pool(int dev) {
 EXPORT CUresult cuDeviceGetDefaultMemPool(void **pool, CUdevice d) {
     COUNT(cuDeviceGetDefaultMemPool);
     NEED_INIT();
-    if (!pool || d < 0 || d >= g_ndev)
+    if (!pool || phys_of(d) < 0)
         return CUDA_ERROR_INVALID_VALUE;
-    *pool = pool_handle(default_pool(d));
+    *pool = pool_handle(default_pool(phys_of(d)));
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGetMemPool(void **pool, CUdevice d) {
     COUNT(cuDeviceGetMemPool);
     NEED_INIT();
-    if (!pool || d < 0 || d >= g_ndev)
+    if (!pool || phys_of(d) < 0)
         return CUDA_ERROR_INVALID_VALUE;
-    *pool = pool_handle(default_pool(d));
+    *pool = pool_handle(default_pool(phys_of(d)));
     return CUDA_SUCCESS;
 }
 
@@ -940,8 +1091,9 @@ EXPORT CUresult cuMemPoolCreate(void **pool, const void *props) {
     NEED_INIT();
     if (!pool || !props)
         return CUDA_ERROR_INVALID_VALUE;
-    int dev = ((const int *)props)[3]; /* CUmemPoolProps: allocType, handleTypes, location {type, id} */
-    if (dev < 0 || dev >= g_ndev)
+    /* CUmemPoolProps: allocType, handleTypes, location {type, id: a CUdevice} */
+    int dev = phys_of(((const int *)props)[3]);
+    if (dev < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
     for (int i = MAX_DEV; i < MAX_POOLS; i++)
@@ -995,13 +1147,13 @@ static CUresult pool_alloc(int i, CUdeviceptr *p, size_t size) {
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
     COUNT(cuMemAllocAsync);
     NEED_CTX();
-    return pool_alloc(default_pool(t_cur->dev), p, size);
+    return pool_alloc(default_pool(t_cur->phys), p, size);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) {
     COUNT(cuMemAllocAsync_ptsz);
     NEED_CTX();
-    return pool_alloc(default_pool(t_cur->dev), p, size);
+    return pool_alloc(default_pool(t_cur->phys), p, size);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, void *pool, CUstream s) {
@@ -1100,8 +1252,8 @@ EXPORT CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop
         pthread_mutex_unlock(&g_mu);
         return CUDA_SUCCESS;
     }
-    int dev = pr[3];
-    if (dev < 0 || dev >= g_ndev)
+    int dev = phys_of(pr[3]); /* location id: a CUdevice */
+    if (dev < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
     if (g_used[dev] + size > g_cap[dev]) {
@@ -1166,7 +1318,7 @@ static CUresult array_new(void **h, uint64_t bytes) {
     if (!h || !bytes)
         return CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr a;
-    CUresult rc = alloc_on(t_cur->dev, &a, bytes);
+    CUresult rc = alloc_on(t_cur->phys, &a, bytes);
     if (!rc)
         *h = (void *)(uintptr_t)a;
     return rc;

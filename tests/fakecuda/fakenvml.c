@@ -1,8 +1,14 @@
 /* A fake libnvidia-ml.so.1 for CPU-only tests; a test double only.
  *
- * Devices follow FAKECUDA_DEVICES like the fake libcuda. Device memory
- * "used" is FAKENVML_USED (a size, default 0) on every device, so tests
- * can check that the shim's virtual view never underflows.
+ * Devices follow FAKECUDA_DEVICES like the fake libcuda: NVML always sees
+ * every physical device and ignores CUDA_VISIBLE_DEVICES, as the real one
+ * does; a device's index, UUID, PCI bus id and serial are those of
+ * fake_devices.h. Device memory "used" is FAKENVML_USED (a size, default 0)
+ * on every device plus what the fake libcuda of this process holds there,
+ * so tests can check that the shim's virtual view never underflows.
+ * Compute processes come from the simulated GPU's registry (fake_sim.h),
+ * each reported with usedGpuMemory = FAKE_PROC_USED, a value a test can
+ * tell from anything the shim computes.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -74,7 +80,74 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *
     return NVML_SUCCESS;
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d) {
+    return nvmlDeviceGetHandleByIndex_v2(i, d);
+}
+
 static int valid(nvmlDevice_t d) { return d >= &g_dev[0] && d < &g_dev[g_ndev]; }
+
+/* Copy text to out[len]; NVML_ERROR_INSUFFICIENT_SIZE when it does not fit with its NUL. */
+static nvmlReturn_t put_text(const char *text, char *out, unsigned int len) {
+    if (strlen(text) + 1 > len)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(out, text, strlen(text) + 1);
+    return NVML_SUCCESS;
+}
+
+static void serial_text(int i, char out[16]) { snprintf(out, 16, "FAKE%04d", i); }
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    char u[FAKE_UUID_LEN + 1];
+    fake_uuid_text(d->index, u);
+    return put_text(u, uuid, len);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t d, char *serial, unsigned int len) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!serial || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    char t[16];
+    serial_text(d->index, t);
+    return put_text(t, serial, len);
+}
+
+/* Exact matches only, as NVML's lookups are. */
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !d)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < g_ndev; i++) {
+        char u[FAKE_UUID_LEN + 1];
+        fake_uuid_text(i, u);
+        if (!strcmp(u, uuid)) {
+            *d = &g_dev[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char *serial, nvmlDevice_t *d) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!serial || !d)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < g_ndev; i++) {
+        char t[16];
+        serial_text(i, t);
+        if (!strcmp(t, serial)) {
+            *d = &g_dev[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
 
 /* Device-wide used: FAKENVML_USED plus what the fake libcuda in this process holds. */
 static uint64_t used_of(int d) {
@@ -91,6 +164,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus, nvmlDevice
         return NVML_ERROR_INVALID_ARGUMENT;
     *d = &g_dev[b - 1];
     return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *bus, nvmlDevice_t *d) {
+    return nvmlDeviceGetHandleByPciBusId_v2(bus, d);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
@@ -150,11 +227,17 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizatio
 typedef struct {
     unsigned int pid;
     unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t; /* 16 bytes: nvmlDeviceGetComputeRunningProcesses */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId, computeInstanceId;
-} nvmlProcessInfo_t;
+} nvmlProcessInfo_t; /* 24 bytes: _v2 and _v3 */
 
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
-                                                            nvmlProcessInfo_t *infos) {
+#define FAKE_PROC_USED 12345678ULL
+
+/* The processes on d into infos (v1: 16-byte entries, else 24-byte ones), as NVML fills them. */
+static nvmlReturn_t running_processes(nvmlDevice_t d, unsigned int *count, void *infos, int v1) {
     if (!g_init)
         return NVML_ERROR_UNINITIALIZED;
     if (!count || !valid(d))
@@ -166,10 +249,30 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsi
         *count = n;
         return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
     }
-    for (unsigned i = 0; i < n; i++)
-        infos[i] = (nvmlProcessInfo_t){(unsigned)pids[i], 0, 0xFFFFFFFFu, 0xFFFFFFFFu};
+    for (unsigned i = 0; i < n; i++) {
+        if (v1)
+            ((nvmlProcessInfo_v1_t *)infos)[i] = (nvmlProcessInfo_v1_t){(unsigned)pids[i], FAKE_PROC_USED};
+        else
+            ((nvmlProcessInfo_t *)infos)[i] =
+                (nvmlProcessInfo_t){(unsigned)pids[i], FAKE_PROC_USED, 0xFFFFFFFFu, 0xFFFFFFFFu};
+    }
     *count = n;
     return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                            nvmlProcessInfo_t *infos) {
+    return running_processes(d, count, infos, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count,
+                                                            nvmlProcessInfo_t *infos) {
+    return running_processes(d, count, infos, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count,
+                                                         nvmlProcessInfo_v1_t *infos) {
+    return running_processes(d, count, infos, 1);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len) {

@@ -1,0 +1,120 @@
+"""`pyvgpu limits set`: change a running group's limits in its region.
+
+Members read the limits from the region at every allocation and launch, so
+a change takes effect at their next call; nothing is restarted. A memory cap
+lowered below what the group holds refuses new allocations until enough is
+freed, and never takes memory away. Every change goes to the group's event log.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyvgpu import devices, region
+from pyvgpu import layout as L
+from pyvgpu import limits as lim
+from pyvgpu.errors import PyvgpuError
+
+NONE_WORDS = ("none", "off", "0")
+
+
+@dataclass
+class Change:
+    """What a `limits set` did, for the command's report."""
+
+    memory: list[int] | None = None  # new caps per device, when changed
+    sm: list[int] | None = None  # new shares per device, when changed
+    over: list[tuple[int, int, int]] | None = None  # (device, used, cap) now over the cap
+    n_devices: int = L.MAX_DEVICES  # the group's devices, as far as NVML tells
+
+    def text(self) -> list[str]:
+        """The report of `pyvgpu limits set`."""
+        out = []
+        for what, values, fmt in (("memory cap", self.memory, lim.human), ("compute share", self.sm,
+                                                                             lambda v: f"{v}%")):
+            if values is None:
+                continue
+            mine = values[: self.n_devices]
+            if len(set(mine)) == 1:
+                out.append(f"{what}: {fmt(mine[0]) if mine[0] else 'none'}")
+            else:
+                out.append(f"{what}: " + ", ".join(f"{d}={fmt(v) if v else 'none'}" for d, v in enumerate(mine)))
+        for d, used, cap in self.over or []:
+            out.append(f"device {d}: the group holds {lim.human(used)}, above the new {lim.human(cap)}: new "
+                       f"allocations are refused until it frees {lim.human(used - cap)}")
+        return out
+
+
+def _values(spec: lim.DeviceValues) -> dict[int | None, int]:
+    """{device or None (every device): value}, 0 meaning no limit."""
+    return ({None: spec.default} if spec.default is not None else {}) | dict(spec.per_device)
+
+
+def parse_memory(text: str) -> lim.MemoryLimits:
+    """--memory for a live change: as wrap's, and 'none' removes the cap."""
+    if text.strip().lower() in NONE_WORDS:
+        return lim.MemoryLimits(default=0)
+    return lim.parse_memory_option(text)
+
+
+def parse_sm(text: str) -> lim.SmLimits:
+    if text.strip().lower() in NONE_WORDS:
+        return lim.SmLimits(default=0)
+    return lim.parse_sm_option(text)
+
+
+def _physical(r: region.Region) -> list[devices.Gpu] | None:
+    """The machine's device behind each group device, when NVML can tell."""
+    gpus = devices.machine()
+    if gpus is None:
+        return None
+    chosen = r.visible()
+    return [gpus[i] for i, _ in chosen if i < len(gpus)] if chosen else gpus
+
+
+def set_limits(path: Path, memory: str | None, sm: str | None) -> Change:
+    """Apply ``--memory`` and ``--sm`` to the group at ``path``; checks everything before changing anything."""
+    if memory is None and sm is None:
+        raise PyvgpuError("nothing to change: give --memory and/or --sm")
+    mem = parse_memory(memory) if memory is not None else None
+    shares = parse_sm(sm) if sm is not None else None
+    r = region.open_region(path)
+    try:
+        gpus = _physical(r)
+        n = len(gpus) if gpus is not None else L.MAX_DEVICES
+        for spec, where in ((mem, f"--memory {memory}"), (shares, f"--sm {sm}")):
+            for d in (spec.per_device if spec else {}):
+                if d >= n:
+                    raise PyvgpuError(f"{where}: group {r.name!r} has no device {d} ({n} devices)")
+        if mem is not None and gpus is not None:
+            for d, g in enumerate(gpus):
+                want = mem.for_device(d)
+                if want and want > g.total:
+                    raise PyvgpuError(f"--memory {memory}: {lim.human(want)} is more than device {d}'s "
+                                      f"{lim.human(g.total)}; give a limit at most the device's memory")
+        if shares is not None:
+            limited = sorted({d for d, v in _values(shares).items() if v and v < 100 and d is not None}
+                             | (set(range(n)) if shares.default and shares.default < 100 else set()))
+            if limited:
+                phys = [gpus[d].index for d in limited] if gpus is not None else limited
+                problem = devices.utilization_problem(phys)
+                if problem:
+                    raise PyvgpuError(f"--sm {sm}: {problem}, so a compute share cannot be enforced")
+    finally:
+        os.close(r.fd)
+    out = Change(n_devices=n)
+    if mem is not None:
+        for d, v in _values(mem).items():
+            out.memory = region.set_memory_limit(path, v, d)
+        r = region.open_region(path, writable=False)
+        try:
+            out.over = [(d, r.device(d).used, cap) for d, cap in enumerate(out.memory[:n])
+                        if cap and r.device(d).used > cap]
+        finally:
+            os.close(r.fd)
+    if shares is not None:
+        for d, v in _values(shares).items():
+            out.sm = region.set_sm_limit(path, v, d)
+    return out

@@ -1,0 +1,308 @@
+"""Operating running groups: live limits, the event log, status, top and the Prometheus exporter."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import PYVGPU, run
+from prometheus_client.parser import text_string_to_metric_families
+
+from pyvgpu import layout as L
+from pyvgpu import region, services
+
+MiB = 1 << 20
+HOSTS = Path(__file__).resolve().parent / "hosts"
+
+
+class Member:
+    """tests/hosts/mem_repl.py under `pyvgpu wrap`: allocates and frees on command."""
+
+    def __init__(self, env, *wrap_opts: str):
+        self.p = subprocess.Popen([*PYVGPU, "wrap", *wrap_opts, "--", sys.executable, str(HOSTS / "mem_repl.py")],
+                                  env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, cwd="/")
+        line = self.p.stdout.readline()
+        assert line.startswith("READY"), line + self.p.stderr.read()
+
+    def __call__(self, cmd: str) -> int:
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        return int(self.p.stdout.readline())
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.stdin.close()
+            self.p.wait(30)
+
+
+def status(env, reg: Path) -> dict:
+    p = run([*PYVGPU, "status", "--region", str(reg), "--json"], env=env)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["groups"][0]
+
+
+def limits_set(env, *args: str) -> subprocess.CompletedProcess:
+    return run([*PYVGPU, "limits", "set", *args], env=env)
+
+
+# --- live limits ---------------------------------------------------------------------------------
+
+def test_memory_limit_lowered_below_usage_refuses_until_freed_and_never_kills(env, tmp_path):
+    reg = tmp_path / "g.region"
+    m = Member(env, "--memory", "64M", "--region", str(reg))
+    try:
+        assert m(f"alloc {40 * MiB}") == 0
+        p = limits_set(env, "--region", str(reg), "--memory", "32M")
+        assert p.returncode == 0, p.stderr
+        assert "memory cap: 32 MiB" in p.stdout
+        assert "the group holds 40 MiB, above the new 32 MiB" in p.stdout and "frees 8 MiB" in p.stdout
+        assert m(f"alloc {MiB}") == 2  # over the new cap: refused
+        assert m.p.poll() is None  # and nobody was killed
+        assert status(env, reg)["devices"][0]["used"] == 40 * MiB  # nor lost memory
+        assert m("free") == 0
+        assert m(f"alloc {32 * MiB}") == 0  # exactly the new cap
+        assert m("alloc 1") == 2
+        assert limits_set(env, "--region", str(reg), "--memory", "none").returncode == 0
+        assert m(f"alloc {200 * MiB}") == 0
+        g = status(env, reg)
+        assert g["devices"][0]["limit"] is None and g["devices"][0]["used"] == 232 * MiB
+        kinds = [(e["kind"], e["device"], e["a"], e["b"]) for e in g["events"]]
+        assert kinds == [("memory_limit", None, 64 * MiB, 32 * MiB), ("oom", 0, MiB, 40 * MiB),
+                         ("oom", 0, 1, 32 * MiB), ("memory_limit", None, 32 * MiB, 0)]
+        assert {e["pid"] for e in g["events"] if e["kind"] == "oom"} == {m.p.pid}
+    finally:
+        m.stop()
+
+
+def test_per_device_memory_limit_change(env, tmp_path):
+    reg = tmp_path / "g.region"
+    m = Member(env, "--memory", "64M", "--region", str(reg))
+    try:
+        p = limits_set(env, "--region", str(reg), "--memory", "1=4M")
+        assert p.returncode == 0, p.stderr
+        assert "memory cap: 0=64 MiB, 1=4 MiB" in p.stdout
+        g = status(env, reg)
+        assert [d["limit"] for d in g["devices"][:2]] == [64 * MiB, 4 * MiB]
+        assert [(e["kind"], e["device"], e["a"], e["b"]) for e in g["events"]] == [
+            ("memory_limit", 1, 64 * MiB, 4 * MiB)]
+        assert m(f"alloc {60 * MiB}") == 0  # device 0 kept its cap
+    finally:
+        m.stop()
+
+
+def test_sm_limit_set_live_and_removed(env, tmp_path):
+    reg = tmp_path / "g.region"
+    m = Member(env, "--memory", "64M", "--region", str(reg))
+    try:
+        p = limits_set(env, "--region", str(reg), "--sm", "40")
+        assert p.returncode == 0, p.stderr
+        assert "compute share: 40%" in p.stdout
+        r = region.open_region(reg, writable=False)
+        os.close(r.fd)
+        assert r.sm_limits()[:2] == [40, 40] and r.header.sm_any == L.MAX_DEVICES
+        assert limits_set(env, "--region", str(reg), "--sm", "none").returncode == 0
+        g = status(env, reg)
+        assert g["devices"][0]["sm"]["limit_percent"] is None
+        assert [(e["kind"], e["a"], e["b"]) for e in g["events"]] == [("sm_limit", 0, 40), ("sm_limit", 40, 0)]
+    finally:
+        m.stop()
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "name the group: give --group NAME or --region PATH"),
+    (["--region", "R", "--group", "g"], "name the group: give --group NAME or --region PATH"),
+    (["--region", "R"], "nothing to change: give --memory and/or --sm"),
+    (["--region", "R", "--memory", "4Q"], "'4Q' is not a size"),
+    (["--region", "R", "--memory", "7=1G"], "has no device 7 (2 devices)"),
+    (["--region", "R", "--memory", "32G"], "32 GiB is more than device 0's 16 GiB"),
+    (["--region", "R", "--sm", "130"], "'130' is not a compute share"),
+    (["--region", "MISSING", "--sm", "30"], "does not exist"),
+])
+def test_limits_set_refuses_bad_input_and_changes_nothing(env, tmp_path, args, message):
+    reg = tmp_path / "g.region"
+    region.create(reg, "g", [64 * MiB] * L.MAX_DEVICES, n_physical=2)
+    args = [str(reg) if a == "R" else str(tmp_path / "missing.region") if a == "MISSING" else a for a in args]
+    p = limits_set(env, *args)
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    r = region.open_region(reg, writable=False)
+    os.close(r.fd)
+    assert r.limits() == [64 * MiB] * L.MAX_DEVICES and r.sm_limits() == [0] * L.MAX_DEVICES
+    assert r.events() == []
+
+
+def test_sm_limit_refused_live_when_utilization_cannot_be_measured(env, tmp_path):
+    reg = tmp_path / "g.region"
+    region.create(reg, "g", [0] * L.MAX_DEVICES, n_physical=2)
+    p = limits_set(dict(env, FAKENVML_NO_UTILIZATION="1"), "--region", str(reg), "--sm", "30")
+    assert p.returncode == 2 and "cannot be enforced" in p.stderr
+    assert limits_set(env, "--region", str(reg), "--sm", "30").returncode == 0
+
+
+# --- the event log ----------------------------------------------------------------------------------
+
+def test_event_ring_keeps_the_latest_in_order(env, tmp_path):
+    reg = tmp_path / "g.region"
+    region.create(reg, "g", [0] * L.MAX_DEVICES)
+    r = region.open_region(reg)
+    try:
+        for i in range(L.N_EVENTS + 40):
+            services.log_event(r, L.EV_MEMORY_LIMIT, i % 3, i, i + 1)
+        evs = r.events()
+        assert len(evs) == L.N_EVENTS
+        assert [e["a"] for e in evs] == list(range(40, L.N_EVENTS + 40))
+        assert all(e["pid"] == os.getpid() and e["b"] == e["a"] + 1 for e in evs)
+        assert [e["a"] for e in r.events(5)] == list(range(L.N_EVENTS + 35, L.N_EVENTS + 40))
+        r.event(L.N_EVENTS + 39).seq = 0  # being rewritten: skipped, never misread
+        assert r.events(2)[-1]["a"] == L.N_EVENTS + 38 and len(r.events(2)) == 1
+    finally:
+        os.close(r.fd)
+
+
+def test_reclaim_is_logged(env, tmp_path):
+    reg = tmp_path / "g.region"
+    m = Member(env, "--memory", "64M", "--region", str(reg))
+    assert m(f"alloc {5 * MiB}") == 0
+    pid = m.p.pid
+    m.p.send_signal(signal.SIGKILL)
+    m.p.wait(30)
+    g = status(env, reg)
+    assert g["reclaimed_now"] == 5 * MiB
+    assert [(e["kind"], e["device"], e["pid"], e["a"]) for e in g["events"]] == [("reclaim", 0, pid, 5 * MiB)]
+    text = run([*PYVGPU, "status", "--region", str(reg)], env=env).stdout
+    assert f"reclaimed 5 MiB on device 0 from pid {pid}, which died" in text
+
+
+# --- status, top, exporter --------------------------------------------------------------------------
+
+def test_status_json_has_events_launches_and_group_devices(env, tmp_path):
+    reg = tmp_path / "g.region"
+    m = Member(env, "--memory", "64M", "--region", str(reg))
+    try:
+        m("alloc 100000000")  # refused: an OOM event
+        g = status(env, reg)
+        assert set(g) == {"name", "path", "created_ns", "sm_switch", "reclaimed_now", "gpus", "devices",
+                          "processes", "events"}
+        assert g["gpus"] is None  # no --devices: as CUDA sees them
+        (pr,) = g["processes"]
+        assert pr["launches"] == 0 and pr["oom_refusals"] == 1
+        (ev,) = g["events"]
+        assert set(ev) == {"time_ns", "kind", "device", "pid", "a", "b"}
+        assert ev["kind"] == "oom" and abs(ev["time_ns"] - time.time_ns()) < 60e9
+        assert "group_utilization_percent" in g["devices"][0]["sm"]
+    finally:
+        m.stop()
+
+
+def test_top_once_shows_groups_processes_and_events(env, tmp_path):
+    env = dict(env, XDG_RUNTIME_DIR=str(tmp_path), COLUMNS="160")
+    m = Member(env, "--memory", "64M", "--group", "team-a")
+    try:
+        assert m(f"alloc {3 * MiB}") == 0
+        assert m(f"alloc {99 * MiB}") == 2
+        p = run([*PYVGPU, "top", "--once", "--interval", "0.2"], env=env)
+        assert p.returncode == 0, p.stderr
+        out = p.stdout
+        assert "team-a" in out and "3 MiB / 64 MiB" in out and str(m.p.pid) in out
+        assert "refused 99 MiB for the cap on device 0" in out
+    finally:
+        m.stop()
+
+
+def test_top_quits_on_q(env, tmp_path):
+    import pty
+
+    env = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: pyvgpu top on a terminal
+        os.execvpe(sys.executable, [sys.executable, "-m", "pyvgpu", "top", "--interval", "0.2"], env)
+    out = b""
+    deadline = time.monotonic() + 60
+    while b"q or Ctrl-C" not in out and b"no groups" not in out and time.monotonic() < deadline:
+        try:
+            out += os.read(fd, 4096)
+        except OSError:
+            break
+    os.write(fd, b"q")
+    for _ in range(100):
+        done, status_ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        try:
+            os.read(fd, 4096)
+        except OSError:
+            pass
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("pyvgpu top did not quit on q")
+    assert os.waitstatus_to_exitcode(status_) == 0
+
+
+def scrape(url: str) -> dict[str, list]:
+    body = urllib.request.urlopen(url, timeout=30).read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(body)}
+
+
+def test_exporter_scrape_over_loopback(env, tmp_path):
+    env = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
+    a = Member(env, "--memory", "64M", "--group", "team-a")
+    b = Member(env, "--memory", "0=32M", "--sm", "30", "--group", "team-b")
+    ex = subprocess.Popen([*PYVGPU, "exporter", "--port", "0", "--address", "127.0.0.1"], env=env,
+                          stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert a(f"alloc {3 * MiB}") == 0 and a(f"alloc {80 * MiB}") == 2
+        assert b(f"alloc {MiB}") == 0
+        line = ex.stderr.readline()
+        assert "serving http://127.0.0.1:" in line, line
+        url = line.split()[3]
+        m = scrape(url)
+        lim = {(s.labels["group"], s.labels["device"]): s.value for s in m["pyvgpu_memory_limit_bytes"]}
+        assert lim[("team-a", "0")] == 64 * MiB and lim[("team-a", "1")] == 64 * MiB
+        assert lim[("team-b", "0")] == 32 * MiB and ("team-b", "1") not in lim
+        used = {(s.labels["group"], s.labels["device"], s.labels["pid"], s.labels["kind"]): s.value
+                for s in m["pyvgpu_memory_used_bytes"]}
+        assert used[("team-a", "0", str(a.p.pid), "data")] == 3 * MiB
+        assert used[("team-b", "0", str(b.p.pid), "data")] == MiB
+        oom = {(s.labels["group"], s.labels["device"]): s.value for s in m["pyvgpu_oom_refusals"]
+               if s.name == "pyvgpu_oom_refusals_total"}
+        assert oom[("team-a", "0")] == 1 and oom[("team-b", "0")] == 0
+        sm = {(s.labels["group"], s.labels["device"]): s.value for s in m["pyvgpu_sm_limit_percent"]}
+        assert sm[("team-b", "0")] == 30 and ("team-a", "0") not in sm
+        held = {s.name for s in m["pyvgpu_throttle_seconds"]}
+        assert held == {"pyvgpu_throttle_seconds_total"}
+        assert "pyvgpu_sm_utilization_percent" in m
+        # each scrape reads the regions afresh
+        assert a("free") == 0
+        m = scrape(url)
+        used = {(s.labels["group"], s.labels["pid"]): s.value for s in m["pyvgpu_memory_used_bytes"]
+                if s.labels["kind"] == "data"}
+        assert ("team-a", str(a.p.pid)) not in used and used[("team-b", str(b.p.pid))] == MiB
+        group = {(s.labels["group"], s.labels["device"]): s.value for s in m["pyvgpu_group_memory_used_bytes"]}
+        assert group[("team-a", "0")] == 0 and group[("team-b", "0")] == MiB
+    finally:
+        ex.send_signal(signal.SIGINT)
+        ex.wait(30)
+        a.stop()
+        b.stop()
+
+
+def test_exporter_port_in_use_is_a_clear_error(env):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    try:
+        p = run([*PYVGPU, "exporter", "--port", str(s.getsockname()[1]), "--address", "127.0.0.1"], env=env,
+                timeout=60)
+        assert p.returncode == 2 and "cannot listen on 127.0.0.1" in p.stderr and "another --port" in p.stderr
+    finally:
+        s.close()
