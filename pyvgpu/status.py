@@ -46,8 +46,9 @@ def describe(r: R.Region, reclaimed: int) -> dict:
     for d in range(L.MAX_DEVICES):
         dev = r.device(d)
         n = r.header.n_visible or r.header.n_physical
-        present = d < n if n else bool(dev.limit) and d == 0
-        if not (present or dev.used or dev.peak or dev.oom_refusals or dev.sm_limit):
+        # the group's devices when known; else device 0 if limited. One that was used is always shown.
+        present = d < n if n else d == 0 and bool(dev.limit or dev.sm_limit)
+        if not (present or dev.used or dev.peak or dev.oom_refusals):
             continue
         devices.append({
             "index": d,

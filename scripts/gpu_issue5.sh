@@ -3,8 +3,10 @@
 # nvidia-smi and torch under --devices/--memory, an exporter scrape and top captures
 # during wrapped PyTorch runs, a live limit change, launch overhead. Results in $OUT.
 set -u
-OUT=${OUT:-/tmp/pyvgpu-gpu}
-mkdir -p "$OUT"
+FINAL=${OUT:-/tmp/pyvgpu-gpu}
+OUT=$(mktemp -d)  # results gather here; packed into $FINAL/issue5.tgz after each part (few files come back)
+mkdir -p "$FINAL"
+pack() { tar czf "$FINAL/issue5.tgz" -C "$OUT" .; }
 export PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=$(mktemp -d)
 PY=python3
 $PY -c "import prometheus_client, rich" 2>/dev/null || $PY -m pip install -q --no-index --find-links .wheels prometheus-client rich 2>&1 | grep -v -i warning | tail -2
@@ -26,7 +28,7 @@ for W in "" "$PY -m pyvgpu wrap --devices $SEL --memory 4G --"; do
   $W $PY -c "$TV" >> "$OUT/devices.txt" 2>&1
 done
 $PY -m pyvgpu wrap --devices $SEL --memory 4G -- nvidia-smi >> "$OUT/devices.txt" 2>&1
-cat "$OUT/devices.txt"
+cat "$OUT/devices.txt"; pack
 
 echo "== exporter and top during wrapped torch runs"
 $PY -m pyvgpu exporter --port 9400 --address 127.0.0.1 2> "$OUT/exporter.log" &
@@ -35,7 +37,7 @@ $PY -m pyvgpu wrap --group train --memory 8G --sm 50 -- $PY scripts/demo_train.p
 T1=$!
 $PY -m pyvgpu wrap --group infer --memory 3G -- $PY scripts/demo_train.py 40 --mib 512 --try-oom 4096 > "$OUT/infer.log" 2>&1 &
 T2=$!
-sleep 24
+sleep 30
 $PY -m pyvgpu limits set --group train --memory 6G 2>&1 | tee "$OUT/limits-set.txt"
 sleep 2
 curl -s http://127.0.0.1:9400/metrics > "$OUT/exporter-scrape.txt" || $PY -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9400/metrics').read().decode())" > "$OUT/exporter-scrape.txt"
@@ -51,14 +53,15 @@ fi
 $PY -m pyvgpu status > "$OUT/status.txt" 2>&1
 $PY -m pyvgpu status --json > "$OUT/status.json" 2>&1
 wait $T1 $T2
-kill -INT $EXP; wait $EXP
-cat "$OUT/train.log" "$OUT/infer.log"
+kill -TERM $EXP; wait $EXP  # (a background job ignores SIGINT in a script)
+cat "$OUT/train.log" "$OUT/infer.log"; pack
 
 echo "== launch overhead (the launch counter is new on every launch of a group member)"
 $PY -m pyvgpu bench overhead --rounds 3 --json "$OUT/overhead-nolimit.json" 2>&1 | tail -4
 $PY -m pyvgpu bench overhead --rounds 3 --memory 70G --json "$OUT/overhead-memory.json" 2>&1 | tail -4
-$PY -m pyvgpu bench overhead --rounds 3 --sm 99 --json "$OUT/overhead-sm99.json" 2>&1 | tail -4
+$PY -m pyvgpu bench overhead --rounds 3 --sm 99 --json "$OUT/overhead-sm99.json" 2>&1 | tail -4; pack
 
 echo "== GPU tests"
+PART=${PART:-all}
 $PY -m pytest -p no:cacheprovider -m gpu tests/gpu -v ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E " | head -40
-
+pack
