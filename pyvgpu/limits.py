@@ -177,12 +177,10 @@ def memory_to_env(lim: MemoryLimits) -> dict[str, str]:
 
 
 def human(n: int) -> str:
-    for unit, div in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= div and n % div == 0:
-            return f"{n // div} {unit}"
+    """Bytes in the largest binary unit they reach: exact when whole ("4 GiB"), else to 2 decimals ("1.70 GiB")."""
     for unit, div in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= div:
-            return f"{n / div:.2f} {unit}"
+            return f"{n // div} {unit}" if n % div == 0 else f"{n / div:.2f} {unit}"
     return f"{n} B"
 
 

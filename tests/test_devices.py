@@ -66,7 +66,7 @@ def test_cuda_and_nvml_see_the_chosen_devices_in_order_with_their_limits(env3, f
     # the process list: this process, with what the group charged it on that device
     (pid, used), = v["nvml"][1]["procs_v3"]
     assert used == 100 * MiB and v["nvml"][1]["procs_v2"] == v["nvml"][1]["procs_v3"]
-    assert v["nvml"][1]["procs_v1"] == [[pid, 100 * MiB]]
+    assert v["nvml"][1]["procs_v1"] == [[pid, 100 * MiB]] == v["nvml"][1]["procs_detail"]
     assert v["nvml"][0]["procs_v3"] == []
 
 
@@ -82,10 +82,12 @@ def test_other_groups_processes_are_not_shown(env3, fake, tmp_path):
     try:
         assert other.stdout.readline().startswith("HELD")
         raw = run([str(fake / "host_devices")], env=env3)  # outside any group: NVML's own list
-        assert [p[1] for p in json.loads(raw.stdout)["nvml"][0]["procs_v3"]] == [12345678]  # the fake's figure
+        nvml = json.loads(raw.stdout)["nvml"][0]
+        assert [p[1] for p in nvml["procs_v3"]] == [12345678] == [p[1] for p in nvml["procs_detail"]]  # the fake's
         v = view(env3, fake, "--devices", "0", "--memory", "1G", args=[f"alloc:0:{3 * MiB}"])
         procs = v["nvml"][0]["procs_v3"]
         assert len(procs) == 1 and procs[0][1] == 3 * MiB and procs[0][0] != other.pid
+        assert v["nvml"][0]["procs_detail"] == procs
     finally:
         other.stdin.close()
         other.wait(30)

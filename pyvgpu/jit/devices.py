@@ -225,27 +225,10 @@ def group_bytes_of(region, n_slots, pid, dev):
 
 
 @njit
-def processes(ctx, idx, args, notfound, entry):
-    """A running-process list with the group's processes only, each with the bytes the group charged it.
-
-    NVML's list is read into a buffer of our own, filtered, then copied out with
-    NVML's rules for the caller's capacity. ``entry`` is the struct size: 16 for
-    nvmlProcessInfo_v1_t {pid, usedGpuMemory}, 24 when two instance ids follow.
-    """
-    handle, pcount, infos = args
-    region = Q.region_of(ctx)
-    if region == 0 or pcount == 0:
-        return call_real(ctx, idx, args, notfound)
-    dev = nvml_group_device(ctx, handle)
-    buf = stack_buffer(6144)  # MAX_PROCESSES x 24
-    count = stack_u64()
-    store_u32(count, MAX_PROCESSES)
-    rc = call_real(ctx, idx, (handle, count, buf), notfound)
-    if rc != NVML_SUCCESS:
-        if rc == NVML_ERROR_INSUFFICIENT_SIZE:
-            store_u32(pcount, load_u32(count))  # more than we can read: an upper bound, and the error
-        return rc
-    n = load_u32(count)
+def keep_group_processes(ctx, region, dev, buf, n, entry):
+    """Filter NVML's n entries at buf (``entry`` bytes each) in place to the group's live members, each
+    with the bytes the group charged it on dev; returns how many are kept. usedGpuMemory is at offset 8
+    in every version of the entry."""
     n_slots = atomic_load_u32(ctx + Q.OFF_NSLOTS)
     kept = 0
     for k in range(n):
@@ -259,12 +242,70 @@ def processes(ctx, idx, args, notfound, entry):
                 store_u64(out + w, load_u64(e + w))
         store_u64(out + 8, np.uint64(used))
         kept += 1
+    return kept
+
+
+@njit
+def processes(ctx, idx, args, notfound, entry):
+    """A running-process list with the group's processes only, each with the bytes the group charged it.
+
+    NVML's list is read into a buffer of our own, filtered, then copied out with
+    NVML's rules for the caller's capacity. ``entry`` is the struct size: 16 for
+    nvmlProcessInfo_v1_t {pid, usedGpuMemory}, 24 when two instance ids follow.
+    """
+    handle, pcount, infos = args
+    region = Q.region_of(ctx)
+    if region == 0 or pcount == 0:
+        return call_real(ctx, idx, args, notfound)
+    buf = stack_buffer(6144)  # MAX_PROCESSES x 24
+    count = stack_u64()
+    store_u32(count, MAX_PROCESSES)
+    rc = call_real(ctx, idx, (handle, count, buf), notfound)
+    if rc != NVML_SUCCESS:
+        if rc == NVML_ERROR_INSUFFICIENT_SIZE:
+            store_u32(pcount, load_u32(count))  # more than we can read: an upper bound, and the error
+        return rc
+    kept = keep_group_processes(ctx, region, nvml_group_device(ctx, handle), buf, load_u32(count), entry)
     cap = load_u32(pcount)
     store_u32(pcount, np.uint32(kept))
     if kept > 0 and (infos == 0 or cap < kept):
         return NVML_ERROR_INSUFFICIENT_SIZE
     for w in range(0, kept * entry, 8):
         store_u64(infos + w, load_u64(buf + w))
+    return NVML_SUCCESS
+
+
+# nvmlProcessDetailList_v1_t {version, mode, numProcArrayEntries, procArray at 16};
+# its entries, nvmlProcessDetail_v1_t, are 32 bytes (pid, usedGpuMemory at 8, ids, CC memory).
+PDL_COUNT, PDL_ARRAY, PDL_SIZE, DETAIL_ENTRY, MAX_DETAILS = 8, 16, 24, 32, 192
+
+
+@njit
+def nvml_process_details(ctx, idx, args, notfound):
+    """nvmlDeviceGetRunningProcessDetailList (what newer nvidia-smi reads): filtered like the lists above."""
+    handle, plist = args
+    region = Q.region_of(ctx)
+    if region == 0 or plist == 0:
+        return call_real(ctx, idx, args, notfound)
+    mine = stack_buffer(24)
+    buf = stack_buffer(6144)  # MAX_DETAILS x 32
+    store_u64(mine, load_u64(plist))  # version and mode, as the caller asked
+    store_u32(mine + PDL_COUNT, MAX_DETAILS)
+    store_u64(mine + PDL_ARRAY, buf)
+    rc = call_real(ctx, idx, (handle, mine), notfound)
+    if rc != NVML_SUCCESS:
+        if rc == NVML_ERROR_INSUFFICIENT_SIZE:
+            store_u32(plist + PDL_COUNT, load_u32(mine + PDL_COUNT))
+        return rc
+    kept = keep_group_processes(ctx, region, nvml_group_device(ctx, handle), buf, load_u32(mine + PDL_COUNT),
+                                DETAIL_ENTRY)
+    cap = load_u32(plist + PDL_COUNT)
+    out = load_u64(plist + PDL_ARRAY)
+    store_u32(plist + PDL_COUNT, np.uint32(kept))
+    if kept > 0 and (out == 0 or cap < kept):
+        return NVML_ERROR_INSUFFICIENT_SIZE
+    for w in range(0, kept * DETAIL_ENTRY, 8):
+        store_u64(out + w, load_u64(buf + w))
     return NVML_SUCCESS
 
 

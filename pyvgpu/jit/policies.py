@@ -54,6 +54,7 @@ def registry() -> dict:
         "nvml_index": D.nvml_index,
         "nvml_processes": D.nvml_processes,
         "nvml_processes_v1": D.nvml_processes_v1,
+        "nvml_process_details": D.nvml_process_details,
         "nvml_utilization": D.nvml_utilization,
         "launch_kernel": C.launch_kernel,
         "launch_kernel_ptsz": C.launch_kernel_ptsz,

@@ -145,6 +145,8 @@ typedef nvmlReturn_t (*pv_real_nvmlDeviceGetGraphicsRunningProcesses_v2_t)(nvmlD
 typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetGraphicsRunningProcesses_v2_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
 typedef nvmlReturn_t (*pv_real_nvmlDeviceGetGraphicsRunningProcesses_v3_t)(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
 typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetGraphicsRunningProcesses_v3_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
+typedef nvmlReturn_t (*pv_real_nvmlDeviceGetRunningProcessDetailList_t)(nvmlDevice_t device, nvmlProcessDetailList_t *plist);
+typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetRunningProcessDetailList_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, nvmlProcessDetailList_t *plist);
 typedef nvmlReturn_t (*pv_real_nvmlDeviceGetUtilizationRates_t)(nvmlDevice_t device, nvmlUtilization_t *utilization);
 typedef nvmlReturn_t (*pv_cb_nvmlDeviceGetUtilizationRates_t)(pv_ctx_t *ctx, uint32_t idx, nvmlDevice_t device, nvmlUtilization_t *utilization);
 typedef nvmlReturn_t (*pv_real_nvmlDeviceGetMemoryInfo_t)(nvmlDevice_t device, nvmlMemory_t *memory);
@@ -1266,6 +1268,22 @@ PV_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t dev
     return cb(&pv_ctx, PV_E_nvmlDeviceGetGraphicsRunningProcesses_v3, device, infoCount, infos);
 }
 
+PV_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t *plist)
+{
+    pv_cb_nvmlDeviceGetRunningProcessDetailList_t cb = (pv_cb_nvmlDeviceGetRunningProcessDetailList_t)pv_callback(PV_E_nvmlDeviceGetRunningProcessDetailList);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_nvmlDeviceGetRunningProcessDetailList_t real = (pv_real_nvmlDeviceGetRunningProcessDetailList_t)pv_real(PV_E_nvmlDeviceGetRunningProcessDetailList);
+            return real ? real(device, plist) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return NVML_ERROR_NO_PERMISSION;
+        cb = (pv_cb_nvmlDeviceGetRunningProcessDetailList_t)pv_callback(PV_E_nvmlDeviceGetRunningProcessDetailList);
+    }
+    return cb(&pv_ctx, PV_E_nvmlDeviceGetRunningProcessDetailList, device, plist);
+}
+
 PV_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
 {
     pv_cb_nvmlDeviceGetUtilizationRates_t cb = (pv_cb_nvmlDeviceGetUtilizationRates_t)pv_callback(PV_E_nvmlDeviceGetUtilizationRates);
@@ -1386,6 +1404,7 @@ const pv_entry_info_t pv_entry_infos[PV_N_ENTRIES] = {
     [PV_E_nvmlDeviceGetGraphicsRunningProcesses] = {"nvmlDeviceGetGraphicsRunningProcesses", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetGraphicsRunningProcesses, 0},
     [PV_E_nvmlDeviceGetGraphicsRunningProcesses_v2] = {"nvmlDeviceGetGraphicsRunningProcesses_v2", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetGraphicsRunningProcesses, 0},
     [PV_E_nvmlDeviceGetGraphicsRunningProcesses_v3] = {"nvmlDeviceGetGraphicsRunningProcesses_v3", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetGraphicsRunningProcesses, 0},
+    [PV_E_nvmlDeviceGetRunningProcessDetailList] = {"nvmlDeviceGetRunningProcessDetailList", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetRunningProcessDetailList, 0},
     [PV_E_nvmlDeviceGetUtilizationRates] = {"nvmlDeviceGetUtilizationRates", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetUtilizationRates, 0},
     [PV_E_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetMemoryInfo, 0},
     [PV_E_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", PV_LIB_NVML, 0, 1, PV_H_nvmlDeviceGetMemoryInfo_v2, 0},
@@ -1437,9 +1456,10 @@ const pv_hook_info_t pv_hook_infos[PV_N_HOOKS] = {
     [PV_H_nvmlDeviceGetIndex] = {"nvmlDeviceGetIndex", 64, 1},
     [PV_H_nvmlDeviceGetComputeRunningProcesses] = {"nvmlDeviceGetComputeRunningProcesses", 65, 3},
     [PV_H_nvmlDeviceGetGraphicsRunningProcesses] = {"nvmlDeviceGetGraphicsRunningProcesses", 68, 3},
-    [PV_H_nvmlDeviceGetUtilizationRates] = {"nvmlDeviceGetUtilizationRates", 71, 1},
-    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 72, 1},
-    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 73, 1},
+    [PV_H_nvmlDeviceGetRunningProcessDetailList] = {"nvmlDeviceGetRunningProcessDetailList", 71, 1},
+    [PV_H_nvmlDeviceGetUtilizationRates] = {"nvmlDeviceGetUtilizationRates", 72, 1},
+    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 73, 1},
+    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 74, 1},
 };
 
 /* Sorted by name for bsearch (dlsym and cuGetProcAddress lookups). */
@@ -1515,6 +1535,7 @@ const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES] = {
     {"nvmlDeviceGetIndex", PV_E_nvmlDeviceGetIndex},
     {"nvmlDeviceGetMemoryInfo", PV_E_nvmlDeviceGetMemoryInfo},
     {"nvmlDeviceGetMemoryInfo_v2", PV_E_nvmlDeviceGetMemoryInfo_v2},
+    {"nvmlDeviceGetRunningProcessDetailList", PV_E_nvmlDeviceGetRunningProcessDetailList},
     {"nvmlDeviceGetUtilizationRates", PV_E_nvmlDeviceGetUtilizationRates},
     {"nvmlInit", PV_E_nvmlInit},
     {"nvmlInit_v2", PV_E_nvmlInit_v2},
@@ -1567,6 +1588,7 @@ const pv_name_index_t pv_hook_sorted[PV_N_HOOKS] = {
     {"nvmlDeviceGetIndex", PV_H_nvmlDeviceGetIndex},
     {"nvmlDeviceGetMemoryInfo", PV_H_nvmlDeviceGetMemoryInfo},
     {"nvmlDeviceGetMemoryInfo_v2", PV_H_nvmlDeviceGetMemoryInfo_v2},
+    {"nvmlDeviceGetRunningProcessDetailList", PV_H_nvmlDeviceGetRunningProcessDetailList},
     {"nvmlDeviceGetUtilizationRates", PV_H_nvmlDeviceGetUtilizationRates},
     {"nvmlInit", PV_H_nvmlInit},
 };
@@ -1643,6 +1665,7 @@ void *const pv_hook_fns[PV_N_ENTRIES] = {
     [PV_E_nvmlDeviceGetGraphicsRunningProcesses] = (void *)nvmlDeviceGetGraphicsRunningProcesses,
     [PV_E_nvmlDeviceGetGraphicsRunningProcesses_v2] = (void *)nvmlDeviceGetGraphicsRunningProcesses_v2,
     [PV_E_nvmlDeviceGetGraphicsRunningProcesses_v3] = (void *)nvmlDeviceGetGraphicsRunningProcesses_v3,
+    [PV_E_nvmlDeviceGetRunningProcessDetailList] = (void *)nvmlDeviceGetRunningProcessDetailList,
     [PV_E_nvmlDeviceGetUtilizationRates] = (void *)nvmlDeviceGetUtilizationRates,
     [PV_E_nvmlDeviceGetMemoryInfo] = (void *)nvmlDeviceGetMemoryInfo,
     [PV_E_nvmlDeviceGetMemoryInfo_v2] = (void *)nvmlDeviceGetMemoryInfo_v2,

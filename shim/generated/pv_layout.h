@@ -12,8 +12,8 @@ typedef struct pv_ctx {
     uint64_t magic;  /* CTX_MAGIC */
     uint32_t n_entries;  /* hook entries in this shim */
     uint8_t _pad0[4];
-    uint64_t real[74];  /* real driver function per entry, 0 if the driver lacks it */
-    uint64_t calls[74];  /* calls per entry, counted by the callbacks */
+    uint64_t real[75];  /* real driver function per entry, 0 if the driver lacks it */
+    uint64_t calls[75];  /* calls per entry, counted by the callbacks */
     uint64_t helper[22];  /* real driver functions the policies call (hooks.HELPERS) */
     uint64_t region;  /* address of the mapped region, 0 without one */
     uint64_t slot;  /* address of this process's slot in the region */
@@ -53,40 +53,40 @@ typedef struct pv_ctx {
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
 _Static_assert(offsetof(pv_ctx_t, real) == 16, "pv_ctx.real");
-_Static_assert(offsetof(pv_ctx_t, calls) == 608, "pv_ctx.calls");
-_Static_assert(offsetof(pv_ctx_t, helper) == 1200, "pv_ctx.helper");
-_Static_assert(offsetof(pv_ctx_t, region) == 1376, "pv_ctx.region");
-_Static_assert(offsetof(pv_ctx_t, slot) == 1384, "pv_ctx.slot");
-_Static_assert(offsetof(pv_ctx_t, slot_index) == 1392, "pv_ctx.slot_index");
-_Static_assert(offsetof(pv_ctx_t, region_fd) == 1396, "pv_ctx.region_fd");
-_Static_assert(offsetof(pv_ctx_t, n_slots) == 1400, "pv_ctx.n_slots");
-_Static_assert(offsetof(pv_ctx_t, lock) == 1404, "pv_ctx.lock");
-_Static_assert(offsetof(pv_ctx_t, table) == 1408, "pv_ctx.table");
-_Static_assert(offsetof(pv_ctx_t, table_mask) == 1416, "pv_ctx.table_mask");
-_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 1424, "pv_ctx.table_maxdisp");
-_Static_assert(offsetof(pv_ctx_t, table_live) == 1432, "pv_ctx.table_live");
-_Static_assert(offsetof(pv_ctx_t, table_full) == 1440, "pv_ctx.table_full");
-_Static_assert(offsetof(pv_ctx_t, pool_handle) == 1448, "pv_ctx.pool_handle");
-_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 1960, "pv_ctx.pool_reserved");
-_Static_assert(offsetof(pv_ctx_t, pool_dev) == 2472, "pv_ctx.pool_dev");
-_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2728, "pv_ctx.ctx_charged");
-_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2856, "pv_ctx.nvml_state");
-_Static_assert(offsetof(pv_ctx_t, sm_policy) == 2860, "pv_ctx.sm_policy");
-_Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 2864, "pv_ctx.sm_batch_ns");
-_Static_assert(offsetof(pv_ctx_t, sm_nvml) == 2872, "pv_ctx.sm_nvml");
-_Static_assert(offsetof(pv_ctx_t, sm_launches) == 3000, "pv_ctx.sm_launches");
-_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 3008, "pv_ctx.sm_default_cost");
-_Static_assert(offsetof(pv_ctx_t, sm_pending) == 3016, "pv_ctx.sm_pending");
-_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 3024, "pv_ctx.sm_tick_ns");
-_Static_assert(offsetof(pv_ctx_t, cost_key) == 3032, "pv_ctx.cost_key");
-_Static_assert(offsetof(pv_ctx_t, cost_ns) == 35800, "pv_ctx.cost_ns");
-_Static_assert(offsetof(pv_ctx_t, samp_state) == 68568, "pv_ctx.samp_state");
-_Static_assert(offsetof(pv_ctx_t, samp_key) == 68600, "pv_ctx.samp_key");
-_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68664, "pv_ctx.samp_ctx");
-_Static_assert(offsetof(pv_ctx_t, samp_start) == 68728, "pv_ctx.samp_start");
-_Static_assert(offsetof(pv_ctx_t, samp_end) == 68792, "pv_ctx.samp_end");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 68856, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 68860, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 69120, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, calls) == 616, "pv_ctx.calls");
+_Static_assert(offsetof(pv_ctx_t, helper) == 1216, "pv_ctx.helper");
+_Static_assert(offsetof(pv_ctx_t, region) == 1392, "pv_ctx.region");
+_Static_assert(offsetof(pv_ctx_t, slot) == 1400, "pv_ctx.slot");
+_Static_assert(offsetof(pv_ctx_t, slot_index) == 1408, "pv_ctx.slot_index");
+_Static_assert(offsetof(pv_ctx_t, region_fd) == 1412, "pv_ctx.region_fd");
+_Static_assert(offsetof(pv_ctx_t, n_slots) == 1416, "pv_ctx.n_slots");
+_Static_assert(offsetof(pv_ctx_t, lock) == 1420, "pv_ctx.lock");
+_Static_assert(offsetof(pv_ctx_t, table) == 1424, "pv_ctx.table");
+_Static_assert(offsetof(pv_ctx_t, table_mask) == 1432, "pv_ctx.table_mask");
+_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 1440, "pv_ctx.table_maxdisp");
+_Static_assert(offsetof(pv_ctx_t, table_live) == 1448, "pv_ctx.table_live");
+_Static_assert(offsetof(pv_ctx_t, table_full) == 1456, "pv_ctx.table_full");
+_Static_assert(offsetof(pv_ctx_t, pool_handle) == 1464, "pv_ctx.pool_handle");
+_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 1976, "pv_ctx.pool_reserved");
+_Static_assert(offsetof(pv_ctx_t, pool_dev) == 2488, "pv_ctx.pool_dev");
+_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2744, "pv_ctx.ctx_charged");
+_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2872, "pv_ctx.nvml_state");
+_Static_assert(offsetof(pv_ctx_t, sm_policy) == 2876, "pv_ctx.sm_policy");
+_Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 2880, "pv_ctx.sm_batch_ns");
+_Static_assert(offsetof(pv_ctx_t, sm_nvml) == 2888, "pv_ctx.sm_nvml");
+_Static_assert(offsetof(pv_ctx_t, sm_launches) == 3016, "pv_ctx.sm_launches");
+_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 3024, "pv_ctx.sm_default_cost");
+_Static_assert(offsetof(pv_ctx_t, sm_pending) == 3032, "pv_ctx.sm_pending");
+_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 3040, "pv_ctx.sm_tick_ns");
+_Static_assert(offsetof(pv_ctx_t, cost_key) == 3048, "pv_ctx.cost_key");
+_Static_assert(offsetof(pv_ctx_t, cost_ns) == 35816, "pv_ctx.cost_ns");
+_Static_assert(offsetof(pv_ctx_t, samp_state) == 68584, "pv_ctx.samp_state");
+_Static_assert(offsetof(pv_ctx_t, samp_key) == 68616, "pv_ctx.samp_key");
+_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68680, "pv_ctx.samp_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_start) == 68744, "pv_ctx.samp_start");
+_Static_assert(offsetof(pv_ctx_t, samp_end) == 68808, "pv_ctx.samp_end");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 68872, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 68876, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 69136, "sizeof pv_ctx");
 
 #endif

@@ -3,10 +3,10 @@
 #ifndef PV_TABLE_H
 #define PV_TABLE_H
 
-#define PV_N_ENTRIES 74
-#define PV_N_HOOKS 48
+#define PV_N_ENTRIES 75
+#define PV_N_HOOKS 49
 #define PV_N_HELPERS 22
-#define PV_TABLE_HASH "4357da16e6a0d3a5"
+#define PV_TABLE_HASH "2315c856c86180e5"
 
 /* One entry per exported ABI symbol (variant). */
 enum pv_entry {
@@ -81,9 +81,10 @@ enum pv_entry {
     PV_E_nvmlDeviceGetGraphicsRunningProcesses = 68,
     PV_E_nvmlDeviceGetGraphicsRunningProcesses_v2 = 69,
     PV_E_nvmlDeviceGetGraphicsRunningProcesses_v3 = 70,
-    PV_E_nvmlDeviceGetUtilizationRates = 71,
-    PV_E_nvmlDeviceGetMemoryInfo = 72,
-    PV_E_nvmlDeviceGetMemoryInfo_v2 = 73,
+    PV_E_nvmlDeviceGetRunningProcessDetailList = 71,
+    PV_E_nvmlDeviceGetUtilizationRates = 72,
+    PV_E_nvmlDeviceGetMemoryInfo = 73,
+    PV_E_nvmlDeviceGetMemoryInfo_v2 = 74,
 };
 
 /* Services: callbacks called outside hooked functions (pyvgpu.hooks.SERVICES). */
@@ -142,9 +143,10 @@ enum pv_hook {
     PV_H_nvmlDeviceGetIndex = 42,
     PV_H_nvmlDeviceGetComputeRunningProcesses = 43,
     PV_H_nvmlDeviceGetGraphicsRunningProcesses = 44,
-    PV_H_nvmlDeviceGetUtilizationRates = 45,
-    PV_H_nvmlDeviceGetMemoryInfo = 46,
-    PV_H_nvmlDeviceGetMemoryInfo_v2 = 47,
+    PV_H_nvmlDeviceGetRunningProcessDetailList = 45,
+    PV_H_nvmlDeviceGetUtilizationRates = 46,
+    PV_H_nvmlDeviceGetMemoryInfo = 47,
+    PV_H_nvmlDeviceGetMemoryInfo_v2 = 48,
 };
 
 #endif

@@ -38,6 +38,7 @@ typedef struct nvmlMemory_v2_st nvmlMemory_v2_t;
 typedef struct nvmlProcessInfo_st nvmlProcessInfo_t;
 typedef struct nvmlProcessInfo_v1_st nvmlProcessInfo_v1_t;
 typedef struct nvmlUtilization_st nvmlUtilization_t;
+typedef struct nvmlProcessDetailList_st nvmlProcessDetailList_t;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1

@@ -275,6 +275,36 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigne
     return running_processes(d, count, infos, 1);
 }
 
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t; /* 32 bytes */
+typedef struct {
+    unsigned int version, mode, numProcArrayEntries;
+    nvmlProcessDetail_v1_t *procArray;
+} nvmlProcessDetailList_t;
+
+/* The detail list (newer nvidia-smi reads it): compute processes (mode 0) as above; others none. */
+EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlProcessDetailList_t *l) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!l || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct sim *s = sim();
+    int32_t pids[SIM_PROCS];
+    unsigned n = s && l->mode == 0 ? sim_processes(s, d->index, pids, SIM_PROCS) : 0;
+    if (!l->procArray || l->numProcArrayEntries < n) {
+        l->numProcArrayEntries = n;
+        return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    for (unsigned i = 0; i < n; i++)
+        l->procArray[i] = (nvmlProcessDetail_v1_t){(unsigned)pids[i], FAKE_PROC_USED, 0xFFFFFFFFu, 0xFFFFFFFFu, 0};
+    l->numProcArrayEntries = n;
+    return NVML_SUCCESS;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len) {
     if (!g_init)
         return NVML_ERROR_UNINITIALIZED;

@@ -20,7 +20,7 @@
  *    "nvml_init": rc, "nvml_count": n, "nvml_count_v1": n,
  *    "nvml": [{"rc", "rc_v1", "index", "uuid", "total", "free", "used",
  *              "v2": {"total", "free", "used", "reserved"},
- *              "procs_v3": [[pid, used], ...], "procs_v2": [...], "procs_v1": [...],
+ *              "procs_v3": [[pid, used], ...], "procs_v2": [...], "procs_v1": [...], "procs_detail": [...],
  *              "util": gpu percent}, ...],                              per NVML index
  *    "bad_index_rc": rc, "by_uuid": {TEXT: {"rc": rc, "index": i or -1}}}
  *
@@ -81,6 +81,18 @@ int nvmlDeviceGetUtilizationRates(nvmlDevice_t, nvmlUtilization_t *);
 int nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *);
 int nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t, unsigned *, nvmlProcessInfo_v2_t *);
 int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned *, nvmlProcessInfo_v2_t *);
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+typedef struct {
+    unsigned int version, mode, numProcArrayEntries;
+    nvmlProcessDetail_v1_t *procArray;
+} nvmlProcessDetailList_v1_t;
+#define NVML_PROCESS_DETAIL_LIST_V1 ((unsigned)(sizeof(nvmlProcessDetailList_v1_t) | (1 << 24)))
+int nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t, nvmlProcessDetailList_v1_t *);
 
 #define MAX_PROCS 64
 #define MAX_ARGS 256
@@ -196,6 +208,21 @@ static void put_procs(FILE *f, const char *key, nvmlDevice_t h, int v) {
     fprintf(f, "]");
 }
 
+/* nvmlDeviceGetRunningProcessDetailList, compute mode: the list newer nvidia-smi reads */
+static void put_details(FILE *f, nvmlDevice_t h) {
+    static nvmlProcessDetail_v1_t d[MAX_PROCS];
+    nvmlProcessDetailList_v1_t l = {NVML_PROCESS_DETAIL_LIST_V1, 0, MAX_PROCS, d};
+    int rc = nvmlDeviceGetRunningProcessDetailList(h, &l);
+    if (rc) {
+        fprintf(f, ", \"procs_detail\": null, \"procs_detail_rc\": %d", rc);
+        return;
+    }
+    fprintf(f, ", \"procs_detail\": [");
+    for (unsigned i = 0; i < l.numProcArrayEntries && i < MAX_PROCS; i++)
+        fprintf(f, "%s[%u, %llu]", i ? ", " : "", d[i].pid, d[i].usedGpuMemory);
+    fprintf(f, "]");
+}
+
 static void put_nvml_device(FILE *f, unsigned i) {
     nvmlDevice_t h, h1;
     int rc = nvmlDeviceGetHandleByIndex_v2(i, &h);
@@ -230,6 +257,7 @@ static void put_nvml_device(FILE *f, unsigned i) {
     put_procs(f, "procs_v3", h, 3);
     put_procs(f, "procs_v2", h, 2);
     put_procs(f, "procs_v1", h, 1);
+    put_details(f, h);
 
     nvmlUtilization_t u = {0};
     rc = nvmlDeviceGetUtilizationRates(h, &u);
