@@ -99,7 +99,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
     X(cuLaunchCooperativeKernelMultiDevice) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)                      \
     X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy_v2) X(cuStreamIsCapturing) X(cuGraphCreate)       \
     X(cuGraphAddKernelNode) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)                 \
-    X(cuGraphExecDestroy) X(cuGraphDestroy)
+    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuStreamWaitEvent)
 
 #define X(name) FK_##name,
 enum { FAKE_FUNCS(X) FK_N };
@@ -1276,9 +1276,10 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, C
     COUNT(cuMemAddressReserve);
     if (!p || !size)
         return CUDA_ERROR_INVALID_VALUE;
+    static uint64_t next_va = 0x600000000000ULL; /* apart from every device's allocation range */
     pthread_mutex_lock(&g_mu);
-    *p = g_next[MAX_DEV - 1];
-    g_next[MAX_DEV - 1] += (size + VMM_GRANULARITY - 1) / VMM_GRANULARITY * VMM_GRANULARITY;
+    *p = next_va;
+    next_va += (size + VMM_GRANULARITY - 1) / VMM_GRANULARITY * VMM_GRANULARITY;
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
@@ -1288,14 +1289,78 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
     return CUDA_SUCCESS;
 }
 
+/* Mappings, page by page (VMM_GRANULARITY), so a pool that maps over a live mapping or unmaps
+ * what is not mapped fails here as it would on a real driver. */
+#define MAP_SLOTS (1u << 18)
+static struct { uint64_t va, h; } g_map[MAP_SLOTS]; /* va 0: empty; h 0: a deleted entry */
+static uint64_t g_mapped;
+
+static uint64_t *map_find(uint64_t va, int insert) {
+    uint64_t i = (va / VMM_GRANULARITY * 0x9E3779B97F4A7C15ULL) >> 46;
+    for (unsigned n = 0; n < MAP_SLOTS; n++, i = (i + 1) & (MAP_SLOTS - 1)) {
+        if (g_map[i].va == va)
+            return &g_map[i].h;
+        if (g_map[i].va == 0) {
+            if (!insert)
+                return NULL;
+            g_map[i].va = va;
+            return &g_map[i].h;
+        }
+    }
+    return NULL;
+}
+
 EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long long h, unsigned long long f) {
     COUNT(cuMemMap);
-    return (!p || !size || !h) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (!p || !size || !h || p % VMM_GRANULARITY || size % VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (uint64_t a = p; a < p + size; a += VMM_GRANULARITY) {
+        uint64_t *e = map_find(a, 0);
+        if (e && *e) {
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_ERROR_INVALID_VALUE; /* already mapped */
+        }
+    }
+    for (uint64_t a = p; a < p + size; a += VMM_GRANULARITY) {
+        *map_find(a, 1) = h;
+        g_mapped++;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
     COUNT(cuMemUnmap);
-    return (!p || !size) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (!p || !size || p % VMM_GRANULARITY || size % VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (uint64_t a = p; a < p + size; a += VMM_GRANULARITY) {
+        uint64_t *e = map_find(a, 0);
+        if (!e || !*e) {
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_ERROR_INVALID_VALUE; /* not mapped */
+        }
+    }
+    for (uint64_t a = p; a < p + size; a += VMM_GRANULARITY) {
+        *map_find(a, 0) = 0;
+        g_mapped--;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+/* For tests: pages mapped now, and the handle mapped at va (0: none). */
+EXPORT uint64_t fakecuda_mapped_pages(void) { return g_mapped; }
+EXPORT uint64_t fakecuda_mapping(uint64_t va) {
+    uint64_t *e = map_find(va / VMM_GRANULARITY * VMM_GRANULARITY, 0);
+    return e ? *e : 0;
+}
+
+EXPORT CUresult cuStreamWaitEvent(CUstream s, struct fake_event *e, unsigned flags) {
+    COUNT(cuStreamWaitEvent);
+    NEED_CTX();
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
 EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t count) {
