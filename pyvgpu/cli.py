@@ -197,6 +197,14 @@ def exporter(
         srv = ex.server(port, address, group, region)
     except OSError as e:
         raise _fail(f"cannot listen on {address}:{port}: {e.strerror}; choose another --port") from None
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C and SIGTERM stop it, also where the shell started it with SIGINT ignored (a background job)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     typer.echo(f"pyvgpu exporter: serving http://{address}:{srv.server_port}/metrics (Ctrl-C stops)", err=True)
     try:
         srv.serve_forever()

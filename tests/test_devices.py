@@ -7,6 +7,7 @@ tests/hosts/host_devices prints what CUDA and NVML show a program.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ import time
 import pytest
 from helpers import PYVGPU, run
 
-from pyvgpu import devices
+from pyvgpu import devices, region
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -176,17 +177,24 @@ def test_utilization_reports_the_groups_share(env3, fake, tmp_path):
     from pyvgpu.shim import BENCH_BIN
 
     other = subprocess.Popen([*PYVGPU, "wrap", "--devices", "0", "--region", str(tmp_path / "b.region"), "--",
-                              str(BENCH_BIN), "sm", "6", "2000", "kernel"], env=env3, stdout=subprocess.DEVNULL,
+                              str(BENCH_BIN), "sm", "30", "2000", "kernel"], env=env3, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
     mine = subprocess.Popen([*PYVGPU, "wrap", "--devices", "0", "--sm", "30", "--region", str(tmp_path / "a.region"),
-                             "--", str(BENCH_BIN), "sm", "6", "2000", "kernel"], env=env3, stdout=subprocess.DEVNULL,
+                             "--", str(BENCH_BIN), "sm", "30", "2000", "kernel"], env=env3, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(4)
+        deadline = time.monotonic() + 25
+        while time.monotonic() < deadline:  # until the device is busy and the controller has had a few steps
+            time.sleep(1)
+            raw = json.loads(run([str(fake / "host_devices")], env=env3).stdout)
+            r = region.open_region(tmp_path / "a.region", writable=False)
+            os.close(r.fd)
+            if raw["nvml"][0]["util"] >= 90 and r.device(0).sm_steps >= 4:
+                break
+        assert raw["nvml"][0]["util"] >= 90, raw["nvml"][0]  # the device is busy
         v = view(env3, fake, "--region", str(tmp_path / "a.region"))
-        raw = json.loads(run([str(fake / "host_devices")], env=env3).stdout)
-        assert raw["nvml"][0]["util"] >= 90  # the device is busy
         assert 15 <= v["nvml"][0]["util"] <= 45, v["nvml"][0]  # the group's part of it
     finally:
         for p in (other, mine):
+            p.kill()
             p.wait(60)

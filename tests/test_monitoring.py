@@ -288,8 +288,8 @@ def test_exporter_scrape_over_loopback(env, tmp_path):
         group = {(s.labels["group"], s.labels["device"]): s.value for s in m["pyvgpu_group_memory_used_bytes"]}
         assert group[("team-a", "0")] == 0 and group[("team-b", "0")] == MiB
     finally:
-        ex.send_signal(signal.SIGINT)
-        ex.wait(30)
+        ex.send_signal(signal.SIGTERM)
+        assert ex.wait(30) == 0
         a.stop()
         b.stop()
 
