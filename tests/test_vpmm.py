@@ -1,0 +1,81 @@
+"""VPMM on the fake driver's VMM (it maps page by page and refuses overlapping maps): the seed's
+walkthrough, the multi-stream rules, zombies, and random sequences against the pool's invariants.
+Each scenario runs in its own process (tests/hosts/vpmm_cases.py) on a 256 GiB fake device."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import run
+
+CASES = Path(__file__).resolve().parent / "hosts" / "vpmm_cases.py"
+G = 1 << 30
+MiB = 1 << 20
+
+
+def case(env, *args: str) -> dict:
+    p = run([sys.executable, str(CASES), *args], env=dict(env, FAKECUDA_DEVICES="256G"), timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# The seed's walkthrough (+10 +1 -10 +4 +11 in 1 GiB pages) from PAGES preallocated pages, X = PAGES - 11.
+# Layouts in the seed's notation, live regions as '+'; 'z' is a zombie (the seed draws it as '*' too).
+WALK = {
+    22: ("A", ["[+10][-12]", "[+10][+1][-11]", "[-10][+1][-11]", "[+4][-6][+1][-11]", "[+4][-6][+1][+11]",
+               "[+4][-6][+1][+11]"], 22),
+    18: ("B", ["[+10][-8]", "[+10][+1][-7]", "[-10][+1][-7]", "[-10][+1][+4][-3]", "[z10][+1][+4][+11][-2]",
+               "[*10][+1][+4][+11][-2]"], 18),
+    15: ("C", ["[+10][-5]", "[+10][+1][-4]", "[-10][+1][-4]", "[-10][+1][+4]", "[z10][+1][+4][+11]",
+               "[*10][+1][+4][+11]"], 16),
+    12: ("D", ["[+10][-2]", "[+10][+1][-1]", "[-10][+1][-1]", "[+4][-6][+1][-1]", "[+4][z6][+1][+11]",
+               "[+4][*6][+1][+11]"], 16),
+}
+
+
+@pytest.mark.parametrize("pages", sorted(WALK, reverse=True), ids=lambda p: f"case-{WALK[p][0]}-{p}-pages")
+def test_seed_walkthrough(env, pages):
+    _, steps, final_pages = WALK[pages]
+    r = case(env, "walk", str(pages))
+    assert r["steps"] == steps
+    st = r["stats"]
+    assert st["pages"] == final_pages and st["mapped"] == final_pages * G
+    assert st["live"] == 16 * G and st["zombies"] == 0
+    assert r["fake_mapped"] == st["mapped"]  # the driver's own count of mapped pages agrees
+    assert st["defragmentations"] == (0 if pages == 22 else 1)
+
+
+def test_streams_reuse_rules_and_zombies(env):
+    r = case(env, "streams")
+    assert r["same_stream_reuses_at_once"]  # stream order makes it safe without waiting
+    before = r["other_stream_before_event"]
+    # another stream does not take it while the freeing stream's work runs: its pages move (the GPU waits,
+    # the CPU does not), no page is created, and the old address waits as a zombie
+    assert before == {"same_address": False, "new_pages": 0, "zombies": 8 * MiB, "layout": "[z4][+4]"}
+    assert r["double_mapped_while_zombie"]
+    assert r["zombie_kept_while_busy"] == 8 * MiB
+    assert r["zombie_unmapped_after_event"] == {"zombies": 0, "old_mapped": 0, "layout": "[*4][+4]"}
+    assert r["other_stream_after_event_reuses"]  # once the event completed: reused in place
+    assert r["small_goes_to_malloc_async"]
+    assert "not a live allocation of this pool (freed twice" in r["bad_free"]
+
+
+def test_random_sequences_keep_the_invariants(env):
+    r = case(env, "property", "60")
+    assert r["examples"] == 60 and r["steps"] > 100
+
+
+def test_pool_pages_count_against_the_vgpu_cap(env, tmp_path):
+    from helpers import PYVGPU
+
+    reg = tmp_path / "g.region"
+    p = run([*PYVGPU, "wrap", "--memory", "16M", "--region", str(reg), "--", sys.executable, str(CASES), "cap"],
+            env=dict(env, FAKECUDA_DEVICES="256G"), timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["pages"] == 8 and r["mapped"] == 16 * MiB  # 8 pages of 2 MiB fill the 16 MiB cap
+    assert "out of device memory (or over the vGPU's cap)" in r["error"]
+    assert r["reused"]
