@@ -187,6 +187,8 @@ def test_utilization_reports_the_groups_share(env3, fake, tmp_path):
         while time.monotonic() < deadline:  # until the device is busy and the controller has had a few steps
             time.sleep(1)
             raw = json.loads(run([str(fake / "host_devices")], env=env3).stdout)
+            if not (tmp_path / "a.region").exists():
+                continue  # its wrap is still starting
             r = region.open_region(tmp_path / "a.region", writable=False)
             os.close(r.fd)
             if raw["nvml"][0]["util"] >= 90 and r.device(0).sm_steps >= 4:
