@@ -147,6 +147,38 @@ def install_from_shim(mode: str) -> str:
     return ""
 
 
+ALLOCATORS = ("default", "vpmm")
+
+
+def torch_allocator_hook() -> None:
+    """PYVGPU_ALLOCATOR=vpmm: make VPMM PyTorch's allocator as soon as `import torch` completes,
+    before the program can allocate. Nothing is imported until then."""
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    class TorchHook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "torch":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                from pyvgpu import vpmm
+
+                vpmm.enable_for_torch()
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, TorchHook())
+
+
 def startup() -> None:
     """The startup hook: install now; on failure, leave the reason with the shim.
 
@@ -157,6 +189,8 @@ def startup() -> None:
     lib = shim.loaded()
     if lib is None:
         return
+    if os.environ.get("PYVGPU_ALLOCATOR") == "vpmm":
+        torch_allocator_hook()
     err = install_from_shim("startup")
     if err:
         lib.pyvgpu_set_error(err.encode())

@@ -75,6 +75,9 @@ def wrap(
                                      "them, or GPU UUIDs (0,2 or GPU-8e1f...). CUDA and NVML both see only these, "
                                      "numbered from 0; --memory and --sm device indices count in this list. "
                                      "Default: the group's devices, else all."),
+    allocator: str = typer.Option(None, "--allocator", metavar="default|vpmm",
+                                  help="vpmm: PyTorch allocates through VPMM, the defragmenting pool on the CUDA "
+                                       "virtual-memory API (docs/vpmm.md), installed right after `import torch`."),
     group: str = typer.Option(None, "--group", "-g", metavar="NAME",
                               help="Join (or start) the named group: every process in it shares one quota. "
                                    "Default: a private group for this program and its children."),
@@ -97,7 +100,7 @@ def wrap(
     try:
         env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None),
                           on_error=on_error.value if on_error else None, memory=memory, sm=sm, group=group,
-                          region_path=region, devices=devices)
+                          region_path=region, devices=devices, allocator=allocator)
         w.exec_wrapped(command, env)
     except PyvgpuError as e:
         raise _fail(str(e), 127 if str(e).startswith("program not found") else 2) from None

@@ -14,8 +14,8 @@ start, default 0). The allocator core is ``pyvgpu.jit.vpmm``.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
-import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -33,6 +33,16 @@ _FUNCS = {V.F_RESERVE: "cuMemAddressReserve", V.F_CREATE: "cuMemCreate", V.F_MAP
           V.F_EV_RECORD: "cuEventRecord", V.F_EV_QUERY: "cuEventQuery", V.F_WAIT: "cuStreamWaitEvent",
           V.F_ALLOC_ASYNC: "cuMemAllocAsync", V.F_FREE_ASYNC: "cuMemFreeAsync"}
 STATE_MARK = {V.MALLOC: "+", V.FREE: "-", V.HOLE: "*", V.ZOMBIE: "z"}
+
+
+@functools.cache
+def _entries() -> tuple:
+    """The compiled C entry points as ctypes functions, and their addresses (compiled once per process)."""
+    c_malloc, c_free = V.compile_entries()
+    m = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint64)(c_malloc.address)
+    f = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64)(
+        c_free.address)
+    return m, f, c_malloc.address, c_free.address, (c_malloc, c_free)
 
 
 class _Prop(ctypes.Structure):  # CUmemAllocationProp
@@ -93,8 +103,11 @@ class VirtualMemoryPool:
         hd[V.H_NEXT_ID] = 1
         for f, name in _FUNCS.items():
             hd[V.H_FN + f] = ctypes.cast(getattr(cu, name), ctypes.c_void_p).value
-        self._lock = threading.Lock()
         self._small: dict[int, int] = {}
+        # the block the C entry points take (pyvgpu.jit.vpmm.S_*): this pool's tables, by address
+        self.state = (ctypes.c_int64 * 6)(self.reg.ctypes.data, MAX_REGIONS, self.pg.ctypes.data, PAGE_SLOTS,
+                                          self.hd.ctypes.data, V.HD_SIZE)
+        self._c_malloc, self._c_free = _entries()[:2]
         self._check(V.preallocate(self.reg, self.hd, self.pg, n_pages), f"VPMM_PAGES={n_pages}")
 
     @staticmethod
@@ -125,34 +138,33 @@ class VirtualMemoryPool:
         """Device memory for ``size`` bytes, usable on ``stream``; raises MemoryError when none can be had."""
         if size < 0:
             raise PyvgpuError(f"VPMM malloc({size}): a size cannot be negative")
-        with self._lock:
-            ptr = self._check(V.malloc(self.reg, self.hd, self.pg, size, stream), f"malloc({size})")
-            if size < self.page_size:
-                self._small[ptr] = max(size, 1)
-            return ptr
+        ptr = self._check(self._c_malloc(ctypes.addressof(self.state), size, stream), f"malloc({size})")
+        if size < self.page_size:
+            self._small[ptr] = max(size, 1)
+        return ptr
 
     def free(self, ptr: int, stream: int = 0) -> None:
         """Give ``ptr`` back after the work queued on ``stream`` so far; a pointer that is not live is an error."""
-        with self._lock:
-            if ptr in self._small:
-                rc = self._cu.cuMemFreeAsync(ctypes.c_uint64(ptr), ctypes.c_void_p(stream))
-                if rc != 0:
-                    raise PyvgpuError(f"VPMM free({ptr:#x}): cuMemFreeAsync returned {rc}")
-                self.hd[V.H_SMALL] -= self._small.pop(ptr)
-                return
-            rc = V.free(self.reg, self.hd, ptr, stream)
-            if rc == V.CUDA_ERROR_INVALID_VALUE:
-                raise PyvgpuError(f"VPMM free({ptr:#x}): not a live allocation of this pool (freed twice, or "
-                                  "never allocated here)")
-            if rc != 0:
-                raise PyvgpuError(f"VPMM free({ptr:#x}): the driver returned CUresult {rc}")
+        rc = self._c_free(ctypes.addressof(self.state), ptr, stream, self._small.get(ptr, 0))
+        if rc == 0:
+            self._small.pop(ptr, None)
+            return
+        if ptr in self._small:
+            raise PyvgpuError(f"VPMM free({ptr:#x}): cuMemFreeAsync returned {rc}")
+        if rc == V.CUDA_ERROR_INVALID_VALUE:
+            raise PyvgpuError(f"VPMM free({ptr:#x}): not a live allocation of this pool (freed twice, or "
+                              "never allocated here)")
+        raise PyvgpuError(f"VPMM free({ptr:#x}): the driver returned CUresult {rc}")
 
     def trim(self) -> None:
         """Unmap old addresses whose work is done (what each malloc does first)."""
-        with self._lock:
+        V.lock(self.hd.ctypes.data)
+        try:
             rc = V.cleanup_zombies(self.reg, self.hd)
-            if rc != 0:
-                raise PyvgpuError(f"VPMM trim: cuMemUnmap returned {rc}")
+        finally:
+            V.unlock(self.hd.ctypes.data)
+        if rc != 0:
+            raise PyvgpuError(f"VPMM trim: cuMemUnmap returned {rc}")
 
     def regions(self) -> list[tuple[int, int, str, int]]:
         """(address, size, state, stream) of every region, in address order; state is + - * or z."""
@@ -196,3 +208,37 @@ class VirtualMemoryPool:
             extra = f" stream {stream:#x}" if m in "-" else ""
             lines.append(f"  {a:#016x} {human(size):>12} {names[m]}{extra}")
         return "\n".join(lines)
+
+
+_TORCH_POOLS: list[VirtualMemoryPool] = []  # alive as long as the process: PyTorch holds their memory
+
+
+def install(lib: ctypes.CDLL, pool: VirtualMemoryPool) -> None:
+    """Serve ``pool.device`` through the shim's pyvgpu_vpmm_malloc/free (what PyTorch calls)."""
+    _, _, m_addr, f_addr, _ = _entries()
+    lib.pyvgpu_vpmm_install.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
+    if lib.pyvgpu_vpmm_install(pool.device, m_addr, f_addr, ctypes.addressof(pool.state)) != 0:
+        raise PyvgpuError(f"VPMM: the shim refused a pool for device {pool.device}")
+
+
+def enable_for_torch(**pool_options: int) -> list[VirtualMemoryPool]:
+    """Make VPMM PyTorch's CUDA allocator: one pool per visible device. Call it before the first CUDA
+    allocation (PyTorch cannot swap its allocator after that); `pyvgpu wrap --allocator vpmm` does it
+    right after `import torch`. Returns the pools (their stats() and dump() show what PyTorch holds)."""
+    import torch
+    from torch.cuda.memory import CUDAPluggableAllocator, change_current_allocator
+
+    from pyvgpu import shim
+
+    lib = shim.loaded() or shim.open_shim()
+    pools = [VirtualMemoryPool(device=d, **pool_options) for d in range(torch.cuda.device_count())]
+    for pool in pools:
+        install(lib, pool)
+    try:
+        change_current_allocator(CUDAPluggableAllocator(str(shim.shim_path()), "pyvgpu_vpmm_malloc",
+                                                        "pyvgpu_vpmm_free"))
+    except RuntimeError as e:
+        raise PyvgpuError(f"VPMM: PyTorch did not take the allocator ({e}); enable it before the first CUDA "
+                          "tensor, or use `pyvgpu wrap --allocator vpmm`") from None
+    _TORCH_POOLS.extend(pools)
+    return pools

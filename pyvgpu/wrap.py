@@ -27,7 +27,8 @@ def _prepend(item: str, current: str | None, sep: str) -> str:
 
 def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: str | None = None,
               memory: str | None = None, sm: str | None = None, group: str | None = None,
-              region_path: str | None = None, devices: str | None = None, join: bool = True) -> dict[str, str]:
+              region_path: str | None = None, devices: str | None = None, allocator: str | None = None,
+              join: bool = True) -> dict[str, str]:
     """The wrapped program's environment: ``base`` plus the shim, the bootstrap and its group."""
     shim = shim_path()
     if not shim.exists():
@@ -50,6 +51,12 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
         env["PYVGPU_STATS"] = stats
     if on_error:
         env["PYVGPU_ON_ERROR"] = on_error
+    if allocator is not None:
+        from pyvgpu.bootstrap import ALLOCATORS
+
+        if allocator not in ALLOCATORS:
+            raise PyvgpuError(f"--allocator {allocator!r} is not one of {', '.join(ALLOCATORS)}")
+        env["PYVGPU_ALLOCATOR"] = allocator
     lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
     lim.sm_batch_ns(env)
     if join:

@@ -8,7 +8,7 @@ import os
 import threading
 
 import numpy as np
-from numba import cfunc, types
+from numba import carray, cfunc, types
 
 from pyvgpu.jit import intrinsics as I
 
@@ -175,3 +175,16 @@ def test_write_fd_writes_the_bytes_given():
     finally:
         os.close(r)
         os.close(w)
+
+
+@cfunc(types.int64(types.uint64, types.int64), nopython=True, error_model="numpy")
+def sum_view(addr, n):
+    a = carray(I.i64_ptr(addr), (n,))
+    a[0] = 7  # a view, not a copy
+    return a.sum()
+
+
+def test_i64_ptr_views_memory_as_an_array():
+    buf = (ctypes.c_int64 * 4)(1, 2, 3, 4)
+    assert _call(sum_view, ctypes.c_int64, [ctypes.c_uint64, ctypes.c_int64])(ctypes.addressof(buf), 4) == 16
+    assert buf[0] == 7

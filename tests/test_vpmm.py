@@ -79,3 +79,24 @@ def test_pool_pages_count_against_the_vgpu_cap(env, tmp_path):
     assert r["pages"] == 8 and r["mapped"] == 16 * MiB  # 8 pages of 2 MiB fill the 16 MiB cap
     assert "out of device memory (or over the vGPU's cap)" in r["error"]
     assert r["reused"]
+
+
+def test_the_shims_malloc_and_free_for_pytorch(env):
+    p = run([sys.executable, str(CASES), "cexports"], env=dict(env, FAKECUDA_DEVICES="256G"), timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["big_in_pool"] and r["live"] == 6 * MiB and r["small_live"] == 512
+    assert r["no_pool_device_3"] is None and "VPMM has no pool for device 3" in p.stderr
+    assert r["after"] == {"live": 0, "reusable": 6 * MiB, "small_live": 0}
+    assert "not a live allocation" in p.stderr  # the second free is reported and changes nothing
+
+
+def test_wrap_allocator_option(env):
+    from helpers import PYVGPU
+
+    p = run([*PYVGPU, "wrap", "--allocator", "jemalloc", "--", "true"], env=env)
+    assert p.returncode == 2 and "--allocator 'jemalloc' is not one of default, vpmm" in p.stderr
+    probe = "import os, sys; print(os.environ.get('PYVGPU_ALLOCATOR'), any(type(f).__name__ == 'TorchHook' " \
+            "for f in sys.meta_path))"
+    p = run([*PYVGPU, "wrap", "--allocator", "vpmm", "--", sys.executable, "-c", probe], env=env)
+    assert p.returncode == 0 and p.stdout.split() == ["vpmm", "True"], p.stdout + p.stderr

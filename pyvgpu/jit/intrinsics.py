@@ -172,6 +172,16 @@ def close(typingctx, fd):
 
 
 @intrinsic
+def i64_ptr(typingctx, addr):
+    """An address as an int64 pointer, so ``numba.carray`` can view memory owned elsewhere as an array."""
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+
+    return types.CPointer(types.int64)(types.uint64), codegen
+
+
+@intrinsic
 def write_fd(typingctx, fd, addr, n):
     """write(fd, addr, n): how a callback reports to stderr (the text is prepared by Python in the ctx)."""
     return types.int64(types.int32, types.uint64, types.uint64), _libc("write", types.int64,

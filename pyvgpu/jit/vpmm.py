@@ -17,9 +17,9 @@ cuMemCreate hook and is charged against the group's cap like any allocation.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
 
-from pyvgpu.jit.intrinsics import call_i32, load_u64, stack_u64
+from pyvgpu.jit.intrinsics import atomic_cas_u64, atomic_store_u64, call_i32, i64_ptr, load_u64, stack_u64, yield_cpu
 
 # region columns and states
 ADDR, SIZE, STATE, STREAM, EVENT, ID, ROOT, NCOL = 0, 1, 2, 3, 4, 5, 6, 7
@@ -28,7 +28,7 @@ NO_EVENT = -1  # a free region nobody waits for (preallocated pages)
 
 # hd: the header
 (H_NREG, H_PAGE, H_VA, H_DEV, H_NEXT_ID, H_PAGES, H_NROOTS, H_LIVE, H_SMALL, H_PROP, H_ACCESS,
- H_NEV, H_EV_FREE, H_DEFRAGS, H_GROWN, H_ERR) = range(16)
+ H_NEV, H_LOCK, H_DEFRAGS, H_GROWN, H_ERR) = range(16)
 # driver functions, from H_FN on
 (F_RESERVE, F_CREATE, F_MAP, F_SET_ACCESS, F_UNMAP, F_EV_CREATE, F_EV_RECORD, F_EV_QUERY, F_WAIT,
  F_ALLOC_ASYNC, F_FREE_ASYNC) = range(11)
@@ -513,3 +513,75 @@ def preallocate(reg, hd, pg, n):
     reg[h, ID] = hd[H_NEXT_ID]
     hd[H_NEXT_ID] += 1
     return CUDA_SUCCESS
+
+
+# --- the C entry points (cfuncs: no GIL) ------------------------------------------------------
+# A pool's state is described by a block of six int64: the addresses and row counts of its
+# region table, page table and header. ``entry_malloc``/``entry_free`` take that block's address,
+# so one compiled pair serves every pool; a spinlock in the header serialises callers.
+
+S_REG, S_NREG, S_PG, S_NPG, S_HD, S_NHD = range(6)
+
+
+@njit(inline="always")
+def views(state):
+    s = carray(i64_ptr(state), (6,))
+    reg = carray(i64_ptr(np.uint64(s[S_REG])), (s[S_NREG], NCOL))
+    pg = carray(i64_ptr(np.uint64(s[S_PG])), (s[S_NPG], 2))
+    hd = carray(i64_ptr(np.uint64(s[S_HD])), (s[S_NHD],))
+    return reg, pg, hd
+
+
+@njit(inline="always")
+def lock(hd_addr):
+    while atomic_cas_u64(hd_addr + H_LOCK * 8, 0, 1) != 0:
+        yield_cpu()
+
+
+@njit(inline="always")
+def unlock(hd_addr):
+    atomic_store_u64(hd_addr + H_LOCK * 8, 0)
+
+
+@njit
+def entry_malloc(state, size, stream):
+    reg, pg, hd = views(state)
+    hd_addr = np.uint64(carray(i64_ptr(state), (6,))[S_HD])
+    lock(hd_addr)
+    r = malloc(reg, hd, pg, size, stream)
+    unlock(hd_addr)
+    return r
+
+
+@njit
+def entry_free(state, ptr, stream, size):
+    """size: what the caller asked for (PyTorch passes it); under a page it came from cuMemAllocAsync."""
+    reg, pg, hd = views(state)
+    hd_addr = np.uint64(carray(i64_ptr(state), (6,))[S_HD])
+    if 0 < size < hd[H_PAGE]:
+        rc = call_i32(fn(hd, F_FREE_ASYNC), (np.uint64(ptr), np.uint64(stream)))
+        if rc == CUDA_SUCCESS:
+            lock(hd_addr)
+            hd[H_SMALL] -= size
+            unlock(hd_addr)
+        return np.int64(rc)
+    lock(hd_addr)
+    r = free(reg, hd, ptr, stream)
+    unlock(hd_addr)
+    return np.int64(r)
+
+
+def compile_entries():
+    """The cfuncs behind malloc and free: int64 malloc(uint64 state, int64 size, uint64 stream) and
+    int64 free(uint64 state, int64 ptr, uint64 stream, int64 size)."""
+    from numba import cfunc, types
+
+    def c_malloc(state, size, stream):
+        return entry_malloc(state, size, stream)
+
+    def c_free(state, ptr, stream, size):
+        return entry_free(state, ptr, stream, size)
+
+    return (cfunc(types.int64(types.uint64, types.int64, types.uint64), nopython=True, error_model="numpy")(c_malloc),
+            cfunc(types.int64(types.uint64, types.int64, types.uint64, types.int64), nopython=True,
+                  error_model="numpy")(c_free))

@@ -3,6 +3,7 @@
     python vpmm_cases.py walk PAGES      the seed's walkthrough: +10 +1 -10 +4 +11 (1 GiB pages)
     python vpmm_cases.py streams         reuse across streams, waits, zombies
     python vpmm_cases.py property N      N random alloc/free sequences (hypothesis), invariants after each step
+    python vpmm_cases.py cexports        the shim's malloc/free pair for PyTorch, on a pool
     python vpmm_cases.py cap             2 MiB pages until the cap refuses one (run it under pyvgpu wrap --memory)
 """
 
@@ -150,6 +151,27 @@ def prop(n: int) -> dict:
     return {"examples": len(runs), "steps": sum(runs)}
 
 
+def cexports() -> dict:
+    """The shim's pyvgpu_vpmm_malloc/free (PyTorch's CUDAPluggableAllocator calls them) on a pool."""
+    from pyvgpu import shim, vpmm
+
+    lib = shim.loaded() or shim.open_shim()
+    pool = VirtualMemoryPool(page_size=2 * MiB, va_size=1 * G)
+    vpmm.install(lib, pool)
+    lib.pyvgpu_vpmm_malloc.restype = ctypes.c_void_p
+    lib.pyvgpu_vpmm_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.pyvgpu_vpmm_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    big = lib.pyvgpu_vpmm_malloc(5 * MiB, 0, None)
+    small = lib.pyvgpu_vpmm_malloc(512, 0, None)
+    out = {"big_in_pool": [a for a, _, m, _ in pool.regions() if m == "+"] == [big], "live": pool.stats()["live"],
+           "small_live": pool.stats()["small_live"], "no_pool_device_3": lib.pyvgpu_vpmm_malloc(MiB, 3, None)}
+    lib.pyvgpu_vpmm_free(big, 5 * MiB, 0, None)
+    lib.pyvgpu_vpmm_free(small, 512, 0, None)
+    lib.pyvgpu_vpmm_free(big, 5 * MiB, 0, None)  # twice: reported, the pool untouched
+    out["after"] = {k: pool.stats()[k] for k in ("live", "reusable", "small_live")}
+    return out
+
+
 def cap() -> dict:
     """Under `pyvgpu wrap --memory`: pages are charged to the group; past the cap, a clean MemoryError."""
     pool = VirtualMemoryPool(page_size=2 * MiB, va_size=1 * G)
@@ -167,6 +189,6 @@ def cap() -> dict:
 
 if __name__ == "__main__":
     what = sys.argv[1]
-    result = {"walk": lambda: walk(int(sys.argv[2])), "streams": streams, "cap": cap,
+    result = {"walk": lambda: walk(int(sys.argv[2])), "streams": streams, "cap": cap, "cexports": cexports,
               "property": lambda: prop(int(sys.argv[2]))}[what]()
     print(json.dumps(result))
