@@ -10,7 +10,8 @@ $PY -c "import prometheus_client, rich" 2>/dev/null || $PY -m pip install -q --n
 $PY -m pip install --no-build-isolation --no-deps -q . 2>&1 | grep -v -i warning | tail -3
 $PY scripts/build_native.py >/dev/null && $PY -m pyvgpu warmup >/dev/null
 nvidia-smi -L > "$OUT/machine.txt"
-$PY scripts/probe/vpmm_gpu.py walk > "$OUT/walk.json" 2> "$OUT/walk.err"; cat "$OUT/walk.json" "$OUT/walk.err" | tail -5; pack
+for n in 22 18 15 12; do $PY scripts/probe/vpmm_gpu.py walk $n >> "$OUT/walk.json" 2>> "$OUT/walk.err"; done
+cat "$OUT/walk.json" "$OUT/walk.err" | tail -8; pack
 $PY scripts/probe/vpmm_gpu.py latency > "$OUT/latency.json" 2> "$OUT/latency.err"; cat "$OUT/latency.json" "$OUT/latency.err" | tail -5; pack
 PROBE='import torch, pyvgpu.vpmm as v; print("allocator", torch.cuda.memory.get_allocator_backend() if hasattr(torch.cuda.memory, "get_allocator_backend") else "?")'
 $PY -m pyvgpu wrap --allocator vpmm --memory 8G -- $PY scripts/demo_train.py 8 --mib 1024 --try-oom 9000 > "$OUT/torch-vpmm.log" 2>&1

@@ -1,6 +1,6 @@
 """VPMM on a real GPU: the seed walkthrough with data checks, pool-hit latency. Prints JSON.
 
-    python scripts/probe/vpmm_gpu.py walk|latency
+    python scripts/probe/vpmm_gpu.py walk PAGES|latency
 """
 
 import ctypes
@@ -91,6 +91,6 @@ def latency() -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1] == "walk":
-        print(json.dumps({n: walk(n) for n in (22, 18, 15, 12)}))
+        print(json.dumps({sys.argv[2]: walk(int(sys.argv[2]))}))
     else:
         print(json.dumps(latency()))
