@@ -178,10 +178,10 @@ def test_utilization_reports_the_groups_share(env3, fake, tmp_path):
 
     other = subprocess.Popen([*PYVGPU, "wrap", "--devices", "0", "--region", str(tmp_path / "b.region"), "--",
                               str(BENCH_BIN), "sm", "30", "2000", "kernel"], env=env3, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))  # not the source tree
     mine = subprocess.Popen([*PYVGPU, "wrap", "--devices", "0", "--sm", "30", "--region", str(tmp_path / "a.region"),
                              "--", str(BENCH_BIN), "sm", "30", "2000", "kernel"], env=env3, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
     try:
         deadline = time.monotonic() + 25
         while time.monotonic() < deadline:  # until the device is busy and the controller has had a few steps
@@ -193,7 +193,11 @@ def test_utilization_reports_the_groups_share(env3, fake, tmp_path):
             os.close(r.fd)
             if raw["nvml"][0]["util"] >= 90 and r.device(0).sm_steps >= 4:
                 break
-        assert raw["nvml"][0]["util"] >= 90, raw["nvml"][0]  # the device is busy
+        if raw["nvml"][0]["util"] < 90:  # the device never got busy: show why
+            for p in (other, mine):
+                p.kill()
+            pytest.fail(f"the loads did not make the device busy: {raw['nvml'][0]}; load stderr: "
+                        f"{other.communicate()[1][-2000:]!r} / {mine.communicate()[1][-2000:]!r}")
         v = view(env3, fake, "--region", str(tmp_path / "a.region"))
         assert 15 <= v["nvml"][0]["util"] <= 45, v["nvml"][0]  # the group's part of it
     finally:

@@ -69,10 +69,11 @@ def test_nvml_process_lists_hold_the_groups_processes_with_their_charged_memory(
                 "torch.cuda.synchronize(); print('HELD', flush=True); sys.stdin.read()")
     reg = tmp_path / "g.region"
     mine = subprocess.Popen([*PYVGPU, "wrap", "--devices", "0", "--memory", "8G", "--region", str(reg), "--",
-                             sys.executable, "-c", hold_cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                             sys.executable, "-c", hold_cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=str(tmp_path))
     other = subprocess.Popen([*PYVGPU, "wrap", "--memory", "8G", "--region", str(tmp_path / "other.region"), "--",
                               sys.executable, "-c", hold_cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
+                             text=True, cwd=str(tmp_path))
     try:
         assert mine.stdout.readline().startswith("HELD") and other.stdout.readline().startswith("HELD")
 
