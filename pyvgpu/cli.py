@@ -333,6 +333,25 @@ def bench_sm(
     _emit(result, bench.table(result), json_path)
 
 
+@bench_app.command("vpmm")
+def bench_vpmm(
+    steps: int = typer.Option(600, min=10, help="Decoding steps of the trace (4 interleaved requests)."),
+    cap: str = typer.Option(None, "--cap", metavar="SIZE", help="Run every allocator under `--memory SIZE`, to count "
+                                                                 "refused requests."),
+    json_path: Path = typer.Option(None, "--json", help="Also write the full result as JSON to this file."),
+) -> None:
+    """A fragmenting trace (inference with growing sequences) under PyTorch's caching allocator,
+    expandable_segments and VPMM: peak live, peak reserved, refused requests, ops/s (needs PyTorch and a GPU)."""
+    from pyvgpu.bench import vpmm as bench
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        result = bench.run(steps=steps, cap=cap)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    _emit(result, bench.table(result), json_path)
+
+
 def main() -> None:
     app(prog_name="pyvgpu")
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # VPMM on a GPU machine: the walkthrough with data checks, pool-hit latency, PyTorch under
-# `pyvgpu wrap --allocator vpmm` (and under a cap). Results packed into $OUT/vpmm.tgz.
+# `pyvgpu wrap --allocator vpmm` (and under a cap), `pyvgpu bench vpmm`. Results packed into $OUT/vpmm.tgz.
 set -u
 FINAL=${OUT:-/tmp/pyvgpu-gpu}; OUT=$(mktemp -d); mkdir -p "$FINAL"
 pack() { tar czf "$FINAL/vpmm.tgz" -C "$OUT" .; }
@@ -24,3 +24,5 @@ z = torch.empty(300<<20, dtype=torch.uint8, device='cuda'); torch.cuda.synchroni
 print('pools', len(v._TORCH_POOLS), v._TORCH_POOLS[0].stats()); print('sum ok', abs(s - float(y.sum())) < 1e-3)
 " > "$OUT/torch-pool.log" 2>&1
 tail -3 "$OUT/torch-vpmm.log" "$OUT/torch-default.log" "$OUT/torch-pool.log"; pack
+$PY -m pyvgpu bench vpmm --json "$OUT/bench-vpmm.json" 2>&1 | tail -6
+$PY -m pyvgpu bench vpmm --cap 3G --json "$OUT/bench-vpmm-cap3g.json" 2>&1 | tail -6; pack

@@ -376,12 +376,13 @@ def defragment(reg, hd, pg, size, stream):
     shortfall = max(0, size - free_total)
     # move free regions into the hole, right after the in-place part
     dst = reg[hole, ADDR]
+    room = reg[hole, SIZE] - shortfall  # the hole holds the moved pages and then the new ones
     taken = 0
     while in_place + shortfall + taken < size:
         r = harvest_next(reg, hd, stream, skip)
         if r < 0:
             break
-        amount = min(size - shortfall - taken, reg[r, SIZE])
+        amount = min(size - shortfall - taken, reg[r, SIZE], room - taken)
         if not split(reg, hd, r, amount):
             return np.int64(ERR_TABLE_FULL)
         ev = reg[r, EVENT]

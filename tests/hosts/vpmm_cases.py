@@ -3,6 +3,7 @@
     python vpmm_cases.py walk PAGES      the seed's walkthrough: +10 +1 -10 +4 +11 (1 GiB pages)
     python vpmm_cases.py streams         reuse across streams, waits, zombies
     python vpmm_cases.py property N      N random alloc/free sequences (hypothesis), invariants after each step
+    python vpmm_cases.py trace STEPS     pyvgpu bench vpmm's fragmenting trace on a pool
     python vpmm_cases.py cexports        the shim's malloc/free pair for PyTorch, on a pool
     python vpmm_cases.py cap             2 MiB pages until the cap refuses one (run it under pyvgpu wrap --memory)
 """
@@ -172,6 +173,16 @@ def cexports() -> dict:
     return out
 
 
+def trace_run(steps: int) -> dict:
+    """pyvgpu bench vpmm's fragmenting trace on a pool (no PyTorch here)."""
+    from pyvgpu.bench import vpmm as bench
+
+    pool = VirtualMemoryPool(page_size=2 * MiB, va_size=4 * G)
+    out = bench.run_pool(bench.trace(steps), pool)
+    out["defragmentations"] = pool.stats()["defragmentations"]
+    return out
+
+
 def cap() -> dict:
     """Under `pyvgpu wrap --memory`: pages are charged to the group; past the cap, a clean MemoryError."""
     pool = VirtualMemoryPool(page_size=2 * MiB, va_size=1 * G)
@@ -190,5 +201,6 @@ def cap() -> dict:
 if __name__ == "__main__":
     what = sys.argv[1]
     result = {"walk": lambda: walk(int(sys.argv[2])), "streams": streams, "cap": cap, "cexports": cexports,
+              "trace": lambda: trace_run(int(sys.argv[2])),
               "property": lambda: prop(int(sys.argv[2]))}[what]()
     print(json.dumps(result))

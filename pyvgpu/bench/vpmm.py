@@ -1,0 +1,176 @@
+"""`pyvgpu bench vpmm`: a fragmenting allocation trace under PyTorch's allocators and VPMM.
+
+The trace is inference with a growing sequence length: each step frees a
+request's KV buffer and allocates one a little larger, with transient
+activations around it; requests start and end at different times, so freed
+buffers are never quite the size the next one needs. The same trace runs
+under PyTorch's default caching allocator, under expandable_segments, and
+under VPMM (`pyvgpu wrap --allocator vpmm`), each in its own process. Each
+run reports peak live bytes, peak reserved (mapped) bytes, refused requests
+and allocations per second.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+
+from pyvgpu.errors import PyvgpuError
+from pyvgpu.limits import human
+
+MiB = 1 << 20
+MODES = ("default", "expandable_segments", "vpmm")
+
+
+def trace(steps: int = 600, requests: int = 4, seed: int = 0) -> list[tuple[str, int, int]]:
+    """[("alloc", id, bytes) | ("free", id, 0)]: ``requests`` interleaved generations whose KV buffer grows
+    by an odd amount each step (re-allocated, as a naive cache does), plus transient activations."""
+    rnd = random.Random(seed)
+    ops: list[tuple[str, int, int]] = []
+    next_id = 0
+    kv: dict[int, tuple[int, int]] = {}  # request slot -> (buffer id, size)
+    for step in range(steps):
+        r = step % requests
+        if r not in kv or rnd.random() < 0.02:  # a new request: a fresh, small cache
+            if r in kv:
+                ops.append(("free", kv[r][0], 0))
+            size = rnd.randrange(16, 48) * MiB + rnd.randrange(4096)
+        else:
+            ops.append(("free", kv[r][0], 0))
+            size = kv[r][1] + rnd.randrange(1, 5) * MiB + 4096 * rnd.randrange(1, 256)
+        ops.append(("alloc", next_id, size))
+        kv[r] = (next_id, size)
+        next_id += 1
+        act = [next_id + k for k in range(rnd.randrange(1, 4))]
+        for a in act:
+            ops.append(("alloc", a, rnd.randrange(1, 24) * MiB + rnd.randrange(4096)))
+        next_id += len(act)
+        for a in act:
+            ops.append(("free", a, 0))
+    for buf, _ in kv.values():
+        ops.append(("free", buf, 0))
+    return ops
+
+
+def peak_live(ops: list[tuple[str, int, int]]) -> int:
+    live = peak = 0
+    sizes: dict[int, int] = {}
+    for op, i, n in ops:
+        if op == "alloc":
+            sizes[i] = n
+            live += n
+            peak = max(peak, live)
+        else:
+            live -= sizes.pop(i)
+    return peak
+
+
+def replay(ops: list[tuple[str, int, int]], alloc, free) -> dict:
+    """Run the trace through alloc(size) -> handle|None and free(handle); refused requests are skipped."""
+    held: dict[int, object] = {}
+    refused = 0
+    t0 = time.perf_counter()
+    for op, i, n in ops:
+        if op == "alloc":
+            h = alloc(n)
+            if h is None:
+                refused += 1
+            else:
+                held[i] = h
+        elif i in held:
+            free(held.pop(i))
+    took = time.perf_counter() - t0
+    return {"refused": refused, "ops_per_s": len(ops) / took if took > 0 else 0.0}
+
+
+def run_pool(ops: list[tuple[str, int, int]], pool) -> dict:
+    """The trace on a VirtualMemoryPool directly (no PyTorch): what VPMM maps for it."""
+    import ctypes
+
+    peak_pages_live = 0
+    unfair = []  # refusals while the device had room for the request and a page more (the goal: none)
+
+    def alloc(n: int):
+        nonlocal peak_pages_live
+        try:
+            p = pool.malloc(n)
+        except MemoryError:
+            free, total = ctypes.c_size_t(), ctypes.c_size_t()
+            pool._cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+            if free.value >= n + pool.page_size:
+                unfair.append((n, free.value))
+            return None
+        peak_pages_live = max(peak_pages_live, pool.stats()["live"])
+        return p
+
+    out = replay(ops, alloc, pool.free)
+    st = pool.stats()
+    out.update(peak_live=peak_live(ops), peak_live_pages=peak_pages_live, peak_reserved=st["mapped"],
+               page_size=st["page_size"], refused_with_room=unfair)
+    return out
+
+
+def worker(mode: str, steps: int) -> dict:
+    """One allocator, in this process (started by run())."""
+    import torch
+
+    ops = trace(steps)
+    dev = torch.device("cuda:0")
+
+    def alloc(n: int):
+        try:
+            return torch.empty(n, dtype=torch.uint8, device=dev)
+        except torch.OutOfMemoryError:
+            return None
+
+    torch.empty(1, device=dev)  # the context, before timing
+    out = replay(ops, alloc, lambda t: None)  # dropping the tensor frees it
+    torch.cuda.synchronize()
+    out["peak_live"] = peak_live(ops)
+    if mode == "vpmm":
+        from pyvgpu import vpmm
+
+        out["peak_reserved"] = sum(p.stats()["mapped"] for p in vpmm._TORCH_POOLS)
+    else:
+        out["peak_reserved"] = torch.cuda.max_memory_reserved(dev)
+    return out
+
+
+def run(steps: int = 600, cap: str | None = None) -> dict:
+    """Each allocator in its own wrapped process; ``cap`` puts all of them under `--memory`."""
+    import os
+    import subprocess
+
+    results = {}
+    for mode in MODES:
+        env = dict(os.environ)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        wrap = [sys.executable, "-m", "pyvgpu", "wrap"]
+        if cap:
+            wrap += ["--memory", cap]
+        if mode == "expandable_segments":
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        if mode == "vpmm":
+            wrap += ["--allocator", "vpmm"]
+        p = subprocess.run([*wrap, "--", sys.executable, "-m", "pyvgpu.bench.vpmm", mode, str(steps)], env=env,
+                           capture_output=True, text=True, timeout=1200)
+        if p.returncode != 0:
+            raise PyvgpuError(f"bench vpmm: the {mode} run failed: {p.stderr.strip()[-800:]}")
+        results[mode] = json.loads(p.stdout.strip().splitlines()[-1])
+    return {"bench": "vpmm", "steps": steps, "cap": cap, "ops": len(trace(steps)), "results": results}
+
+
+def table(result: dict) -> str:
+    lines = [f"  {'allocator':<20} {'peak live':>12} {'peak reserved':>14} {'ratio':>7} {'refused':>8} "
+             f"{'ops/s':>10}"]
+    for mode, r in result["results"].items():
+        ratio = r["peak_reserved"] / r["peak_live"] if r["peak_live"] else 0.0
+        lines.append(f"  {mode:<20} {human(r['peak_live']):>12} {human(r['peak_reserved']):>14} {ratio:>7.3f} "
+                     f"{r['refused']:>8} {r['ops_per_s']:>10.0f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(json.dumps(worker(sys.argv[1], int(sys.argv[2]))))
