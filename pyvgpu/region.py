@@ -324,6 +324,23 @@ def _log_change(r: Region, kind: int, device: int | None, old: list[int], new: l
             services.log_event(r, kind, d, old[d], new[d])
 
 
+def _set_per_device(path: Path, field: str, value: int, device: int | None, kind: int) -> list[int]:
+    """Set a per-device field (``limit`` or ``sm_limit``) on one device or all, log the change; the new values."""
+    devices = _devices_of(device)
+    r = open_region(Path(path))
+    try:
+        old = [getattr(r.device(d), field) for d in range(L.MAX_DEVICES)]
+        for d in devices:
+            setattr(r.device(d), field, value)
+        new = [getattr(r.device(d), field) for d in range(L.MAX_DEVICES)]
+        if field == "sm_limit":
+            r.header.sm_any = _sm_any(new)
+        _log_change(r, kind, device, old, new)
+        return new
+    finally:
+        os.close(r.fd)
+
+
 def set_memory_limit(path: Path, nbytes: int, device: int | None = None) -> list[int]:
     """Change a group's memory cap while its programs run; returns the new per-device caps.
 
@@ -333,16 +350,7 @@ def set_memory_limit(path: Path, nbytes: int, device: int | None = None) -> list
     """
     if nbytes < 0:
         raise PyvgpuError(f"memory limit {nbytes!r}: give a size in bytes, or 0 for no limit")
-
-    r = open_region(Path(path))
-    try:
-        old = r.limits()
-        for d in _devices_of(device):
-            r.device(d).limit = nbytes
-        _log_change(r, L.EV_MEMORY_LIMIT, device, old, r.limits())
-        return r.limits()
-    finally:
-        os.close(r.fd)
+    return _set_per_device(path, "limit", nbytes, device, L.EV_MEMORY_LIMIT)
 
 
 def set_sm_limit(path: Path, percent: int, device: int | None = None) -> list[int]:
@@ -353,17 +361,7 @@ def set_sm_limit(path: Path, percent: int, device: int | None = None) -> list[in
     """
     if not 0 <= percent <= 100:
         raise PyvgpuError(f"compute share {percent!r}: give a whole percent from 1 to 100, or 0 for no limit")
-
-    r = open_region(Path(path))
-    try:
-        old = r.sm_limits()
-        for d in _devices_of(device):
-            r.device(d).sm_limit = percent
-        r.header.sm_any = _sm_any(r.sm_limits())
-        _log_change(r, L.EV_SM_LIMIT, device, old, r.sm_limits())
-        return r.sm_limits()
-    finally:
-        os.close(r.fd)
+    return _set_per_device(path, "sm_limit", percent, device, L.EV_SM_LIMIT)
 
 
 def set_sm_switch(path: Path, on: bool) -> None:

@@ -526,11 +526,12 @@ S_REG, S_NREG, S_PG, S_NPG, S_HD, S_NHD = range(6)
 
 @njit(inline="always")
 def views(state):
+    """The pool's tables as arrays, and the header's address (for the lock)."""
     s = carray(i64_ptr(state), (6,))
     reg = carray(i64_ptr(np.uint64(s[S_REG])), (s[S_NREG], NCOL))
     pg = carray(i64_ptr(np.uint64(s[S_PG])), (s[S_NPG], 2))
     hd = carray(i64_ptr(np.uint64(s[S_HD])), (s[S_NHD],))
-    return reg, pg, hd
+    return reg, pg, hd, np.uint64(s[S_HD])
 
 
 @njit(inline="always")
@@ -546,8 +547,7 @@ def unlock(hd_addr):
 
 @njit
 def entry_malloc(state, size, stream):
-    reg, pg, hd = views(state)
-    hd_addr = np.uint64(carray(i64_ptr(state), (6,))[S_HD])
+    reg, pg, hd, hd_addr = views(state)
     lock(hd_addr)
     r = malloc(reg, hd, pg, size, stream)
     unlock(hd_addr)
@@ -557,8 +557,7 @@ def entry_malloc(state, size, stream):
 @njit
 def entry_free(state, ptr, stream, size):
     """size: what the caller asked for (PyTorch passes it); under a page it came from cuMemAllocAsync."""
-    reg, pg, hd = views(state)
-    hd_addr = np.uint64(carray(i64_ptr(state), (6,))[S_HD])
+    reg, pg, hd, hd_addr = views(state)
     if 0 < size < hd[H_PAGE]:
         rc = call_i32(fn(hd, F_FREE_ASYNC), (np.uint64(ptr), np.uint64(stream)))
         if rc == CUDA_SUCCESS:
