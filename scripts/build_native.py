@@ -52,7 +52,7 @@ def build(out: Path) -> list[Path]:
         f"-DPV_BUILD_PYTHON={_c_string(sys.executable, 'sys.executable')}",
     ]
     common = ["-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter", "-std=gnu11"]
-    cmd = [cc, *common, "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions",
+    cmd = [cc, *common, "-fPIC", "-fexceptions", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions",
            *defines, "-o", str(shim), *map(str, SHIM_SOURCES), "-ldl", "-lpthread"]
     subprocess.run(cmd, check=True)
     bench = out / "bin" / "pv_bench"

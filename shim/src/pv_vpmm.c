@@ -2,6 +2,7 @@
  * this library by name. Each call goes straight to the pool's compiled entry
  * points (pyvgpu/jit/vpmm.py: cfuncs, no GIL), installed per device by
  * pyvgpu.vpmm.enable_for_torch. */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
@@ -28,17 +29,42 @@ PV_EXPORT int pyvgpu_vpmm_install(int device, void *malloc_fn, void *free_fn, ui
     return 0;
 }
 
-/* NULL when the pool cannot give the memory: PyTorch raises its OutOfMemoryError. */
+/* PyTorch's CUDAPluggableAllocator does not check what malloc returns: a NULL
+ * becomes a tensor at address 0 and a crash later. So a refusal is raised as a
+ * C++ exception through c10's own check-failure function (a RuntimeError in
+ * Python) when c10 is loaded; NULL is only the answer for other callers.
+ * The unwinder crosses this C frame through its .eh_frame (built -fexceptions). */
+typedef void (*pv_check_fail_t)(const char *func, const char *file, uint32_t line, const char *msg);
+
+static void *pv_vpmm_refuse(ssize_t size, int device, int64_t rc) {
+    char msg[256];
+    if (rc == -1000 - 2) /* CUDA_ERROR_OUT_OF_MEMORY */
+        snprintf(msg, sizeof msg, "CUDA out of memory: pyvgpu VPMM could not map %zd bytes on device %d (the "
+                 "vGPU's memory cap or the device is full)", size, device);
+    else if (rc == -2)
+        snprintf(msg, sizeof msg, "pyvgpu VPMM: the pool's tables for device %d are full (%zd bytes asked)",
+                 device, size);
+    else if (rc == 0)
+        snprintf(msg, sizeof msg, "pyvgpu VPMM has no pool for device %d (pyvgpu.vpmm.enable_for_torch made "
+                 "none)", device);
+    else
+        snprintf(msg, sizeof msg, "pyvgpu VPMM: malloc(%zd) on device %d failed: CUresult %lld", size, device,
+                 (long long)(rc <= -1000 ? -rc - 1000 : rc));
+    pv_check_fail_t fail = (pv_check_fail_t)dlsym(RTLD_DEFAULT, "_ZN3c106detail14torchCheckFailEPKcS2_jS2_");
+    if (fail)
+        fail("pyvgpu_vpmm_malloc", __FILE__, __LINE__, msg); /* throws, does not return */
+    fprintf(stderr, "pyvgpu: %s\n", msg);
+    return NULL;
+}
+
 PV_EXPORT void *pyvgpu_vpmm_malloc(ssize_t size, int device, void *stream) {
     if (device < 0 || device >= PV_VPMM_DEVICES)
-        return NULL;
+        return pv_vpmm_refuse(size, device, 0);
     pv_vpmm_malloc_t m = __atomic_load_n(&pv_vpmm[device].malloc_fn, __ATOMIC_ACQUIRE);
-    if (!m) {
-        fprintf(stderr, "pyvgpu: VPMM has no pool for device %d (pyvgpu.vpmm.enable_for_torch made none)\n", device);
-        return NULL;
-    }
+    if (!m)
+        return pv_vpmm_refuse(size, device, 0);
     int64_t p = m(pv_vpmm[device].state, (int64_t)size, (uint64_t)(uintptr_t)stream);
-    return p > 0 ? (void *)(uintptr_t)p : NULL;
+    return p > 0 ? (void *)(uintptr_t)p : pv_vpmm_refuse(size, device, p);
 }
 
 PV_EXPORT void pyvgpu_vpmm_free(void *ptr, ssize_t size, int device, void *stream) {

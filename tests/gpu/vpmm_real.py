@@ -1,6 +1,6 @@
 """VPMM on a real GPU: the seed walkthrough with data checks, pool-hit latency. Prints JSON.
 
-    python scripts/probe/vpmm_gpu.py walk PAGES|latency
+    python tests/gpu/vpmm_real.py walk PAGES|latency
 """
 
 import ctypes
@@ -9,6 +9,11 @@ import statistics
 import sys
 import time
 
+import numpy as np
+from numba import njit
+
+from pyvgpu.jit import vpmm as V
+from pyvgpu.jit.intrinsics import monotonic_ns
 from pyvgpu.vpmm import VirtualMemoryPool
 
 G, MiB = 1 << 30, 1 << 20
@@ -57,9 +62,26 @@ def walk(pages: int) -> dict:
     return {"steps": steps, "data_intact": ok, "pages": st["pages"], "defragmentations": st["defragmentations"]}
 
 
+@njit
+def _timed_pairs(state, size, out):
+    """malloc+free through the same code the cfuncs run (lock, event record included), each pair timed."""
+    for i in range(out.shape[0]):
+        t = monotonic_ns()
+        p = V.entry_malloc(state, size, np.uint64(0))
+        V.entry_free(state, p, np.uint64(0), size)
+        out[i] = monotonic_ns() - t
+
+
 def latency() -> dict:
     pool = VirtualMemoryPool(page_size=2 * MiB, va_size=64 * G, pages=64)
     out = {}
+    state = np.uint64(ctypes.addressof(pool.state))
+    for size in (2 * MiB, 32 * MiB):
+        ns = np.zeros(100000, dtype=np.int64)
+        _timed_pairs(state, size, ns[:10])  # compile
+        _timed_pairs(state, size, ns)
+        out[f"malloc_free_{size >> 20}MiB_native_ns"] = {"median": float(np.median(ns)),
+                                                         "p99": float(np.percentile(ns, 99))}
     for size in (2 * MiB, 32 * MiB):
         ns = []
         for _ in range(20000):
