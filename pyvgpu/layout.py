@@ -114,7 +114,7 @@ KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX004", "little")
+CTX_MAGIC = int.from_bytes(b"PVCTX005", "little")
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -149,7 +149,8 @@ CTX = Struct(
         Field("sm_policy", "u32", doc="GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
         Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how much budget held launches leave with"),
         Field("sm_nvml", "u64", MAX_DEVICES, doc="NVML handle per CUDA device, 0 = not resolved yet"),
-        Field("sm_launches", "u64", doc="launches seen under a compute limit (drives sampling)"),
+        Field("sm_launches", "u64", doc="launches seen under a compute limit without a slot (drives sampling)"),
+        Field("sm_ndev", "u32", doc="CUDA devices this process sees, + 1; 0 = not asked yet"),
         Field("sm_default_cost", "u64", doc="ns: mean of all timed launches, for kernels not timed yet"),
         Field("sm_pending", "u32", doc="timing samples in flight"),
         Field("sm_tick_ns", "u64", doc="CLOCK_MONOTONIC of the last reclaim by the watcher"),

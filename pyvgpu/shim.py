@@ -45,6 +45,24 @@ def loaded() -> ctypes.CDLL | None:
     return _declare(lib)
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p), ("dli_sname", ctypes.c_char_p),
+                ("dli_saddr", ctypes.c_void_p)]
+
+
+def loaded_path() -> Path | None:
+    """The file of the shim preloaded into this process (it may be another build than shim_path():
+    a wrapper started from a source tree preloads that tree's shim)."""
+    lib = loaded()
+    if lib is None:
+        return None
+    libc = ctypes.CDLL(None)
+    info = _DlInfo()
+    if not libc.dladdr(ctypes.cast(lib.pyvgpu_install, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return Path(os.fsdecode(info.dli_fname))
+
+
 def open_shim(path: Path | None = None) -> ctypes.CDLL:
     """Load the shim explicitly (tools and tests; a wrapped process uses loaded())."""
     return _declare(ctypes.CDLL(str(path or shim_path())))

@@ -31,7 +31,7 @@ PAGE_SLOTS = 1 << 17  # pages the pool can map (256 GiB at 2 MiB)
 _FUNCS = {V.F_RESERVE: "cuMemAddressReserve", V.F_CREATE: "cuMemCreate", V.F_MAP: "cuMemMap",
           V.F_SET_ACCESS: "cuMemSetAccess", V.F_UNMAP: "cuMemUnmap", V.F_EV_CREATE: "cuEventCreate",
           V.F_EV_RECORD: "cuEventRecord", V.F_EV_QUERY: "cuEventQuery", V.F_WAIT: "cuStreamWaitEvent",
-          V.F_ALLOC_ASYNC: "cuMemAllocAsync", V.F_FREE_ASYNC: "cuMemFreeAsync"}
+          V.F_ALLOC_ASYNC: "cuMemAllocAsync", V.F_FREE_ASYNC: "cuMemFreeAsync", V.F_RELEASE: "cuMemRelease"}
 STATE_MARK = {V.MALLOC: "+", V.FREE: "-", V.HOLE: "*", V.ZOMBIE: "z"}
 
 
@@ -230,12 +230,16 @@ def enable_for_torch(**pool_options: int) -> list[VirtualMemoryPool]:
 
     from pyvgpu import shim
 
-    lib = shim.loaded() or shim.open_shim()
+    # PyTorch dlopens the library by path: it must be the very copy that holds the pools (the preloaded
+    # shim when wrapped), or its malloc finds no pool
+    lib, path = shim.loaded(), shim.loaded_path()
+    if lib is None or path is None:
+        lib, path = shim.open_shim(), shim.shim_path()
     pools = [VirtualMemoryPool(device=d, **pool_options) for d in range(torch.cuda.device_count())]
     for pool in pools:
         install(lib, pool)
     try:
-        change_current_allocator(CUDAPluggableAllocator(str(shim.shim_path()), "pyvgpu_vpmm_malloc",
+        change_current_allocator(CUDAPluggableAllocator(str(path), "pyvgpu_vpmm_malloc",
                                                         "pyvgpu_vpmm_free"))
     except RuntimeError as e:
         raise PyvgpuError(f"VPMM: PyTorch did not take the allocator ({e}); enable it before the first CUDA "

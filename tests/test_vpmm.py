@@ -91,6 +91,24 @@ def test_the_shims_malloc_and_free_for_pytorch(env):
     assert "not a live allocation" in p.stderr  # the second free is reported and changes nothing
 
 
+def test_pytorch_is_given_the_preloaded_shim(env, tmp_path):
+    """CUDAPluggableAllocator dlopens a path: it must be the preloaded copy that holds the pools, even when
+    the wrapped program's pyvgpu would name another build (found on a GPU: "VPMM has no pool")."""
+    import shutil
+
+    from helpers import PYVGPU
+
+    from pyvgpu.shim import shim_path
+
+    copy = tmp_path / "libpyvgpu.so"
+    shutil.copy(shim_path(), copy)
+    probe = "from pyvgpu import shim; print(shim.loaded_path(), shim.shim_path())"
+    p = run([*PYVGPU, "wrap", "--", "env", "-u", "PYVGPU_SHIM", sys.executable, "-c", probe],
+            env=dict(env, PYVGPU_SHIM=str(copy)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.split() == [str(copy), str(shim_path())]
+
+
 def test_wrap_allocator_option(env):
     from helpers import PYVGPU
 
@@ -118,3 +136,19 @@ def test_fragmenting_trace_maps_only_its_live_pages_and_is_never_refused_with_ro
     assert p.returncode == 0, p.stderr
     tight = json.loads(p.stdout.strip().splitlines()[-1])
     assert tight["refused_with_room"] == [] and tight["peak_reserved"] <= snug
+
+
+def test_a_refused_request_leaves_the_pool_as_it_was(env, tmp_path):
+    """The cap refuses a request half way through its new pages: they are released again and no free
+    region has moved (before the fix, the moved regions and the new pages were lost to the pool)."""
+    from helpers import PYVGPU
+
+    p = run([*PYVGPU, "wrap", "--memory", "16M", "--region", str(tmp_path / "g.region"), "--", sys.executable,
+             str(CASES), "refusal"], env=dict(env, FAKECUDA_DEVICES="256G"), timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert "over the vGPU's cap" in r["error"]
+    assert r["after"] == r["before"]
+    assert r["before"][0]["pages"] == 5 and r["before"][1] == "[+1][-1][+1][-1][+1]"
+    assert r["fits"] and r["final"]["pages"] == 8
+    assert r["fake_mapped"] == 16 * MiB + r["final"]["zombies"]  # the moved pages stay mapped at their old address too

@@ -121,10 +121,20 @@ def worker(mode: str, steps: int) -> dict:
 
     def alloc(n: int):
         try:
-            return torch.empty(n, dtype=torch.uint8, device=dev)
-        except torch.OutOfMemoryError:
+            t = torch.empty(n, dtype=torch.uint8, device=dev)
+        except RuntimeError as e:  # torch.OutOfMemoryError; under VPMM a RuntimeError "CUDA out of memory"
+            if "out of memory" not in str(e):
+                raise
             return None
+        if not t.data_ptr():
+            raise PyvgpuError(f"bench vpmm: the {mode} allocator returned NULL for {n} bytes")
+        return t
 
+    if mode == "vpmm":
+        from pyvgpu import vpmm
+
+        if not vpmm._TORCH_POOLS:
+            raise PyvgpuError("bench vpmm: no VPMM pool is serving PyTorch (was it run under --allocator vpmm?)")
     torch.empty(1, device=dev)  # the context, before timing
     out = replay(ops, alloc, lambda t: None)  # dropping the tensor frees it
     torch.cuda.synchronize()
@@ -133,6 +143,8 @@ def worker(mode: str, steps: int) -> dict:
         from pyvgpu import vpmm
 
         out["peak_reserved"] = sum(p.stats()["mapped"] for p in vpmm._TORCH_POOLS)
+        if not out["peak_reserved"]:
+            raise PyvgpuError("bench vpmm: the VPMM pool mapped nothing: PyTorch did not allocate through it")
     else:
         out["peak_reserved"] = torch.cuda.max_memory_reserved(dev)
     return out

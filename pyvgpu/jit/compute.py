@@ -58,6 +58,7 @@ from pyvgpu.jit.intrinsics import (
     sleep_ns,
     stack_buffer,
     stack_u64,
+    store_u32,
     store_u64,
 )
 from pyvgpu.jit.memory import current_device, device_used, helper
@@ -84,6 +85,9 @@ OFF_POLICY = L.CTX.offset("sm_policy")
 OFF_BATCH = L.CTX.offset("sm_batch_ns")
 OFF_NVML = L.CTX.offset("sm_nvml")
 OFF_LAUNCHES = L.CTX.offset("sm_launches")
+OFF_NDEV = L.CTX.offset("sm_ndev")
+OFF_REAL = L.CTX_OFF_REAL
+E_DEVICE_COUNT = hooks.BY_ABI["cuDeviceGetCount"].index
 OFF_DEFAULT_COST = L.CTX.offset("sm_default_cost")
 OFF_PENDING = L.CTX.offset("sm_pending")
 OFF_COST_KEY = L.CTX.offset("cost_key")
@@ -140,14 +144,28 @@ def limited(ctx, region):
 
 
 @njit(inline="always")
-def counted_region(ctx):
-    """The region, with this launch counted for the process (pyvgpu top's launches/s), or 0 without a group."""
-    region = load_u64(ctx + OFF_REGION)
-    if region != 0:
-        slot = load_u64(ctx + OFF_SLOT)
-        if slot != 0:
-            atomic_add_u64(slot + SLOT_ALL_LAUNCHES, 1)
-    return region
+def count_launch(ctx, region):
+    """Count the launch for the process (pyvgpu top's launches/s); the count before it (drives sampling)."""
+    slot = load_u64(ctx + OFF_SLOT)
+    if slot != 0:
+        return atomic_add_u64(slot + SLOT_ALL_LAUNCHES, 1)
+    return atomic_add_u64(ctx + OFF_LAUNCHES, 1)
+
+
+@njit
+def launch_device(ctx):
+    """The device a launch runs on. A process that sees one CUDA device launches on device 0, so it
+    skips cuCtxGetDevice, the dearest call of the limited path; the count is asked once."""
+    n = load_u32(ctx + OFF_NDEV)
+    if n == 0:
+        out = stack_u64()
+        fn = load_u64(ctx + OFF_REAL + E_DEVICE_COUNT * 8)
+        if fn != 0 and call_i32(fn, (out,)) == CUDA_SUCCESS:
+            n = np.uint32(load_i32(out) + 1)
+            store_u32(ctx + OFF_NDEV, n)
+    if n == 2:
+        return np.int64(0)
+    return np.int64(current_device(ctx))
 
 
 @njit(inline="always")
@@ -342,10 +360,13 @@ def throttle(ctx, region, dev, cost, limit):
 @njit
 def launch(ctx, idx, args, notfound, key, stream):
     """Every launch path ends here: count, limit, time a sample, launch."""
-    region = counted_region(ctx)
-    if region == 0 or not limited(ctx, region):
+    region = load_u64(ctx + OFF_REGION)
+    if region == 0:
         return call_real(ctx, idx, args, notfound)
-    dev = current_device(ctx)
+    n = count_launch(ctx, region)
+    if not limited(ctx, region):
+        return call_real(ctx, idx, args, notfound)
+    dev = launch_device(ctx)
     if dev < 0:
         return call_real(ctx, idx, args, notfound)
     limit = load_u32(Q.device_addr(region, dev) + DEV_LIMIT)
@@ -353,7 +374,6 @@ def launch(ctx, idx, args, notfound, key, stream):
         return call_real(ctx, idx, args, notfound)
     if load_u64(ctx + OFF_NVML + dev * 8) == 0:
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
-    n = atomic_add_u64(ctx + OFF_LAUNCHES, 1)
     if atomic_load_u32(ctx + OFF_PENDING) != 0 and (n & np.uint64(HARVEST_EVERY - 1)) == 0:
         harvest(ctx)
     slot = cost_slot(ctx, key)
@@ -434,8 +454,11 @@ def launch_multi_device(ctx, idx, args, notfound):
     """One kernel on several devices at once: charged to the calling thread's device, by the first entry's
     kernel (the launches run in lockstep); not timed, its streams belong to several contexts."""
     plist, ndev, flags = args
-    region = counted_region(ctx)
-    if region == 0 or not limited(ctx, region) or plist == 0 or ndev == 0:
+    region = load_u64(ctx + OFF_REGION)
+    if region == 0:
+        return call_real(ctx, idx, args, notfound)
+    count_launch(ctx, region)
+    if not limited(ctx, region) or plist == 0 or ndev == 0:
         return call_real(ctx, idx, args, notfound)
     dev = current_device(ctx)
     if dev < 0:

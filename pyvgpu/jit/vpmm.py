@@ -31,7 +31,7 @@ NO_EVENT = -1  # a free region nobody waits for (preallocated pages)
  H_NEV, H_LOCK, H_DEFRAGS, H_GROWN, H_ERR) = range(16)
 # driver functions, from H_FN on
 (F_RESERVE, F_CREATE, F_MAP, F_SET_ACCESS, F_UNMAP, F_EV_CREATE, F_EV_RECORD, F_EV_QUERY, F_WAIT,
- F_ALLOC_ASYNC, F_FREE_ASYNC) = range(11)
+ F_ALLOC_ASYNC, F_FREE_ASYNC, F_RELEASE) = range(12)
 H_FN = 16
 H_EVENTS = 32  # then MAX_EVENTS x (handle, refcount)
 MAX_EVENTS = 4096
@@ -188,20 +188,30 @@ def merge_around(reg, hd, i):
 
 @njit
 def page_slot(pg, va, insert):
+    """The row of page va in the open-addressing table, or -1. With insert, a missing va takes the
+    first tombstone of its probe run (so moves do not fill the table with them), else the empty slot."""
     mask = pg.shape[0] - 1
     h = (np.uint64(va) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
     i = np.int64(h & np.uint64(mask))
+    tomb = np.int64(-1)
     for _ in range(pg.shape[0]):
         k = pg[i, 0]
         if k == va:
             return i
+        if k == -1 and tomb < 0:
+            tomb = i
         if k == 0:
-            if insert:
-                pg[i, 0] = va
-                return i
-            return np.int64(-1)
+            break
         i = (i + 1) & mask
-    return np.int64(-1)
+    else:
+        i = np.int64(-1)
+    if not insert:
+        return np.int64(-1)
+    if tomb >= 0:
+        i = tomb
+    if i >= 0:
+        pg[i, 0] = va
+    return i
 
 
 @njit
@@ -229,18 +239,52 @@ def map_range(hd, va, size, pg):
 
 
 @njit
+def drop_pages(hd, pg, va, n, mapped):
+    """Undo part of new_pages: unmap the first ``mapped`` of n pages at va and release all n, so a
+    refused request leaves neither pages nor charges behind."""
+    page = hd[H_PAGE]
+    for k in range(n):
+        if k < mapped:
+            call_i32(fn(hd, F_UNMAP), (np.uint64(va + k * page), np.uint64(page)))
+        i = page_slot(pg, va + k * page, False)
+        call_i32(fn(hd, F_RELEASE), (np.uint64(pg[i, 1]),))
+        pg[i, 1] = 0
+        pg[i, 0] = -1
+        hd[H_PAGES] -= 1
+        hd[H_GROWN] -= 1
+
+
+@njit
 def new_pages(hd, pg, va, n):
-    """Create n pages (cuMemCreate: charged to the group's cap under pyvgpu wrap) and map them at va."""
+    """Create n pages (cuMemCreate: charged to the group's cap under pyvgpu wrap) and map them at va.
+    All or nothing: on a refusal (the cap, a full device) what was made is released again."""
     page = hd[H_PAGE]
     out = stack_u64()
     for k in range(n):
         rc = call_i32(fn(hd, F_CREATE), (out, np.uint64(page), np.uint64(hd[H_PROP]), np.uint64(0)))
         if rc != CUDA_SUCCESS:
+            drop_pages(hd, pg, va, k, k)
             return rc
-        pg[page_slot(pg, va + k * page, True), 1] = np.int64(load_u64(out))
+        h = load_u64(out)
+        slot = page_slot(pg, va + k * page, True)
+        if slot < 0:
+            call_i32(fn(hd, F_RELEASE), (h,))
+            drop_pages(hd, pg, va, k, k)
+            return CUDA_ERROR_OUT_OF_MEMORY
+        pg[slot, 1] = np.int64(h)
         hd[H_PAGES] += 1
         hd[H_GROWN] += 1
-    return map_range(hd, va, n * page, pg) if n > 0 else CUDA_SUCCESS
+        rc = call_i32(fn(hd, F_MAP), (np.uint64(va + k * page), np.uint64(page), np.uint64(0), h, np.uint64(0)))
+        if rc != CUDA_SUCCESS:
+            drop_pages(hd, pg, va, k + 1, k)
+            return rc
+    if n > 0:
+        rc = call_i32(fn(hd, F_SET_ACCESS), (np.uint64(va), np.uint64(n * page), np.uint64(hd[H_ACCESS]),
+                                             np.uint64(1)))
+        if rc != CUDA_SUCCESS:
+            drop_pages(hd, pg, va, n, n)
+            return rc
+    return CUDA_SUCCESS
 
 
 @njit
@@ -374,8 +418,13 @@ def defragment(reg, hd, pg, size, stream):
         if reg[i, STATE] == FREE:
             free_total += reg[i, SIZE]
     shortfall = max(0, size - free_total)
-    # move free regions into the hole, right after the in-place part
     dst = reg[hole, ADDR]
+    # The shortfall first, as new pages where they end up (after the moved ones: every free byte but
+    # the in-place part moves when there is a shortfall): if the cap refuses them nothing has moved yet.
+    rc = new_pages(hd, pg, dst + size - in_place - shortfall, shortfall // page)
+    if rc != CUDA_SUCCESS:
+        return np.int64(-1000 - rc)
+    # move free regions into the hole, right after the in-place part
     room = reg[hole, SIZE] - shortfall  # the hole holds the moved pages and then the new ones
     taken = 0
     while in_place + shortfall + taken < size:
@@ -405,10 +454,6 @@ def defragment(reg, hd, pg, size, stream):
             reg[r, STATE] = ZOMBIE  # keeps its event reference until it is unmapped
         taken += amount
     hd[H_DEFRAGS] += 1
-    # the shortfall: new pages after the moved ones
-    rc = new_pages(hd, pg, dst + taken, shortfall // page)
-    if rc != CUDA_SUCCESS:
-        return np.int64(-1000 - rc)
     grow = taken + shortfall
     # the hole's first grow bytes become a free region of the caller's stream, merged with the in-place one
     hole = find(reg, hd, dst)

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3430305854435650ULL
+#define PV_CTX_MAGIC 0x3530305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/layout.py) */
 typedef struct pv_ctx {
@@ -34,10 +34,12 @@ typedef struct pv_ctx {
     uint32_t sm_policy;  /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
     uint64_t sm_batch_ns;  /* PYVGPU_SM_BATCH_MS in ns: how much budget held launches leave with */
     uint64_t sm_nvml[16];  /* NVML handle per CUDA device, 0 = not resolved yet */
-    uint64_t sm_launches;  /* launches seen under a compute limit (drives sampling) */
+    uint64_t sm_launches;  /* launches seen under a compute limit without a slot (drives sampling) */
+    uint32_t sm_ndev;  /* CUDA devices this process sees, + 1; 0 = not asked yet */
+    uint8_t _pad1[4];
     uint64_t sm_default_cost;  /* ns: mean of all timed launches, for kernels not timed yet */
     uint32_t sm_pending;  /* timing samples in flight */
-    uint8_t _pad1[4];
+    uint8_t _pad2[4];
     uint64_t sm_tick_ns;  /* CLOCK_MONOTONIC of the last reclaim by the watcher */
     uint64_t cost_key[4096];  /* kernel key (function and shape, or graph) per cost slot */
     uint64_t cost_ns[4096];  /* its estimated GPU time in ns */
@@ -48,7 +50,7 @@ typedef struct pv_ctx {
     uint64_t samp_end[8];  /* CUevent after the launch */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad2[4];
+    uint8_t _pad3[4];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
@@ -75,18 +77,19 @@ _Static_assert(offsetof(pv_ctx_t, sm_policy) == 2876, "pv_ctx.sm_policy");
 _Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 2880, "pv_ctx.sm_batch_ns");
 _Static_assert(offsetof(pv_ctx_t, sm_nvml) == 2888, "pv_ctx.sm_nvml");
 _Static_assert(offsetof(pv_ctx_t, sm_launches) == 3016, "pv_ctx.sm_launches");
-_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 3024, "pv_ctx.sm_default_cost");
-_Static_assert(offsetof(pv_ctx_t, sm_pending) == 3032, "pv_ctx.sm_pending");
-_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 3040, "pv_ctx.sm_tick_ns");
-_Static_assert(offsetof(pv_ctx_t, cost_key) == 3048, "pv_ctx.cost_key");
-_Static_assert(offsetof(pv_ctx_t, cost_ns) == 35816, "pv_ctx.cost_ns");
-_Static_assert(offsetof(pv_ctx_t, samp_state) == 68584, "pv_ctx.samp_state");
-_Static_assert(offsetof(pv_ctx_t, samp_key) == 68616, "pv_ctx.samp_key");
-_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68680, "pv_ctx.samp_ctx");
-_Static_assert(offsetof(pv_ctx_t, samp_start) == 68744, "pv_ctx.samp_start");
-_Static_assert(offsetof(pv_ctx_t, samp_end) == 68808, "pv_ctx.samp_end");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 68872, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 68876, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 69136, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, sm_ndev) == 3024, "pv_ctx.sm_ndev");
+_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 3032, "pv_ctx.sm_default_cost");
+_Static_assert(offsetof(pv_ctx_t, sm_pending) == 3040, "pv_ctx.sm_pending");
+_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 3048, "pv_ctx.sm_tick_ns");
+_Static_assert(offsetof(pv_ctx_t, cost_key) == 3056, "pv_ctx.cost_key");
+_Static_assert(offsetof(pv_ctx_t, cost_ns) == 35824, "pv_ctx.cost_ns");
+_Static_assert(offsetof(pv_ctx_t, samp_state) == 68592, "pv_ctx.samp_state");
+_Static_assert(offsetof(pv_ctx_t, samp_key) == 68624, "pv_ctx.samp_key");
+_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68688, "pv_ctx.samp_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_start) == 68752, "pv_ctx.samp_start");
+_Static_assert(offsetof(pv_ctx_t, samp_end) == 68816, "pv_ctx.samp_end");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 68880, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 68884, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 69144, "sizeof pv_ctx");
 
 #endif

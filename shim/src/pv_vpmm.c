@@ -50,10 +50,14 @@ static void *pv_vpmm_refuse(ssize_t size, int device, int64_t rc) {
     else
         snprintf(msg, sizeof msg, "pyvgpu VPMM: malloc(%zd) on device %d failed: CUresult %lld", size, device,
                  (long long)(rc <= -1000 ? -rc - 1000 : rc));
-    pv_check_fail_t fail = (pv_check_fail_t)dlsym(RTLD_DEFAULT, "_ZN3c106detail14torchCheckFailEPKcS2_jS2_");
+    /* PyTorch loads libc10 RTLD_LOCAL: look it up by name among what is loaded, never load it */
+    void *c10 = dlopen("libc10.so", RTLD_LAZY | RTLD_NOLOAD);
+    pv_check_fail_t fail = c10 ? (pv_check_fail_t)dlsym(c10, "_ZN3c106detail14torchCheckFailEPKcS2_jS2_") : NULL;
+    if (c10)
+        dlclose(c10); /* only drops the reference NOLOAD took */
     if (fail)
         fail("pyvgpu_vpmm_malloc", __FILE__, __LINE__, msg); /* throws, does not return */
-    fprintf(stderr, "pyvgpu: %s\n", msg);
+    fprintf(stderr, "%s\n", msg); /* every message names pyvgpu */
     return NULL;
 }
 

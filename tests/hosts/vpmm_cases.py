@@ -198,9 +198,30 @@ def cap() -> dict:
     return {"pages": len(got), "error": err, "reused": again == got[0], "mapped": pool.stats()["mapped"]}
 
 
+def refusal() -> dict:
+    """Under `pyvgpu wrap --memory 16M`: a request the cap refuses half way through its new pages leaves
+    the pool as it was (no page, charge or moved region left behind); what fits is then served."""
+    pool = VirtualMemoryPool(page_size=2 * MiB, va_size=1 * G)
+    held = [pool.malloc(2 * MiB) for _ in range(5)]
+    pool.free(held[1])
+    pool.free(held[3])  # 2 free pages apart, 3 pages of room under the cap
+    before = pool.stats()
+    layout = pool.layout()
+    try:
+        pool.malloc(16 * MiB)  # 2 free pages move, 6 new ones: the cap refuses the 4th
+        err = "none"
+    except MemoryError as e:
+        err = str(e)
+    after, layout_after = pool.stats(), pool.layout()
+    fits = pool.malloc(10 * MiB)  # 2 moved + 3 new: exactly the cap
+    return {"error": err, "before": [before, layout], "after": [after, layout_after], "fits": fits > 0,
+            "final": pool.stats(), "fake_mapped": cu.fakecuda_mapped_pages() * 2 * MiB}
+
+
 if __name__ == "__main__":
     what = sys.argv[1]
-    result = {"walk": lambda: walk(int(sys.argv[2])), "streams": streams, "cap": cap, "cexports": cexports,
+    result = {"walk": lambda: walk(int(sys.argv[2])), "streams": streams, "cap": cap, "refusal": refusal,
+              "cexports": cexports,
               "trace": lambda: trace_run(int(sys.argv[2])),
               "property": lambda: prop(int(sys.argv[2]))}[what]()
     print(json.dumps(result))
