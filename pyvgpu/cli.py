@@ -221,6 +221,8 @@ def exporter(
 def warmup(
     force: bool = typer.Option(False, "--force", help="Compile again even if the cache is valid."),
     as_json: bool = typer.Option(False, "--json", help="Print the cache manifest as JSON."),
+    vpmm: bool = typer.Option(False, "--vpmm", help="Also compile VPMM's allocator (numba's cache), which "
+                              "`wrap --allocator vpmm` would otherwise compile at its first use (15-25 s)."),
 ) -> None:
     """Compile the callbacks into the cache now (PYVGPU_CACHE_DIR, else ~/.cache/pyvgpu).
 
@@ -241,6 +243,13 @@ def warmup(
     else:
         took = time.perf_counter() - t0
         typer.echo(f"callbacks ready: {m['object_path']} ({len(m['symbols'])} callbacks, {took:.2f} s)")
+    if vpmm:
+        from pyvgpu.jit import vpmm as jit_vpmm
+
+        t0 = time.perf_counter()
+        jit_vpmm.compile_entries()
+        if not as_json:
+            typer.echo(f"VPMM allocator ready ({time.perf_counter() - t0:.2f} s)")
 
 
 @app.command()

@@ -616,17 +616,28 @@ def entry_free(state, ptr, stream, size):
     return np.int64(r)
 
 
+def _c_malloc(state, size, stream):
+    return entry_malloc(state, size, stream)
+
+
+def _c_free(state, ptr, stream, size):
+    return entry_free(state, ptr, stream, size)
+
+
 def compile_entries():
     """The cfuncs behind malloc and free: int64 malloc(uint64 state, int64 size, uint64 stream) and
-    int64 free(uint64 state, int64 ptr, uint64 stream, int64 size)."""
+    int64 free(uint64 state, int64 ptr, uint64 stream, int64 size). Compiling them takes 15-25 s, so
+    numba caches them on disk (`pyvgpu warmup --vpmm` does it ahead); with nowhere to write the cache
+    they are compiled each time, and stderr says so."""
+    import sys
+
     from numba import cfunc, types
 
-    def c_malloc(state, size, stream):
-        return entry_malloc(state, size, stream)
-
-    def c_free(state, ptr, stream, size):
-        return entry_free(state, ptr, stream, size)
-
-    return (cfunc(types.int64(types.uint64, types.int64, types.uint64), nopython=True, error_model="numpy")(c_malloc),
-            cfunc(types.int64(types.uint64, types.int64, types.uint64, types.int64), nopython=True,
-                  error_model="numpy")(c_free))
+    sigs = ((types.int64(types.uint64, types.int64, types.uint64), _c_malloc),
+            (types.int64(types.uint64, types.int64, types.uint64, types.int64), _c_free))
+    try:
+        return tuple(cfunc(sig, nopython=True, error_model="numpy", cache=True)(f) for sig, f in sigs)
+    except RuntimeError as e:  # numba: "cannot cache function ...: no locator available"
+        print(f"pyvgpu: VPMM compiles its allocator without a cache ({e}); set NUMBA_CACHE_DIR to a writable "
+              "directory to keep it", file=sys.stderr)
+        return tuple(cfunc(sig, nopython=True, error_model="numpy")(f) for sig, f in sigs)

@@ -1,6 +1,6 @@
 """VPMM on a real GPU: the seed walkthrough with data checks, pool-hit latency. Prints JSON.
 
-    python tests/gpu/vpmm_real.py walk PAGES|latency
+    python tests/gpu/vpmm_real.py walk PAGES|latency|profile
 """
 
 import ctypes
@@ -111,8 +111,79 @@ def latency() -> dict:
     return out
 
 
+def _med(xs: list[int]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def profile() -> dict:
+    """Where the time of a defragmentation goes: the VMM calls one by one, then the bench trace replayed
+    on pools of 2 and 20 MiB pages with each malloc timed, split by whether it defragmented."""
+    pool = VirtualMemoryPool(page_size=2 * MiB, va_size=64 * G)
+    prop, access = ctypes.byref(pool._prop), ctypes.byref(pool._access)
+    out: dict = {}
+    hs, ns = [], []
+    for _ in range(128):
+        h = ctypes.c_uint64()
+        t = time.perf_counter_ns()
+        assert cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(2 * MiB), prop, ctypes.c_uint64(0)) == 0
+        ns.append(time.perf_counter_ns() - t)
+        hs.append(h.value)
+    out["create_2MiB_ns"] = _med(ns)
+    va = ctypes.c_uint64()
+    assert cu.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(256 * MiB), ctypes.c_size_t(0),
+                                  ctypes.c_uint64(0), ctypes.c_uint64(0)) == 0
+    ns = []
+    for k, h in enumerate(hs):
+        t = time.perf_counter_ns()
+        assert cu.cuMemMap(ctypes.c_uint64(va.value + k * 2 * MiB), ctypes.c_size_t(2 * MiB), ctypes.c_size_t(0),
+                           ctypes.c_uint64(h), ctypes.c_uint64(0)) == 0
+        ns.append(time.perf_counter_ns() - t)
+    out["map_2MiB_ns"] = _med(ns)
+    for n in (1, 16, 127):
+        t = time.perf_counter_ns()
+        assert cu.cuMemSetAccess(ctypes.c_uint64(va.value), ctypes.c_size_t(n * 2 * MiB), access,
+                                 ctypes.c_size_t(1)) == 0
+        out[f"set_access_{n}_pages_ns"] = time.perf_counter_ns() - t
+    t = time.perf_counter_ns()
+    assert cu.cuMemUnmap(ctypes.c_uint64(va.value), ctypes.c_size_t(2 * MiB)) == 0
+    out["unmap_1_page_ns"] = time.perf_counter_ns() - t
+    t = time.perf_counter_ns()
+    assert cu.cuMemUnmap(ctypes.c_uint64(va.value + 2 * MiB), ctypes.c_size_t(127 * 2 * MiB)) == 0
+    out["unmap_127_pages_ns"] = time.perf_counter_ns() - t
+    for h in hs:
+        cu.cuMemRelease(ctypes.c_uint64(h))
+    from pyvgpu.bench import vpmm as bench
+
+    ops = bench.trace(600)
+    for page in (2 * MiB, 16 * MiB):
+        p = VirtualMemoryPool(page_size=page, va_size=64 * G)
+        held, hit, defrag, frees = {}, [], [], []
+        t0 = time.perf_counter()
+        for op, i, n in ops:
+            if op == "alloc":
+                d = int(p.hd[V.H_DEFRAGS])
+                t = time.perf_counter_ns()
+                held[i] = p.malloc(n)
+                dt = time.perf_counter_ns() - t
+                (defrag if p.hd[V.H_DEFRAGS] != d else hit).append(dt)
+            elif i in held:
+                t = time.perf_counter_ns()
+                p.free(held.pop(i))
+                frees.append(time.perf_counter_ns() - t)
+        took = time.perf_counter() - t0
+        st = p.stats()
+        out[f"trace_{page >> 20}MiB_pages"] = {
+            "ops_per_s": len(ops) / took, "mallocs": len(hit) + len(defrag), "defrags": len(defrag),
+            "defrag_ms_total": sum(defrag) / 1e6, "defrag_median_us": _med(defrag) / 1e3,
+            "hit_median_us": _med(hit) / 1e3, "free_median_us": _med(frees) / 1e3, "mapped": st["mapped"],
+            "peak_live": bench.peak_live(ops)}
+    return out
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "walk":
         print(json.dumps({sys.argv[2]: walk(int(sys.argv[2]))}))
+    elif sys.argv[1] == "profile":
+        print(json.dumps(profile()))
     else:
         print(json.dumps(latency()))
