@@ -347,6 +347,8 @@ def bench_vpmm(
     steps: int = typer.Option(600, min=10, help="Decoding steps of the trace (4 interleaved requests)."),
     cap: str = typer.Option(None, "--cap", metavar="SIZE", help="Run every allocator under `--memory SIZE`, to count "
                                                                  "refused requests."),
+    page_size: str = typer.Option(None, "--page-size", metavar="SIZE", help="VPMM's page (VPMM_PAGE_SIZE; "
+                                  "default 2M): larger pages defragment less often, round up more."),
     json_path: Path = typer.Option(None, "--json", help="Also write the full result as JSON to this file."),
 ) -> None:
     """A fragmenting trace (inference with growing sequences) under PyTorch's caching allocator,
@@ -355,7 +357,7 @@ def bench_vpmm(
     from pyvgpu.errors import PyvgpuError
 
     try:
-        result = bench.run(steps=steps, cap=cap)
+        result = bench.run(steps=steps, cap=cap, page_size=page_size)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, bench.table(result), json_path)

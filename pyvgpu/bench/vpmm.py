@@ -150,11 +150,16 @@ def worker(mode: str, steps: int) -> dict:
     return out
 
 
-def run(steps: int = 600, cap: str | None = None) -> dict:
-    """Each allocator in its own wrapped process; ``cap`` puts all of them under `--memory`."""
+def run(steps: int = 600, cap: str | None = None, page_size: str | None = None) -> dict:
+    """Each allocator in its own wrapped process; ``cap`` puts all of them under `--memory`; ``page_size``
+    is VPMM's (VPMM_PAGE_SIZE)."""
     import os
     import subprocess
 
+    from pyvgpu.limits import parse_size
+
+    if page_size is not None:
+        parse_size(page_size, "--page-size")  # a clear error before anything runs
     results = {}
     for mode in MODES:
         env = dict(os.environ)
@@ -166,23 +171,27 @@ def run(steps: int = 600, cap: str | None = None) -> dict:
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         if mode == "vpmm":
             wrap += ["--allocator", "vpmm"]
+            if page_size is not None:
+                env["VPMM_PAGE_SIZE"] = page_size
         p = subprocess.run([*wrap, "--", sys.executable, "-m", "pyvgpu.bench.vpmm", mode, str(steps)], env=env,
                            capture_output=True, text=True, timeout=1200)
         if p.returncode != 0:
             raise PyvgpuError(f"bench vpmm: the {mode} run failed: {p.stderr.strip()[-800:]}")
         results[mode] = json.loads(p.stdout.strip().splitlines()[-1])
-    return {"bench": "vpmm", "steps": steps, "cap": cap, "ops": len(trace(steps)), "results": results}
+    return {"bench": "vpmm", "steps": steps, "cap": cap, "page_size": page_size or "2M", "ops": len(trace(steps)),
+            "results": results}
 
 
 def table(result: dict) -> str:
-    lines = [f"  {'allocator':<20} {'peak live':>12} {'peak reserved':>14} {'ratio':>7} {'refused':>8} "
-             f"{'ops/s':>10}"]
+    lines = [f"  VPMM page {result.get('page_size', '2M')}",
+             f"  {'allocator':<20} {'peak live':>12} {'peak reserved':>14} {'over live':>11} {'ratio':>7} "
+             f"{'refused':>8} {'ops/s':>10}"]
     for mode, r in result["results"].items():
         ratio = r["peak_reserved"] / r["peak_live"] if r["peak_live"] else 0.0
-        lines.append(f"  {mode:<20} {human(r['peak_live']):>12} {human(r['peak_reserved']):>14} {ratio:>7.3f} "
-                     f"{r['refused']:>8} {r['ops_per_s']:>10.0f}")
+        lines.append(f"  {mode:<20} {human(r['peak_live']):>12} {human(r['peak_reserved']):>14} "
+                     f"{human(r['peak_reserved'] - r['peak_live']):>11} {ratio:>7.3f} {r['refused']:>8} "
+                     f"{r['ops_per_s']:>10.0f}")
     return "\n".join(lines)
-
 
 if __name__ == "__main__":
     print(json.dumps(worker(sys.argv[1], int(sys.argv[2]))))
