@@ -10,6 +10,7 @@ share to its target.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -161,6 +162,24 @@ def test_no_limit_means_no_clock_read_per_launch(env, fake, tmp_path):
     extra_limit = counts[("--sm", 5000)][0] - counts[("--sm", 100)][0]
     assert extra_limit >= 10 * 4900  # the counter works: a limited launch reads the clock
     assert extra_no_limit < 50, counts  # 49000 more launches, no more clock reads (the watcher's aside)
+
+
+def test_one_device_processes_skip_the_device_query_per_launch(env, tmp_path):
+    """A limited launch must know its device. A process that sees one device launches on device 0, so it
+    asks the count once instead of cuCtxGetDevice per launch (the dearest call of the path on an H100);
+    with two devices it still asks per launch."""
+    extra = {}
+    for devices in ("8G", "8G,8G"):
+        got = []
+        for batch in (100, 5000):
+            stats = tmp_path / f"fk-{devices}-{batch}"
+            e = sim_env(env, tmp_path, "dev", FAKECUDA_DEVICES=devices, FAKECUDA_STATS=str(stats))
+            p = run([*PYVGPU, "wrap", "--sm", "90", "--", str(BENCH_BIN), "launch", "10", str(batch)], env=e)
+            assert p.returncode == 0, p.stderr
+            got.append(sum(json.loads(f.read_text()).get("cuCtxGetDevice", 0) for f in tmp_path.glob(stats.name + "*")))
+        extra[devices] = got[1] - got[0]
+    assert extra["8G,8G"] >= 10 * 4900, extra  # the count works: two devices, one query per launch
+    assert extra["8G"] < 50, extra
 
 
 @pytest.mark.parametrize("value", ["0", "101", "30.5", "-5", "x", "0=30,0=40", "30,1=40", ""])
