@@ -16,7 +16,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,14 +36,25 @@ _FUNCS = {V.F_RESERVE: "cuMemAddressReserve", V.F_CREATE: "cuMemCreate", V.F_MAP
 STATE_MARK = {V.MALLOC: "+", V.FREE: "-", V.HOLE: "*", V.ZOMBIE: "z"}
 
 
+class _Entries(NamedTuple):
+    malloc: Callable[[int, int, int], int]
+    free: Callable[[int, int, int, int], int]
+    trim: Callable[[int], int]
+    preallocate: Callable[[int, int], int]
+    malloc_addr: int
+    free_addr: int
+    keep: tuple  # the cfunc objects own the code
+
+
 @functools.cache
-def _entries() -> tuple:
-    """The compiled C entry points as ctypes functions, and their addresses (compiled once per process)."""
-    c_malloc, c_free = V.compile_entries()
-    m = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint64)(c_malloc.address)
-    f = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64)(
-        c_free.address)
-    return m, f, c_malloc.address, c_free.address, (c_malloc, c_free)
+def _entries() -> _Entries:
+    """The compiled C entry points as ctypes functions (compiled, or loaded from numba's cache, once per
+    process)."""
+    c = V.compile_entries()
+    i64, u64 = ctypes.c_int64, ctypes.c_uint64
+    types = ((i64, u64, i64, u64), (i64, u64, i64, u64, i64), (i64, u64), (i64, u64, i64))
+    fns = [ctypes.CFUNCTYPE(*t)(f.address) for t, f in zip(types, c, strict=True)]
+    return _Entries(*fns, c[0].address, c[1].address, c)
 
 
 class _Prop(ctypes.Structure):  # CUmemAllocationProp
@@ -107,8 +119,9 @@ class VirtualMemoryPool:
         # the block the C entry points take (pyvgpu.jit.vpmm.S_*): this pool's tables, by address
         self.state = (ctypes.c_int64 * 6)(self.reg.ctypes.data, MAX_REGIONS, self.pg.ctypes.data, PAGE_SLOTS,
                                           self.hd.ctypes.data, V.HD_SIZE)
-        self._c_malloc, self._c_free = _entries()[:2]
-        self._check(V.preallocate(self.reg, self.hd, self.pg, n_pages), f"VPMM_PAGES={n_pages}")
+        e = _entries()
+        self._c_malloc, self._c_free, self._c_trim = e.malloc, e.free, e.trim
+        self._check(e.preallocate(ctypes.addressof(self.state), n_pages), f"VPMM_PAGES={n_pages}")
 
     @staticmethod
     def _context(cu: ctypes.CDLL, device: int) -> None:
@@ -158,11 +171,7 @@ class VirtualMemoryPool:
 
     def trim(self) -> None:
         """Unmap old addresses whose work is done (what each malloc does first)."""
-        V.lock(self.hd.ctypes.data)
-        try:
-            rc = V.cleanup_zombies(self.reg, self.hd)
-        finally:
-            V.unlock(self.hd.ctypes.data)
+        rc = self._c_trim(ctypes.addressof(self.state))
         if rc != 0:
             raise PyvgpuError(f"VPMM trim: cuMemUnmap returned {rc}")
 
@@ -215,7 +224,8 @@ _TORCH_POOLS: list[VirtualMemoryPool] = []  # alive as long as the process: PyTo
 
 def install(lib: ctypes.CDLL, pool: VirtualMemoryPool) -> None:
     """Serve ``pool.device`` through the shim's pyvgpu_vpmm_malloc/free (what PyTorch calls)."""
-    _, _, m_addr, f_addr, _ = _entries()
+    e = _entries()
+    m_addr, f_addr = e.malloc_addr, e.free_addr
     lib.pyvgpu_vpmm_install.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
     if lib.pyvgpu_vpmm_install(pool.device, m_addr, f_addr, ctypes.addressof(pool.state)) != 0:
         raise PyvgpuError(f"VPMM: the shim refused a pool for device {pool.device}")

@@ -636,6 +636,33 @@ def entry_free(state, ptr, stream, size):
     return np.int64(r)
 
 
+@njit
+def entry_trim(state):
+    """Phase 0 alone (pool.trim): 0, or the cuMemUnmap error."""
+    reg, pg, hd, hd_addr = views(state)
+    lock(hd_addr)
+    r = cleanup_zombies(reg, hd)
+    unlock(hd_addr)
+    return np.int64(r)
+
+
+@njit
+def entry_preallocate(state, n):
+    reg, pg, hd, hd_addr = views(state)
+    lock(hd_addr)
+    r = preallocate(reg, hd, pg, n)
+    unlock(hd_addr)
+    return np.int64(r)
+
+
+def _c_trim(state):
+    return entry_trim(state)
+
+
+def _c_preallocate(state, n):
+    return entry_preallocate(state, n)
+
+
 def _c_malloc(state, size, stream):
     return entry_malloc(state, size, stream)
 
@@ -645,16 +672,18 @@ def _c_free(state, ptr, stream, size):
 
 
 def compile_entries():
-    """The cfuncs behind malloc and free: int64 malloc(uint64 state, int64 size, uint64 stream) and
-    int64 free(uint64 state, int64 ptr, uint64 stream, int64 size). Compiling them takes 15-25 s, so
-    numba caches them on disk (`pyvgpu warmup --vpmm` does it ahead); with nowhere to write the cache
-    they are compiled each time, and stderr says so."""
+    """The cfuncs behind the pool: int64 malloc(uint64 state, int64 size, uint64 stream), int64
+    free(uint64 state, int64 ptr, uint64 stream, int64 size), int64 trim(uint64 state) and int64
+    preallocate(uint64 state, int64 pages). Compiling them takes 10-25 s, so numba caches them on disk
+    (`pyvgpu warmup --vpmm` does it ahead); with nowhere to write the cache they are compiled each
+    time, and stderr says so. Python calls nothing else of this module: that would compile too."""
     import sys
 
     from numba import cfunc, types
 
-    sigs = ((types.int64(types.uint64, types.int64, types.uint64), _c_malloc),
-            (types.int64(types.uint64, types.int64, types.uint64, types.int64), _c_free))
+    i64, u64 = types.int64, types.uint64
+    sigs = ((i64(u64, i64, u64), _c_malloc), (i64(u64, i64, u64, i64), _c_free), (i64(u64), _c_trim),
+            (i64(u64, i64), _c_preallocate))
     try:
         return tuple(cfunc(sig, nopython=True, error_model="numpy", cache=True)(f) for sig, f in sigs)
     except RuntimeError as e:  # numba: "cannot cache function ...: no locator available"
