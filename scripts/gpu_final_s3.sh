@@ -2,10 +2,8 @@
 # Session 3's last device run: every GPU test (the context layout changed), and where VPMM's start-up
 # time goes under `wrap --allocator vpmm`. Results in $OUT/final.tgz.
 set -u
-W=$(mktemp -d); export PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=$(mktemp -d)
-python3 -m pip install --no-build-isolation --no-deps -q . 2>&1 | grep -v -i warn | tail -2
-python3 -c "import prometheus_client, rich" 2>/dev/null || python3 -m pip install -q --no-index --find-links .wheels prometheus-client rich 2>&1 | tail -1
-python3 scripts/build_native.py >/dev/null; python3 -m pyvgpu warmup --vpmm 2>&1 | tail -1
+W=$(mktemp -d)
+source scripts/gpu_setup.sh --vpmm
 nvidia-smi -L > "$W/machine.txt"
 PROBE='import time; t0 = time.time(); import torch; t1 = time.time(); x = torch.empty(1 << 20, device="cuda"); torch.cuda.synchronize(); t2 = time.time(); print(f"import torch {t1 - t0:.2f} s, first tensor {t2 - t1:.2f} s")'
 for a in default vpmm; do

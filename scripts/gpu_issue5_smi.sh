@@ -4,11 +4,7 @@
 set -u
 FINAL=${OUT:-/tmp/pyvgpu-gpu}; OUT=$(mktemp -d); mkdir -p "$FINAL"
 pack() { tar czf "$FINAL/issue5-smi.tgz" -C "$OUT" .; }
-export PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=$(mktemp -d)
-PY=python3
-$PY -c "import prometheus_client, rich" 2>/dev/null || $PY -m pip install -q --no-index --find-links .wheels prometheus-client rich 2>&1 | grep -v -i warning | tail -2
-$PY -m pip install --no-build-isolation --no-deps -q . 2>&1 | grep -v -i warning | tail -3
-$PY scripts/build_native.py >/dev/null && $PY -m pyvgpu warmup
+source scripts/gpu_setup.sh
 HOLD='import torch,sys; x=torch.empty(1<<30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize(); print("HELD", flush=True); sys.stdin.read()'
 mkfifo /tmp/a /tmp/b
 $PY -m pyvgpu wrap --group team-a --memory 8G -- $PY -c "$HOLD" < /tmp/a > "$OUT/a.out" & exec 3>/tmp/a

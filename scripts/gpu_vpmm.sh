@@ -5,11 +5,7 @@
 set -u
 FINAL=${OUT:-/tmp/pyvgpu-gpu}; OUT=$(mktemp -d); mkdir -p "$FINAL"
 pack() { tar czf "$FINAL/vpmm.tgz" -C "$OUT" .; }
-export PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=$(mktemp -d)
-PY=python3
-$PY -c "import prometheus_client, rich" 2>/dev/null || $PY -m pip install -q --no-index --find-links .wheels prometheus-client rich 2>&1 | grep -v -i warning | tail -2
-$PY -m pip install --no-build-isolation --no-deps -q . 2>&1 | grep -v -i warning | tail -3
-$PY scripts/build_native.py >/dev/null && $PY -m pyvgpu warmup --vpmm >/dev/null
+source scripts/gpu_setup.sh --vpmm
 nvidia-smi -L > "$OUT/machine.txt"
 (cd tests && timeout 300 $PY -m pytest -q -s -p no:cacheprovider gpu/test_gpu_vpmm.py > "$OUT/gpu-tests.log" 2>&1)
 tail -4 "$OUT/gpu-tests.log"; pack

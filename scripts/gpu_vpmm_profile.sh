@@ -2,10 +2,8 @@
 # VPMM after the defragmentation changes: GPU tests, the VMM call profile, latency, a PyTorch demo, bench vpmm
 # at 2M and 16M pages and under a 3G cap. Results in $OUT/run3.tgz.
 set -u
-W=$(mktemp -d); export PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=$(mktemp -d)
-python3 -m pip install --no-build-isolation --no-deps -q . 2>&1 | grep -v -i warn | tail -2
-python3 -c "import prometheus_client, rich" 2>/dev/null || python3 -m pip install -q --no-index --find-links .wheels prometheus-client rich 2>&1 | tail -1
-python3 scripts/build_native.py >/dev/null; python3 -m pyvgpu warmup --vpmm 2>&1 | tail -1
+W=$(mktemp -d)
+source scripts/gpu_setup.sh --vpmm
 (cd tests && timeout 300 python3 -m pytest -q -s -p no:cacheprovider gpu/test_gpu_vpmm.py > "$W/gpu-tests.log" 2>&1); tail -2 "$W/gpu-tests.log"
 python3 tests/gpu/vpmm_real.py profile | tee "$W/profile.json"
 python3 tests/gpu/vpmm_real.py latency | tee "$W/latency.json"
