@@ -144,12 +144,13 @@ def limited(ctx, region):
 
 
 @njit(inline="always")
-def count_launch(ctx, region):
-    """Count the launch for the process (pyvgpu top's launches/s); the count before it (drives sampling)."""
+def count_launch(ctx):
+    """Count the launch in the process's slot (pyvgpu top's launches/s): (the count before it, True), or
+    (0, False) without a slot."""
     slot = load_u64(ctx + OFF_SLOT)
     if slot != 0:
-        return atomic_add_u64(slot + SLOT_ALL_LAUNCHES, 1)
-    return atomic_add_u64(ctx + OFF_LAUNCHES, 1)
+        return atomic_add_u64(slot + SLOT_ALL_LAUNCHES, 1), True
+    return np.uint64(0), False
 
 
 @njit
@@ -363,9 +364,11 @@ def launch(ctx, idx, args, notfound, key, stream):
     region = load_u64(ctx + OFF_REGION)
     if region == 0:
         return call_real(ctx, idx, args, notfound)
-    n = count_launch(ctx, region)
+    n, counted = count_launch(ctx)
     if not limited(ctx, region):
         return call_real(ctx, idx, args, notfound)
+    if not counted:  # sampling needs a count: the process's own, only on this (limited) path
+        n = atomic_add_u64(ctx + OFF_LAUNCHES, 1)
     dev = launch_device(ctx)
     if dev < 0:
         return call_real(ctx, idx, args, notfound)
@@ -457,7 +460,7 @@ def launch_multi_device(ctx, idx, args, notfound):
     region = load_u64(ctx + OFF_REGION)
     if region == 0:
         return call_real(ctx, idx, args, notfound)
-    count_launch(ctx, region)
+    count_launch(ctx)
     if not limited(ctx, region) or plist == 0 or ndev == 0:
         return call_real(ctx, idx, args, notfound)
     dev = current_device(ctx)
