@@ -41,9 +41,7 @@ class _Entries(NamedTuple):
     free: Callable[[int, int, int, int], int]
     trim: Callable[[int], int]
     preallocate: Callable[[int, int], int]
-    malloc_addr: int
-    free_addr: int
-    keep: tuple  # the cfunc objects own the code
+    cfuncs: tuple  # numba's objects, in the same order: they own the code (and know its .address)
 
 
 @functools.cache
@@ -54,7 +52,7 @@ def _entries() -> _Entries:
     i64, u64 = ctypes.c_int64, ctypes.c_uint64
     types = ((i64, u64, i64, u64), (i64, u64, i64, u64, i64), (i64, u64), (i64, u64, i64))
     fns = [ctypes.CFUNCTYPE(*t)(f.address) for t, f in zip(types, c, strict=True)]
-    return _Entries(*fns, c[0].address, c[1].address, c)
+    return _Entries(*fns, c)
 
 
 class _Prop(ctypes.Structure):  # CUmemAllocationProp
@@ -224,8 +222,7 @@ _TORCH_POOLS: list[VirtualMemoryPool] = []  # alive as long as the process: PyTo
 
 def install(lib: ctypes.CDLL, pool: VirtualMemoryPool) -> None:
     """Serve ``pool.device`` through the shim's pyvgpu_vpmm_malloc/free (what PyTorch calls)."""
-    e = _entries()
-    m_addr, f_addr = e.malloc_addr, e.free_addr
+    m_addr, f_addr = (f.address for f in _entries().cfuncs[:2])
     lib.pyvgpu_vpmm_install.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
     if lib.pyvgpu_vpmm_install(pool.device, m_addr, f_addr, ctypes.addressof(pool.state)) != 0:
         raise PyvgpuError(f"VPMM: the shim refused a pool for device {pool.device}")
