@@ -82,12 +82,13 @@ def attach_region(ctx_addr: int, env=os.environ) -> None:
     without a region make a private group, which this process's children join.
     """
     global _REGION
-    from pyvgpu import limits, region
+    from pyvgpu import limits, region, sched
 
     wanted = limits.memory_from_env(env)
     shares = limits.sm_from_env(env)
     policy = limits.sm_policy(env)
-    limits.sm_batch_ns(env)  # a bad value is an error before anything is attached
+    limits.sm_batch_ns(env)  # bad values are errors before anything is attached
+    sched.enabled(env)
     path = region.path_from_env(env)
     if path is None and not wanted and not shares:
         return  # no group and no limits: nothing to account
@@ -105,6 +106,10 @@ def attach_region(ctx_addr: int, env=os.environ) -> None:
     ctx.sm_policy = policy
     ctx.sm_batch_ns = limits.sm_batch_ns(env)
     ctx.region = region.map_forever(r.fd, r.header.size)
+    # Groups with a share take turns on the GPU. One that gets its first share
+    # by a live change later launches without turns (it time-slices).
+    if any(0 < v < 100 for v in r.sm_limits()):
+        ctx.sched = sched.attach(env)
     ctx.region_fd = r.fd
     ctx.n_slots = r.header.n_slots
     ctx.slot = 0

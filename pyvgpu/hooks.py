@@ -411,6 +411,7 @@ HELPERS: tuple[Helper, ...] = (
     Helper("cuEventElapsedTime", "cuda"),
     Helper("cuEventDestroy_v2", "cuda"),
     Helper("cuStreamIsCapturing", "cuda"),
+    Helper("cuEventSynchronize", "cuda"),
     Helper("nvmlDeviceGetUtilizationRates", "nvml"),
     Helper("nvmlDeviceGetComputeRunningProcesses_v3", "nvml"),
     # devices: the check at cuInit (pyvgpu/jit/devices.py)

@@ -114,7 +114,7 @@ KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX005", "little")
+CTX_MAGIC = int.from_bytes(b"PVCTX006", "little")
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -147,7 +147,7 @@ CTX = Struct(
         Field("nvml_state", "u32", doc="0 untried, 1 initialised by us, 2 unavailable"),
         # compute share (pyvgpu/jit/compute.py)
         Field("sm_policy", "u32", doc="GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
-        Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how much budget held launches leave with"),
+        Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share"),
         Field("sm_nvml", "u64", MAX_DEVICES, doc="NVML handle per CUDA device, 0 = not resolved yet"),
         Field("sm_launches", "u64", doc="launches seen under a compute limit without a slot (drives sampling)"),
         Field("sm_ndev", "u32", doc="CUDA devices this process sees, + 1; 0 = not asked yet"),
@@ -161,6 +161,15 @@ CTX = Struct(
         Field("samp_ctx", "u64", SAMPLES, doc="CUcontext the sample's events belong to"),
         Field("samp_start", "u64", SAMPLES, doc="CUevent before the launch"),
         Field("samp_end", "u64", SAMPLES, doc="CUevent after the launch"),
+        # the device turn (pyvgpu/jit/turn.py)
+        Field("sched", "u64", doc="address of the mapped turn file (pyvgpu/sched.py), 0 = groups do not take turns"),
+        Field("turn_id", "u32", doc="this process's id in turn words, 0 = not drawn yet"),
+        Field("turn_entry", "u64", MAX_DEVICES, doc="turn entry per CUDA device: its address, 1 = none, 0 = not "
+                                                      "looked up yet"),
+        Field("turn_since", "u64", MAX_DEVICES, doc="CLOCK_MONOTONIC when this process last took the turn"),
+        Field("turn_qend", "u64", MAX_DEVICES, doc="when the work this process queued is estimated to end"),
+        Field("drain_ev", "u64", doc="CUevent that tells when this process's work is done, before a hand-over"),
+        Field("drain_ctx", "u64", doc="CUcontext drain_ev belongs to"),
         # devices (pyvgpu/jit/devices.py)
         Field("devices_refused", "u32", doc="1: CUDA sees other devices than the group's, GPU use is refused"),
         Field("devices_msg", "u8", MESSAGE_BYTES, doc="NUL-terminated: what stderr gets if CUDA sees other "
@@ -266,6 +275,41 @@ EV_OOM, EV_RECLAIM, EV_MEMORY_LIMIT, EV_SM_LIMIT, EV_DEVICES_REFUSED = 1, 2, 3, 
 EVENT_KINDS = ("none", "oom", "reclaim", "memory_limit", "sm_limit", "devices_refused")
 
 SLOT_FREE, SLOT_LIVE = 0, 1
+
+# The turn file: one per machine, shared by every group. Each GPU (by UUID) has
+# an entry whose turn word says which process may launch on it now, so that
+# the GPU never holds two groups' work at once (pyvgpu/jit/turn.py).
+SCHED_MAGIC = int.from_bytes(b"PVTURN01", "little")
+SCHED_VERSION = 1
+SCHED_ENTRIES = 64  # GPUs (MIG instances count as GPUs: they have UUIDs of their own)
+SCHED_HEADER = Struct(
+    "pv_sched_header",
+    [
+        Field("magic", "u64", doc="SCHED_MAGIC"),
+        Field("version", "u32", doc="SCHED_VERSION"),
+        Field("n_entries", "u32", doc="SCHED_ENTRIES"),
+        Field("size", "u64", doc="file size in bytes"),
+        Field("next_id", "u32", doc="the last process id handed out (ids are 1..2^32-1, then wrap)"),
+    ],
+    align=64,
+    doc="turn file header",
+)
+SCHED_ENTRY = Struct(
+    "pv_sched_entry",
+    [
+        Field("key", "u64", doc="hash of the GPU's UUID | 1; 0 = free entry"),
+        Field("turn", "u64", doc="holder id << 32 | lease end (CLOCK_MONOTONIC >> 10, 0 = free, held by nobody)"),
+        Field("want", "u64", doc="latest waiter: id << 32 | when it last looked (CLOCK_MONOTONIC >> 10)"),
+        Field("handovers", "u64", doc="times the turn passed from one process to another"),
+        Field("wait_ns", "u64", doc="ns launches waited for the turn, all processes together"),
+        Field("drains", "u64", doc="hand-overs that waited for the holder's work to finish"),
+        Field("drain_ns", "u64", doc="ns those waits took"),
+    ],
+    align=64,
+    doc="one GPU's turn",
+)
+SCHED_ENTRIES_OFF = SCHED_HEADER.size
+SCHED_SIZE = SCHED_ENTRIES_OFF + SCHED_ENTRIES * SCHED_ENTRY.size
 REGION_DEVICES_OFF = REGION_HEADER.size
 REGION_EVENTS_OFF = REGION_DEVICES_OFF + MAX_DEVICES * REGION_DEVICE.size
 REGION_SLOTS_OFF = REGION_EVENTS_OFF + N_EVENTS * REGION_EVENT.size

@@ -184,7 +184,7 @@ def human(n: int) -> str:
     return f"{n} B"
 
 
-DEFAULT_SM_BATCH_MS = 2
+DEFAULT_SM_BATCH_MS = 10
 
 
 def sm_batch_ns(env: Mapping[str, str]) -> int:

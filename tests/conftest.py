@@ -56,6 +56,7 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def env(fake, cache_dir) -> dict[str, str]:
-    """Environment for a wrapped program on the fake driver."""
-    return clean_env(LD_LIBRARY_PATH=str(fake), PYVGPU_CACHE_DIR=str(cache_dir))
+def env(fake, cache_dir, tmp_path) -> dict[str, str]:
+    """Environment for a wrapped program on the fake driver (with a turn file of the test's own)."""
+    return clean_env(LD_LIBRARY_PATH=str(fake), PYVGPU_CACHE_DIR=str(cache_dir),
+                     PYVGPU_SCHED=str(tmp_path / "turns"))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import PYVGPU, run
 
-from pyvgpu import limits, region
+from pyvgpu import limits, region, sched
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BENCH_BIN
 
@@ -67,7 +67,9 @@ class Load:
 
 
 def sim_env(env, tmp: Path, name: str, **extra: str) -> dict:
-    e = dict(env, FAKECUDA_SIM=str(tmp / f"{name}.sim"), FAKECUDA_CTX_BYTES="64M", **extra)
+    # one simulated GPU per name, so one turn file per name: each fake GPU has the same UUID
+    e = dict(env, FAKECUDA_SIM=str(tmp / f"{name}.sim"), PYVGPU_SCHED=str(tmp / f"{name}.turns"),
+             FAKECUDA_CTX_BYTES="64M", **extra)
     return e
 
 
@@ -102,6 +104,24 @@ def test_a_pair_of_groups_gets_30_and_70(env, tmp_path):
     b = Load(e, tmp_path, "b", ["--sm", "70"], seconds=6)
     sa, sb = a.finish(after=3), b.finish(after=3)
     assert abs(sa - 30) <= 3 and abs(sb - 70) <= 3, (sa, sb)
+
+
+@pytest.mark.parametrize("turns", ["1", "0"])
+def test_a_pair_on_a_time_sliced_gpu_takes_turns(env, tmp_path, turns):
+    """The simulated GPU loses 15% of a kernel queued while the other group has work (time slicing). Taking
+    turns, the pair still gets 30 and 70; time-slicing (PYVGPU_SM_TURN=0), the 70% group falls short, which
+    shows that the simulation charges the loss this test is about."""
+    e = sim_env(env, tmp_path, "ts", FAKECUDA_SIM_SWITCH_PCT="15", PYVGPU_SM_TURN=turns)
+    a = Load(e, tmp_path, "a", ["--sm", "30"], seconds=6)
+    b = Load(e, tmp_path, "b", ["--sm", "70"], seconds=6)
+    sa, sb = a.finish(after=3), b.finish(after=3)
+    if turns == "1":
+        assert abs(sa - 30) <= 3 and abs(sb - 70) <= 3, (sa, sb)
+        (gpu,) = sched.entries(tmp_path / "ts.turns")
+        assert gpu["handovers"] > 100 and gpu["drains"] > 0, gpu
+    else:
+        assert sa + sb < 95, (sa, sb)
+        assert not (tmp_path / "ts.turns").exists()
 
 
 def test_graph_replay_is_limited(env, tmp_path):

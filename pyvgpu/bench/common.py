@@ -20,7 +20,8 @@ def raw_env(base: dict[str, str] | None = None) -> dict[str, str]:
     else:
         env.pop("LD_PRELOAD", None)
     for k in list(env):
-        if k.startswith("PYVGPU_") and k not in ("PYVGPU_CACHE_DIR", "PYVGPU_SM_BATCH_MS"):
+        if k.startswith("PYVGPU_") and k not in ("PYVGPU_CACHE_DIR", "PYVGPU_SM_BATCH_MS", "PYVGPU_SM_TURN",
+                                                  "PYVGPU_SCHED"):
             del env[k]
     return env
 

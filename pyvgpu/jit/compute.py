@@ -40,6 +40,7 @@ from numba import njit
 from pyvgpu import hooks
 from pyvgpu import layout as L
 from pyvgpu.jit import quota as Q
+from pyvgpu.jit import turn
 from pyvgpu.jit.intrinsics import (
     atomic_add_u32,
     atomic_add_u64,
@@ -328,14 +329,14 @@ def nvml_handle(ctx, dev):
 
 
 @njit
-def throttle(ctx, region, dev, cost, limit):
-    """Charge cost (ns of GPU time) to the group's budget on dev; sleep while it is spent."""
+def throttle(ctx, region, dev, cost, limit, now):
+    """Charge cost (ns of GPU time) to the group's budget on dev. Returns how long the launch must wait for
+    the budget (ns, <= 0: it may go now)."""
     d = Q.device_addr(region, dev)
     scale = load_u64(d + DEV_SCALE)
     if scale == 0:
         scale = np.uint64(Q16)
     charge = np.int64(cost * scale // np.uint64(Q16) * np.uint64(100) // np.uint64(limit))
-    now = monotonic_ns()
     while True:
         old = np.int64(atomic_load_u64(d + DEV_TAT))
         base = old if old > now else now
@@ -345,17 +346,28 @@ def throttle(ctx, region, dev, cost, limit):
     if slot != 0:
         atomic_add_u64(slot + SLOT_LAUNCHES + dev * 8, 1)
         atomic_add_u64(slot + SLOT_COST + dev * 8, cost)
-    batch = np.int64(load_u64(ctx + OFF_BATCH))
-    wait = old - BURST_NS - batch - now  # the tolerance holds a batch, so sleeping for one loses no budget
-    if wait > 0:
-        # Sleeping sm_batch_ns past the point where this launch may go lets the
-        # launches after it pass at once, that much budget together: a GPU
-        # shared by time slicing then switches contexts once per batch instead
-        # of once per kernel (each switch costs time nobody gets). The schedule
-        # in sm_tat is absolute, so the average rate does not change.
-        wait += batch
-        sleep_ns(wait)
-        atomic_add_u64(d + DEV_THROTTLE, np.uint64(wait))
+    return old - BURST_NS - np.int64(load_u64(ctx + OFF_BATCH)) - now
+
+
+@njit
+def hold(ctx, region, dev, wait, stream, turns):
+    """Wait for the budget: hand the device's turn over first if ``turns`` (turn.give may wait for this
+    process's work to finish, which counts towards the wait). Returns the time after it."""
+    start = monotonic_ns()
+    if turns and turn.takes_turns(ctx, dev):
+        turn.give(ctx, dev, stream)
+    else:
+        # Time-slicing the GPU: sleeping sm_batch_ns past the point where this launch may go lets the
+        # launches after it pass at once, that much budget together, so the GPU switches contexts once
+        # per batch instead of once per kernel (the tolerance holds a batch, so no budget is lost; the
+        # schedule in sm_tat is absolute, so the rate does not change). Taking turns, the turn batches.
+        wait += np.int64(load_u64(ctx + OFF_BATCH))
+    now = monotonic_ns()
+    if start + wait > now:
+        sleep_ns(start + wait - now)
+        now = monotonic_ns()
+    atomic_add_u64(Q.device_addr(region, dev) + DEV_THROTTLE, np.uint64(now - start))
+    return now
 
 
 @njit
@@ -380,7 +392,12 @@ def launch(ctx, idx, args, notfound, key, stream):
     if atomic_load_u32(ctx + OFF_PENDING) != 0 and (n & np.uint64(HARVEST_EVERY - 1)) == 0:
         harvest(ctx)
     slot = cost_slot(ctx, key)
-    throttle(ctx, region, dev, cost_of(ctx, slot), limit)
+    cost = cost_of(ctx, slot)
+    now = monotonic_ns()
+    wait = throttle(ctx, region, dev, cost, limit, now)
+    if wait > 0:
+        now = hold(ctx, region, dev, wait, stream, True)
+    turn.take(ctx, dev, stream, now, cost)
     s = -1
     if (n & np.uint64(SAMPLE_EVERY - 1)) == 0 or (slot >= 0 and load_u64(ctx + OFF_COST_NS + slot * 8) == 0):
         s = sample_begin(ctx, key, stream)
@@ -470,7 +487,9 @@ def launch_multi_device(ctx, idx, args, notfound):
     if 0 < limit < 100:
         key = shape_key(load_u64(plist), load_u32(plist + 8), load_u32(plist + 12), load_u32(plist + 16),
                         load_u32(plist + 20), load_u32(plist + 24), load_u32(plist + 28))
-        throttle(ctx, region, dev, cost_of(ctx, cost_slot(ctx, key)), limit)
+        wait = throttle(ctx, region, dev, cost_of(ctx, cost_slot(ctx, key)), limit, monotonic_ns())
+        if wait > 0:
+            hold(ctx, region, dev, wait, np.uint64(0), False)  # streams of several devices: no turns
     return call_real(ctx, idx, args, notfound)
 
 

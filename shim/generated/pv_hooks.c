@@ -1691,6 +1691,7 @@ const pv_helper_info_t pv_helper_infos[PV_N_HELPERS] = {
     {"cuEventElapsedTime", PV_LIB_CUDA},
     {"cuEventDestroy_v2", PV_LIB_CUDA},
     {"cuStreamIsCapturing", PV_LIB_CUDA},
+    {"cuEventSynchronize", PV_LIB_CUDA},
     {"nvmlDeviceGetUtilizationRates", PV_LIB_NVML},
     {"nvmlDeviceGetComputeRunningProcesses_v3", PV_LIB_NVML},
     {"cuDeviceGetUuid_v2", PV_LIB_CUDA},

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3530305854435650ULL
+#define PV_CTX_MAGIC 0x3630305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/layout.py) */
 typedef struct pv_ctx {
@@ -14,7 +14,7 @@ typedef struct pv_ctx {
     uint8_t _pad0[4];
     uint64_t real[75];  /* real driver function per entry, 0 if the driver lacks it */
     uint64_t calls[75];  /* calls per entry, counted by the callbacks */
-    uint64_t helper[22];  /* real driver functions the policies call (hooks.HELPERS) */
+    uint64_t helper[23];  /* real driver functions the policies call (hooks.HELPERS) */
     uint64_t region;  /* address of the mapped region, 0 without one */
     uint64_t slot;  /* address of this process's slot in the region */
     int32_t slot_index;
@@ -32,7 +32,7 @@ typedef struct pv_ctx {
     uint64_t ctx_charged[16];  /* context bytes charged per device (1: measured, none) */
     uint32_t nvml_state;  /* 0 untried, 1 initialised by us, 2 unavailable */
     uint32_t sm_policy;  /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
-    uint64_t sm_batch_ns;  /* PYVGPU_SM_BATCH_MS in ns: how much budget held launches leave with */
+    uint64_t sm_batch_ns;  /* PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share */
     uint64_t sm_nvml[16];  /* NVML handle per CUDA device, 0 = not resolved yet */
     uint64_t sm_launches;  /* launches seen under a compute limit without a slot (drives sampling) */
     uint32_t sm_ndev;  /* CUDA devices this process sees, + 1; 0 = not asked yet */
@@ -48,48 +48,63 @@ typedef struct pv_ctx {
     uint64_t samp_ctx[8];  /* CUcontext the sample's events belong to */
     uint64_t samp_start[8];  /* CUevent before the launch */
     uint64_t samp_end[8];  /* CUevent after the launch */
+    uint64_t sched;  /* address of the mapped turn file (pyvgpu/sched.py), 0 = groups do not take turns */
+    uint32_t turn_id;  /* this process's id in turn words, 0 = not drawn yet */
+    uint8_t _pad3[4];
+    uint64_t turn_entry[16];  /* turn entry per CUDA device: its address, 1 = none, 0 = not looked up yet */
+    uint64_t turn_since[16];  /* CLOCK_MONOTONIC when this process last took the turn */
+    uint64_t turn_qend[16];  /* when the work this process queued is estimated to end */
+    uint64_t drain_ev;  /* CUevent that tells when this process's work is done, before a hand-over */
+    uint64_t drain_ctx;  /* CUcontext drain_ev belongs to */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad3[4];
+    uint8_t _pad4[4];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
 _Static_assert(offsetof(pv_ctx_t, real) == 16, "pv_ctx.real");
 _Static_assert(offsetof(pv_ctx_t, calls) == 616, "pv_ctx.calls");
 _Static_assert(offsetof(pv_ctx_t, helper) == 1216, "pv_ctx.helper");
-_Static_assert(offsetof(pv_ctx_t, region) == 1392, "pv_ctx.region");
-_Static_assert(offsetof(pv_ctx_t, slot) == 1400, "pv_ctx.slot");
-_Static_assert(offsetof(pv_ctx_t, slot_index) == 1408, "pv_ctx.slot_index");
-_Static_assert(offsetof(pv_ctx_t, region_fd) == 1412, "pv_ctx.region_fd");
-_Static_assert(offsetof(pv_ctx_t, n_slots) == 1416, "pv_ctx.n_slots");
-_Static_assert(offsetof(pv_ctx_t, lock) == 1420, "pv_ctx.lock");
-_Static_assert(offsetof(pv_ctx_t, table) == 1424, "pv_ctx.table");
-_Static_assert(offsetof(pv_ctx_t, table_mask) == 1432, "pv_ctx.table_mask");
-_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 1440, "pv_ctx.table_maxdisp");
-_Static_assert(offsetof(pv_ctx_t, table_live) == 1448, "pv_ctx.table_live");
-_Static_assert(offsetof(pv_ctx_t, table_full) == 1456, "pv_ctx.table_full");
-_Static_assert(offsetof(pv_ctx_t, pool_handle) == 1464, "pv_ctx.pool_handle");
-_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 1976, "pv_ctx.pool_reserved");
-_Static_assert(offsetof(pv_ctx_t, pool_dev) == 2488, "pv_ctx.pool_dev");
-_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2744, "pv_ctx.ctx_charged");
-_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2872, "pv_ctx.nvml_state");
-_Static_assert(offsetof(pv_ctx_t, sm_policy) == 2876, "pv_ctx.sm_policy");
-_Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 2880, "pv_ctx.sm_batch_ns");
-_Static_assert(offsetof(pv_ctx_t, sm_nvml) == 2888, "pv_ctx.sm_nvml");
-_Static_assert(offsetof(pv_ctx_t, sm_launches) == 3016, "pv_ctx.sm_launches");
-_Static_assert(offsetof(pv_ctx_t, sm_ndev) == 3024, "pv_ctx.sm_ndev");
-_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 3032, "pv_ctx.sm_default_cost");
-_Static_assert(offsetof(pv_ctx_t, sm_pending) == 3040, "pv_ctx.sm_pending");
-_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 3048, "pv_ctx.sm_tick_ns");
-_Static_assert(offsetof(pv_ctx_t, cost_key) == 3056, "pv_ctx.cost_key");
-_Static_assert(offsetof(pv_ctx_t, cost_ns) == 35824, "pv_ctx.cost_ns");
-_Static_assert(offsetof(pv_ctx_t, samp_state) == 68592, "pv_ctx.samp_state");
-_Static_assert(offsetof(pv_ctx_t, samp_key) == 68624, "pv_ctx.samp_key");
-_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68688, "pv_ctx.samp_ctx");
-_Static_assert(offsetof(pv_ctx_t, samp_start) == 68752, "pv_ctx.samp_start");
-_Static_assert(offsetof(pv_ctx_t, samp_end) == 68816, "pv_ctx.samp_end");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 68880, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 68884, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 69144, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, region) == 1400, "pv_ctx.region");
+_Static_assert(offsetof(pv_ctx_t, slot) == 1408, "pv_ctx.slot");
+_Static_assert(offsetof(pv_ctx_t, slot_index) == 1416, "pv_ctx.slot_index");
+_Static_assert(offsetof(pv_ctx_t, region_fd) == 1420, "pv_ctx.region_fd");
+_Static_assert(offsetof(pv_ctx_t, n_slots) == 1424, "pv_ctx.n_slots");
+_Static_assert(offsetof(pv_ctx_t, lock) == 1428, "pv_ctx.lock");
+_Static_assert(offsetof(pv_ctx_t, table) == 1432, "pv_ctx.table");
+_Static_assert(offsetof(pv_ctx_t, table_mask) == 1440, "pv_ctx.table_mask");
+_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 1448, "pv_ctx.table_maxdisp");
+_Static_assert(offsetof(pv_ctx_t, table_live) == 1456, "pv_ctx.table_live");
+_Static_assert(offsetof(pv_ctx_t, table_full) == 1464, "pv_ctx.table_full");
+_Static_assert(offsetof(pv_ctx_t, pool_handle) == 1472, "pv_ctx.pool_handle");
+_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 1984, "pv_ctx.pool_reserved");
+_Static_assert(offsetof(pv_ctx_t, pool_dev) == 2496, "pv_ctx.pool_dev");
+_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2752, "pv_ctx.ctx_charged");
+_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2880, "pv_ctx.nvml_state");
+_Static_assert(offsetof(pv_ctx_t, sm_policy) == 2884, "pv_ctx.sm_policy");
+_Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 2888, "pv_ctx.sm_batch_ns");
+_Static_assert(offsetof(pv_ctx_t, sm_nvml) == 2896, "pv_ctx.sm_nvml");
+_Static_assert(offsetof(pv_ctx_t, sm_launches) == 3024, "pv_ctx.sm_launches");
+_Static_assert(offsetof(pv_ctx_t, sm_ndev) == 3032, "pv_ctx.sm_ndev");
+_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 3040, "pv_ctx.sm_default_cost");
+_Static_assert(offsetof(pv_ctx_t, sm_pending) == 3048, "pv_ctx.sm_pending");
+_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 3056, "pv_ctx.sm_tick_ns");
+_Static_assert(offsetof(pv_ctx_t, cost_key) == 3064, "pv_ctx.cost_key");
+_Static_assert(offsetof(pv_ctx_t, cost_ns) == 35832, "pv_ctx.cost_ns");
+_Static_assert(offsetof(pv_ctx_t, samp_state) == 68600, "pv_ctx.samp_state");
+_Static_assert(offsetof(pv_ctx_t, samp_key) == 68632, "pv_ctx.samp_key");
+_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68696, "pv_ctx.samp_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_start) == 68760, "pv_ctx.samp_start");
+_Static_assert(offsetof(pv_ctx_t, samp_end) == 68824, "pv_ctx.samp_end");
+_Static_assert(offsetof(pv_ctx_t, sched) == 68888, "pv_ctx.sched");
+_Static_assert(offsetof(pv_ctx_t, turn_id) == 68896, "pv_ctx.turn_id");
+_Static_assert(offsetof(pv_ctx_t, turn_entry) == 68904, "pv_ctx.turn_entry");
+_Static_assert(offsetof(pv_ctx_t, turn_since) == 69032, "pv_ctx.turn_since");
+_Static_assert(offsetof(pv_ctx_t, turn_qend) == 69160, "pv_ctx.turn_qend");
+_Static_assert(offsetof(pv_ctx_t, drain_ev) == 69288, "pv_ctx.drain_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 69296, "pv_ctx.drain_ctx");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 69304, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 69308, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 69568, "sizeof pv_ctx");
 
 #endif

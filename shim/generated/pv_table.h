@@ -5,8 +5,8 @@
 
 #define PV_N_ENTRIES 75
 #define PV_N_HOOKS 49
-#define PV_N_HELPERS 22
-#define PV_TABLE_HASH "2315c856c86180e5"
+#define PV_N_HELPERS 23
+#define PV_TABLE_HASH "9635b31432a57a7e"
 
 /* One entry per exported ABI symbol (variant). */
 enum pv_entry {

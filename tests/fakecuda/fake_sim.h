@@ -4,7 +4,10 @@
  *
  * Each device is one FIFO timeline: a kernel of d ns starts when the device
  * is free (or now) and ends d ns later; launches block while more than
- * SIM_QUEUE_NS of work is queued, as a full launch queue does. With
+ * SIM_QUEUE_NS of work is queued, as a full launch queue does.
+ * FAKECUDA_SIM_SWITCH_PCT=P models time slicing: a kernel queued while
+ * another process still has work on the device takes P% longer (on an H100
+ * two contexts with work got ~90% of the GPU together, docs/compute.md). With
  * FAKECUDA_SIM=PATH every process maps the same file, so several processes
  * share one simulated GPU; without it each process has its own.
  * Devices here are always physical indexes (NVML's), never CUDA ordinals,
@@ -37,10 +40,12 @@ struct sim_dev {
 };
 struct sim_proc {
     int32_t pid;
-    uint32_t devmask; /* devices it holds a context on */
+    uint32_t devmask;            /* devices it holds a context on */
+    uint64_t busy_until[SIM_DEVS]; /* when its queued work on each device ends */
 };
 struct sim {
     uint64_t magic;
+    uint64_t switch_ns[SIM_DEVS]; /* time added by FAKECUDA_SIM_SWITCH_PCT, per device (tests read it) */
     struct sim_proc procs[SIM_PROCS];
     struct sim_dev dev[SIM_DEVS];
 };
@@ -80,10 +85,40 @@ SIM_FN struct sim *sim_map_file(void) {
     return s;
 }
 
+SIM_FN struct sim_proc *sim_me(struct sim *s) {
+    int32_t me = (int32_t)getpid();
+    for (int i = 0; i < SIM_PROCS; i++)
+        if (__atomic_load_n(&s->procs[i].pid, __ATOMIC_ACQUIRE) == me)
+            return &s->procs[i];
+    return NULL;
+}
+
+/* The time-slicing penalty: d longer by FAKECUDA_SIM_SWITCH_PCT if another process has work queued on dev. */
+SIM_FN uint64_t sim_switch_cost(struct sim *s, int dev, uint64_t d, uint64_t now, struct sim_proc *me) {
+    static int pct = -1;
+    if (pct < 0) {
+        const char *v = getenv("FAKECUDA_SIM_SWITCH_PCT");
+        pct = v && *v ? atoi(v) : 0;
+    }
+    if (!pct || !me)
+        return d;
+    for (int i = 0; i < SIM_PROCS; i++) {
+        struct sim_proc *p = &s->procs[i];
+        if (p != me && __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE) != 0 &&
+            __atomic_load_n(&p->busy_until[dev % SIM_DEVS], __ATOMIC_ACQUIRE) > now) {
+            __atomic_fetch_add(&s->switch_ns[dev % SIM_DEVS], d * (uint64_t)pct / 100, __ATOMIC_RELAXED);
+            return d + d * (uint64_t)pct / 100;
+        }
+    }
+    return d;
+}
+
 /* Queue d ns of work on dev; returns its [start, end). Blocks while the queue is full. */
 SIM_FN void sim_enqueue(struct sim *s, int dev, uint64_t d, uint64_t *start, uint64_t *end) {
     struct sim_dev *x = &s->dev[dev % SIM_DEVS];
     uint64_t now = sim_now(), old, st;
+    struct sim_proc *me = sim_me(s);
+    d = sim_switch_cost(s, dev, d, now, me);
     old = __atomic_load_n(&x->free_at, __ATOMIC_ACQUIRE);
     do {
         st = old > now ? old : now;
@@ -93,6 +128,8 @@ SIM_FN void sim_enqueue(struct sim *s, int dev, uint64_t d, uint64_t *start, uin
     __atomic_store_n(&x->ring[i].end, st + d, __ATOMIC_RELEASE);
     *start = st;
     *end = st + d;
+    if (me)
+        __atomic_store_n(&me->busy_until[dev % SIM_DEVS], st + d, __ATOMIC_RELEASE);
     if (st > now + SIM_QUEUE_NS)
         sim_sleep_until(st - SIM_QUEUE_NS);
 }
