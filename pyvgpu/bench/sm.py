@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from pyvgpu import cache, region, wrap
+from pyvgpu import cache, region, sched, wrap
 from pyvgpu.bench.common import machine, raw_env
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import parse_percent
@@ -147,6 +147,9 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                     "spin_iters": iters, "spin_kernel_ns": kernel_ns, "runs": []}
     with tempfile.TemporaryDirectory(prefix="pyvgpu-bench-sm-") as tmpdir:
         tmp = Path(tmpdir)
+        turns = sched.enabled(raw)
+        raw.setdefault("PYVGPU_SCHED", str(tmp / "turns"))  # this bench's groups take turns among themselves
+        result["turns"] = turns
         base = _Run(cmd, raw, None).finish(limit)
         result["unlimited_kernels_per_s"] = base["kernels_per_s"]
         for s in shares:
@@ -163,6 +166,8 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                 r = run_.finish(limit)
                 result["runs"].append({"kind": "pair", "target": s, **r,
                                        "achieved": 100 * r["kernels_per_s"] / base["kernels_per_s"]})
+        if turns and Path(raw["PYVGPU_SCHED"]).exists():
+            result["turn_stats"] = sched.entries(Path(raw["PYVGPU_SCHED"]))
     for r in result["runs"]:
         r["error_points"] = r["achieved"] - r["target"]
     result["max_error_points"] = max((abs(r["error_points"]) for r in result["runs"]), default=0.0)
@@ -184,6 +189,12 @@ def table(result: dict) -> str:
         lines.append(f"  {r['kind']:<7} {r['target']:>5}% {r['achieved']:>8.1f}% {r['error_points']:>+6.1f} "
                      f"{last['util']:>5.0f}% {last['scale']:>6.3f} {r.get('mean_cost_us', 0):>8.1f}")
     lines.append(f"  largest error {result['max_error_points']:.1f} points (goal: within {result['goal_points']:.0f})")
+    if not result.get("turns", True):
+        lines.append("  groups time-sliced the GPU (PYVGPU_SM_TURN=0)")
+    for t in result.get("turn_stats", []):
+        lines.append(f"  turns (all runs): {t['handovers']} hand-overs, {t['drains']} waited "
+                     f"{t['drain_ns'] / 1e6:.0f} ms for the holder's work, launches waited {t['wait_ns'] / 1e6:.0f} "
+                     "ms for the turn")
     return "\n".join(lines)
 
 
