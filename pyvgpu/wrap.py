@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pyvgpu import cache, devices, pyinfo, region
+from pyvgpu import cache, devices, pyinfo, region, sched
 from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BOOT_DIR, shim_path
@@ -59,6 +59,7 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
         env["PYVGPU_ALLOCATOR"] = allocator
     lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
     lim.sm_batch_ns(env)
+    sched.enabled(env)
     if join:
         join_group(env, memory, group, region_path, sm, devices)
     elif devices is not None:
@@ -124,6 +125,8 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
         for k in [k for k in env if k.startswith("CUDA_DEVICE_SM_LIMIT")]:
             del env[k]
         return lim.SmLimits(), source
+    if sched.enabled(env):  # a broken turn file is an error now, not in the program
+        os.close(sched.open_fd(sched.path(env)))
     if lim.sm_policy(env) == 2:
         print(f"pyvgpu: warning: {source} is not enforced for this program: GPU_CORE_UTILIZATION_POLICY=disable",
               file=sys.stderr)

@@ -11,6 +11,7 @@ share to its target.
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import threading
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import PYVGPU, run
 
-from pyvgpu import limits, region, sched
+from pyvgpu import layout, limits, region, sched
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BENCH_BIN
 
@@ -209,7 +210,7 @@ def test_bad_sm_option(env, value):
 
 
 @pytest.mark.parametrize("var,value", [("CUDA_DEVICE_SM_LIMIT", "150"), ("CUDA_DEVICE_SM_LIMIT_1", "abc"),
-                                       ("GPU_CORE_UTILIZATION_POLICY", "sometimes")])
+                                       ("GPU_CORE_UTILIZATION_POLICY", "sometimes"), ("PYVGPU_SM_TURN", "yes")])
 def test_bad_sm_env(env, var, value):
     env[var] = value
     p = run([*PYVGPU, "wrap", "--", "true"], env=env)
@@ -229,3 +230,45 @@ def test_joining_a_group_with_another_share_is_an_error(env, tmp_path):
     region.create(path, "g", [0] * 16, sm=[30] * 16)
     p = run([*PYVGPU, "wrap", "--region", str(path), "--sm", "50", "--", "true"], env=env)
     assert p.returncode == 2 and "30%" in p.stderr and "50%" in p.stderr, p.stderr
+
+
+def _turn_file(version: int = layout.SCHED_VERSION, size: int = layout.SCHED_SIZE, magic: int = layout.SCHED_MAGIC):
+    head = sched.Header(magic=magic, version=version, n_entries=layout.SCHED_ENTRIES, size=size)
+    return bytes(head).ljust(size, b"\0")
+
+
+@pytest.mark.parametrize("content,says", [(b"not a turn file at all" * 10, "bad magic"),
+                                          (_turn_file(version=99), "version 99"),
+                                          (_turn_file()[:4096], "damaged")])
+def test_a_broken_turn_file_is_a_clear_error_and_is_left_alone(env, tmp_path, content, says):
+    path = tmp_path / "turns"
+    path.write_bytes(content)
+    p = run([*PYVGPU, "wrap", "--sm", "30", "--", "true"], env=dict(env, PYVGPU_SCHED=str(path)))
+    assert p.returncode == 2 and str(path) in p.stderr and says in p.stderr and "remove" in p.stderr, p.stderr
+    assert path.read_bytes() == content
+    # memory limits alone do not need it
+    p = run([*PYVGPU, "wrap", "--memory", "1G", "--", "true"], env=dict(env, PYVGPU_SCHED=str(path)))
+    assert p.returncode == 0, p.stderr
+
+
+def test_a_dead_holder_loses_the_turn_when_its_lease_ends(env, tmp_path):
+    """A holder that dies holding the turn (here: a word naming a process that does not exist, leased for
+    the longest lease, 1 s) stalls the others until its lease ends, not for ever."""
+    e = sim_env(env, tmp_path, "dead")
+    path = tmp_path / "dead.turns"
+    p = run([*PYVGPU, "wrap", "--sm", "50", "--", str(BENCH_BIN), "sm", "0.2", ITERS, "kernel"], env=e)
+    assert p.returncode == 0, p.stderr  # claims the fake GPU's entry
+    (gpu,) = sched.entries(path)
+    data = bytearray(path.read_bytes())
+    off = layout.SCHED_ENTRIES_OFF + layout.SCHED_ENTRY.offset("turn")
+    lease = ((time.monotonic_ns() + 1_000_000_000) >> 10) & 0xFFFFFFFF
+    struct.pack_into("<Q", data, off, (0xDEAD << 32) | lease)
+    path.write_bytes(bytes(data))
+    t0 = time.monotonic()
+    p = run([*PYVGPU, "wrap", "--sm", "50", "--", str(BENCH_BIN), "sm", "2", ITERS, "kernel"], env=e)
+    assert p.returncode == 0, p.stderr
+    (after,) = sched.entries(path)
+    waited = (after["wait_ns"] - gpu["wait_ns"]) / 1e9
+    # it waited for the lease (which ends 1 s after it was written, less the program's start-up), no longer
+    assert 0.05 < waited < 1.2 and time.monotonic() - t0 < 10, waited
+    assert after["handovers"] > gpu["handovers"]
