@@ -366,6 +366,12 @@ static void atfork_child(void) {
     memset(pv_ctx.pool_handle, 0, sizeof pv_ctx.pool_handle);
     memset(pv_ctx.pool_reserved, 0, sizeof pv_ctx.pool_reserved);
     pv_ctx.lock = 0;
+    /* The child takes turns on the GPU as a process of its own: a new id, drawn at its next lookup. */
+    pv_ctx.turn_id = 0;
+    memset(pv_ctx.turn_entry, 0, sizeof pv_ctx.turn_entry);
+    memset(pv_ctx.turn_since, 0, sizeof pv_ctx.turn_since);
+    memset(pv_ctx.turn_qend, 0, sizeof pv_ctx.turn_qend);
+    pv_ctx.drain_ev = pv_ctx.drain_ctx = 0;
     if (pv_ctx.table) {
         void *t = mmap(NULL, (size_t)PV_TABLE_ENTRIES * 16, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
