@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import struct
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -272,3 +273,38 @@ def test_a_dead_holder_loses_the_turn_when_its_lease_ends(env, tmp_path):
     # it waited for the lease (which ends 1 s after it was written, less the program's start-up), no longer
     assert 0.05 < waited < 1.2 and time.monotonic() - t0 < 10, waited
     assert after["handovers"] > gpu["handovers"]
+
+
+FORK_HOST = """
+import ctypes, os, sys
+c = ctypes.CDLL("libcuda.so.1")
+assert c.cuInit(0) == 0
+d = ctypes.c_int(); ctx = ctypes.c_void_p(); mod = ctypes.c_void_p(); fn = ctypes.c_void_p()
+assert c.cuDeviceGet(ctypes.byref(d), 0) == 0
+assert c.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), d) == 0
+assert c.cuCtxSetCurrent(ctx) == 0
+assert c.cuModuleLoadData(ctypes.byref(mod), b"spin") == 0
+assert c.cuModuleGetFunction(ctypes.byref(fn), mod, b"spin") == 0
+iters = ctypes.c_uint32(2000)  # 200 us of simulated GPU time
+params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(iters), ctypes.c_void_p))
+def launch(n):
+    for _ in range(n):
+        assert c.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, None, params, None) == 0
+launch(20)
+pid = os.fork()
+if pid == 0:
+    launch(20)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+assert status == 0, status
+"""
+
+
+def test_a_forked_child_takes_turns_as_a_process_of_its_own(env, tmp_path):
+    """The parent holds the turn when it forks; the child must not inherit it (it would launch beside
+    the parent's queued work), so it waits and takes the turn over: two hand-overs, not one."""
+    e = sim_env(env, tmp_path, "fork")
+    p = run([*PYVGPU, "wrap", "--sm", "50", "--", sys.executable, "-c", FORK_HOST], env=e)
+    assert p.returncode == 0, p.stderr
+    (gpu,) = sched.entries(tmp_path / "fork.turns")
+    assert gpu["handovers"] == 2 and gpu["wait_ns"] > 0, gpu
