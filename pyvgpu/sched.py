@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pyvgpu import layout as L
 from pyvgpu.errors import PyvgpuError
+from pyvgpu.region import map_forever, runtime_dir
 
 Header = L.SCHED_HEADER.ctypes_class()
 Entry = L.SCHED_ENTRY.ctypes_class()
@@ -38,8 +39,6 @@ def path(env: Mapping[str, str]) -> Path:
         return Path(env["PYVGPU_SCHED"])
     if SHM_PATH.parent.is_dir() and os.access(SHM_PATH.parent, os.W_OK):
         return SHM_PATH
-    from pyvgpu.region import runtime_dir
-
     return runtime_dir() / "turns"
 
 
@@ -96,8 +95,6 @@ def attach(env: Mapping[str, str] = os.environ) -> int:
     """Map the turn file for the callbacks (never unmapped); 0 when PYVGPU_SM_TURN=0."""
     if not enabled(env):
         return 0
-    from pyvgpu.region import map_forever
-
     fd = open_fd(path(env))
     try:
         return map_forever(fd, L.SCHED_SIZE)

@@ -64,6 +64,7 @@ from pyvgpu.jit.intrinsics import (
 )
 from pyvgpu.jit.memory import current_device, device_used, helper
 from pyvgpu.jit.policies import call_real
+from pyvgpu.jit.streams import running_context
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_READY = 600
@@ -118,13 +119,11 @@ SLOT_COST = L.REGION_SLOT.offset("sm_cost_ns")
 SLOT_USED = L.REGION_SLOT.offset("used")
 SLOT_STATE = L.REGION_SLOT.offset("state")
 
-H_CTX_GET_CURRENT = hooks.HELPER_INDEX["cuCtxGetCurrent"]
 H_EVENT_CREATE = hooks.HELPER_INDEX["cuEventCreate"]
 H_EVENT_RECORD = hooks.HELPER_INDEX["cuEventRecord"]
 H_EVENT_QUERY = hooks.HELPER_INDEX["cuEventQuery"]
 H_EVENT_ELAPSED = hooks.HELPER_INDEX["cuEventElapsedTime"]
 H_EVENT_DESTROY = hooks.HELPER_INDEX["cuEventDestroy_v2"]
-H_STREAM_IS_CAPTURING = hooks.HELPER_INDEX["cuStreamIsCapturing"]
 H_PCI_BUS_ID = hooks.HELPER_INDEX["cuDeviceGetPCIBusId"]
 H_NVML_BY_BUS_ID = hooks.HELPER_INDEX["nvmlDeviceGetHandleByPciBusId_v2"]
 H_NVML_UTILIZATION = hooks.HELPER_INDEX["nvmlDeviceGetUtilizationRates"]
@@ -241,13 +240,9 @@ def sample_begin(ctx, key, stream):
             break
     if i < 0:
         return -1
-    cur = stack_u64()
-    capturing = stack_u64()
-    ok = call_i32(helper(ctx, H_CTX_GET_CURRENT), (cur,)) == CUDA_SUCCESS and load_u64(cur) != 0
-    # launches captured into a graph run later, with the graph: not now
-    ok = ok and call_i32(helper(ctx, H_STREAM_IS_CAPTURING), (stream, capturing)) == CUDA_SUCCESS
-    ok = ok and load_i32(capturing) == 0
-    if ok and load_u64(ctx + sample_addr(OFF_S_CTX, i)) != load_u64(cur):
+    cur = running_context(ctx, stream)
+    ok = cur != 0
+    if ok and load_u64(ctx + sample_addr(OFF_S_CTX, i)) != cur:
         destroy = helper(ctx, H_EVENT_DESTROY)
         for off in (OFF_S_START, OFF_S_END):
             old = load_u64(ctx + sample_addr(off, i))
@@ -263,7 +258,7 @@ def sample_begin(ctx, key, stream):
             ok = call_i32(create, (ev, np.uint32(0))) == CUDA_SUCCESS
         if ok:
             store_u64(ctx + sample_addr(OFF_S_END, i), load_u64(ev))
-            store_u64(ctx + sample_addr(OFF_S_CTX, i), load_u64(cur))
+            store_u64(ctx + sample_addr(OFF_S_CTX, i), cur)
     ok = ok and call_i32(helper(ctx, H_EVENT_RECORD),
                          (load_u64(ctx + sample_addr(OFF_S_START, i)), stream)) == CUDA_SUCCESS
     if not ok:

@@ -37,7 +37,6 @@ from pyvgpu.jit.intrinsics import (
     atomic_load_u64,
     atomic_store_u64,
     call_i32,
-    load_i32,
     load_u32,
     load_u64,
     monotonic_ns,
@@ -48,6 +47,7 @@ from pyvgpu.jit.intrinsics import (
     store_u64,
 )
 from pyvgpu.jit.memory import helper
+from pyvgpu.jit.streams import running_context
 
 CUDA_SUCCESS = 0
 CU_EVENT_DISABLE_TIMING = 2
@@ -80,8 +80,6 @@ E_DRAINS = L.SCHED_ENTRY.offset("drains")
 E_DRAIN_NS = L.SCHED_ENTRY.offset("drain_ns")
 
 H_DEVICE_UUID = hooks.HELPER_INDEX["cuDeviceGetUuid_v2"]
-H_CTX_GET_CURRENT = hooks.HELPER_INDEX["cuCtxGetCurrent"]
-H_STREAM_IS_CAPTURING = hooks.HELPER_INDEX["cuStreamIsCapturing"]
 H_EVENT_CREATE = hooks.HELPER_INDEX["cuEventCreate"]
 H_EVENT_RECORD = hooks.HELPER_INDEX["cuEventRecord"]
 H_EVENT_SYNCHRONIZE = hooks.HELPER_INDEX["cuEventSynchronize"]
@@ -178,14 +176,11 @@ def entry(ctx, dev):
 def drain(ctx, e, stream):
     """Wait until the work this process queued on stream is done (an event after it). Skipped while the
     stream captures a graph: nothing captured runs now."""
-    cur = stack_u64()
-    capturing = stack_u64()
-    if call_i32(helper(ctx, H_CTX_GET_CURRENT), (cur,)) != CUDA_SUCCESS or load_u64(cur) == 0:
-        return
-    if call_i32(helper(ctx, H_STREAM_IS_CAPTURING), (stream, capturing)) != CUDA_SUCCESS or load_i32(capturing) != 0:
+    cur = running_context(ctx, stream)
+    if cur == 0:
         return
     ev = load_u64(ctx + OFF_DRAIN_EV)
-    if ev != 0 and load_u64(ctx + OFF_DRAIN_CTX) != load_u64(cur):
+    if ev != 0 and load_u64(ctx + OFF_DRAIN_CTX) != cur:
         call_i32(helper(ctx, H_EVENT_DESTROY), (ev,))
         ev = np.uint64(0)
         store_u64(ctx + OFF_DRAIN_EV, 0)
@@ -195,7 +190,7 @@ def drain(ctx, e, stream):
             return
         ev = load_u64(out)
         store_u64(ctx + OFF_DRAIN_EV, ev)
-        store_u64(ctx + OFF_DRAIN_CTX, load_u64(cur))
+        store_u64(ctx + OFF_DRAIN_CTX, cur)
     t0 = monotonic_ns()
     if call_i32(helper(ctx, H_EVENT_RECORD), (ev, stream)) == CUDA_SUCCESS:
         call_i32(helper(ctx, H_EVENT_SYNCHRONIZE), (ev,))
