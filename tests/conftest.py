@@ -6,7 +6,6 @@ Wrapped programs run as real subprocesses with LD_PRELOAD (through
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -38,20 +37,15 @@ def fake(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory) -> Path:
-    """A callback cache compiled once for the session."""
-    d = tmp_path_factory.mktemp("pyvgpu-cache")
-    old = os.environ.get("PYVGPU_CACHE_DIR")
-    os.environ["PYVGPU_CACHE_DIR"] = str(d)
-    try:
-        from pyvgpu import cache
+def cache_dir() -> Path:
+    """The compiled callbacks, shared by every session: the user's cache (PYVGPU_CACHE_DIR or
+    ~/.cache/pyvgpu), compiled once per source version. Its key covers every source the machine code is
+    compiled from (pyvgpu/cache.py), so a stale entry is never used; tests that need an empty cache make
+    their own."""
+    from pyvgpu import cache
 
-        cache.ensure()
-    finally:
-        if old is None:
-            del os.environ["PYVGPU_CACHE_DIR"]
-        else:
-            os.environ["PYVGPU_CACHE_DIR"] = old
+    d = cache.cache_dir()
+    cache.ensure(d, workers=cache.cli_workers())
     return d
 
 

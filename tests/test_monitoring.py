@@ -16,7 +16,7 @@ from helpers import PYVGPU, run
 from prometheus_client.parser import text_string_to_metric_families
 
 from pyvgpu import layout as L
-from pyvgpu import region, services
+from pyvgpu import region
 
 MiB = 1 << 20
 HOSTS = Path(__file__).resolve().parent / "hosts"
@@ -154,7 +154,7 @@ def test_event_ring_keeps_the_latest_in_order(env, tmp_path):
     r = region.open_region(reg)
     try:
         for i in range(L.N_EVENTS + 40):
-            services.log_event(r, L.EV_MEMORY_LIMIT, i % 3, i, i + 1)
+            r.log_event(L.EV_MEMORY_LIMIT, i % 3, i, i + 1)
         evs = r.events()
         assert len(evs) == L.N_EVENTS
         assert [e["a"] for e in evs] == list(range(40, L.N_EVENTS + 40))

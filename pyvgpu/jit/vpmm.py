@@ -19,6 +19,13 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
+from pyvgpu.abi import (  # noqa: F401  (re-exported: pyvgpu/vpmm.py reads the codes from here)
+    CU_EVENT_DISABLE_TIMING,
+    CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_NOT_READY,
+    CUDA_ERROR_OUT_OF_MEMORY,
+    CUDA_SUCCESS,
+)
 from pyvgpu.jit.intrinsics import atomic_cas_u64, atomic_store_u64, call_i32, i64_ptr, load_u64, stack_u64, yield_cpu
 
 # region columns and states
@@ -37,10 +44,6 @@ H_EVENTS = 32  # then MAX_EVENTS x (handle, refcount)
 MAX_EVENTS = 4096
 HD_SIZE = H_EVENTS + 2 * MAX_EVENTS
 
-CUDA_SUCCESS = 0
-CUDA_ERROR_INVALID_VALUE = 1
-CUDA_ERROR_OUT_OF_MEMORY = 2
-CUDA_ERROR_NOT_READY = 600
 ERR_TABLE_FULL = -2  # more regions or events than the pool has rows for
 
 
@@ -82,7 +85,7 @@ def event_new(hd, stream):
         if n >= MAX_EVENTS:
             return np.int64(ERR_TABLE_FULL)
         out = stack_u64()
-        rc = call_i32(fn(hd, F_EV_CREATE), (out, np.uint32(2)))  # CU_EVENT_DISABLE_TIMING
+        rc = call_i32(fn(hd, F_EV_CREATE), (out, np.uint32(CU_EVENT_DISABLE_TIMING)))
         if rc != CUDA_SUCCESS:
             return np.int64(-1000 - rc)
         hd[H_EVENTS + 2 * n] = np.int64(load_u64(out))
