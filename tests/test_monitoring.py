@@ -55,6 +55,32 @@ def limits_set(env, *args: str) -> subprocess.CompletedProcess:
 
 # --- live limits ---------------------------------------------------------------------------------
 
+def test_a_full_region_refuses_the_next_process_and_nobody_runs_unaccounted(env, tmp_path):
+    """A region with two slots and two live members: a third process of the group gets its GPU calls refused
+    with a message saying why (the claim's -1 must reach the shim as -1), and never allocates outside the
+    group's accounting."""
+    reg = tmp_path / "small.region"
+    region.create(reg, "small", [64 * MiB] * L.MAX_DEVICES, n_slots=2)
+    a = Member(env, "--region", str(reg))
+    b = Member(env, "--region", str(reg))
+    try:
+        assert a(f"alloc {MiB}") == 0 and b(f"alloc {MiB}") == 0
+        p = run([*PYVGPU, "wrap", "--region", str(reg), "--", sys.executable, str(HOSTS / "mem_repl.py")],
+                env=env, input=f"alloc {MiB}\nquit\n")
+        assert p.returncode == 1 and "READY" not in p.stdout, (p.returncode, p.stdout, p.stderr)
+        assert "no free slot" in p.stderr and "refused" in p.stderr, p.stderr
+        r = region.open_region(reg, writable=False)
+        try:
+            assert r.device(0).used == 2 * MiB  # the members' bytes only
+            assert sorted(r.slot(i).pid for i in range(2)) == sorted([a.p.pid, b.p.pid])
+        finally:
+            r.close()
+        assert a("free") == 0  # the members go on as before
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_memory_limit_lowered_below_usage_refuses_until_freed_and_never_kills(env, tmp_path):
     reg = tmp_path / "g.region"
     m = Member(env, "--memory", "64M", "--region", str(reg))
