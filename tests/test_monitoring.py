@@ -188,8 +188,8 @@ def test_status_json_has_events_launches_and_group_devices(env, tmp_path):
     try:
         m("alloc 100000000")  # refused: an OOM event
         g = status(env, reg)
-        assert set(g) == {"name", "path", "created_ns", "sm_switch", "reclaimed_now", "gpus", "devices",
-                          "processes", "events"}
+        assert set(g) == {"name", "path", "created_ns", "sm_switch", "reclaimed_now", "n_physical", "gpus",
+                          "devices", "processes", "events"}
         assert g["gpus"] is None  # no --devices: as CUDA sees them
         (pr,) = g["processes"]
         assert pr["launches"] == 0 and pr["oom_refusals"] == 1
