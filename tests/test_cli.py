@@ -15,8 +15,8 @@ def test_version_and_help(env):
     assert p.returncode == 0 and p.stdout.strip() == f"pyvgpu {pyvgpu.__version__}"
     p = run([*PYVGPU, "wrap", "--help"], env=env)
     assert p.returncode == 0 and "--on-error" in p.stdout and "--stats" in p.stdout
-    p = run([*PYVGPU], env=env)
-    assert "wrap" in p.stdout and "doctor" in p.stdout
+    p = run([*PYVGPU], env=env)  # no command: the help, as a usage error (click prints it on stderr)
+    assert "wrap" in p.stdout + p.stderr and "doctor" in p.stdout + p.stderr
 
 
 def test_wrap_without_a_program(env):
@@ -53,10 +53,14 @@ def test_warmup_compiles_into_the_given_dir(env, tmp_path):
 
 def test_bench_overhead_runs_on_the_fake(env, tmp_path):
     out = tmp_path / "o.json"
-    p = run([*PYVGPU, "bench", "overhead", "--rounds", "1", "--samples", "20", "--json", str(out)], env=env)
+    p = run([*PYVGPU, "bench", "overhead", "--rounds", "1", "--samples", "20", "--output", str(out)], env=env)
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     for op in ("launch", "alloc_free"):
         s = r["ops"][op]
         assert s["raw_ns"] > 0 and s["hook_ns"] > 0 and s["ratio"] > 0
-    assert "ratio" in p.stdout
+    assert "ratio" in p.stdout and f"wrote {out}" in p.stderr
+    # --json: the same result on stdout, and nothing else there
+    p = run([*PYVGPU, "bench", "overhead", "--rounds", "1", "--samples", "20", "--json"], env=env)
+    assert p.returncode == 0, p.stderr
+    assert set(json.loads(p.stdout)["ops"]) == set(r["ops"])
