@@ -484,3 +484,31 @@ def test_top_fits_80_columns():
     row = next(line for line in out.splitlines() if line.startswith("team-a"))
     assert row.split() == ["team-a", "0=g15", "1023M/15G", "31/30%", "97%", "12k", "206m"]
     assert "4194304!" in out and "1.2M" in out
+
+
+def test_the_dashboard_asks_for_what_the_exporter_serves(tmp_path, monkeypatch):
+    """deploy/grafana/pyvgpu-dashboard.json: every query parses, and names metrics and labels the exporter has."""
+    import importlib.util
+    import re
+
+    from pyvgpu import exporter
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("render", root / "deploy/grafana/render.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    families = list(exporter.RegionCollector(machine=lambda: None).collect())
+    served = {f.name for f in families} | {f.name + "_total" for f in families if f.type == "counter"}
+    labels = set(exporter.DEVICE_LABELS) | {"pid", "kind", "version", "python", "modelName"}
+    dash = json.loads((root / "deploy/grafana/pyvgpu-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    for expr in exprs:
+        render.Parser(expr, {"group": ".*", "__rate_interval": "1m"}).expr()  # parses
+        for name in re.findall(r"\bpyvgpu_\w+", expr):
+            assert name in served, (name, expr)
+        for group in re.findall(r"by \(([^)]*)\)", expr):
+            assert {x.strip() for x in group.split(",")} <= labels, expr
+        for legend in re.findall(r"\{\{\s*(\w+)\s*\}\}", json.dumps(dash)):
+            assert legend in labels, legend
