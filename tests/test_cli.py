@@ -122,3 +122,18 @@ def test_help_has_one_grammar(env):
             assert "--json " in p.stdout
     assert "pip install 'pyvgpu[bench]'" in run([*PYVGPU, "bench", "sm", "--help"], env=env).stdout
     assert "Usage: pyvgpu wrap [OPTIONS] [--] PROGRAM [ARGS]..." in run([*PYVGPU, "wrap", "--help"], env=env).stdout
+
+
+def test_the_quick_start_example_runs_or_says_what_it_needs(env):
+    """examples/train.py (the README's quick start): trains, or names what is missing."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+    p = run([PY, str(example), "--steps", "2", "--width", "8", "--batch", "4"], env=env, timeout=600)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        assert p.returncode == 2 and "needs PyTorch: pip install torch" in p.stderr
+    else:
+        assert p.returncode == 0, p.stderr
+        assert "2 steps in" in p.stdout and "loss" in p.stdout
