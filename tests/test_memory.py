@@ -441,8 +441,9 @@ def test_status_json_schema(env, fake, tmp_path):
     a = hold(env, fake, 3 * MiB, "--memory", "0=64M", "--region", str(reg))
     try:
         g = status(env, reg)
-        assert set(g) == {"name", "path", "created_ns", "sm_switch", "reclaimed_now", "gpus", "devices", "processes",
-                          "events"}
+        assert set(g) == {"name", "path", "created_ns", "sm_switch", "reclaimed_now", "n_physical", "gpus", "devices",
+                          "processes", "events"}
+        assert g["n_physical"] == 2  # the fake machine's devices, as NVML told `pyvgpu wrap`
         dev = g["devices"][0]
         sm = dev.pop("sm")
         assert dev == {"index": 0, "limit": LIMIT, "used": 3 * MiB, "free": LIMIT - 3 * MiB, "peak": 3 * MiB,

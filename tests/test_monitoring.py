@@ -124,7 +124,7 @@ def test_sm_limit_set_live_and_removed(env, tmp_path):
     (["--region", "R", "--memory", "7=1G"], "has no device 7 (2 devices)"),
     (["--region", "R", "--memory", "32G"], "32 GiB is more than device 0's 16 GiB"),
     (["--region", "R", "--sm", "130"], "'130' is not a compute share"),
-    (["--region", "MISSING", "--sm", "30"], "does not exist"),
+    (["--region", "MISSING", "--sm", "30"], "there is no such file; start a group there with `pyvgpu wrap --region"),
 ])
 def test_limits_set_refuses_bad_input_and_changes_nothing(env, tmp_path, args, message):
     reg = tmp_path / "g.region"
@@ -210,7 +210,7 @@ def test_top_once_shows_groups_processes_and_events(env, tmp_path):
         p = run([*PYVGPU, "top", "--once", "--interval", "0.2"], env=env)
         assert p.returncode == 0, p.stderr
         out = p.stdout
-        assert "team-a" in out and "3 MiB / 64 MiB" in out and str(m.p.pid) in out
+        assert "team-a" in out and "3M/64M" in out and str(m.p.pid) in out
         assert "refused 99 MiB for the cap on device 0" in out
     finally:
         m.stop()
