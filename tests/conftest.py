@@ -51,6 +51,10 @@ def cache_dir() -> Path:
 
 @pytest.fixture
 def env(fake, cache_dir, tmp_path) -> dict[str, str]:
-    """Environment for a wrapped program on the fake driver (with a turn file of the test's own)."""
+    """Environment for a wrapped program on the fake driver (with a turn file of the test's own).
+
+    The fake's contexts take no memory unless asked (FAKECUDA_CTX_BYTES), so caps of a few MiB are
+    meaningful here: PYVGPU_MIN_MEMORY lowers the 64 MiB floor a real GPU needs (tests/test_sizes.py
+    checks the floor itself)."""
     return clean_env(LD_LIBRARY_PATH=str(fake), PYVGPU_CACHE_DIR=str(cache_dir),
-                     PYVGPU_SCHED=str(tmp_path / "turns"))
+                     PYVGPU_SCHED=str(tmp_path / "turns"), PYVGPU_MIN_MEMORY="1M")
