@@ -22,9 +22,9 @@ def _load(path: str, option: str):
     try:
         text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
     except OSError as e:
-        raise ClusterInputError(option, f"cannot read {path}: {e.strerror}") from None
+        raise ClusterInputError(f"{option} {path}", f"cannot read it: {e.strerror}") from None
     except UnicodeDecodeError:
-        raise ClusterInputError(option, f"{path} is not UTF-8 text") from None
+        raise ClusterInputError(f"{option} {path}", "not UTF-8 text") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -36,10 +36,10 @@ def _load(path: str, option: str):
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ClusterInputError(option, f"{path} is neither JSON nor YAML{where}: "
-                                        f"{getattr(e, 'problem', None) or e}") from None
+        raise ClusterInputError(f"{option} {path}", f"neither JSON nor YAML{where}: "
+                                                    f"{getattr(e, 'problem', None) or e}") from None
     if len(docs) != 1:
-        raise ClusterInputError(option, f"{path} holds {len(docs)} YAML documents; give exactly one")
+        raise ClusterInputError(f"{option} {path}", f"holds {len(docs)} YAML documents; give exactly one")
     return docs[0]
 
 

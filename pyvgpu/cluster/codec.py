@@ -86,7 +86,7 @@ def decode_register(text: str, where: str = keys.NODE_REGISTER) -> list[DeviceIn
     if not isinstance(text, str):
         raise ClusterInputError(where, f"expected a string, got {json.dumps(text)}")
     stripped = text.strip()
-    if not stripped.startswith("["):
+    if not stripped.startswith(("[", "{")):
         return _decode_register_legacy(stripped, where)
     try:
         raw = json.loads(stripped)

@@ -50,14 +50,13 @@ def parse_quantity(value: Any, field: str, context: str, unit: str) -> int:
     return int(v)
 
 
-def _resource(ctr: dict, name: str) -> Any:
+def _resource(ctr: dict, name: str, where: str) -> Any:
     # HAMi reads each resource from limits first, then from requests.
     res = ctr.get("resources") or {}
     for part in ("limits", "requests"):
         table = res.get(part) or {}
         if not isinstance(table, dict):
-            raise ClusterInputError(f"resources.{part}", f'container "{ctr.get("name", "?")}": expected a map '
-                                                         "of resource names to quantities")
+            raise ClusterInputError(f"resources.{part}", f"{where}: expected a map of resource names to quantities")
         if name in table:
             return table[name]
     return None
@@ -68,8 +67,8 @@ def container_request(ctr: dict, cfg: ClusterConfig, context: str, *, init: bool
     names = cfg.resources
     name = str(ctr.get("name", ""))
     where = f'{context}, container "{name}"'
-    count_v, mem_v = _resource(ctr, names.count), _resource(ctr, names.memory)
-    pct_v, cores_v = _resource(ctr, names.memory_percentage), _resource(ctr, names.cores)
+    count_v, mem_v = _resource(ctr, names.count, where), _resource(ctr, names.memory, where)
+    pct_v, cores_v = _resource(ctr, names.memory_percentage, where), _resource(ctr, names.cores, where)
     if count_v is None:
         # HAMi's webhook gives a container that asks memory or cores but no count defaultGPUNum GPUs.
         if (mem_v is not None or pct_v is not None or cores_v is not None) and cfg.default_gpu_num > 0:
