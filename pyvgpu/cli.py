@@ -371,6 +371,8 @@ def bench_schedule(
     repeats: int = typer.Option(20, min=1, help="Decisions timed per size and case (the median is reported)."),
     arrivals: int = typer.Option(10_000, min=0, help="Pod arrivals in the packing run (0 skips it)."),
     pack_nodes: int = typer.Option(50, min=1, help="Nodes of 8 GPUs in the packing run."),
+    loads: str = typer.Option("0.8,1.0", help="Offered loads of the packing run (1 = as many pods as fit on "
+                                               "average), comma-separated."),
     seed: int = typer.Option(1, help="Seed of the random cluster and pods: one seed, one result."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of the table."),
     output: Path = typer.Option(None, "--output", metavar="PATH", help="Also write the result as JSON to PATH."),
@@ -381,7 +383,8 @@ def bench_schedule(
     from pyvgpu.errors import PyvgpuError
 
     try:
-        result = bench.run(sizes=sizes, repeats=repeats, arrivals=arrivals, pack_nodes=pack_nodes, seed=seed)
+        result = bench.run(sizes=sizes, repeats=repeats, arrivals=arrivals, pack_nodes=pack_nodes, seed=seed,
+                           loads=loads)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     if output:

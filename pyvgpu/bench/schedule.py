@@ -68,6 +68,20 @@ def random_ask(rng: random.Random) -> tuple[int, int, int]:
     return nums, rng.choice(MEMS), rng.choice(CORES)
 
 
+def capacity_pods(n_nodes: int) -> float:
+    """How many pods of random_ask's mix the cluster holds on average: the scarcest of memory, cores and
+    slots divided by what a pod takes of it on average."""
+    whole, one, two, four = 0.05, 0.80, 0.10, 0.05
+    mem = sum(MEMS) / len(MEMS)
+    cores = sum(CORES) / len(CORES)
+    per_pod = {  # (expected demand per pod, capacity)
+        "memory": (whole * 1.5 * GPU_MEM + (one + 2 * two + 4 * four) * mem, GPU_MEM),
+        "cores": (whole * 1.5 * 100 + (one + 2 * two + 4 * four) * cores, 100),
+        "slots": (whole * 1.5 + one + 2 * two + 4 * four, SPLIT),
+    }
+    return min(cap * n_nodes * GPUS / demand for demand, cap in per_pod.values())
+
+
 def pod_dict(name: str, nums: int, mem: int, cores: int, node: str | None = None, allocated: str | None = None) -> dict:
     limits = {"nvidia.com/gpu": str(nums), "nvidia.com/gpumem": str(mem), "nvidia.com/gpucores": str(cores)}
     pod: dict[str, Any] = {"kind": "Pod", "metadata": {"name": name, "namespace": "bench", "annotations": {}},
@@ -155,14 +169,16 @@ def _snapshot(infos: list[NodeInfo]) -> tuple[int, int, int]:
     return in_use, stranded, total_used
 
 
-def pack(policy: str, n_nodes: int, arrivals: int, seed: int) -> dict:
-    """Arrivals with random asks and lifetimes on `n_nodes` nodes; the same stream for every policy."""
+def pack(policy: str, n_nodes: int, arrivals: int, seed: int, load: float) -> dict:
+    """Arrivals with random asks and lifetimes on `n_nodes` nodes; the same stream for every policy.
+
+    One pod arrives per step and lives an exponential number of steps, with a mean of `load` times the
+    pods the cluster holds (capacity_pods): load 1 offers as much as fits on average."""
     rng = random.Random(seed)
     cfg = ClusterConfig()
     infos = node_infos([node_dict(f"node-{i:03d}") for i in range(n_nodes)], [], cfg)
     by_name = {n.name: n for n in infos}
-    # Mean lifetime in arrivals: sized so the offered load is a little above what the cluster holds.
-    mean_life = n_nodes * GPUS * 3.6
+    mean_life = load * capacity_pods(n_nodes)
     leaving: list[tuple[float, int, str, tuple]] = []
     refused = {"1 GPU": 0, "2+ GPUs": 0}
     asked = {"1 GPU": 0, "2+ GPUs": 0}
@@ -190,6 +206,7 @@ def pack(policy: str, n_nodes: int, arrivals: int, seed: int) -> dict:
     gib = 1024
     return {
         "policy": policy,
+        "load": load,
         "arrivals": arrivals,
         "refused": sum(refused.values()),
         "refused_by_size": refused,
@@ -212,30 +229,39 @@ def _machine() -> dict[str, str]:
     except OSError:
         pass
     commit = ""
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        r = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                           timeout=10)
-        commit = r.stdout.strip() if r.returncode == 0 else ""
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    for where in (os.path.dirname(os.path.abspath(__file__)), os.getcwd()):  # a checkout, else where it runs
+        try:
+            r = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                               timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if r.returncode == 0 and r.stdout.strip():
+            commit = f"{r.stdout.strip()} ({where})"
+            break
     return {"cpu": cpu, "cpus": str(os.cpu_count()), "python": platform.python_version(),
             "commit": commit or "unknown (not a git checkout)"}
 
 
 def run(sizes: str = "100,1000,5000", repeats: int = 20, arrivals: int = 10_000, pack_nodes: int = 50,
-        seed: int = 1) -> dict:
+        seed: int = 1, loads: str = "0.8,1.0") -> dict:
     try:
         size_list = [int(s) for s in sizes.split(",") if s.strip()]
     except ValueError:
         raise ClusterInputError("--sizes", f"{sizes!r}: give node counts separated by commas, e.g. 100,1000") from None
     if not size_list or any(s < 1 for s in size_list):
         raise ClusterInputError("--sizes", f"{sizes!r}: give positive node counts, e.g. 100,1000,5000")
+    try:
+        load_list = [float(x) for x in loads.split(",") if x.strip()]
+    except ValueError:
+        raise ClusterInputError("--loads", f"{loads!r}: give load factors separated by commas, e.g. 0.8,1.0") from None
+    if any(x <= 0 for x in load_list):
+        raise ClusterInputError("--loads", f"{loads!r}: load factors are positive, e.g. 0.8,1.0")
     rng = random.Random(seed)
     result: dict[str, Any] = {"machine": _machine(), "seed": seed, "gpus_per_node": GPUS, "split": SPLIT,
                               "decisions": time_decisions(size_list, repeats, rng)}
     if arrivals:
-        result["packing"] = [pack(p, pack_nodes, arrivals, seed) for p in (keys.BINPACK, keys.SPREAD)]
+        result["packing"] = [pack(p, pack_nodes, arrivals, seed, x) for x in load_list
+                             for p in (keys.BINPACK, keys.SPREAD)]
     return result
 
 
@@ -255,13 +281,14 @@ def table(result: dict) -> str:
         p0 = result["packing"][0]
         out += ["", f"packing: {p0['arrivals']} arrivals with departures on {p0['gpus'] // GPUS} nodes "
                     f"({p0['gpus']} GPUs); means over the run after a warm-up fifth:",
-                f"  {'policy':<8} {'GPUs in use':>11} {'used GiB':>9} {'stranded GiB':>13} {'refused':>8} "
+                f"  {'load':>4} {'policy':<8} {'GPUs in use':>11} {'used GiB':>9} {'stranded GiB':>13} {'refused':>8} "
                 f"{'1 GPU':>6} {'2+ GPUs':>8} {'ms/decision':>12}"]
         for p in result["packing"]:
-            out.append(f"  {p['policy']:<8} {p['gpus_in_use_mean']:>11} {p['used_gib_mean']:>9} "
+            out.append(f"  {p['load']:>4} {p['policy']:<8} {p['gpus_in_use_mean']:>11} {p['used_gib_mean']:>9} "
                        f"{p['stranded_gib_mean']:>13} {p['refused']:>8} {p['refused_by_size']['1 GPU']:>6} "
                        f"{p['refused_by_size']['2+ GPUs']:>8} {p['decision_ms_mean']:>12}")
-        out.append("  (stranded: free memory on GPUs that are partly used; refused: no node fits at arrival)")
+        out.append("  (load 1: pods live as long as it takes the mix to fill the cluster on average; stranded: free "
+                   "memory on\n   GPUs that are partly used; refused: no node fits at arrival)")
     return "\n".join(out)
 
 

@@ -24,12 +24,13 @@ def static_reason(dev: DeviceUsage, req: PodRequest) -> str | None:
         return "unhealthy"
     if dev.cordoned:
         return f"cordoned ({keys.NODE_DEVICE_CORDON})"
-    # Types match as case-insensitive substrings of the model (HAMi pkg/device/devices.go CheckType).
-    t = dev.type.upper()
-    if req.use_types and not any(u.upper() in t for u in req.use_types):
-        return f"type {dev.type!r} is not in {keys.USE_TYPE} {','.join(req.use_types)!r}"
-    if req.nouse_types and any(u.upper() in t for u in req.nouse_types):
-        return f"type {dev.type!r} is excluded by {keys.NOUSE_TYPE} {','.join(req.nouse_types)!r}"
+    if req.use_types or req.nouse_types:
+        # Types match as case-insensitive substrings of the model (HAMi pkg/device/devices.go CheckType).
+        t = dev.type.upper()
+        if req.use_types and not any(u.upper() in t for u in req.use_types):
+            return f"type {dev.type!r} is not in {keys.USE_TYPE} {','.join(req.use_types)!r}"
+        if req.nouse_types and any(u.upper() in t for u in req.nouse_types):
+            return f"type {dev.type!r} is excluded by {keys.NOUSE_TYPE} {','.join(req.nouse_types)!r}"
     if req.modes and dev.mode not in req.modes:
         return f"mode {dev.mode} is not in {keys.VGPU_MODE} {','.join(req.modes)!r}"
     # UUIDs match exactly (CheckUUID).

@@ -171,8 +171,9 @@ def container_reason(devs: list[DeviceUsage], statics: list[str | None], ctr: Co
     """Which GPU refuses the container, and by which limit."""
     refusals = []
     numa: dict[int, int] = {}
+    memreq, pct = ctr.memreq, ctr.mem_percentage
     for d, s in zip(devs, statics, strict=True):
-        r = s or usage_reason(d, ctr, ctr.memory_on(d.totalmem))
+        r = s or usage_reason(d, ctr, memreq if memreq > 0 else d.totalmem * pct // 100)
         if r:
             refusals.append(f"GPU {d.index} {d.id}: {r}")
         else:
