@@ -180,7 +180,7 @@ def container_reason(devs: list[DeviceUsage], statics: list[str | None], ctr: Co
             numa[d.numa] = numa.get(d.numa, 0) + 1
     n_fit = sum(numa.values())
     head = (f'container "{ctr.name}" asks {ctr.nums} GPU(s) with {_memory(ctr)} and {ctr.coresreq}% cores each; '
-            f"{n_fit} of {len(devs)} GPU(s) can take it")
+            f"{n_fit} of the node's {len(devs)} GPU(s) can take it, {ctr.nums} needed")
     if req.numa_bind and n_fit >= ctr.nums:
         head += (f", but {keys.NUMA_BIND} needs them on one NUMA node ("
                  + ", ".join(f"numa {k}: {v}" for k, v in sorted(numa.items())) + ")")
