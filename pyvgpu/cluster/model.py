@@ -189,6 +189,11 @@ class Decision:
         return tuple(tuple(p.entry() for p in ctr) for ctr in self.placements)
 
     @property
+    def init_containers(self) -> int:
+        """How many of the entries are init containers (usage.add_pod needs it to charge the pod)."""
+        return sum(1 for c in self.request.containers if c.init)
+
+    @property
     def feasible(self) -> list[str]:
         """Every node the pod fits on, best first (the extender returns all of them: HAMi#2264)."""
         return [n.name for n in self.nodes if n.fits]

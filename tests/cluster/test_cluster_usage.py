@@ -147,3 +147,25 @@ def test_bad_lists(nodes, pods, field):
     with pytest.raises(ClusterInputError) as e:
         node_infos(nodes, pods)
     assert e.value.field == field
+
+
+def test_a_decision_charged_then_released_leaves_the_node_as_it_was():
+    from pyvgpu.cluster.decide import decide_on
+    from pyvgpu.cluster.request import pod_request
+    from pyvgpu.cluster.usage import add_pod
+
+    nodes = nodelist(node("n1", [gpu("GPU-a"), gpu("GPU-m", 1, count=7, mode="mig")]))
+    pods = podlist(pod("old", node_name="n1", allocated="GPU-a,NVIDIA,1000,10:;"))
+    (info,) = node_infos(nodes, pods)
+    before = [(d.used, d.usedmem, d.usedcores, d.mig_geometry, d.mig_used) for d in info.devices]
+    req = pod_request(pod(init=[ctr("setup", mem=500)], containers=[ctr("a", gpus=2, mem=5000, cores=10)]))
+    d = decide_on([info], req)
+    assert d.node == "n1" and d.init_containers == 1
+    score = info.score_cache
+    add_pod(info, d.devices, d.init_containers)
+    assert info.score_cache is None  # the cached node score is dropped with the usage change
+    m = info.devices[1]
+    assert (m.used, m.usedmem, m.usedcores, m.mig_geometry, m.mig_used) == (1, 10240, 14, 0, frozenset({0}))
+    assert decide_on([info], req).nodes[0].score > score
+    add_pod(info, d.devices, d.init_containers, sign=-1)
+    assert [(d.used, d.usedmem, d.usedcores, d.mig_geometry, d.mig_used) for d in info.devices] == before
