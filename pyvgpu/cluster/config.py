@@ -1,7 +1,7 @@
 """The scheduler's configuration: resource names, defaults, policies and the MIG geometry table.
 
-Defaults are HAMi's (chart charts/hami/templates/scheduler/device-configmap.yaml and
-cmd/scheduler/main.go): nvidia.com/gpu, gpumem, gpumem-percentage, gpucores; defaultMemory 0,
+Defaults are HAMi's (charts/hami/values.yaml, charts/hami/templates/scheduler/device-configmap.yaml and
+cmd/scheduler/main.go, v2.8.0): nvidia.com/gpu, gpumem, gpumem-percentage, gpucores; defaultMemory 0,
 defaultCores 0, defaultGPUNum 1, memoryFactor 1; node policy binpack, GPU policy spread.
 """
 
