@@ -20,6 +20,7 @@ import typer
 from typer.core import TyperCommand
 
 from pyvgpu import __version__
+from pyvgpu.cluster.cli import cluster_app
 
 DEFAULT_EXPORTER_PORT = 9433  # not 9400: that is dcgm-exporter's, which runs beside us (docs/monitoring.md)
 
@@ -36,6 +37,7 @@ bench_app = typer.Typer(help="Benchmarks that print figures, raw against wrapped
 app.add_typer(bench_app, name="bench")
 limits_app = typer.Typer(help="Change a running group's limits.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(limits_app, name="limits")
+app.add_typer(cluster_app, name="cluster")
 
 
 class OnError(str, enum.Enum):
@@ -414,6 +416,38 @@ def bench_vpmm(
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, bench.table(result), as_json, output)
+
+
+@bench_app.command("schedule")
+def bench_schedule(
+    sizes: str = typer.Option("100,1000,5000", help="Cluster sizes (nodes of 8 GPUs) to time one decision at."),
+    repeats: int = typer.Option(20, min=1, help="Decisions timed per size and case (the median is reported)."),
+    arrivals: int = typer.Option(10_000, min=0, help="Pod arrivals in the packing run (0 skips it)."),
+    pack_nodes: int = typer.Option(50, min=1, help="Nodes of 8 GPUs in the packing run."),
+    loads: str = typer.Option("0.8,1.0", help="Offered loads of the packing run (1 = as many pods as fit on "
+                                               "average), comma-separated."),
+    seed: int = typer.Option(1, help="Seed of the random cluster and pods: one seed, one result."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of the table."),
+    output: Path = typer.Option(None, "--output", metavar="PATH", help="Also write the result as JSON to PATH."),
+) -> None:
+    """The scheduling core on a simulated cluster: time to decide one pod at each size (with and without
+    topology, 4 of 8 GPUs), and a packing run of arrivals and departures, binpack against spread."""
+    from pyvgpu.bench import schedule as bench
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        result = bench.run(sizes=sizes, repeats=repeats, arrivals=arrivals, pack_nodes=pack_nodes, seed=seed,
+                           loads=loads)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    if output:
+        output.write_text(json.dumps(result, indent=1))
+    if as_json:
+        typer.echo(json.dumps(result, indent=1))
+    else:
+        typer.echo(bench.table(result))
+        if output:
+            typer.echo(f"wrote {output}")
 
 
 def main() -> None:

@@ -1,0 +1,50 @@
+"""The wire names HAMi uses, exactly, so a cluster can move from HAMi to pyvgpu node by node.
+
+Sources (Project-HAMi/HAMi): pkg/device/nvidia/device.go (node and pod annotation keys, modes),
+pkg/util/types.go (vgpu-node, bind-phase, policy keys and values), pkg/device/nvidia/device.go
+InitNvidiaDevice (the two allocation annotations), pkg/device/devices.go (separators).
+"""
+
+# Node annotations, written by the node agent (HAMi: the device plugin).
+NODE_REGISTER = "hami.io/node-nvidia-register"
+NODE_PAIR_SCORE = "hami.io/node-nvidia-score"
+NODE_HANDSHAKE = "hami.io/node-handshake"
+# A live, per-GPU cordon: comma-separated UUIDs that take no new allocation (newer HAMi).
+NODE_DEVICE_CORDON = "hami.io/device-cordon"
+
+# Pod annotations written by the scheduler (filter, then bind).
+POD_NODE = "hami.io/vgpu-node"
+POD_TIME = "hami.io/vgpu-time"
+POD_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+POD_ALLOCATED = "hami.io/vgpu-devices-allocated"
+POD_BIND_PHASE = "hami.io/bind-phase"
+POD_BIND_TIME = "hami.io/bind-time"
+BIND_ALLOCATING = "allocating"
+
+# Pod annotations a user writes.
+NODE_POLICY = "hami.io/node-scheduler-policy"
+GPU_POLICY = "hami.io/gpu-scheduler-policy"
+USE_TYPE = "nvidia.com/use-gputype"
+NOUSE_TYPE = "nvidia.com/nouse-gputype"
+USE_UUID = "nvidia.com/use-gpuuuid"
+NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
+VGPU_MODE = "nvidia.com/vgpu-mode"
+NUMA_BIND = "nvidia.com/numa-bind"
+
+# Policy values.
+BINPACK = "binpack"
+SPREAD = "spread"
+TOPOLOGY = "topology-aware"
+
+# Device modes (seed section 7.1).
+HAMI_CORE = "hami-core"
+MIG = "mig"
+MPS = "mps"
+MODES = (HAMI_CORE, MIG, MPS)
+
+# The device type written in an allocation entry (HAMi's NvidiaGPUDevice common word).
+DEVICE_TYPE = "NVIDIA"
+
+# Allocation encoding separators (pkg/device/devices.go): after every device, after every container.
+DEVICE_SEP = ":"
+CONTAINER_SEP = ";"

@@ -1,0 +1,198 @@
+"""What is in use on each node: registered GPUs, minus what the pods bound to them hold.
+
+A pod counts against a node when it has not ended (phase not Succeeded or Failed) and names the node,
+in spec.nodeName or, before the binding lands, in hami.io/vgpu-node (HAMi tracks pods by that
+annotation: pkg/scheduler/scheduler.go onAddPod). Its GPUs come from hami.io/vgpu-devices-allocated.
+While it binds (hami.io/bind-phase: allocating) the device plugin pops containers off
+hami.io/vgpu-devices-to-allocate one by one (HAMi pkg/device-plugin/.../plugin/util.go), so each
+container counts by whichever of the two annotations still lists its GPUs.
+
+A pod's init containers run one at a time before its app containers, so per GPU the pod holds the
+larger of its biggest init container and the sum of its app containers; slots likewise (HAMi
+pkg/device/initContainer.go CollapseInitContainerUsage).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyvgpu.cluster import codec, keys
+from pyvgpu.cluster.config import ClusterConfig
+from pyvgpu.cluster.errors import ClusterInputError
+from pyvgpu.cluster.model import DeviceUsage, NodeInfo, PodDevices
+
+_ENDED = ("Succeeded", "Failed")
+
+
+def items(obj: Any, kind: str) -> list[dict]:
+    """The objects of a `kubectl get -o json` dump: a List's items, a plain list, or one object."""
+    if isinstance(obj, dict) and isinstance(obj.get("items"), list):
+        out = obj["items"]
+    elif isinstance(obj, list):
+        out = obj
+    elif isinstance(obj, dict) and obj.get("kind") == kind:
+        out = [obj]
+    else:
+        raise ClusterInputError(f"{kind}List", f"expected a {kind}List (kubectl get {kind.lower()}s -o json), "
+                                               f"a list of {kind}s or one {kind}")
+    for i, o in enumerate(out):
+        if not isinstance(o, dict):
+            raise ClusterInputError(f"{kind}List items[{i}]", f"expected a {kind} object, got {type(o).__name__}")
+    return out
+
+
+def _meta(obj: dict, i: int, kind: str) -> tuple[dict, dict]:
+    meta = obj.get("metadata") or {}
+    if not isinstance(meta, dict) or not meta.get("name"):
+        raise ClusterInputError(f"{kind}List items[{i}].metadata.name", f"a {kind} without a name")
+    annos = meta.get("annotations") or {}
+    if not isinstance(annos, dict):
+        raise ClusterInputError(f"{kind}List items[{i}].metadata.annotations", f"{kind} {meta['name']}: expected a "
+                                                                             "map of strings")
+    return meta, annos
+
+
+def node_info(node: dict, cfg: ClusterConfig, i: int = 0) -> NodeInfo:
+    """One node's GPUs (no usage yet). A broken registration becomes the node's error, not an exception."""
+    meta, annos = _meta(node, i, "Node")
+    info = NodeInfo(str(meta["name"]))
+    raw = annos.get(keys.NODE_REGISTER)
+    if raw is None:
+        info.error = f"no {keys.NODE_REGISTER} annotation: no pyvgpu or HAMi node agent registered GPUs here"
+        return info
+    try:
+        devices = codec.decode_register(raw)
+        scores = codec.decode_pair_scores(annos[keys.NODE_PAIR_SCORE]) if keys.NODE_PAIR_SCORE in annos else {}
+    except ClusterInputError as e:
+        info.error = str(e)
+        return info
+    if not devices:
+        info.error = f"{keys.NODE_REGISTER} lists no GPU"
+        return info
+    cordoned = {u.strip() for u in str(annos.get(keys.NODE_DEVICE_CORDON, "")).split(",") if u.strip()}
+    for d in devices:
+        du = DeviceUsage.of(d)
+        du.cordoned = d.id in cordoned
+        if du.mode == keys.MIG and not du.geometries:
+            du.geometries = cfg.mig_geometries(du.type)
+            if not du.geometries:
+                du.problem = (f"mode mig, but no MIG geometry is known for {du.type!r}: add its model to the "
+                              "config's mig_models")
+        info.devices.append(du)
+    info.pair_scores = scores
+    return info
+
+
+def pod_node(pod: dict) -> str | None:
+    meta = pod.get("metadata") or {}
+    return (pod.get("spec") or {}).get("nodeName") or (meta.get("annotations") or {}).get(keys.POD_NODE) or None
+
+
+def pod_devices(pod: dict) -> PodDevices:
+    """The GPUs a pod holds, per container (init containers first); () when none. Raises on a bad annotation."""
+    annos = (pod.get("metadata") or {}).get("annotations") or {}
+    allocated = codec.decode_pod_devices(annos.get(keys.POD_ALLOCATED, ""), keys.POD_ALLOCATED)
+    if annos.get(keys.POD_BIND_PHASE) != keys.BIND_ALLOCATING:
+        return allocated
+    pending = codec.decode_pod_devices(annos.get(keys.POD_TO_ALLOCATE, ""), keys.POD_TO_ALLOCATE)
+    n = max(len(allocated), len(pending))
+    return tuple((allocated[i] if i < len(allocated) and allocated[i] else
+                  pending[i] if i < len(pending) else ()) for i in range(n))
+
+
+def collapse(pd: PodDevices, n_init: int) -> dict[str, list]:
+    """Per GPU UUID: [slots, mem, cores, {(geometry, instance)}] the pod holds at its peak."""
+    init: dict[str, list] = {}
+    app: dict[str, list] = {}
+    for ci, ctr in enumerate(pd):
+        for d in ctr:
+            uuid, g, inst = codec.split_mig_uuid(d.uuid)
+            if ci < n_init:
+                cur = init.setdefault(uuid, [1, 0, 0, set()])
+                cur[1], cur[2] = max(cur[1], d.usedmem), max(cur[2], d.usedcores)
+            else:
+                cur = app.setdefault(uuid, [0, 0, 0, set()])
+                cur[0] += 1
+                cur[1] += d.usedmem
+                cur[2] += d.usedcores
+            if inst is not None:
+                cur[3].add((g, inst))
+    out = {}
+    for uuid in init.keys() | app.keys():
+        a, b = init.get(uuid, [0, 0, 0, set()]), app.get(uuid, [0, 0, 0, set()])
+        out[uuid] = [max(a[0], b[0], 1), max(a[1], b[1]), max(a[2], b[2]), a[3] | b[3]]
+    return out
+
+
+def _instances(geometry: tuple) -> int:
+    return sum(t.count for t in geometry)
+
+
+def add_pod(node: NodeInfo, pd: PodDevices, n_init: int = 0, sign: int = 1, who: str = "a pod") -> None:
+    """Charge (sign=1) or release (sign=-1) a pod's GPUs on a node. GPUs the node does not list are ignored,
+    as HAMi does. Contradictions (a MIG instance on a non-MIG GPU, two geometries on one GPU) mark the GPU
+    with a problem, so it takes nothing new."""
+    node.score_cache = None
+    by_id = {d.id: d for d in node.devices}
+    for uuid, (slots, mem, cores, migs) in collapse(pd, n_init).items():
+        dev = by_id.get(uuid)
+        if dev is None:
+            continue
+        dev.used += sign * slots
+        dev.usedmem += sign * mem
+        dev.usedcores += sign * cores
+        if dev.mode != keys.MIG:
+            if migs and sign > 0:
+                dev.problem = f"{who} holds a MIG instance on this {dev.mode} GPU"
+            continue
+        if not migs and sign > 0:
+            dev.problem = f"{who} holds this MIG GPU without naming an instance (UUID[geometry-instance])"
+            continue
+        used = set(dev.mig_used)
+        for g, inst in migs:
+            if sign < 0:
+                used.discard(inst)
+                continue
+            if dev.mig_geometry is not None and dev.mig_geometry != g:
+                dev.problem = f"pods use MIG geometries {dev.mig_geometry} and {g} on this GPU"
+            elif g >= len(dev.geometries) or inst >= _instances(dev.geometries[g]):
+                dev.problem = f"{who} holds MIG instance [{g}-{inst}], which geometry table does not have"
+            elif inst in used:
+                dev.problem = f"MIG instance [{g}-{inst}] is held twice"
+            dev.mig_geometry = g
+            used.add(inst)
+        dev.mig_used = frozenset(used)
+        if not used:
+            dev.mig_geometry = None
+
+
+def node_infos(nodes: Any, pods: Any, cfg: ClusterConfig | None = None,
+               exclude: tuple[str, str] | None = None) -> list[NodeInfo]:
+    """Every node of a NodeList with the usage of the pods of a PodList. `exclude` (namespace, name) leaves
+    one pod out: the pod being scheduled, whose earlier allocation must not count against itself."""
+    cfg = cfg or ClusterConfig()
+    infos = [node_info(n, cfg, i) for i, n in enumerate(items(nodes, "Node"))]
+    by_name = {n.name: n for n in infos}
+    if len(by_name) != len(infos):
+        names = [n.name for n in infos]
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ClusterInputError("NodeList", f"node {dup!r} is listed twice")
+    for i, pod in enumerate(items(pods, "Pod")):
+        meta, _ = _meta(pod, i, "Pod")
+        if (pod.get("status") or {}).get("phase") in _ENDED:
+            continue
+        ns = str(meta.get("namespace") or "default")
+        if exclude is not None and (ns, str(meta["name"])) == exclude:
+            continue
+        node = by_name.get(pod_node(pod) or "")
+        if node is None or node.error:
+            continue
+        who = f"pod {ns}/{meta['name']}"
+        try:
+            pd = pod_devices(pod)
+        except ClusterInputError as e:
+            node.error = f"{who}: {e}: its GPUs are unknown, so nothing more is placed on this node"
+            continue
+        if pd:
+            add_pod(node, pd, len((pod.get("spec") or {}).get("initContainers") or []), who=who)
+    return infos

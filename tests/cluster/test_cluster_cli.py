@@ -1,0 +1,142 @@
+"""`pyvgpu cluster explain` and `pyvgpu bench schedule`: output, JSON schema, exit codes, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster_helpers import ctr, gpu, node, nodelist, pod, podlist
+from typer.testing import CliRunner
+
+from pyvgpu.cli import app
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "cluster"
+
+
+def explain(*args: str):
+    return CliRunner().invoke(app, ["cluster", "explain", *args])
+
+
+def files(tmp_path: Path, nodes, pods, the_pod, pod_text: str | None = None) -> list[str]:
+    (tmp_path / "nodes.json").write_text(json.dumps(nodes))
+    (tmp_path / "pods.json").write_text(json.dumps(pods))
+    (tmp_path / "pod.yaml").write_text(pod_text if pod_text is not None else json.dumps(the_pod))
+    return ["--nodes", str(tmp_path / "nodes.json"), "--pods", str(tmp_path / "pods.json"),
+            "--pod", str(tmp_path / "pod.yaml")]
+
+
+def test_the_documented_example():
+    r = explain("--nodes", str(EXAMPLES / "nodes.json"), "--pods", str(EXAMPLES / "pods.json"),
+                "--pod", str(EXAMPLES / "pod.yaml"))
+    assert r.exit_code == 0, r.output
+    assert "decision: gpu-a" in r.output
+    assert "hami.io/vgpu-devices-to-allocate: GPU-a2,NVIDIA,20000,30:GPU-a3,NVIDIA,20000,30:;" in r.output
+    assert "GPU 0 GPU-b0: memory: 7360 MiB free of 15360, needs 20000" in r.output
+    assert 'hami.io/node-nvidia-register[0].devmem: expected an integer, got "80GB"' in r.output
+
+
+def test_json_schema():
+    r = explain("--nodes", str(EXAMPLES / "nodes.json"), "--pods", str(EXAMPLES / "pods.json"),
+                "--pod", str(EXAMPLES / "pod.yaml"), "--json")
+    assert r.exit_code == 0
+    out = json.loads(r.stdout)
+    assert out["node"] == "gpu-a"
+    assert out["annotations"]["hami.io/vgpu-node"] == "gpu-a"
+    assert out["annotations"]["hami.io/vgpu-devices-to-allocate"] == "GPU-a2,NVIDIA,20000,30:GPU-a3,NVIDIA,20000,30:;"
+    assert [set(n) for n in out["nodes"]] == [{"name", "fits", "score", "reason"}] * 5
+    assert [(n["name"], n["fits"]) for n in out["nodes"]] == [
+        ("gpu-a", True), ("gpu-mig", True), ("cpu-1", False), ("gpu-b", False), ("gpu-c", False)]
+    broken = next(n for n in out["nodes"] if n["name"] == "gpu-c")
+    assert broken["score"] is None and "devmem" in broken["reason"]
+    assert out["containers"][0]["devices"][0]["uuid"] == "GPU-a2"
+
+
+def test_no_node_fits_still_exits_0(tmp_path):
+    args = files(tmp_path, nodelist(node("n1", [gpu("GPU-a", mem=1000)])), podlist(),
+                 pod(containers=[ctr(mem=2000)]))
+    r = explain(*args, "--json")
+    assert r.exit_code == 0
+    out = json.loads(r.stdout)
+    assert out["node"] is None and out["annotations"] == {} and out["nodes"][0]["fits"] is False
+    r = explain(*args)
+    assert r.exit_code == 0 and "no node fits; the pod stays Pending" in r.output
+
+
+def test_yaml_pod_and_policy_options(tmp_path):
+    nodes = nodelist(node("n1", [gpu("GPU-1")]), node("n2", [gpu("GPU-2")]))
+    pods = podlist(pod("old", node_name="n1", allocated="GPU-1,NVIDIA,1000,10:;"))
+    yaml_pod = ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: m\n"
+                "    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 100}}\n")
+    args = files(tmp_path, nodes, pods, None, yaml_pod)
+    assert json.loads(explain(*args, "--json").stdout)["node"] == "n1"
+    assert json.loads(explain(*args, "--json", "--node-policy", "spread").stdout)["node"] == "n2"
+
+
+@pytest.mark.parametrize("pod_text, words", [
+    ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: m\n"
+     "    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: abc}}\n", 'nvidia.com/gpumem: pod default/p, '
+                                                                           'container "m": "abc" is not a whole'),
+    ("metadata: {name: p, annotations: {nvidia.com/numa-bind: sure}}\nspec: {containers: [{name: m}]}\n",
+     "nvidia.com/numa-bind"),
+    ("a: [1, 2\n", "neither JSON nor YAML (line"),
+    ("---\na: 1\n---\nb: 2\n", "holds 2 YAML documents"),
+    ("[]", "pod: expected a Pod object"),
+])
+def test_bad_pod_exits_2_naming_the_field(tmp_path, pod_text, words):
+    r = explain(*files(tmp_path, nodelist(node("n1", [gpu("GPU-a")])), podlist(), None, pod_text))
+    assert r.exit_code == 2
+    assert r.output.startswith("pyvgpu: --pod ") and words in r.output
+
+
+@pytest.mark.parametrize("nodes, pods, words", [
+    ({"kind": "Something"}, podlist(), "--nodes "),
+    (nodelist({"metadata": {}}), podlist(), "NodeList items[0].metadata.name: a Node without a name"),
+    (nodelist(node("n1", [gpu("GPU-a")])), {"items": ["x"]}, "--pods "),
+])
+def test_bad_lists_exit_2_naming_the_file(tmp_path, nodes, pods, words):
+    r = explain(*files(tmp_path, nodes, pods, pod()))
+    assert r.exit_code == 2 and words in r.output
+
+
+def test_missing_file_and_bad_option(tmp_path):
+    r = explain("--nodes", str(tmp_path / "none.json"), "--pods", str(tmp_path / "x"), "--pod", str(tmp_path / "y"))
+    assert r.exit_code == 2 and "none.json: cannot read it: No such file" in r.output
+    args = files(tmp_path, nodelist(), podlist(), pod())
+    r = explain(*args, "--gpu-policy", "best")
+    assert r.exit_code == 2 and "--gpu-policy: 'best'" in r.output
+
+
+def test_a_broken_node_does_not_hide_the_others(tmp_path):
+    nodes = nodelist(node("bad", "[{"), node("good", [gpu("GPU-a")]))
+    out = json.loads(explain(*files(tmp_path, nodes, podlist(), pod()), "--json").stdout)
+    assert out["node"] == "good" and out["nodes"][1]["name"] == "bad" and "not valid JSON" in out["nodes"][1]["reason"]
+
+
+def test_installed_command(tmp_path):
+    exe = shutil.which("pyvgpu", path=str(Path(sys.executable).parent)) or shutil.which("pyvgpu")
+    assert exe, "pyvgpu is not installed next to this Python"
+    args = files(tmp_path, nodelist(node("n1", [gpu("GPU-a")])), podlist(), pod(containers=[ctr(mem="x")]))
+    p = subprocess.run([exe, "cluster", "explain", *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "nvidia.com/gpumem" in p.stderr and p.stdout == ""
+    args = files(tmp_path, nodelist(node("n1", [gpu("GPU-a")])), podlist(), pod())
+    p = subprocess.run([exe, "cluster", "explain", "--json", *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and json.loads(p.stdout)["node"] == "n1"
+
+
+def test_bench_schedule_small_run(tmp_path):
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(app, ["bench", "schedule", "--sizes", "4,8", "--repeats", "1", "--arrivals", "60",
+                                 "--pack-nodes", "2", "--json", "--output", str(out)])
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout)
+    assert result == json.loads(out.read_text())
+    assert [d["nodes"] for d in result["decisions"]] == [4, 8]
+    assert {p["policy"] for p in result["packing"]} == {"binpack", "spread"}
+    table = CliRunner().invoke(app, ["bench", "schedule", "--sizes", "4", "--repeats", "1", "--arrivals", "0"])
+    assert table.exit_code == 0 and "one decision (median ms)" in table.output
+    bad = CliRunner().invoke(app, ["bench", "schedule", "--sizes", "x"])
+    assert bad.exit_code == 2 and "--sizes" in bad.output
