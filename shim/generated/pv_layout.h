@@ -109,7 +109,7 @@ _Static_assert(sizeof(pv_ctx_t) == 69560, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads it itself (pv_core.c: are limits set?). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 3
+#define PV_REGION_VERSION 4
 #define PV_REGION_DEVICES_OFF 512
 #define PV_MAX_DEVICES 16
 
@@ -172,12 +172,11 @@ typedef struct pv_region_device {
     uint64_t sm_scale;  /* controller: cost multiplier, 1/65536 units (0 = 1.0) */
     uint64_t sm_ctl_ns;  /* controller: CLOCK_MONOTONIC of its last step (also its lease) */
     uint64_t sm_throttle_ns;  /* ns launches waited for the budget */
-    uint64_t sm_ctl_throttle;  /* controller: sm_throttle_ns at its last step */
     uint64_t sm_steps;  /* controller steps taken */
     uint32_t sm_state;  /* controller: 0 idle, 1 calibrating (alone), 2 holding (others on the GPU), 3 no measurement */
     uint32_t sm_group_util;  /* the group's own utilization estimate, hundredths of a percent */
     uint64_t sm_cost_mark;  /* controller: the group's charged GPU time (ns, scaled) at its last step */
-    uint8_t _pad0[16];
+    uint8_t _pad0[24];
 } pv_region_device_t;
 _Static_assert(offsetof(pv_region_device_t, limit) == 0, "pv_region_device.limit");
 _Static_assert(offsetof(pv_region_device_t, used) == 8, "pv_region_device.used");
@@ -190,11 +189,10 @@ _Static_assert(offsetof(pv_region_device_t, sm_tat) == 48, "pv_region_device.sm_
 _Static_assert(offsetof(pv_region_device_t, sm_scale) == 56, "pv_region_device.sm_scale");
 _Static_assert(offsetof(pv_region_device_t, sm_ctl_ns) == 64, "pv_region_device.sm_ctl_ns");
 _Static_assert(offsetof(pv_region_device_t, sm_throttle_ns) == 72, "pv_region_device.sm_throttle_ns");
-_Static_assert(offsetof(pv_region_device_t, sm_ctl_throttle) == 80, "pv_region_device.sm_ctl_throttle");
-_Static_assert(offsetof(pv_region_device_t, sm_steps) == 88, "pv_region_device.sm_steps");
-_Static_assert(offsetof(pv_region_device_t, sm_state) == 96, "pv_region_device.sm_state");
-_Static_assert(offsetof(pv_region_device_t, sm_group_util) == 100, "pv_region_device.sm_group_util");
-_Static_assert(offsetof(pv_region_device_t, sm_cost_mark) == 104, "pv_region_device.sm_cost_mark");
+_Static_assert(offsetof(pv_region_device_t, sm_steps) == 80, "pv_region_device.sm_steps");
+_Static_assert(offsetof(pv_region_device_t, sm_state) == 88, "pv_region_device.sm_state");
+_Static_assert(offsetof(pv_region_device_t, sm_group_util) == 92, "pv_region_device.sm_group_util");
+_Static_assert(offsetof(pv_region_device_t, sm_cost_mark) == 96, "pv_region_device.sm_cost_mark");
 _Static_assert(sizeof(pv_region_device_t) == 128, "sizeof pv_region_device");
 
 #endif
