@@ -93,6 +93,7 @@ def attach_region(ctx_addr: int, env=os.environ) -> None:
     path = region.path_from_env(env)
     if path is None and not wanted and not shares:
         return  # no group and no limits: nothing to account
+    private = path is None
     if path is None:
         # not started by `pyvgpu wrap`, which checks this before the program starts
         limited = [d for d, v in enumerate(shares.as_list()) if 0 < v < 100]
@@ -102,15 +103,19 @@ def attach_region(ctx_addr: int, env=os.environ) -> None:
                               "(memory limits work without it)")
         path = region.new_private_path()
         os.environ["PYVGPU_REGION"] = str(path)  # children join this group
-    r = region.create_or_open(path, path.stem, wanted, "CUDA_DEVICE_MEMORY_LIMIT", sm=shares)
+    # A group's priority and borrowing are set by whoever makes it (HAMi's CUDA_TASK_PRIORITY, or
+    # PYVGPU_SM_BORROW); a member of an existing group follows the group's, also after a live change
+    # that its inherited environment does not know.
+    r = region.create_or_open(path, path.stem, wanted, "CUDA_DEVICE_MEMORY_LIMIT", sm=shares,
+                              priority=limits.priority_from_env(env), sm_borrow=limits.sm_borrow_from_env(env),
+                              check_settings=private)
     ctx = layout.CTX.ctypes_class().from_address(ctx_addr)
     ctx.sm_policy = policy
     ctx.sm_batch_ns = limits.sm_batch_ns(env)
     ctx.region = region.map_forever(r.fd, r.header.size)
-    # Groups with a share take turns on the GPU. One that gets its first share
-    # by a live change later launches without turns (it time-slices).
-    if any(0 < v < 100 for v in r.sm_limits()):
-        ctx.sched = sched.attach(env)
+    # Every group takes part in the GPU's turns (pyvgpu/jit/turn.py), also one
+    # without a share (best effort) and one that gets a share by a live change.
+    ctx.sched = sched.attach_member(env, any(0 < v < 100 for v in r.sm_limits()))
     ctx.region_fd = r.fd
     ctx.n_slots = r.header.n_slots
     ctx.slot = 0

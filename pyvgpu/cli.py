@@ -109,6 +109,16 @@ def wrap(
                                      help="What happens when the limits cannot be enforced: 'closed' refuses "
                                           "CUDA calls (the default when limits are set), 'open' runs the "
                                           "program unlimited with a warning."),
+    priority: str = typer.Option(None, "--priority", metavar="high|low",
+                                 help="The group's priority on the GPU: a high-priority group takes the turn "
+                                      "first and is never held below its share by low-priority ones. high or "
+                                      "low (HAMi's 0 and 1). Default: CUDA_TASK_PRIORITY, else low."),
+    sm_borrow: bool = typer.Option(None, "--sm-borrow/--sm-cap",
+                                   help="--sm-borrow: the group may use idle GPU time beyond its --sm share "
+                                        "while nobody with a share waits, and gives it back within 100 ms of "
+                                        "a neighbour asking (work-conserving). --sm-cap (the default): the "
+                                        "share is a hard cap. Default: PYVGPU_SM_BORROW=1|0, else a cap; "
+                                        "GPU_CORE_UTILIZATION_POLICY=force always caps."),
 ) -> None:
     """Run PROGRAM in a vGPU. It keeps this process's pid, exit code and signals.
 
@@ -125,7 +135,8 @@ def wrap(
     try:
         env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None),
                           on_error=on_error.value if on_error else None, memory=memory, sm=sm, group=group,
-                          region_path=region, devices=devices, allocator=allocator)
+                          region_path=region, devices=devices, allocator=allocator, priority=priority,
+                          sm_borrow=sm_borrow)
         w.exec_wrapped(command, env)
     except PyvgpuError as e:
         raise _fail(str(e), 127 if str(e).startswith("program not found") else 2) from None
@@ -178,17 +189,23 @@ def limits_set(
                                     "below what the group holds refuses new allocations until it frees enough; "
                                     "it never kills."),
     sm: str = typer.Option(None, "--sm", metavar="PCT|DEV=PCT,...|none",
-                           help="New compute share: 30 on every device, 0=30,1=50 per device, or none."),
+                           help="New compute share: 30 on every device, 0=30,1=50 per device, or none. A group "
+                                "that had none takes turns with its share from its next launch."),
+    priority: str = typer.Option(None, "--priority", metavar="high|low",
+                                 help="New priority of the group on the GPU: high or low (HAMi's 0 and 1)."),
+    sm_borrow: str = typer.Option(None, "--sm-borrow", metavar="on|off",
+                                  help="on: the group may use idle GPU time beyond its share (work-conserving); "
+                                       "off: the share is a hard cap."),
 ) -> None:
     """Change the limits of a running group; its processes follow at their next call.
 
-    Example: pyvgpu limits set --group team-a --memory 8G --sm 50
+    Example: pyvgpu limits set --group team-a --memory 8G --sm 50 --priority high
     """
     from pyvgpu import live
     from pyvgpu.errors import PyvgpuError
 
     try:
-        change = live.set_limits(_group_path(group, region), memory, sm)
+        change = live.set_limits(_group_path(group, region), memory, sm, priority, sm_borrow)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     for line in change.text():
@@ -368,19 +385,37 @@ def bench_startup(
 @bench_app.command("sm")
 def bench_sm(
     targets: str = typer.Option("10,30,50,70,90", metavar="PCT,...",
-                                help="Compute shares to run, in percent, comma-separated."),
+                                help="Compute shares to run alone, in percent, comma-separated ('' for none)."),
     seconds: float = typer.Option(8.0, min=2.0, metavar="SECONDS",
                                   help="Length of each run; the first third is left out as warm-up."),
-    workload: str = typer.Option("spin", metavar="spin|matmul|graph",
+    workload: str = typer.Option("spin", metavar="spin|matmul|graph|mlp",
                                  help="'spin': an FMA loop kernel (PTX, no toolkit needed); 'matmul': "
                                       "PyTorch bf16 4096x4096 matmuls; 'graph': the spin kernel replayed "
-                                      "as a CUDA graph of 10 launches."),
+                                      "as a CUDA graph of 10 launches; 'mlp': PyTorch training steps of a "
+                                      "small MLP (6 x Linear 1024, batch 256: kernels of tens of us, "
+                                      "launch-bound)."),
     pair: str = typer.Option("30,70", metavar="PCT,PCT", help="Shares of the two groups run at once ('' to skip)."),
+    sliced: bool = typer.Option(False, "--sliced",
+                                help="Run the pair once more time-sliced (PYVGPU_SM_TURN=0), to compare."),
+    priorities: str = typer.Option(None, "--priorities", metavar="PRIO,PRIO",
+                                   help="Priorities of the pair's two groups, e.g. high,low."),
+    neighbour: str = typer.Option("none", "--neighbour", metavar="none|unlimited",
+                                  help="'unlimited': also run a group with --neighbour-share beside a wrapped "
+                                       "group without a share."),
+    neighbour_share: int = typer.Option(50, "--neighbour-share", min=1, max=99, metavar="PCT",
+                                        help="The share of the group beside the unlimited neighbour."),
+    burst: bool = typer.Option(False, "--burst",
+                               help="Also run a group with --burst-share and --sm-borrow alone for half the run, "
+                                    "then beside a neighbour with --sm 50: what it borrows, and how soon the "
+                                    "neighbour gets the turn."),
+    burst_share: int = typer.Option(30, "--burst-share", min=1, max=99, metavar="PCT",
+                                    help="The share of the borrowing group in --burst."),
     png: str = typer.Option("bench-sm.png", "--png", metavar="PATH", help="Where to write the plot ('' for none)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
-    """Achieved compute share (throughput / unlimited throughput) at each target, alone and as a pair.
+    """Achieved compute share at each target, alone and as two groups: throughput share (throughput /
+    unlimited throughput) and time share (NVML, and the turns' own accounting).
 
     Also plots achieved against target and the controller's time series (needs matplotlib:
     pip install 'pyvgpu[bench]').
@@ -390,7 +425,8 @@ def bench_sm(
 
     try:
         result = bench.run(targets=targets, seconds=seconds, workload=workload, pair=pair,
-                           png=Path(png) if png else None)
+                           png=Path(png) if png else None, neighbour=neighbour, neighbour_share=neighbour_share,
+                           sliced=sliced, priorities=priorities, burst=burst, burst_share=burst_share)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, bench.table(result), as_json, output)

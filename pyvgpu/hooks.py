@@ -215,6 +215,9 @@ HOOKS: tuple[Hook, ...] = (
         [V("cuGraphLaunch", 10000), V("cuGraphLaunch_ptsz", 10000, per_thread=True)],
         callback="launch.graph",
     ),
+    # a stream a drain may record on must not be used after it is gone (pyvgpu/jit/drain.py)
+    _hook("cuStreamDestroy", "cuda", [P("CUstream", "hStream")],
+          [V("cuStreamDestroy", 2000), V("cuStreamDestroy_v2", 4000)], callback="drain.stream_destroy"),
     # --- CUDA driver: memory (pyvgpu/jit/memory.py) ------------------------------
     _hook("cuDevicePrimaryCtxRetain", "cuda", [P("CUcontext *", "pctx"), P("CUdevice", "dev")],
           [V("cuDevicePrimaryCtxRetain", 7000)], callback="measured.ctx_retain"),

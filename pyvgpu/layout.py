@@ -17,19 +17,20 @@ MAX_DEVICES = 16
 MAX_POOLS = 64  # memory pools a process tracks (cuMemAllocAsync accounting)
 COST_SLOTS = 4096  # kernels (function + launch shape) whose GPU time a process tracks
 SAMPLES = 8  # launches being timed at once
+TURN_STREAMS = 32  # streams a process drains before it hands a turn over (pyvgpu/jit/drain.py)
 
 # GPU_CORE_UTILIZATION_POLICY (HAMi's variable), as ctx.sm_policy and slot.sm_policy encode it.
 SM_POLICIES = ("default", "force", "disable")
 SM_POLICY_DEFAULT, SM_POLICY_FORCE, SM_POLICY_DISABLE = range(3)
 # The compute controller's state per group device (device.sm_state).
-SM_STATE_IDLE, SM_STATE_CALIBRATING, SM_STATE_HOLDING, SM_STATE_NO_MEASUREMENT = range(4)
+SM_STATE_IDLE, SM_STATE_CALIBRATING, SM_STATE_HOLDING, SM_STATE_NO_MEASUREMENT, SM_STATE_BORROWING = range(5)
 
 # Kinds of device memory a process is charged for, per device.
 KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX007", "little")
+CTX_MAGIC = int.from_bytes(b"PVCTX008", "little")
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -83,8 +84,19 @@ CTX = Struct(
                                                       "looked up yet"),
         Field("turn_since", "u64", MAX_DEVICES, doc="CLOCK_MONOTONIC when this process last took the turn"),
         Field("turn_qend", "u64", MAX_DEVICES, doc="when the work this process queued is estimated to end"),
-        Field("drain_ev", "u64", doc="CUevent that tells when this process's work is done, before a hand-over"),
+        Field("turn_held", "u64", MAX_DEVICES, doc="CLOCK_MONOTONIC up to which its turn was counted in "
+                                                    "sm_turn_ns"),
+        Field("turn_tick", "u64", doc="CLOCK_MONOTONIC of the watcher's last tick (a clock launches without a "
+                                      "share read instead of their own)"),
+        Field("turn_stream", "u64", TURN_STREAMS, doc="streams this process launched on under turns, handle + 1 "
+                                                      "(0 = free)"),
+        Field("turn_stream_ctx", "u64", TURN_STREAMS, doc="the CUcontext of each"),
+        Field("turn_stream_ev", "u64", TURN_STREAMS, doc="the CUevent a drain records on it (0 = none yet)"),
+        Field("turn_stream_dev", "u64", TURN_STREAMS, doc="the CUDA device it launched on"),
+        Field("drain_ev", "u64", doc="CUevent for a stream the table had no room for, before a hand-over"),
         Field("drain_ctx", "u64", doc="CUcontext drain_ev belongs to"),
+        Field("turn_stream_lock", "u32", doc="spinlock between a drain and cuStreamDestroy"),
+        Field("turn_streams_lost", "u64", doc="launches on streams the table had no room for (not drained)"),
         # devices (pyvgpu/jit/devices.py)
         Field("devices_refused", "u32", doc="1: CUDA sees other devices than the group's, GPU use is refused"),
         Field("devices_msg", "u8", MESSAGE_BYTES, doc="NUL-terminated: what stderr gets if CUDA sees other "
@@ -94,7 +106,7 @@ CTX = Struct(
 )
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
-REGION_VERSION = 4
+REGION_VERSION = 5
 GROUP_NAME_BYTES = 64
 
 # The shared region: one file per group of processes that share a quota.
@@ -121,6 +133,8 @@ REGION_HEADER = Struct(
         Field("visible", "u32", MAX_DEVICES, doc="NVML (physical) index of each group device"),
         Field("visible_uuid", "u8", MAX_DEVICES * UUID_BYTES, doc="its UUID, 16 raw bytes"),
         Field("ev_next", "u64", doc="events written so far; the next goes to ring entry ev_next % N_EVENTS"),
+        Field("priority", "u32", doc="the group's priority, HAMi's CUDA_TASK_PRIORITY: 0 high, 1 low (default)"),
+        Field("sm_borrow", "u32", doc="1: the group may use idle GPU time beyond its share (work-conserving)"),
     ],
     align=64,
     doc="region header",
@@ -141,9 +155,13 @@ REGION_DEVICE = Struct(
         Field("sm_throttle_ns", "u64", doc="ns launches waited for the budget"),
         Field("sm_steps", "u64", doc="controller steps taken"),
         Field("sm_state", "u32", doc="controller: 0 idle, 1 calibrating (alone), 2 holding (others on the GPU), "
-                                     "3 no measurement"),
+                                     "3 no measurement, 4 holding (it borrowed beyond its share)"),
         Field("sm_group_util", "u32", doc="the group's own utilization estimate, hundredths of a percent"),
         Field("sm_cost_mark", "u64", doc="controller: the group's charged GPU time (ns, scaled) at its last step"),
+        Field("sm_turn_ns", "u64", doc="ns the group's processes held the device's turn"),
+        Field("sm_turn_wait_ns", "u64", doc="ns their launches waited for the turn"),
+        Field("sm_borrow_ns", "u64", doc="GPU time (ns, estimated) launched beyond the share, borrowed"),
+        Field("sm_borrow_mark", "u64", doc="controller: sm_borrow_ns at its last step"),
     ],
     align=64,
     doc="per-device state of a group",
@@ -181,17 +199,24 @@ REGION_EVENT = Struct(
     doc="one entry of the event ring",
 )
 N_EVENTS = 256
-EV_OOM, EV_RECLAIM, EV_MEMORY_LIMIT, EV_SM_LIMIT, EV_DEVICES_REFUSED = 1, 2, 3, 4, 5
-EVENT_KINDS = ("none", "oom", "reclaim", "memory_limit", "sm_limit", "devices_refused")
+EV_OOM, EV_RECLAIM, EV_MEMORY_LIMIT, EV_SM_LIMIT, EV_DEVICES_REFUSED, EV_PRIORITY, EV_SM_BORROW = 1, 2, 3, 4, 5, 6, 7
+EVENT_KINDS = ("none", "oom", "reclaim", "memory_limit", "sm_limit", "devices_refused", "priority", "sm_borrow")
+
+# Group priorities (REGION_HEADER.priority), HAMi's numbers: CUDA_TASK_PRIORITY / nvidia.com/priority.
+PRIORITY_HIGH, PRIORITY_LOW = 0, 1
 
 SLOT_FREE, SLOT_LIVE = 0, 1
 
 # The turn file: one per machine, shared by every group. Each GPU (by UUID) has
 # an entry whose turn word says which process may launch on it now, so that
-# the GPU never holds two groups' work at once (pyvgpu/jit/turn.py).
+# the GPU never holds two groups' deep queues at once (pyvgpu/jit/turn.py).
 SCHED_MAGIC = int.from_bytes(b"PVTURN01", "little")
-SCHED_VERSION = 1
+SCHED_VERSION = 2
 SCHED_ENTRIES = 64  # GPUs (MIG instances count as GPUs: they have UUIDs of their own)
+# Ranks of a launch in the turns, most urgent first (pyvgpu/jit/turn.py): within its share ("due") before
+# best effort (no share, or borrowing beyond it); high priority before low within each.
+RANK_HIGH_DUE, RANK_DUE, RANK_HIGH_BEST_EFFORT, RANK_BEST_EFFORT = range(4)
+N_RANKS = 4
 SCHED_HEADER = Struct(
     "pv_sched_header",
     [
@@ -200,6 +225,8 @@ SCHED_HEADER = Struct(
         Field("n_entries", "u32", doc="SCHED_ENTRIES"),
         Field("size", "u64", doc="file size in bytes"),
         Field("next_id", "u32", doc="the last process id handed out (ids are 1..2^32-1, then wrap)"),
+        Field("active", "u64", doc="CLOCK_MONOTONIC ns until which a group with a share takes turns on some GPU "
+                                   "here: until then launches without a share look at the turns"),
     ],
     align=64,
     doc="turn file header",
@@ -208,12 +235,26 @@ SCHED_ENTRY = Struct(
     "pv_sched_entry",
     [
         Field("key", "u64", doc="hash of the GPU's UUID | 1; 0 = free entry"),
-        Field("turn", "u64", doc="holder id << 32 | lease end (CLOCK_MONOTONIC >> 10, 0 = free, held by nobody)"),
-        Field("want", "u64", doc="latest waiter: id << 32 | when it last looked (CLOCK_MONOTONIC >> 10)"),
+        Field("turn", "u64", doc="holder id << 32 | lease end (CLOCK_MONOTONIC >> 10; 0 = free, the id is then "
+                                 "the last holder's)"),
+        Field("want", "u64", N_RANKS, doc="per rank, the latest waiter: id << 32 | when it last looked"),
+        Field("resv", "u64", N_RANKS, doc="per rank, the latest reservation: id << 32 | when its budget is free "
+                                          "again (CLOCK_MONOTONIC >> 10); the holder hands over by then"),
+        Field("active", "u64", doc="CLOCK_MONOTONIC ns until which a group with a share takes turns on this GPU"),
+        Field("freed_ns", "u64", doc="CLOCK_MONOTONIC when the last holder freed the turn after its drain"),
+        Field("seq", "u32", doc="bumped at each free (waiters sleep on it with a futex)"),
+        Field("sleepers", "u32", doc="processes sleeping on seq"),
+        Field("rank", "u32", doc="the holder's rank when it took the turn"),
+        Field("spare", "u32"),
         Field("handovers", "u64", doc="times the turn passed from one process to another"),
         Field("wait_ns", "u64", doc="ns launches waited for the turn, all processes together"),
         Field("drains", "u64", doc="hand-overs that waited for the holder's work to finish"),
         Field("drain_ns", "u64", doc="ns those waits took"),
+        Field("gaps", "u64", doc="turns taken after a holder freed it"),
+        Field("gap_ns", "u64", doc="ns from each free (the holder's work done) to the next holder taking it"),
+        Field("coruns", "u64", doc="launches made beside the holder while both queues were short"),
+        Field("preempts", "u64", doc="hand-overs to a more urgent or reserved waiter before the slice ended"),
+        Field("max_wait_ns", "u64", doc="the longest single wait of a launch within its share for the turn"),
     ],
     align=64,
     doc="one GPU's turn",

@@ -225,6 +225,48 @@ def sm_policy(env: Mapping[str, str]) -> int:
     return SM_POLICIES.index(text)
 
 
+# Group priorities, in HAMi's numbers (its CUDA_TASK_PRIORITY and nvidia.com/priority: 0 is high, 1 low and
+# the default): a high-priority group takes the GPU's turn first and is never held below its share.
+PRIORITIES = ("high", "low")
+
+
+def parse_priority(text: str, where: str) -> int:
+    """``high`` or ``low``, or HAMi's 0 (high) and 1 (low)."""
+    not_ascii(text or "", where, "a priority", "high")
+    t = (text or "").strip().lower()
+    if t in ("high", "0"):
+        return 0
+    if t in ("low", "1"):
+        return 1
+    raise PyvgpuError(f"{where}: {text!r} is not a priority; give high (HAMi's 0) or low (HAMi's 1, the default)")
+
+
+def priority_from_env(env: Mapping[str, str]) -> int | None:
+    """HAMi's CUDA_TASK_PRIORITY (0 high, 1 low), or None when unset."""
+    text = env.get("CUDA_TASK_PRIORITY", "")
+    return parse_priority(text, "CUDA_TASK_PRIORITY") if text.strip() else None
+
+
+def priority_to_env(priority: int) -> dict[str, str]:
+    return {"CUDA_TASK_PRIORITY": str(priority)}
+
+
+def parse_switch(text: str, where: str) -> bool:
+    """on/off (also 1/0, true/false, yes/no)."""
+    t = (text or "").strip().lower()
+    if t in ("on", "1", "true", "yes"):
+        return True
+    if t in ("off", "0", "false", "no"):
+        return False
+    raise PyvgpuError(f"{where}: {text!r} is neither on nor off; give on (or 1) or off (or 0)")
+
+
+def sm_borrow_from_env(env: Mapping[str, str]) -> bool | None:
+    """PYVGPU_SM_BORROW: whether the group may borrow idle GPU time beyond its share; None when unset."""
+    text = env.get("PYVGPU_SM_BORROW", "")
+    return parse_switch(text, "PYVGPU_SM_BORROW") if text.strip() else None
+
+
 def memory_from_env(env: Mapping[str, str]) -> MemoryLimits:
     """HAMi's CUDA_DEVICE_MEMORY_LIMIT and CUDA_DEVICE_MEMORY_LIMIT_<i>."""
     lim = MemoryLimits()

@@ -27,6 +27,8 @@ class Change:
     sm: list[int] | None = None  # new shares per device, when changed
     over: list[tuple[int, int, int]] | None = None  # (device, used, cap) now over the cap
     n_devices: int = L.MAX_DEVICES  # the group's devices, as far as NVML tells
+    priority: int | None = None  # the new priority, when changed
+    sm_borrow: bool | None = None  # the new borrowing, when changed
 
     def text(self) -> list[str]:
         """The report of `pyvgpu limits set`."""
@@ -40,6 +42,10 @@ class Change:
                 out.append(f"{what}: {fmt(mine[0]) if mine[0] else 'none'}")
             else:
                 out.append(f"{what}: " + ", ".join(f"{d}={fmt(v) if v else 'none'}" for d, v in enumerate(mine)))
+        if self.priority is not None:
+            out.append(f"priority: {lim.PRIORITIES[self.priority]}")
+        if self.sm_borrow is not None:
+            out.append("borrowing idle GPU time: " + ("on (work-conserving)" if self.sm_borrow else "off (a hard cap)"))
         for d, used, cap in self.over or []:
             out.append(f"device {d}: the group holds {lim.human(used)}, above the new {lim.human(cap)}: new "
                        f"allocations are refused until it frees {lim.human(used - cap)}")
@@ -73,15 +79,19 @@ def _physical(r: region.Region) -> list[devices.Gpu] | None:
     return [gpus[i] for i, _ in chosen if i < len(gpus)] if chosen else gpus
 
 
-def set_limits(path: Path, memory: str | None, sm: str | None) -> Change:
-    """Apply ``--memory`` and ``--sm`` to the group at ``path``; checks everything before changing anything.
+def set_limits(path: Path, memory: str | None, sm: str | None, priority: str | None = None,
+               sm_borrow: str | None = None) -> Change:
+    """Apply ``--memory``, ``--sm``, ``--priority`` and ``--sm-borrow`` to the group at ``path``; checks
+    everything before changing anything.
 
     The region is opened once: checked, changed and read back through the same mapping.
     """
-    if memory is None and sm is None:
-        raise PyvgpuError("nothing to change: give --memory and/or --sm")
+    if memory is None and sm is None and priority is None and sm_borrow is None:
+        raise PyvgpuError("nothing to change: give --memory, --sm, --priority and/or --sm-borrow")
     mem = parse_memory(memory) if memory is not None else None
     shares = parse_sm(sm) if sm is not None else None
+    prio = lim.parse_priority(priority, "--priority") if priority is not None else None
+    borrow = lim.parse_switch(sm_borrow, "--sm-borrow") if sm_borrow is not None else None
     r = region.open_region(path)
     try:
         gpus = _physical(r)
@@ -113,6 +123,10 @@ def set_limits(path: Path, memory: str | None, sm: str | None) -> Change:
         if shares is not None:
             for d, v in _values(shares).items():
                 out.sm = region.change_per_device(r, "sm_limit", v, d)
+        if prio is not None:
+            out.priority = region.change_setting(r, "priority", prio)
+        if borrow is not None:
+            out.sm_borrow = bool(region.change_setting(r, "sm_borrow", int(borrow)))
         return out
     finally:
         r.close()

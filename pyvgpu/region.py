@@ -152,7 +152,7 @@ def _sm_any(limits: list[int]) -> int:
 
 
 def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical: int, sm: list[int],
-          visible: list[Gpu]) -> None:
+          visible: list[Gpu], priority: int, sm_borrow: bool) -> None:
     h = Header.from_buffer(buf, 0)
     h.magic = L.REGION_MAGIC
     h.version = L.REGION_VERSION
@@ -173,6 +173,8 @@ def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical
     for d, v in enumerate(sm):
         Device.from_buffer(buf, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size).sm_limit = v
     h.sm_switch = 1
+    h.priority = priority
+    h.sm_borrow = 1 if sm_borrow else 0
     h.sm_any = _sm_any(sm)
     h.n_visible = len(visible)
     uuids = b"".join(g.uuid_bytes for g in visible)
@@ -183,7 +185,7 @@ def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical
 
 def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SLOTS,
            mode: int = 0o600, n_physical: int = 0, sm: list[int] | None = None,
-           visible: list[Gpu] | None = None) -> bool:
+           visible: list[Gpu] | None = None, priority: int = L.PRIORITY_LOW, sm_borrow: bool = False) -> bool:
     """Create the region file if it does not exist; True if this call created it.
 
     The complete file is written under a temporary name and linked into place,
@@ -192,7 +194,7 @@ def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SL
     path.parent.mkdir(parents=True, exist_ok=True)
     size = L.region_size(n_slots)
     header = bytearray(L.REGION_SLOTS_OFF)
-    _fill(header, name, limits, n_slots, n_physical, sm or [0] * L.MAX_DEVICES, visible or [])
+    _fill(header, name, limits, n_slots, n_physical, sm or [0] * L.MAX_DEVICES, visible or [], priority, sm_borrow)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
@@ -311,16 +313,35 @@ def check_devices(region: Region, wanted: list[Gpu], source: str) -> None:
                           "use the group's devices, or start a group of your own")
 
 
+def check_setting(region: Region, field: str, wanted: int | None, source: str, words: tuple[str, ...]) -> None:
+    """Like check_limits, for a group setting of the header (priority, sm_borrow): words[v] names value v."""
+    have = getattr(region.header, field)
+    if wanted is not None and have != wanted:
+        raise PyvgpuError(f"group {region.name!r} ({region.path}) has {field.replace('_', '-')} {words[have]}, but "
+                          f"{source} asks for {words[wanted]}; change the group's with `pyvgpu limits set`, or "
+                          "start a group of your own")
+
+
+BORROW_WORDS = ("off", "on")
+
+
 def create_or_open(path: Path, name: str, limits: lim.MemoryLimits, source: str, n_physical: int = 0,
                    sm: lim.SmLimits | None = None, sm_source: str = "CUDA_DEVICE_SM_LIMIT",
-                   visible: list[Gpu] | None = None, devices_source: str = "--devices") -> Region:
+                   visible: list[Gpu] | None = None, devices_source: str = "--devices",
+                   priority: int | None = None, priority_source: str = "CUDA_TASK_PRIORITY",
+                   sm_borrow: bool | None = None, borrow_source: str = "PYVGPU_SM_BORROW",
+                   check_settings: bool = True) -> Region:
     sm = sm or lim.SmLimits()
     if not path.exists():
-        create(path, name, limits.as_list(), n_physical=n_physical, sm=sm.as_list(), visible=visible)
+        create(path, name, limits.as_list(), n_physical=n_physical, sm=sm.as_list(), visible=visible,
+               priority=L.PRIORITY_LOW if priority is None else priority, sm_borrow=bool(sm_borrow))
     r = open_region(path)
     check_limits(r, limits, source)
     check_sm(r, sm, sm_source)
     check_devices(r, visible or [], devices_source)
+    if check_settings:
+        check_setting(r, "priority", priority, priority_source, lim.PRIORITIES)
+        check_setting(r, "sm_borrow", None if sm_borrow is None else int(sm_borrow), borrow_source, BORROW_WORDS)
     return r
 
 
@@ -394,6 +415,37 @@ def set_sm_limit(path: Path, percent: int, device: int | None = None) -> list[in
     r = open_region(Path(path))
     try:
         return change_per_device(r, "sm_limit", percent, device)
+    finally:
+        r.close()
+
+
+def change_setting(r: Region, field: str, value: int) -> int:
+    """Set a group setting of the header (``priority`` or ``sm_borrow``) of an open region and log the
+    change; members follow at their next launch."""
+    kind = {"priority": L.EV_PRIORITY, "sm_borrow": L.EV_SM_BORROW}[field]
+    old = getattr(r.header, field)
+    setattr(r.header, field, value)
+    if old != value:
+        r.log_event(kind, -1, old, value)
+    return value
+
+
+def set_priority(path: Path, priority: int) -> None:
+    """Change a group's priority (0 high, 1 low) while its programs run."""
+    if priority not in (L.PRIORITY_HIGH, L.PRIORITY_LOW):
+        raise PyvgpuError(f"priority {priority!r}: give 0 (high) or 1 (low)")
+    r = open_region(Path(path))
+    try:
+        change_setting(r, "priority", priority)
+    finally:
+        r.close()
+
+
+def set_sm_borrow(path: Path, on: bool) -> None:
+    """Let a group borrow idle GPU time beyond its share (work-conserving), or not (a hard cap)."""
+    r = open_region(Path(path))
+    try:
+        change_setting(r, "sm_borrow", 1 if on else 0)
     finally:
         r.close()
 

@@ -1,9 +1,9 @@
-"""The turn file: one per machine, where groups with a compute share take turns on each GPU.
+"""The turn file: one per machine, where the groups on each GPU take turns.
 
 Its layout is pyvgpu.layout (SCHED_HEADER, then SCHED_ENTRIES x SCHED_ENTRY);
 the callbacks in pyvgpu/jit/turn.py work on it. Every group on the machine
 must use the same file, whoever started it, so it is not in a user's runtime
-directory: ``/dev/shm/pyvgpu-turns-v1`` (mode 0666; users who share a GPU
+directory: ``/dev/shm/pyvgpu-turns-v2`` (mode 0666; users who share a GPU
 share its turns), else ``<runtime dir>/turns``; ``PYVGPU_SCHED=PATH`` names
 another. ``PYVGPU_SM_TURN=0`` leaves it out: groups then time-slice the GPU.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from pyvgpu.region import map_forever, runtime_dir
 
 Header = L.SCHED_HEADER.ctypes_class()
 Entry = L.SCHED_ENTRY.ctypes_class()
-SHM_PATH = Path("/dev/shm/pyvgpu-turns-v1")
+SHM_PATH = Path("/dev/shm/pyvgpu-turns-v2")
 
 
 def enabled(env: Mapping[str, str]) -> bool:
@@ -102,8 +103,21 @@ def attach(env: Mapping[str, str] = os.environ) -> int:
         os.close(fd)
 
 
+def attach_member(env: Mapping[str, str], has_share: bool) -> int:
+    """The turn file for a group's process. A group with a share cannot run without it (its share would
+    not hold). One without a share only takes part, best effort: if the file is broken it runs without
+    turns, with a warning, since the groups with a share refuse to start on the same file anyway."""
+    try:
+        return attach(env)
+    except PyvgpuError as e:
+        if has_share:
+            raise
+        print(f"pyvgpu: warning: {e}; this program does not take turns on the GPU", file=sys.stderr)
+        return 0
+
+
 def entries(p: Path) -> list[dict]:
-    """The GPUs in use in the turn file, for reports: key, holder id and the counters."""
+    """The GPUs in use in the turn file, for reports: key, holder id and the counters (layout SCHED_ENTRY)."""
     fd = open_fd(p)
     try:
         data = os.pread(fd, L.SCHED_SIZE, 0)
@@ -114,5 +128,6 @@ def entries(p: Path) -> list[dict]:
         e = Entry.from_buffer_copy(data, L.SCHED_ENTRIES_OFF + i * L.SCHED_ENTRY.size)
         if e.key:
             out.append({"key": e.key, "holder": e.turn >> 32, "handovers": e.handovers, "wait_ns": e.wait_ns,
-                        "drains": e.drains, "drain_ns": e.drain_ns})
+                        "drains": e.drains, "drain_ns": e.drain_ns, "gaps": e.gaps, "gap_ns": e.gap_ns,
+                        "coruns": e.coruns, "preempts": e.preempts, "max_wait_ns": e.max_wait_ns})
     return out

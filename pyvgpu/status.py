@@ -54,7 +54,7 @@ def _alive(r: R.Region, i: int) -> bool:
 
 
 SM_STATES = ("idle", "calibrating (alone on the device)", "holding (others share the device)",
-             "no measurement (NVML failed)")
+             "no measurement (NVML failed)", "holding (the group borrowed idle time beyond its share)")
 
 
 def describe(r: R.Region, reclaimed: int) -> dict:
@@ -83,6 +83,9 @@ def describe(r: R.Region, reclaimed: int) -> dict:
                 if dev.sm_steps else "not started",
                 "scale": (dev.sm_scale or 65536) / 65536,
                 "throttled_s": dev.sm_throttle_ns / 1e9,
+                "turn_s": dev.sm_turn_ns / 1e9,
+                "turn_wait_s": dev.sm_turn_wait_ns / 1e9,
+                "borrowed_s": dev.sm_borrow_ns / 1e9,
             },
         })
     procs = []
@@ -101,11 +104,17 @@ def describe(r: R.Region, reclaimed: int) -> dict:
                       "launches": s.launches, "launches_limited": sum(s.sm_launches)})
     visible = [{"index": g, "nvml_index": i, "uuid": u} for g, (i, u) in enumerate(r.visible())]
     return {"name": r.name, "path": str(r.path), "created_ns": r.header.created_ns,
-            "sm_switch": bool(r.header.sm_switch), "reclaimed_now": reclaimed, "n_physical": r.header.n_physical,
+            "sm_switch": bool(r.header.sm_switch), "priority": limits.PRIORITIES[r.header.priority]
+            if r.header.priority < 2 else str(r.header.priority), "sm_borrow": bool(r.header.sm_borrow),
+            "reclaimed_now": reclaimed, "n_physical": r.header.n_physical,
             "gpus": visible or None, "devices": devices, "processes": procs, "events": r.events(EVENTS_SHOWN)}
 
 
 EVENTS_SHOWN = 20
+
+
+def _word(words: tuple[str, ...], v: int) -> str:
+    return words[v] if 0 <= v < len(words) else str(v)
 
 
 def event_text(e: dict) -> str:
@@ -124,6 +133,11 @@ def event_text(e: dict) -> str:
         old = f"{e['a']}%" if e["a"] else "none"
         new = f"{e['b']}%" if e["b"] else "none"
         what = f"compute share on {dev}: {old} -> {new} (by pid {e['pid']})"
+    elif kind == "priority":
+        what = f"priority: {_word(limits.PRIORITIES, e['a'])} -> {_word(limits.PRIORITIES, e['b'])} (by pid {e['pid']})"
+    elif kind == "sm_borrow":
+        onoff = ("off", "on")
+        what = f"borrowing idle time: {_word(onoff, e['a'])} -> {_word(onoff, e['b'])} (by pid {e['pid']})"
     elif kind == "devices_refused":
         what = f"pid {e['pid']} changed CUDA_VISIBLE_DEVICES; its GPU use was refused"
     else:

@@ -28,7 +28,7 @@ def _prepend(item: str, current: str | None, sep: str) -> str:
 def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: str | None = None,
               memory: str | None = None, sm: str | None = None, group: str | None = None,
               region_path: str | None = None, devices: str | None = None, allocator: str | None = None,
-              join: bool = True) -> dict[str, str]:
+              join: bool = True, priority: str | None = None, sm_borrow: bool | None = None) -> dict[str, str]:
     """The wrapped program's environment: ``base`` plus the shim, the bootstrap and its group."""
     shim = shim_path()
     if not shim.exists():
@@ -60,10 +60,12 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
     lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
     lim.sm_batch_ns(env)
     sched.enabled(env)
+    lim.priority_from_env(env)
+    lim.sm_borrow_from_env(env)
     if join:
-        join_group(env, memory, group, region_path, sm, devices)
-    elif devices is not None:
-        raise PyvgpuError("--devices needs a group region")
+        join_group(env, memory, group, region_path, sm, devices, priority, sm_borrow)
+    elif devices is not None or priority is not None or sm_borrow is not None:
+        raise PyvgpuError("--devices, --priority and --sm-borrow need a group region")
     return env
 
 
@@ -133,11 +135,28 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
     return shares, source
 
 
+def _group_settings(env: dict[str, str], priority: str | None,
+                    sm_borrow: bool | None) -> tuple[int | None, str, bool | None, str]:
+    """The priority and borrowing asked for (an option wins over HAMi's CUDA_TASK_PRIORITY and over
+    PYVGPU_SM_BORROW) and where each came from; None: not asked, the group's stays."""
+    if priority is not None:
+        prio, prio_source = lim.parse_priority(priority, "--priority"), f"--priority {priority}"
+    else:
+        prio, prio_source = lim.priority_from_env(env), "CUDA_TASK_PRIORITY"
+    if sm_borrow is not None:
+        borrow, borrow_source = sm_borrow, "--sm-borrow"
+    else:
+        borrow, borrow_source = lim.sm_borrow_from_env(env), "PYVGPU_SM_BORROW"
+    return prio, prio_source, borrow, borrow_source
+
+
 def join_group(env: dict[str, str], memory: str | None, group: str | None, region_path: str | None,
-               sm: str | None = None, device_spec: str | None = None) -> Path:
+               sm: str | None = None, device_spec: str | None = None, priority: str | None = None,
+               sm_borrow: bool | None = None) -> Path:
     """Create or join the group's region before the program starts; set the env contract for it."""
     if group and region_path:
         raise PyvgpuError("give --group or --region, not both")
+    prio, prio_source, borrow, borrow_source = _group_settings(env, priority, sm_borrow)
     chosen = devices.select(device_spec, env) if device_spec is not None else []
     shares, sm_source = sm_limits_for(env, sm, chosen)
     if memory is not None:
@@ -158,13 +177,15 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
         path = region.new_private_path()
     name = group or path.stem
     r = region.create_or_open(path, name, limits, source, n_physical, shares, sm_source, chosen,
-                              f"--devices {device_spec}")
+                              f"--devices {device_spec}", prio, prio_source, borrow, borrow_source)
     if not limits:  # joining a group without asking: take its limits
         limits = lim.MemoryLimits(per_device={d: v for d, v in enumerate(r.limits()) if v})
     if not shares:
         shares = lim.SmLimits(per_device={d: v for d, v in enumerate(r.sm_limits()) if v})
     env.update(lim.memory_to_env(limits))
     env.update(lim.sm_to_env(shares))
+    env.update(lim.priority_to_env(r.header.priority))  # HAMi's variable, for the program's children too
+    env["PYVGPU_SM_BORROW"] = "1" if r.header.sm_borrow else "0"
     if r.header.n_visible:  # the group's devices, also for a member that did not name them
         env["CUDA_VISIBLE_DEVICES"] = ",".join(u for _, u in r.visible())
     env["PYVGPU_REGION"] = str(path)

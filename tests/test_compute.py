@@ -14,67 +14,15 @@ import json
 import struct
 import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 from helpers import PYVGPU, run
+from simgpu import ITERS, Load, sim_env, sim_switch_ns
 
 from pyvgpu import layout, limits, region, sched
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BENCH_BIN
-
-UNLIMITED = 5000.0  # kernels/s of the simulated 200 us spin kernel
-ITERS = "2000"
-
-
-class Load:
-    """pv_bench sm under `pyvgpu wrap`, with its region sampled ten times a second."""
-
-    def __init__(self, env, tmp: Path, name: str, wrap_opts: list[str], seconds: float, mode: str = "kernel",
-                 region_path: Path | None = None):
-        self.region_path = region_path or tmp / f"{name}.region"
-        cmd = [*PYVGPU, "wrap", "--region", str(self.region_path), *wrap_opts, "--", str(BENCH_BIN), "sm",
-               str(seconds), ITERS, mode]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     cwd=str(tmp))
-        # (CLOCK_MONOTONIC s, util %, scale); finish() makes the times relative to the program's own start,
-        # so a slow start on a busy machine does not eat into the time the controller is given
-        self.series: list[tuple[float, float, float]] = []
-        self._t = threading.Thread(target=self._sample, daemon=True)
-        self._t.start()
-
-    def _sample(self):
-        while self.proc.poll() is None:
-            time.sleep(0.1)
-            try:
-                r = region.open_region(self.region_path, writable=False)
-            except PyvgpuError:
-                continue
-            __import__("os").close(r.fd)
-            d = r.device(0)
-            if d.sm_steps:
-                self.series.append((time.monotonic(), d.sm_util / 100, (d.sm_scale or 65536) / 65536))
-
-    def finish(self, after: float) -> float:
-        """Achieved share (%) from ``after`` seconds into the run to its end."""
-        out, err = self.proc.communicate(timeout=120)
-        self._t.join(timeout=2)
-        assert self.proc.returncode == 0, err
-        pts = [(int(t), int(n)) for _, t, n in (line.split() for line in out.splitlines() if line.startswith("P "))]
-        t0 = pts[0][0]
-        self.series = [(t - t0 / 1e9, u, sc) for t, u, sc in self.series]
-        start = next(p for p in pts if p[0] - t0 >= after * 1e9)
-        end = pts[-1]
-        return 100 * (end[1] - start[1]) / ((end[0] - start[0]) / 1e9) / UNLIMITED
-
-
-def sim_env(env, tmp: Path, name: str, **extra: str) -> dict:
-    # one simulated GPU per name, so one turn file per name: each fake GPU has the same UUID
-    e = dict(env, FAKECUDA_SIM=str(tmp / f"{name}.sim"), PYVGPU_SCHED=str(tmp / f"{name}.turns"),
-             FAKECUDA_CTX_BYTES="64M", **extra)
-    return e
 
 
 def sign_changes(xs: list[float], dead_band: float = 0.02) -> int:
@@ -107,11 +55,6 @@ def split_ok(sa: float, sb: float, want_a: float) -> bool:
     busy. What a pair gets in sum also depends on how fast the machine wakes a waiting process after a
     hand-over, which a busy CI machine does not promise; the split is what pyvgpu decides."""
     return abs(100 * sa / (sa + sb) - want_a) <= 3 and sa + sb >= 85
-
-
-def sim_switch_ns(tmp: Path, name: str) -> int:
-    """Time the simulated GPU added for time slicing two processes' work (struct sim.switch_ns[0])."""
-    return struct.unpack_from("<Q", (tmp / f"{name}.sim").read_bytes(), 8)[0]
 
 
 def test_a_pair_of_groups_gets_30_and_70(env, tmp_path):

@@ -188,3 +188,34 @@ def test_i64_ptr_views_memory_as_an_array():
     buf = (ctypes.c_int64 * 4)(1, 2, 3, 4)
     assert _call(sum_view, ctypes.c_int64, [ctypes.c_uint64, ctypes.c_int64])(ctypes.addressof(buf), 4) == 16
     assert buf[0] == 7
+
+
+@cfunc(types.int64(types.uint64, types.uint32, types.int64), nopython=True, error_model="numpy")
+def futex_wait_c(addr, expected, timeout_ns):
+    return I.futex_wait(addr, expected, timeout_ns)
+
+
+@cfunc(types.int64(types.uint64), nopython=True, error_model="numpy")
+def futex_wake_c(addr):
+    return I.futex_wake(addr)
+
+
+def test_futex_wait_returns_on_a_changed_word_on_time_out_and_on_wake():
+    """The waits the turns sleep in: a word that no longer holds the expected value returns at once
+    (EAGAIN); a timeout returns; a wake from another thread ends a long wait long before its timeout."""
+    buf = np.zeros(1, dtype=np.uint32)
+    addr = buf.ctypes.data
+    wait = _call(futex_wait_c, ctypes.c_int64, [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int64])
+    wake = _call(futex_wake_c, ctypes.c_int64, [ctypes.c_uint64])
+    assert wait(addr, 1, 10_000_000_000) == -1  # the word holds 0, not 1: no sleep at all
+    assert wait(addr, 0, 1_000_000) == -1  # ETIMEDOUT after 1 ms
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (wait(addr, 0, 3600_000_000_000), done.set()), daemon=True)
+    t.start()
+    # wake until the waiter is gone (it may not be asleep yet at the first wake). Without a working wake it
+    # would sleep for an hour; the test gives it 30 s
+    for _ in range(3000):
+        wake(addr)
+        if done.wait(0.01):
+            break
+    assert done.is_set()

@@ -145,7 +145,7 @@ def test_sm_limit_set_live_and_removed(env, tmp_path):
 @pytest.mark.parametrize("args,message", [
     ([], "name the group: give --group NAME or --region PATH"),
     (["--region", "R", "--group", "g"], "name the group: give --group NAME or --region PATH"),
-    (["--region", "R"], "nothing to change: give --memory and/or --sm"),
+    (["--region", "R"], "nothing to change: give --memory, --sm, --priority and/or --sm-borrow"),
     (["--region", "R", "--memory", "4Q"], "'4Q' is not a size"),
     (["--region", "R", "--memory", "7=1G"], "has no device 7 (2 devices)"),
     (["--region", "R", "--memory", "32G"], "32 GiB is more than device 0's 16 GiB"),
@@ -214,8 +214,8 @@ def test_status_json_has_events_launches_and_group_devices(env, tmp_path):
     try:
         m("alloc 100000000")  # refused: an OOM event
         g = status(env, reg)
-        assert set(g) == {"name", "path", "created_ns", "sm_switch", "reclaimed_now", "n_physical", "gpus",
-                          "devices", "processes", "events"}
+        assert set(g) == {"name", "path", "created_ns", "sm_switch", "priority", "sm_borrow", "reclaimed_now",
+                          "n_physical", "gpus", "devices", "processes", "events"}
         assert g["gpus"] is None  # no --devices: as CUDA sees them
         (pr,) = g["processes"]
         assert pr["launches"] == 0 and pr["oom_refusals"] == 1

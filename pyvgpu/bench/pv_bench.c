@@ -11,11 +11,14 @@
  *                                     state; reports both medians
  *   pv_bench startup                  CLOCK_MONOTONIC ns when the first cuInit returned
  *   pv_bench calibrate ITERS          GPU ns of one spin kernel of ITERS iterations (timing events)
- *   pv_bench sm SECONDS ITERS kernel|graph
+ *   pv_bench sm SECONDS ITERS kernel|graph|streams [GAP_US]
  *                                     the compute-bound load of `pyvgpu bench sm`: spin kernels
  *                                     (or a CUDA graph of GRAPH_KERNELS of them) back to back, the
  *                                     queue kept GPU-busy but bounded; prints "P <ns> <kernels done>"
- *                                     four times a second, then a JSON summary
+ *                                     four times a second, then a JSON summary. `streams` launches
+ *                                     on two streams of its own, alternating every mark. GAP_US > 0
+ *                                     sleeps that long after each launch: a launch-bound load whose
+ *                                     host leaves the GPU idle between kernels.
  *
  * Prints one JSON line. Needs no CUDA toolkit: the kernel is PTX text that
  * the driver compiles.
@@ -54,6 +57,7 @@ static CUresult (*p_cuGraphCreate)(CUgraph *, unsigned);
 static CUresult (*p_cuGraphAddKernelNode)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const void *);
 static CUresult (*p_cuGraphInstantiateWithFlags)(CUgraphExec *, CUgraph, unsigned long long);
 static CUresult (*p_cuGraphLaunch)(CUgraphExec, void *);
+static CUresult (*p_cuStreamCreate)(void **, unsigned);
 
 static const char PTX[] = ".version 7.8\n.target sm_75\n.address_size 64\n"
                           ".visible .entry pv_empty()\n{\n\tret;\n}\n"
@@ -133,6 +137,7 @@ static void setup(void) {
     get("cuGraphAddKernelNode", &p_cuGraphAddKernelNode);
     get("cuGraphInstantiateWithFlags", &p_cuGraphInstantiateWithFlags);
     get("cuGraphLaunch", &p_cuGraphLaunch);
+    get("cuStreamCreate", &p_cuStreamCreate);
     CUdevice dev;
     CUcontext ctx;
     CHECK(p_cuInit(0));
@@ -226,7 +231,18 @@ static void prepare_spin(unsigned iters) {
     g_spin_params[1] = &g_sink;
 }
 
-static void launch_spin(void) { CHECK(p_cuLaunchKernel(g_spin, g_blocks, 1, 1, 256, 1, 1, 0, NULL, g_spin_params, NULL)); }
+static void launch_spin_on(void *stream) {
+    CHECK(p_cuLaunchKernel(g_spin, g_blocks, 1, 1, 256, 1, 1, 0, stream, g_spin_params, NULL));
+}
+
+static void launch_spin(void) { launch_spin_on(NULL); }
+
+static void host_gap(unsigned us) {
+    if (us) {
+        struct timespec ts = {0, (long)us * 1000L};
+        nanosleep(&ts, NULL);
+    }
+}
 
 static int calibrate(unsigned iters) {
     CUevent a, b;
@@ -248,7 +264,15 @@ static int calibrate(unsigned iters) {
     return 0;
 }
 
-static int sm_load(double seconds, unsigned iters, int graph) {
+enum { LOAD_KERNEL, LOAD_GRAPH, LOAD_STREAMS };
+
+static int sm_load(double seconds, unsigned iters, int mode, unsigned gap_us) {
+    int graph = mode == LOAD_GRAPH;
+    void *streams[2] = {NULL, NULL};
+    if (mode == LOAD_STREAMS) {
+        CHECK(p_cuStreamCreate(&streams[0], 1 /* CU_STREAM_NON_BLOCKING */));
+        CHECK(p_cuStreamCreate(&streams[1], 1));
+    }
     prepare_spin(iters);
     CUgraphExec exec = NULL;
     if (graph) {
@@ -278,19 +302,22 @@ static int sm_load(double seconds, unsigned iters, int graph) {
     unsigned mark = 0;
     printf("P %lld 0\n", t0);
     while (now_ns() < end) {
+        void *stream = streams[mark & 1]; /* NULL unless `streams`: then the marks alternate */
         for (int i = 0; i < LAUNCHES_PER_MARK; i++) {
             if (graph)
                 CHECK(p_cuGraphLaunch(exec, NULL));
             else
-                launch_spin();
+                launch_spin_on(stream);
             launched += per_launch;
+            host_gap(gap_us);
         }
         unsigned r = mark++ % RING;
-        if (marked[r] >= 0) { /* wait for the mark RING marks ago: at most RING x 4 launches queued */
+        if (marked[r] >= 0) { /* wait for the mark RING marks ago: at most RING x 4 launches queued (the
+                               * same stream: RING is even) */
             CHECK(p_cuEventSynchronize(ring[r]));
             done = marked[r];
         }
-        CHECK(p_cuEventRecord(ring[r], NULL));
+        CHECK(p_cuEventRecord(ring[r], stream));
         marked[r] = launched;
         long long now = now_ns();
         if (now >= next_print) {
@@ -303,7 +330,8 @@ static int sm_load(double seconds, unsigned iters, int graph) {
     long long t1 = now_ns();
     printf("P %lld %lld\n", t1, launched);
     printf("{\"op\": \"sm\", \"kernels\": %lld, \"seconds\": %.6f, \"iters\": %u, \"blocks\": %u, "
-           "\"graph\": %d}\n", launched, (t1 - t0) / 1e9, iters, g_blocks, graph);
+           "\"graph\": %d, \"streams\": %d, \"gap_us\": %u}\n", launched, (t1 - t0) / 1e9, iters, g_blocks, graph,
+           mode == LOAD_STREAMS ? 2 : 1, gap_us);
     return 0;
 }
 
@@ -322,13 +350,16 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "calibrate") || !strcmp(argv[1], "sm")) {
         int sm = !strcmp(argv[1], "sm");
         if (argc < (sm ? 5 : 3)) {
-            fprintf(stderr, "usage: pv_bench calibrate ITERS | pv_bench sm SECONDS ITERS kernel|graph\n");
+            fprintf(stderr, "usage: pv_bench calibrate ITERS | pv_bench sm SECONDS ITERS kernel|graph|streams "
+                            "[GAP_US]\n");
             return 2;
         }
         setup();
         if (!sm)
             return calibrate((unsigned)strtoul(argv[2], NULL, 10));
-        return sm_load(strtod(argv[2], NULL), (unsigned)strtoul(argv[3], NULL, 10), !strcmp(argv[4], "graph"));
+        int mode = !strcmp(argv[4], "graph") ? LOAD_GRAPH : !strcmp(argv[4], "streams") ? LOAD_STREAMS : LOAD_KERNEL;
+        return sm_load(strtod(argv[2], NULL), (unsigned)strtoul(argv[3], NULL, 10), mode,
+                       argc > 5 ? (unsigned)strtoul(argv[5], NULL, 10) : 0);
     }
     int ab = !strcmp(argv[1], "ab");
     char **a = argv + ab;

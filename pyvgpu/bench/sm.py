@@ -1,15 +1,30 @@
-"""`pyvgpu bench sm`: does a compute share hold?
+"""`pyvgpu bench sm`: does a compute share hold, and what does it cost?
 
-A compute-bound load runs unlimited (raw, no pyvgpu), then alone under each
-target share, then as a pair of groups at once. Achieved share = throughput
-/ unlimited throughput, over the last two thirds of each run (the first
-third is the controller's warm-up). While each run goes, the group's region
-is sampled ten times a second for the controller's view (measured
-utilization, cost scale, state), which the PNG plots.
+A load runs unlimited (raw, no pyvgpu), then alone under each target share,
+then in scenarios of two groups at once:
+
+* ``pair``: two groups with shares (``--pair 30,70``), taking turns; with
+  ``--sliced`` once more time-sliced (PYVGPU_SM_TURN=0), to compare;
+  ``--priorities high,low`` gives the two groups priorities;
+* ``neighbour``: a group with a share (``--neighbour-share``) beside a wrapped
+  group without one (``--neighbour unlimited``);
+* ``burst``: a group with ``--sm-borrow`` alone for half the run (it borrows
+  the idle GPU), then a neighbour with a share joins: how long the neighbour's
+  launches waited for the turn (the time to give it back) and the split after.
+
+Every run reports its throughput share (throughput / the unlimited
+throughput, over the last two thirds of the run: the first third is the
+controller's warm-up) and its time share, as NVML saw the device and as the
+turns counted it: the time the group held the device's turn, and the GPU
+time its launches were charged (cost model x scale). Each scenario has a turn
+file of its own, whose counters (hand-overs, gaps, drains, launches beside
+the holder, longest wait) are reported with it.
 
 Loads: ``spin`` (pv_bench's FMA-loop kernel, about 200 us, every SM busy),
-``graph`` (the same kernel replayed as a CUDA graph of 10 launches) and
-``matmul`` (PyTorch bf16 4096x4096 matmuls, pyvgpu/bench/sm_worker.py).
+``graph`` (the same kernel replayed as a CUDA graph of 10 launches),
+``matmul`` (PyTorch bf16 4096x4096 matmuls) and ``mlp`` (PyTorch training
+steps of a small MLP: kernels of tens of microseconds, launch-bound;
+pyvgpu/bench/sm_worker.py).
 """
 
 from __future__ import annotations
@@ -24,14 +39,18 @@ import time
 from pathlib import Path
 
 from pyvgpu import cache, region, sched, wrap
+from pyvgpu import limits as lim
 from pyvgpu.bench.common import machine, raw_env
+from pyvgpu.bench.gpu_util import UtilSampler
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import parse_percent
 from pyvgpu.shim import BENCH_BIN
 
-WORKLOADS = ("spin", "graph", "matmul")
+WORKLOADS = ("spin", "graph", "matmul", "mlp")
+NEIGHBOURS = ("none", "unlimited")
 KERNEL_NS = 200_000  # the spin kernel's target length
 GOAL_POINTS = 5.0
+GIVE_BACK_GOAL_MS = 100.0
 
 
 def _calibrate(env: dict[str, str]) -> tuple[int, float]:
@@ -50,8 +69,8 @@ def _calibrate(env: dict[str, str]) -> tuple[int, float]:
 
 
 def _command(workload: str, seconds: float, iters: int) -> list[str]:
-    if workload == "matmul":
-        return [sys.executable, "-m", "pyvgpu.bench.sm_worker", str(seconds)]
+    if workload in ("matmul", "mlp"):
+        return [sys.executable, "-m", "pyvgpu.bench.sm_worker", str(seconds), workload]
     return [str(BENCH_BIN), "sm", str(seconds), str(iters), "graph" if workload == "graph" else "kernel"]
 
 
@@ -76,11 +95,15 @@ class _Run:
                 continue
             os.close(r.fd)
             d = r.device(0)
-            self.series.append({"t": round(time.monotonic() - self.t0, 3), "util": d.sm_util / 100,
-                                "scale": (d.sm_scale or 65536) / 65536, "state": d.sm_state,
-                                "throttle_s": d.sm_throttle_ns / 1e9})
+            scale = (d.sm_scale or 65536) / 65536
+            charged = sum(r.slot(i).sm_cost_ns[0] for i in range(r.header.n_slots) if r.slot(i).state)
+            self.series.append({"t": round(time.monotonic() - self.t0, 3), "mono": time.monotonic(),
+                                "util": d.sm_util / 100, "scale": scale, "state": d.sm_state,
+                                "throttle_s": d.sm_throttle_ns / 1e9, "turn_ns": d.sm_turn_ns,
+                                "turn_wait_ns": d.sm_turn_wait_ns, "charged_ns": charged * scale,
+                                "borrow_ns": d.sm_borrow_ns})
 
-    def finish(self, timeout: float) -> dict:
+    def finish(self, timeout: float, util: UtilSampler | None = None, cut_at: float = 1 / 3) -> dict:
         try:
             out, err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -96,40 +119,76 @@ class _Run:
                 self.progress.append((int(t), int(n)))
         if len(self.progress) < 3:
             raise PyvgpuError(f"bench load printed no progress: {out[-500:]} {err[-500:]}")
-        t_first, t_last = self.progress[0][0], self.progress[-1][0]
-        cut = t_first + (t_last - t_first) / 3
-        start = next(p for p in self.progress if p[0] >= cut)
-        end = self.progress[-1]
-        rate = (end[1] - start[1]) / ((end[0] - start[0]) / 1e9)
-        curve = [((t - t_first) / 1e9, (n1 - n0) / ((t - t0) / 1e9))
-                 for (t0, n0), (t, n1) in zip(self.progress, self.progress[1:], strict=False) if t > t0]
-        return {"kernels_per_s": rate, "curve": curve, "controller": self.series, **self._charged()}
+        return self.window(self.progress[0][0] / 1e9 + (self.progress[-1][0] - self.progress[0][0]) / 1e9 * cut_at,
+                           self.progress[-1][0] / 1e9, util)
 
-    def _charged(self) -> dict:
-        """What the limiter charged: launches and their mean estimated GPU time."""
-        if self.region_path is None:
-            return {}
-        r = region.open_region(self.region_path, writable=False)
-        os.close(r.fd)
-        n = sum(r.slot(i).sm_launches[0] for i in range(r.header.n_slots))
-        cost = sum(r.slot(i).sm_cost_ns[0] for i in range(r.header.n_slots))
-        return {"launches_charged": n, "mean_cost_us": cost / n / 1000 if n else 0.0,
-                "throttled_s": r.device(0).sm_throttle_ns / 1e9}
+    def window(self, start_s: float, end_s: float, util: UtilSampler | None) -> dict:
+        """Throughput and time shares between two CLOCK_MONOTONIC times (s)."""
+        pts = [p for p in self.progress if start_s * 1e9 <= p[0] <= end_s * 1e9]
+        if len(pts) < 2:
+            raise PyvgpuError("a bench window holds too few progress lines; give a longer --seconds")
+        (t0, n0), (t1, n1) = pts[0], pts[-1]
+        span = (t1 - t0) / 1e9
+        out: dict = {"kernels_per_s": (n1 - n0) / span, "window_s": span}
+        out["curve"] = [((t - self.progress[0][0]) / 1e9, (b - a) / ((t - ta) / 1e9))
+                        for (ta, a), (t, b) in zip(self.progress, self.progress[1:], strict=False) if t > ta]
+        out["controller"] = [{k: v for k, v in s.items() if k != "mono"} for s in self.series]
+        nv = util.mean(t0 / 1e9, t1 / 1e9) if util is not None else None
+        out["time_share_nvml"] = nv  # the device's, for all groups on it
+        ss = [s for s in self.series if t0 / 1e9 <= s["mono"] <= t1 / 1e9]
+        if len(ss) >= 2:
+            dt = (ss[-1]["mono"] - ss[0]["mono"]) * 1e9
+            out["time_share_turns"] = 100 * (ss[-1]["turn_ns"] - ss[0]["turn_ns"]) / dt
+            out["time_share_charged"] = 100 * (ss[-1]["charged_ns"] - ss[0]["charged_ns"]) / dt
+            out["turn_wait_share"] = 100 * (ss[-1]["turn_wait_ns"] - ss[0]["turn_wait_ns"]) / dt
+            out["borrowed_share"] = 100 * (ss[-1]["borrow_ns"] - ss[0]["borrow_ns"]) * ss[-1]["scale"] / dt
+        return out
 
 
-def _wrapped(base: dict[str, str], share: int, tmp: Path, name: str) -> tuple[dict[str, str], Path]:
+def _wrapped(base: dict[str, str], share: int | None, tmp: Path, name: str, **kw) -> tuple[dict[str, str], Path]:
     path = tmp / f"{name}.region"
-    return wrap.build_env(base, sm=str(share), region_path=str(path)), path
+    return wrap.build_env(base, sm=None if share is None else str(share), region_path=str(path), **kw), path
+
+
+def _turn_stats(turns: Path) -> dict:
+    """The scenario's turn counters (one GPU), with the mean gap and the longest wait in ms."""
+    if not turns.exists():
+        return {}
+    es = sched.entries(turns)
+    if not es:
+        return {}
+    e = es[0]
+    e["gap_mean_ms"] = e["gap_ns"] / e["gaps"] / 1e6 if e["gaps"] else None
+    e["max_wait_ms"] = e["max_wait_ns"] / 1e6
+    e["drain_mean_ms"] = e["drain_ns"] / e["drains"] / 1e6 if e["drains"] else None
+    return e
+
+
+def _shares(text: str, where: str, n: int | None = None) -> list[int]:
+    out = [parse_percent(t, where) for t in text.split(",") if t.strip()]
+    if n is not None and out and len(out) != n:
+        raise PyvgpuError(f"{where} {text!r}: give {n} shares, e.g. 30,70, or '' to skip it")
+    return out
 
 
 def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "spin", pair: str = "30,70",
-        png: Path | None = Path("bench-sm.png")) -> dict:
+        png: Path | None = Path("bench-sm.png"), neighbour: str = "none", neighbour_share: int = 50,
+        sliced: bool = False, priorities: str | None = None, burst: bool = False, burst_share: int = 30) -> dict:
     if workload not in WORKLOADS:
         raise PyvgpuError(f"--workload {workload!r} is not one of {', '.join(WORKLOADS)}")
-    shares = [parse_percent(t, "--targets") for t in targets.split(",") if t.strip()]
-    pair_shares = [parse_percent(t, "--pair") for t in pair.split(",") if t.strip()]
-    if pair_shares and len(pair_shares) != 2:
-        raise PyvgpuError(f"--pair {pair!r}: give two shares, e.g. 30,70, or '' to skip the pair")
+    if neighbour not in NEIGHBOURS:
+        raise PyvgpuError(f"--neighbour {neighbour!r} is not one of {', '.join(NEIGHBOURS)}")
+    shares = _shares(targets, "--targets")
+    pair_shares = _shares(pair, "--pair", 2)
+    prios: list[str | None] = [None, None]
+    if priorities:
+        prios = [p.strip() for p in priorities.split(",")]
+        if len(prios) != 2:
+            raise PyvgpuError(f"--priorities {priorities!r}: give two, one per group of the pair, e.g. high,low")
+        for p in prios:
+            lim.parse_priority(p, "--priorities")
+        if not pair_shares:
+            raise PyvgpuError("--priorities applies to the pair: give --pair too")
     if png is not None:
         try:
             import matplotlib  # noqa: F401
@@ -140,37 +199,64 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
         raise PyvgpuError(f"{BENCH_BIN} is missing; reinstall pyvgpu")
     cache.ensure()
     raw = raw_env()
-    iters, kernel_ns = _calibrate(raw) if workload != "matmul" else (0, 0.0)
+    iters, kernel_ns = _calibrate(raw) if workload in ("spin", "graph") else (0, 0.0)
     cmd = _command(workload, seconds, iters)
     limit = seconds * 4 + 120
     result: dict = {"bench": "sm", "machine": machine(), "workload": workload, "seconds": seconds,
-                    "spin_iters": iters, "spin_kernel_ns": kernel_ns, "runs": []}
-    with tempfile.TemporaryDirectory(prefix="pyvgpu-bench-sm-") as tmpdir:
-        tmp = Path(tmpdir)
-        turns = sched.enabled(raw)
-        raw.setdefault("PYVGPU_SCHED", str(tmp / "turns"))  # this bench's groups take turns among themselves
-        result["turns"] = turns
-        base = _Run(cmd, raw, None).finish(limit)
-        result["unlimited_kernels_per_s"] = base["kernels_per_s"]
-        for s in shares:
-            env, path = _wrapped(raw, s, tmp, f"single-{s}")
-            r = _Run(cmd, env, path).finish(limit)
-            result["runs"].append({"kind": "single", "target": s, **r,
-                                   "achieved": 100 * r["kernels_per_s"] / base["kernels_per_s"]})
-        if pair_shares:
-            runs = []
-            for i, s in enumerate(pair_shares):
-                env, path = _wrapped(raw, s, tmp, f"pair{i}-{s}")
-                runs.append((s, _Run(cmd, env, path)))
-            for s, run_ in runs:
-                r = run_.finish(limit)
-                result["runs"].append({"kind": "pair", "target": s, **r,
-                                       "achieved": 100 * r["kernels_per_s"] / base["kernels_per_s"]})
-        if turns and Path(raw["PYVGPU_SCHED"]).exists():
-            result["turn_stats"] = sched.entries(Path(raw["PYVGPU_SCHED"]))
+                    "spin_iters": iters, "spin_kernel_ns": kernel_ns, "runs": [], "scenarios": {}}
+    result["turns"] = sched.enabled(raw)
+    util = UtilSampler()
+    try:
+        with tempfile.TemporaryDirectory(prefix="pyvgpu-bench-sm-") as tmpdir:
+            tmp = Path(tmpdir)
+
+            def scenario(name: str, sliced_: bool = False) -> dict[str, str]:
+                env = dict(raw, PYVGPU_SCHED=str(tmp / f"{name}.turns"))  # its own turn counters
+                if sliced_:
+                    env["PYVGPU_SM_TURN"] = "0"
+                return env
+
+            base = _Run(cmd, raw, None).finish(limit, util)
+            result["unlimited_kernels_per_s"] = rate = base["kernels_per_s"]
+            result["unlimited_time_share_nvml"] = base["time_share_nvml"]
+
+            def record(kind: str, target: int | None, r: dict, **extra) -> None:
+                result["runs"].append({"kind": kind, "target": target, **r, **extra,
+                                       "achieved": 100 * r["kernels_per_s"] / rate})
+
+            for s in shares:
+                env, path = _wrapped(scenario(f"single-{s}"), s, tmp, f"single-{s}")
+                record("single", s, _Run(cmd, env, path).finish(limit, util))
+            pairs = [("pair", False)] + ([("pair-sliced", True)] if sliced else [])
+            for kind, sl in pairs if pair_shares else []:
+                env0 = scenario(kind, sl)
+                runs = []
+                for i, s in enumerate(pair_shares):
+                    env, path = _wrapped(env0, s, tmp, f"{kind}{i}-{s}", priority=prios[i])
+                    runs.append((s, prios[i], _Run(cmd, env, path)))
+                for s, p, run_ in runs:
+                    record(kind, s, run_.finish(limit, util), priority=p)
+                result["scenarios"][kind] = _turn_stats(Path(env0["PYVGPU_SCHED"]))
+            if neighbour == "unlimited":
+                env0 = scenario("neighbour")
+                env, path = _wrapped(env0, neighbour_share, tmp, "neighbour-share")
+                env_n, path_n = _wrapped(env0, None, tmp, "neighbour-unlimited")
+                a, b = _Run(cmd, env, path), _Run(cmd, env_n, path_n)
+                record("neighbour", neighbour_share, a.finish(limit, util))
+                record("neighbour-unlimited", None, b.finish(limit, util))
+                result["scenarios"]["neighbour"] = _turn_stats(Path(env0["PYVGPU_SCHED"]))
+            if burst:
+                result["burst"] = _burst(workload, iters, scenario("burst"), tmp, burst_share, seconds, limit, util,
+                                         rate)
+                result["scenarios"]["burst"] = _turn_stats(tmp / "burst.turns")
+                result["burst"]["give_back_ms"] = result["scenarios"]["burst"].get("max_wait_ms")
+    finally:
+        util.stop()
     for r in result["runs"]:
-        r["error_points"] = r["achieved"] - r["target"]
-    result["max_error_points"] = max((abs(r["error_points"]) for r in result["runs"]), default=0.0)
+        r["error_points"] = r["achieved"] - r["target"] if r["target"] is not None else None
+    errors = [abs(r["error_points"]) for r in result["runs"] if r["error_points"] is not None
+              and r["kind"] in ("single", "pair")]
+    result["max_error_points"] = max(errors, default=0.0)
     result["goal_points"] = GOAL_POINTS
     if png is not None:
         plot(result, png)
@@ -178,23 +264,71 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
     return result
 
 
+def _burst(workload: str, iters: int, env0: dict[str, str], tmp: Path, share: int, seconds: float, limit: float,
+           util: UtilSampler, rate: float) -> dict:
+    """A group with --sm-borrow alone, then a neighbour with a share joins half way."""
+    env, path = _wrapped(env0, share, tmp, "burst-borrower", sm_borrow=True)
+    a = _Run(_command(workload, seconds, iters), env, path)
+    time.sleep(seconds / 2)
+    env_b, path_b = _wrapped(env0, 50, tmp, "burst-neighbour")
+    b = _Run(_command(workload, seconds / 2, iters), env_b, path_b)
+    rb = b.finish(limit, util)
+    a.finish(limit, util)
+    joined = b.progress[0][0] / 1e9
+    alone = a.window(a.progress[0][0] / 1e9 + (joined - a.progress[0][0] / 1e9) / 3, joined, util)
+    after = a.window(joined + (b.progress[-1][0] / 1e9 - joined) / 3, b.progress[-1][0] / 1e9, util)
+    return {"share": share, "neighbour_share": 50,
+            "alone": {**alone, "achieved": 100 * alone["kernels_per_s"] / rate},
+            "with_neighbour": {**after, "achieved": 100 * after["kernels_per_s"] / rate},
+            "neighbour": {**rb, "achieved": 100 * rb["kernels_per_s"] / rate},
+            "give_back_goal_ms": GIVE_BACK_GOAL_MS}
+
+
+def _unit(result: dict) -> str:
+    return {"mlp": "steps", "matmul": "matmuls"}.get(result["workload"], "kernels")
+
+
+def _pct(x: float | None, width: int = 6) -> str:
+    return f"{x:>{width - 1}.1f}%" if x is not None else " " * (width - 1) + "-"
+
+
 def table(result: dict) -> str:
     lines = [f"pyvgpu bench sm on {result['machine']['gpu']}: workload {result['workload']}, "
              f"{result['seconds']:.0f} s per run (first third left out)",
-             f"  unlimited: {result['unlimited_kernels_per_s']:.1f} kernels/s"
-             + (f" (spin kernel {result['spin_kernel_ns'] / 1000:.0f} us)" if result["spin_kernel_ns"] else ""),
-             f"  {'run':<7} {'target':>6} {'achieved':>9} {'error':>7} {'util':>6} {'scale':>6} {'cost us':>8}"]
+             f"  unlimited: {result['unlimited_kernels_per_s']:.1f} {_unit(result)}/s"
+             + (f" (spin kernel {result['spin_kernel_ns'] / 1000:.0f} us)" if result["spin_kernel_ns"] else "")
+             + (f", NVML {result['unlimited_time_share_nvml']:.0f}% busy"
+                if result.get("unlimited_time_share_nvml") is not None else ""),
+             "  throughput = throughput / unlimited; time: NVML (the device, all groups on it), turns held, "
+             "GPU time charged",
+             f"  {'run':<20} {'target':>6} {'thruput':>8} {'error':>6} {'NVML':>6} {'turns':>6} {'charged':>8} "
+             f"{'waited':>7}"]
     for r in result["runs"]:
-        last = r["controller"][-1] if r["controller"] else {"util": float("nan"), "scale": float("nan")}
-        lines.append(f"  {r['kind']:<7} {r['target']:>5}% {r['achieved']:>8.1f}% {r['error_points']:>+6.1f} "
-                     f"{last['util']:>5.0f}% {last['scale']:>6.3f} {r.get('mean_cost_us', 0):>8.1f}")
-    lines.append(f"  largest error {result['max_error_points']:.1f} points (goal: within {result['goal_points']:.0f})")
+        name = r["kind"] + (f" ({r['priority']})" if r.get("priority") else "")
+        target = f"{r['target']:>5}%" if r["target"] is not None else "  none"
+        err = f"{r['error_points']:>+6.1f}" if r["error_points"] is not None else "      "
+        lines.append(f"  {name:<20} {target} {_pct(r['achieved'], 9)} {err} {_pct(r.get('time_share_nvml'))} "
+                     f"{_pct(r.get('time_share_turns'))} {_pct(r.get('time_share_charged'), 9)} "
+                     f"{_pct(r.get('turn_wait_share'), 8)}")
+    lines.append(f"  largest error (single, pair) {result['max_error_points']:.1f} points "
+                 f"(goal: within {result['goal_points']:.0f})")
     if not result.get("turns", True):
         lines.append("  groups time-sliced the GPU (PYVGPU_SM_TURN=0)")
-    for t in result.get("turn_stats", []):
-        lines.append(f"  turns (all runs): {t['handovers']} hand-overs, {t['drains']} waited "
-                     f"{t['drain_ns'] / 1e6:.0f} ms for the holder's work, launches waited {t['wait_ns'] / 1e6:.0f} "
-                     "ms for the turn")
+    b = result.get("burst")
+    if b:
+        lines.append(f"  burst: --sm {b['share']} --sm-borrow alone {b['alone']['achieved']:.1f}% (borrowed "
+                     f"{_pct(b['alone'].get('borrowed_share')).strip()}); with a --sm {b['neighbour_share']} "
+                     f"neighbour {b['with_neighbour']['achieved']:.1f}% / {b['neighbour']['achieved']:.1f}%; "
+                     f"gave the turn back within {b['give_back_ms']:.1f} ms (goal {b['give_back_goal_ms']:.0f})"
+                     if b.get("give_back_ms") is not None else "  burst: no turn counters")
+    for name, t in result.get("scenarios", {}).items():
+        if not t:
+            continue
+        gap = f"{t['gap_mean_ms']:.3f} ms" if t.get("gap_mean_ms") is not None else "-"
+        drain = f"{t['drain_mean_ms']:.2f} ms" if t.get("drain_mean_ms") is not None else "-"
+        lines.append(f"  turns ({name}): {t['handovers']} hand-overs, mean gap {gap}, {t['drains']} drains "
+                     f"(mean {drain}), {t['coruns']} launches beside the holder, {t['preempts']} pre-emptions, "
+                     f"longest wait within a share {t['max_wait_ms']:.1f} ms")
     return "\n".join(lines)
 
 
@@ -209,24 +343,30 @@ def plot(result: dict, png: Path) -> None:
     ax1.plot(xs, xs, color="grey", lw=1, label="ideal")
     ax1.fill_between(xs, [x - GOAL_POINTS for x in xs], [x + GOAL_POINTS for x in xs], color="grey", alpha=0.15,
                      label=f"±{GOAL_POINTS:.0f} points")
-    for kind, marker in (("single", "o"), ("pair", "s")):
+    for kind, marker in (("single", "o"), ("pair", "s"), ("pair-sliced", "x"), ("neighbour", "^")):
         rs = [r for r in result["runs"] if r["kind"] == kind]
         if rs:
-            ax1.plot([r["target"] for r in rs], [r["achieved"] for r in rs], marker, label=kind, ms=8)
+            ax1.plot([r["target"] for r in rs], [r["achieved"] for r in rs], marker, label=f"{kind}: throughput",
+                     ms=8)
+            ts = [r for r in rs if r.get("time_share_turns") is not None]
+            if ts and kind != "single":
+                ax1.plot([r["target"] for r in ts], [r["time_share_turns"] for r in ts], marker, mfc="none",
+                         label=f"{kind}: time (turns)", ms=10)
     ax1.set_xlabel("target share (%)")
-    ax1.set_ylabel("achieved share = throughput / unlimited (%)")
+    ax1.set_ylabel("achieved share (%)")
     ax1.set_title(f"{result['workload']} on {result['machine']['gpu'][:40]}")
     ax1.set_xlim(0, 100)
     ax1.set_ylim(0, 105)
-    ax1.legend()
+    ax1.legend(fontsize=7)
     for r in result["runs"]:
-        label = f"{r['kind']} {r['target']}%"
+        label = f"{r['kind']} {r['target']}%" if r["target"] is not None else r["kind"]
         if r["controller"]:
             line, = ax2.plot([c["t"] for c in r["controller"]], [c["util"] for c in r["controller"]], label=label)
-            ax2.axhline(r["target"], color=line.get_color(), lw=0.6, ls=":")
+            if r["target"] is not None:
+                ax2.axhline(r["target"], color=line.get_color(), lw=0.6, ls=":")
     ax2.set_xlabel("time (s)")
     ax2.set_ylabel("device utilization seen by the controller (%)")
-    ax2.set_title("controller time series (NVML utilization; pair runs share the device)")
+    ax2.set_title("controller time series (NVML utilization; runs of two groups share the device)")
     ax2.set_ylim(0, 105)
     ax2.legend(fontsize=7, ncol=2)
     fig.tight_layout()

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from numba import cfunc, types
 
 from pyvgpu import abi, hooks
 from pyvgpu.jit import controller, quota
 from pyvgpu.jit.context import count_call
 from pyvgpu.jit.fields import CTX
+from pyvgpu.jit.intrinsics import monotonic_ns
 from pyvgpu.jit.policies import resolve
 
 
@@ -87,6 +89,8 @@ def svc_tick(ctx):
     # the driver tears down at exit. Pools are settled at their next call, launch timings on the
     # launching thread.
     if CTX.get_region(ctx) != 0:
+        # the clock launches without a share compare the turn file's `active` with (pyvgpu/jit/turn.py)
+        CTX.store_turn_tick(ctx, np.uint64(monotonic_ns()))
         quota.reclaim_due(ctx)
         controller.control(ctx)
     return 0

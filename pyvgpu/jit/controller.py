@@ -9,7 +9,9 @@ multiplicative step that converges geometrically without overshoot. While
 others share the device, NVML cannot tell their time from ours, so the scale
 holds. It lowers the scale only while the group spent its whole budget in the
 period (SATURATED of it): a program that asked for less, or could not launch
-for a while (its CPU was busy), is not a reason to give more.
+for a while (its CPU was busy), is not a reason to give more. A period in
+which the group borrowed idle time beyond its share (--sm-borrow) holds the
+scale too: NVML then reads above the target on purpose.
 """
 
 from __future__ import annotations
@@ -86,11 +88,18 @@ def step(ctx, region, dev, handle, limit, period):
     charged = np.float64(cost - mark) if cost >= mark else 0.0  # a reclaimed slot takes its count along
     spent = charged * scale / Q16 / max(np.float64(period), 1.0)  # of the device's time
     saturated = spent * 100.0 >= SATURATED * np.float64(limit)
+    borrow = DEV.load_sm_borrow_ns(d)
+    borrow_mark = DEV.xchg_sm_borrow_mark(d, borrow)
+    borrowed = borrow > borrow_mark  # NVML then shows time beyond the share, on purpose
     mine = np.float64(u) * 100.0
     if not alone:
-        mine = min(mine, spent * 1e4)
+        mine = min(mine, (spent + np.float64(borrow - borrow_mark if borrowed else 0) / max(np.float64(period), 1.0))
+                   * 1e4)
     DEV.store_sm_group_util(d, np.uint32(mine))
     DEV.add_sm_steps(d, 1)
+    if borrowed:
+        DEV.store_sm_state(d, L.SM_STATE_BORROWING)
+        return
     if not alone:
         DEV.store_sm_state(d, L.SM_STATE_HOLDING)
         return

@@ -9,6 +9,8 @@ processes sharing an mmap.
 
 from __future__ import annotations
 
+import platform
+
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -330,3 +332,45 @@ def yield_cpu(typingctx):
         return context.get_dummy_value()
 
     return types.void(), codegen
+
+
+# futex(2) on a word of a shared mapping (no FUTEX_PRIVATE_FLAG: the waiters are other processes)
+FUTEX_WAIT, FUTEX_WAKE = 0, 1
+SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221}.get(platform.machine(), 202)
+
+
+@intrinsic
+def futex_wait(typingctx, addr, expected, timeout_ns):
+    """Sleep until the u32 at addr is woken (futex_wake), no longer holds ``expected``, or timeout_ns passes.
+    Returns syscall's result (0, or -1 with errno EAGAIN/ETIMEDOUT/EINTR: every outcome means look again)."""
+    sig = types.int64(types.uint64, types.uint32, types.int64)
+
+    def codegen(context, builder, sig, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        a, val, n = args
+        ts = cgutils.alloca_once(builder, ir.ArrayType(i64, 2))
+        base = builder.ptrtoint(ts, i64)
+        billion = ir.Constant(i64, 1_000_000_000)
+        builder.store(builder.sdiv(n, billion), builder.inttoptr(base, i64.as_pointer()))
+        builder.store(builder.srem(n, billion), builder.inttoptr(builder.add(base, ir.Constant(i64, 8)),
+                                                                 i64.as_pointer()))
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i64, [i64], var_arg=True), "syscall")
+        return builder.call(fn, [ir.Constant(i64, SYS_FUTEX), a, ir.Constant(i32, FUTEX_WAIT),
+                                 builder.zext(val, i64), base, ir.Constant(i64, 0), ir.Constant(i64, 0)])
+
+    return sig, codegen
+
+
+@intrinsic
+def futex_wake(typingctx, addr):
+    """Wake every process sleeping in futex_wait on the u32 at addr."""
+    sig = types.int64(types.uint64)
+
+    def codegen(context, builder, sig, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i64, [i64], var_arg=True), "syscall")
+        return builder.call(fn, [ir.Constant(i64, SYS_FUTEX), args[0], ir.Constant(i32, FUTEX_WAKE),
+                                 ir.Constant(i32, 0x7FFFFFFF), ir.Constant(i64, 0), ir.Constant(i64, 0),
+                                 ir.Constant(i64, 0)])
+
+    return sig, codegen

@@ -7,14 +7,18 @@ cooperative launch) ends in :func:`launch`:
 1. count the launch in the process's slot (``pyvgpu top``'s launches/s);
 2. if the group has a share in force on the launch's device: look up the
    kernel's cost (pyvgpu/jit/cost.py), charge it to the group's budget
-   (pyvgpu/jit/limiter.py) and wait while the budget is spent;
-3. hold the device's turn (pyvgpu/jit/turn.py), so the GPU never runs two
-   groups' work at once;
+   (pyvgpu/jit/limiter.py) and wait while the budget is spent; a group that
+   may borrow (--sm-borrow) goes on instead, best effort, while nobody with a
+   share waits for the GPU;
+3. take the device's turn (pyvgpu/jit/turn.py), so the GPU never holds two
+   groups' deep queues at once. A launch without a share takes part too
+   while a group with a share takes turns on the machine, best effort;
 4. time one launch in SAMPLE_EVERY (and every new kernel's first) with events;
 5. call the driver.
 
-With no limit in force a launch costs a few loads and one atomic add before
-the driver is called: no clock read, no lock, no syscall.
+With no limit in force, and no group with a share taking turns on the
+machine, a launch costs a few loads and one atomic add before the driver is
+called: no clock read, no lock, no syscall.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from numba import njit
 from pyvgpu import abi
 from pyvgpu.jit import cost, limiter, turn
 from pyvgpu.jit.context import REAL, call_real, current_device, stream_of
-from pyvgpu.jit.fields import CTX, LAUNCH_CONFIG, LAUNCH_PARAMS, SLOT
+from pyvgpu.jit.fields import CTX, DEV, LAUNCH_CONFIG, LAUNCH_PARAMS, REGION, SLOT
 from pyvgpu.jit.intrinsics import load_i32, monotonic_ns, stack_u64
 from pyvgpu.jit.nvml import handle as nvml_handle
 
@@ -59,32 +63,44 @@ def launch_device(ctx):
 
 @njit
 def launch(ctx, idx, args, notfound, key, stream):
-    """Every launch path ends here: count, limit, time a sample, launch."""
+    """Every launch path ends here: count, limit, take the turn, time a sample, launch."""
     region = CTX.get_region(ctx)
     if region == 0:
         return call_real(ctx, idx, args, notfound)
     n, counted = count_launch(ctx)
-    if not limiter.limited(ctx, region):
+    limited = limiter.limited(ctx, region)
+    if not limited and not turn.machine_active(ctx):  # loads only: no clock, lock or syscall
         return call_real(ctx, idx, args, notfound)
-    if not counted:  # sampling needs a count: the process's own, only on this (limited) path
+    if not counted:  # sampling needs a count: the process's own, only on this (slower) path
         n = CTX.add_sm_launches(ctx, 1)
     dev = launch_device(ctx)
     if dev < 0:
         return call_real(ctx, idx, args, notfound)
-    limit = limiter.share(region, dev)
-    if limit == 0:
+    limit = limiter.share(region, dev) if limited else np.uint32(0)
+    now = monotonic_ns()
+    if limit == 0 and not turn.active_on(ctx, dev, now):  # no group with a share takes turns here
         return call_real(ctx, idx, args, notfound)
-    if CTX.get_sm_nvml(ctx, dev) == 0:
+    if limit != 0 and CTX.get_sm_nvml(ctx, dev) == 0:
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
     if CTX.load_sm_pending(ctx) != 0 and (n & np.uint64(HARVEST_EVERY - 1)) == 0:
         cost.harvest(ctx)
     slot = cost.cost_slot(ctx, key)
     c = cost.cost_of(ctx, slot)
-    now = monotonic_ns()
-    wait = limiter.throttle(ctx, region, dev, c, limit, now)
-    if wait > 0:
-        now = limiter.hold(ctx, region, dev, wait, stream, True)
-    turn.take(ctx, dev, stream, now, c)
+    if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, dev, now)
+                           and not turn.share_waits(ctx, dev, now)):
+        rank = limiter.rank(region, True)
+        wait = limiter.throttle(ctx, region, dev, c, limit, now)
+        if wait > 0:
+            now = limiter.hold(ctx, region, dev, wait, stream, True, rank)
+    else:
+        # best effort: no share here, or a share spent while the group may borrow idle time and nobody
+        # with a share waits. No budget is charged (the group is not in debt when it stops borrowing), but
+        # its GPU time counts in the group's accounting.
+        rank = limiter.rank(region, False)
+        limiter.charge_slot(ctx, dev, c)
+        if limit != 0:
+            DEV.add_sm_borrow_ns(REGION.device(region, dev), c)
+    turn.take(ctx, region, dev, stream, now, c, rank, limit != 0)
     s = -1
     if (n & np.uint64(SAMPLE_EVERY - 1)) == 0 or cost.new_kernel(ctx, slot):
         s = cost.sample_begin(ctx, key, stream)
@@ -148,5 +164,5 @@ def multi_device(ctx, idx, args, notfound):
         wait = limiter.throttle(ctx, region, dev, cost.cost_of(ctx, cost.cost_slot(ctx, key)), limit,
                                 monotonic_ns())
         if wait > 0:
-            limiter.hold(ctx, region, dev, wait, np.uint64(0), False)  # streams of several devices: no turns
+            limiter.hold(ctx, region, dev, wait, np.uint64(0), False, 0)  # streams of several devices: no turns
     return call_real(ctx, idx, args, notfound)

@@ -40,6 +40,38 @@ def share(region, dev):
     return limit if 0 < limit < 100 else np.uint32(0)
 
 
+@njit(inline="always")
+def spent(ctx, region, dev, now):
+    """The group's budget on dev is spent: a launch charged now would wait (throttle's test, before the
+    charge)."""
+    tat = np.int64(DEV.load_sm_tat(REGION.device(region, dev)))
+    return tat - now > BURST_NS + np.int64(CTX.get_sm_batch_ns(ctx))
+
+
+@njit(inline="always")
+def may_borrow(ctx, region):
+    """The group lends itself idle GPU time beyond its share (--sm-borrow), unless this process's
+    GPU_CORE_UTILIZATION_POLICY is force (a hard cap, whatever the group says)."""
+    return HDR.get_sm_borrow(region) != 0 and CTX.get_sm_policy(ctx) != L.SM_POLICY_FORCE
+
+
+@njit(inline="always")
+def rank(region, due):
+    """The turn rank of a launch of this group (pyvgpu.layout.RANK_*): due (within its share) or best
+    effort, high or low priority."""
+    low = HDR.get_priority(region) != L.PRIORITY_HIGH
+    return (0 if due else 2) + (1 if low else 0)
+
+
+@njit(inline="always")
+def charge_slot(ctx, dev, cost):
+    """Count a launch and its estimated GPU time in the process's slot (the group's own accounting)."""
+    slot = CTX.get_slot(ctx)
+    if slot != 0:
+        SLOT.add_sm_launches(slot, dev, 1)
+        SLOT.add_sm_cost_ns(slot, dev, cost)
+
+
 @njit
 def throttle(ctx, region, dev, cost, limit, now):
     """Charge cost (ns of GPU time) to the group's budget on dev. Returns how long the launch must wait for
@@ -54,26 +86,23 @@ def throttle(ctx, region, dev, cost, limit, now):
         base = old if old > now else now
         if np.int64(DEV.cas_sm_tat(d, np.uint64(old), np.uint64(base + charge))) == old:
             break
-    slot = CTX.get_slot(ctx)
-    if slot != 0:
-        SLOT.add_sm_launches(slot, dev, 1)
-        SLOT.add_sm_cost_ns(slot, dev, cost)
+    charge_slot(ctx, dev, cost)
     return old - BURST_NS - np.int64(CTX.get_sm_batch_ns(ctx)) - now
 
 
 @njit
-def hold(ctx, region, dev, wait, stream, turns):
-    """Wait for the budget: hand the device's turn over first if ``turns`` (turn.give may wait for this
-    process's work to finish, which counts towards the wait). Returns the time after it."""
+def hold(ctx, region, dev, wait, stream, turns, rank):
+    """Wait for the budget, and sm_batch_ns longer: then the launches after this one pass at once, that
+    much budget together (the tolerance holds a batch, so no budget is lost; the schedule in sm_tat is
+    absolute, so the rate does not change). Taking turns, first reserve the turn for that moment and
+    hand it over (turn.give may wait for this process's work to finish, which counts towards the wait):
+    the others get the GPU for the batch, and the holder of then gives it back in time. Time-slicing,
+    the GPU switches contexts once per batch instead of once per kernel. Returns the time after it."""
     start = monotonic_ns()
+    wait += np.int64(CTX.get_sm_batch_ns(ctx))
     if turns and turn.takes_turns(ctx, dev):
-        turn.give(ctx, dev, stream)
-    else:
-        # Time-slicing the GPU: sleeping sm_batch_ns past the point where this launch may go lets the
-        # launches after it pass at once, that much budget together, so the GPU switches contexts once
-        # per batch instead of once per kernel (the tolerance holds a batch, so no budget is lost; the
-        # schedule in sm_tat is absolute, so the rate does not change). Taking turns, the turn batches.
-        wait += np.int64(CTX.get_sm_batch_ns(ctx))
+        turn.reserve(ctx, dev, rank, start + wait)
+        turn.give(ctx, region, dev, stream, False)
     now = monotonic_ns()
     if start + wait > now:
         sleep_ns(start + wait - now)

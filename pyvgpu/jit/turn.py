@@ -1,26 +1,50 @@
-"""The device turn: which process may launch on a GPU now.
+"""The device turn: which process may fill a GPU's queue now.
 
-Two contexts that both have work on one GPU are time-sliced by the hardware,
-and the slicing costs time nobody gets: on an H100 two saturating processes
-together got 89.7% of what one gets alone (docs/compute.md). The limiter
-gives each group its share of the time, but a group whose share is 70% cannot
-get it back while a 30% group runs beside it.
+Two contexts that both have deep queues on one GPU are time-sliced by the
+hardware, and the slicing costs time nobody gets: on an H100 two saturating
+processes together got 89.7% of what one gets alone (docs/compute.md), and a
+70% share beside a 30% one got 62%. So the processes on a GPU take turns:
+every GPU (by UUID) has one entry in the machine's turn file (pyvgpu/sched.py,
+layout SCHED_ENTRY); its turn word names the process that holds the turn and
+until when its lease runs: ``id << 32 | lease`` with the lease in
+CLOCK_MONOTONIC >> 10 units (~1 us, wrapping every 73 minutes, compared as
+serial numbers). The lease is the holder's queued work (estimated by the cost
+model) plus LEASE_NS, renewed as it launches: a holder that stops launching
+loses the turn LEASE_NS after its queue runs dry, one that dies too.
 
-So groups with a compute share take turns. Every GPU (by UUID) has one entry
-in the machine's turn file (pyvgpu/sched.py, layout SCHED_ENTRY); its turn
-word names the process that may launch and until when its lease runs:
-``id << 32 | lease`` with the lease in CLOCK_MONOTONIC >> 10 units (~1 us,
-wrapping every 73 minutes, compared as serial numbers). A launch that does
-not hold the turn waits for it; the holder renews its lease as it launches,
-and hands the turn over when its limiter holds it back or its slice is over
-while another waits. Before it hands over it waits for its own work to
-finish (an event after its last launch), so the GPU runs one context at a
-time and the only loss is the hand-over itself. A holder that stops
-launching (it computes on the CPU, it died) loses the turn when its lease
-runs out.
+Time slicing only costs while both queues are deep. Two launch-bound programs
+(small kernels, the CPU between them) leave the GPU mostly idle, and taking
+whole turns would halve both. So a launch may go *beside* the holder when
+both its queue and the holder's are shorter than CORUN_NS: the turn is for
+deep queues, which it keeps apart. A launch of a less urgent rank than the
+holder's goes beside it only while both queues are empty, one kernel at a
+time, and never beside a high-priority holder.
 
-Only processes with a share in force take part: a program that is not
-limited launches as it always did, and still time-slices with the rest.
+Ranks (pyvgpu.layout.RANK_*): a launch within its group's share is *due*; a
+launch of a group without a share, or borrowing beyond its share
+(``--sm-borrow``), is *best effort*; a high-priority group ranks before a low
+one within each. The holder hands the turn over, after draining its work
+(pyvgpu/jit/drain.py) so that the GPU never holds both queues:
+
+* at once, to a waiter of a more urgent rank (a best-effort holder also keeps
+  its queue under BEST_EFFORT_QUEUE_NS while a group with a share takes
+  turns here, so that hand-over is quick);
+* before a *reservation* of its rank or a more urgent one would start: a
+  group whose budget ran out says when it is free again (``resv``), and the
+  holder stops queueing work that would run past that moment;
+* to a waiter of its own rank, when its slice (SLICE_NS) is over, or when
+  after MIN_TURN_NS its own queue is still short (it launches little: the
+  waiter could not go beside it because its own queue is deep);
+* when its limiter holds it back (pyvgpu/jit/limiter.py).
+
+A waiter of a less urgent rank waits for the turn to lapse or be handed over.
+Waiters sleep on a futex in the entry (``seq``), bumped when a holder frees
+the turn, with POLL_NS as the longest sleep.
+
+Processes without a share look at the turns only while a group with a share
+takes turns on the machine (``active``, read against the watcher's clock:
+no clock read of their own until then), and on a GPU only while one takes
+turns there.
 """
 
 from __future__ import annotations
@@ -29,19 +53,27 @@ import numpy as np
 from numba import njit
 
 from pyvgpu import abi
+from pyvgpu import layout as L
+from pyvgpu.jit import drain as D
 from pyvgpu.jit.context import HELPER
-from pyvgpu.jit.fields import CTX, SCHED, SCHED_AT, TURN
-from pyvgpu.jit.intrinsics import load_u64, monotonic_ns, sleep_ns, stack_buffer, stack_u64
-from pyvgpu.jit.streams import running_context
+from pyvgpu.jit.fields import CTX, DEV, REGION, SCHED, SCHED_AT, TURN
+from pyvgpu.jit.intrinsics import futex_wait, futex_wake, load_u64, monotonic_ns, sleep_ns, stack_buffer
 
-LEASE_NS = 3_000_000  # a holder that has not launched for this long (and has no work queued) loses the turn
+LEASE_NS = 1_000_000  # a holder's lease outlasts its queued work by this (a dead or idle holder's turn lapses)
+RENEW_NS = 100_000  # the holder renews its lease when it would grow by more than this (the word lags this)
 MAX_LEASE_NS = 1_000_000_000  # the longest lease, however much work is queued
-SLICE_NS = 50_000_000  # the longest a holder keeps the turn while another waits
+SLICE_NS = 50_000_000  # the longest a holder keeps the turn while another of its rank waits
+MIN_TURN_NS = 2_000_000  # a holder with a short queue keeps the turn this long before a waiter of its rank gets it
+CORUN_NS = 500_000  # a launch goes beside the holder while both queues are shorter than this
+BEST_EFFORT_QUEUE_NS = 2_000_000  # the most a best-effort holder queues while a group with a share takes turns
 WANT_FRESH_NS = 1_000_000  # a waiter looks at least this often (its `want` mark is this fresh)
-POLL_NS = 20_000  # a waiter's sleep between looks (nanosleep adds the timer slack, ~50 us)
+RESERVE_NS = 2_000_000_000  # a reservation further ahead than this is ignored
+POLL_NS = 20_000  # a waiter's longest sleep between looks (plus the timer slack)
 HANDOFF_NS = 500_000  # a process that just handed the turn over leaves it this long to a waiter
+ACTIVE_NS = 1_000_000_000  # after its last launch, a group with a share keeps the others in turns this long
 UNIT_SHIFT = 10
 LOW32 = np.uint64(0xFFFFFFFF)
+NO_RESERVATION = np.int64(1 << 62)
 
 _NONE = np.uint64(1)  # turn_entry value: this device takes no turns
 
@@ -79,18 +111,63 @@ def leased(w, now):
     if t == 0:
         return False
     d = ahead(t, units(now))
-    return 0 < d <= (MAX_LEASE_NS >> UNIT_SHIFT) + 1
+    return 0 < d <= (MAX_LEASE_NS >> UNIT_SHIFT) + (LEASE_NS >> UNIT_SHIFT) + 1
 
 
 @njit(inline="always")
-def other_waits(e, me, now):
-    """Another process looked for the turn within WANT_FRESH_NS."""
-    w = TURN.load_want(e)
+def to_ns(t, now):
+    """The CLOCK_MONOTONIC ns of unit time t, taken as the one nearest to now."""
+    return now + (ahead(t, units(now)) << UNIT_SHIFT)
+
+
+@njit(inline="always")
+def fresh(w, me, now):
+    """The want word w names another process that looked within WANT_FRESH_NS."""
     who = holder(w)
     if who == 0 or who == me:
         return False
     d = ahead(units(now), w & LOW32)
     return 0 <= d <= (WANT_FRESH_NS >> UNIT_SHIFT)
+
+
+@njit
+def waits(e, rank, me, now):
+    """Another process of this rank waits for the turn."""
+    return fresh(TURN.load_want(e, rank), me, now)
+
+
+@njit
+def more_urgent_waits(e, rank, me, now):
+    for r in range(rank):
+        if fresh(TURN.load_want(e, r), me, now):
+            return True
+    return False
+
+
+@njit
+def reserved(e, rank, me, now):
+    """The earliest reservation (ns) by another process of this rank or a more urgent one, from
+    WANT_FRESH_NS ago to RESERVE_NS ahead; NO_RESERVATION if none."""
+    t = NO_RESERVATION
+    for r in range(rank + 1):
+        w = TURN.load_resv(e, r)
+        who = holder(w)
+        if who == 0 or who == me:
+            continue
+        d = ahead(w & LOW32, units(now))
+        if -(WANT_FRESH_NS >> UNIT_SHIFT) <= d <= (RESERVE_NS >> UNIT_SHIFT):
+            at = now + (d << UNIT_SHIFT)
+            if at < t:
+                t = at
+    return t
+
+
+@njit
+def anyone_waits(e, me, now):
+    """Any other process waits for the turn, or has reserved it soon."""
+    if more_urgent_waits(e, L.N_RANKS, me, now):
+        return True
+    return reserved(e, L.N_RANKS - 1, me, now) < now + SLICE_NS
 
 
 # --- looking up a device's entry --------------------------------------------------------
@@ -128,48 +205,99 @@ def entry(ctx, dev):
     return a
 
 
-# --- handing over -----------------------------------------------------------------------
-
-@njit
-def drain(ctx, e, stream):
-    """Wait until the work this process queued on stream is done (an event after it). Skipped while the
-    stream captures a graph: nothing captured runs now."""
-    cur = running_context(ctx, stream)
-    if cur == 0:
-        return
-    ev = CTX.get_drain_ev(ctx)
-    if ev != 0 and CTX.get_drain_ctx(ctx) != cur:
-        HELPER.cuEventDestroy_v2(ctx, ev)
-        ev = np.uint64(0)
-        CTX.set_drain_ev(ctx, 0)
-    if ev == 0:
-        out = stack_u64()
-        if HELPER.cuEventCreate(ctx, out, abi.CU_EVENT_DISABLE_TIMING) != abi.CUDA_SUCCESS:
-            return
-        ev = load_u64(out)
-        CTX.set_drain_ev(ctx, ev)
-        CTX.set_drain_ctx(ctx, cur)
-    t0 = monotonic_ns()
-    if HELPER.cuEventRecord(ctx, ev, stream) == abi.CUDA_SUCCESS:
-        HELPER.cuEventSynchronize(ctx, ev)
-        TURN.add_drains(e, 1)
-        TURN.add_drain_ns(e, np.uint64(monotonic_ns() - t0))
-
-
 @njit(inline="always")
 def takes_turns(ctx, dev):
-    """This process takes turns on dev (looked up at its first limited launch there)."""
+    """This process takes turns on dev (looked up at its first launch there under turns)."""
     return CTX.get_turn_entry(ctx, dev) > _NONE
 
 
-@njit
-def give(ctx, dev, stream):
-    """Hand the turn on dev over if this process holds it (its limiter holds it back, or its slice is over).
+# --- who takes part ----------------------------------------------------------------------
 
-    If another process waits, first let this process's work finish, then mark the turn free: the GPU
-    never runs both. The free word keeps this process's id, so that it leaves the next turn to the
-    waiter. If nobody waits, the turn stays this process's until its queued work is estimated to end,
-    with no wait: a process alone on the GPU never drains its queue.
+@njit
+def mark_active(ctx, e, now):
+    """A group with a share launches on this GPU: the others take turns with it for ACTIVE_NS."""
+    until = np.uint64(now + ACTIVE_NS)
+    if TURN.load_active(e) + np.uint64(ACTIVE_NS // 4) < until:
+        TURN.store_active(e, until)
+        SCHED.store_active(CTX.get_sched(ctx), until)
+
+
+@njit(inline="always")
+def machine_active(ctx):
+    """A launch without a share must look at the turns: a group with a share took turns on this machine
+    lately. Loads only, no clock: it compares with the watcher's last tick, which only ever errs towards
+    looking (a tick not there yet, or late)."""
+    sched = CTX.get_sched(ctx)
+    if sched == 0:
+        return False
+    return SCHED.load_active(sched) > CTX.get_turn_tick(ctx)
+
+
+@njit
+def share_waits(ctx, dev, now):
+    """Another process launching within its share waits for the turn on dev (a borrower must not take
+    idle time then). Without turns nobody can tell: True, so nobody borrows."""
+    e = entry(ctx, dev)
+    if e <= _NONE:
+        return True
+    return more_urgent_waits(e, L.RANK_HIGH_BEST_EFFORT, CTX.get_turn_id(ctx), now)
+
+
+@njit
+def active_on(ctx, dev, now):
+    """A group with a share takes turns on dev now: a launch without a share takes part."""
+    e = entry(ctx, dev)
+    return e > _NONE and np.int64(TURN.load_active(e)) > now
+
+
+# --- accounting --------------------------------------------------------------------------
+
+@njit
+def count_held(ctx, region, dev, start, end):
+    """Add [start, end) to the time the group held the turn (sm_turn_ns), less what is counted already.
+
+    A holder's turn lasts while its work runs: from when it takes the turn to when its queue ends (the
+    cost model's estimate, or the end of its drain), not only while its thread launches (a group alone
+    at 50% queues its share in a moment and sleeps)."""
+    held = np.int64(CTX.get_turn_held(ctx, dev))
+    s = start if start > held else held
+    if end > s:
+        DEV.add_sm_turn_ns(REGION.device(region, dev), np.uint64(end - s))
+        CTX.set_turn_held(ctx, dev, np.uint64(end))
+
+
+@njit
+def count_wait(ctx, region, dev, e, rank, t0, now):
+    if now <= t0:
+        return
+    waited = np.uint64(now - t0)
+    TURN.add_wait_ns(e, waited)
+    DEV.add_sm_turn_wait_ns(REGION.device(region, dev), waited)
+    if rank <= L.RANK_DUE:
+        TURN.max_max_wait_ns(e, waited)
+
+
+# --- handing over -----------------------------------------------------------------------
+
+@njit
+def free_turn(e, me):
+    """Mark the turn free (its word keeps this process's id, which leaves the next turn to a waiter) and
+    wake the sleepers."""
+    TURN.store_freed_ns(e, np.uint64(monotonic_ns()))
+    TURN.store_turn(e, np.uint64(me) << np.uint64(32))
+    TURN.add_seq(e, 1)
+    if TURN.load_sleepers(e) != 0:
+        futex_wake(TURN.seq_at(e))
+
+
+@njit
+def give(ctx, region, dev, stream, force):
+    """Hand the turn on dev over if this process holds it.
+
+    If another process waits or has reserved the turn soon (or ``force``), first let this process's work
+    on dev finish, on every stream (pyvgpu/jit/drain.py), then free the turn: the GPU never runs both. If
+    nobody waits, the turn stays this process's until its queued work is estimated to end, with no wait:
+    a process alone on the GPU never drains its queue.
     """
     e = CTX.get_turn_entry(ctx, dev)
     if e <= _NONE:
@@ -179,17 +307,29 @@ def give(ctx, dev, stream):
     if holder(w) != me or (w & LOW32) == 0:
         return
     now = monotonic_ns()
-    free = np.uint64(me) << np.uint64(32)
-    if not other_waits(e, me, now):
-        qend = np.int64(CTX.get_turn_qend(ctx, dev))
-        TURN.cas_turn(e, w, word(me, qend) if qend > now else free)
+    qend = np.int64(CTX.get_turn_qend(ctx, dev))
+    count_held(ctx, region, dev, now, qend)
+    if not force and not anyone_waits(e, me, now):
+        TURN.cas_turn(e, w, word(me, qend) if qend > now else np.uint64(me) << np.uint64(32))
         return
     # Draining, the holder keeps the turn however long its work really takes (the lease follows an
-    # estimate); it hands over right after.
+    # estimate); it frees it right after.
     if TURN.cas_turn(e, w, word(me, now + MAX_LEASE_NS)) != w:
         return
-    drain(ctx, e, stream)
-    TURN.store_turn(e, free)
+    if D.drain(ctx, dev, stream) > 0:
+        TURN.add_drains(e, 1)
+        TURN.add_drain_ns(e, np.uint64(monotonic_ns() - now))
+    count_held(ctx, region, dev, now, monotonic_ns())  # the work took longer than estimated: count that too
+    free_turn(e, me)
+
+
+@njit
+def reserve(ctx, dev, rank, at):
+    """This process's budget on dev is free again at ``at`` (ns): whoever holds the turn then hands it
+    over in time."""
+    e = CTX.get_turn_entry(ctx, dev)
+    if e > _NONE:
+        TURN.store_resv(e, rank, word(CTX.get_turn_id(ctx), at))
 
 
 @njit(inline="always")
@@ -207,45 +347,131 @@ def lease_for(qend, now):
 
 
 @njit
-def take(ctx, dev, stream, now, cost):
-    """Before a limited launch of cost ns on dev: hold the turn, waiting for it if another process has it."""
+def must_yield(ctx, e, me, rank, dev, now, cost):
+    """The holder hands over before this launch (see the module's rules)."""
+    if more_urgent_waits(e, rank, me, now):
+        return True
+    qend = np.int64(CTX.get_turn_qend(ctx, dev))
+    start = qend if qend > now else now  # when this launch's kernel starts
+    if start + np.int64(cost) // 2 > reserved(e, rank, me, now):
+        return True
+    if waits(e, rank, me, now):
+        held = now - np.int64(CTX.get_turn_since(ctx, dev))
+        return held >= SLICE_NS or (held >= MIN_TURN_NS and start <= now + CORUN_NS)
+    return False
+
+
+@njit
+def corun(ctx, e, w, rank, dev, now, cost):
+    """This launch may go beside the holder: both queues are short, and it runs into nobody's reservation.
+
+    Beside a holder of a more urgent rank, only while both queues are empty (one kernel at a time fills
+    the holder's idle moments; the holder's next kernel waits at most for it), and never beside a
+    high-priority holder (high priority keeps its turn's idle moments to itself, for its latency)."""
+    held_rank = TURN.load_rank(e)
+    limit = CORUN_NS
+    if rank > held_rank:
+        if held_rank % 2 == 0:
+            return False
+        limit = 0
+    held_until = to_ns((w & LOW32) - np.uint64(LEASE_NS >> UNIT_SHIFT), now)
+    if held_until > now + limit:
+        return False
+    qend = np.int64(CTX.get_turn_qend(ctx, dev))
+    if qend > now + limit:
+        return False
+    start = qend if qend > now else now
+    return start + np.int64(cost) <= reserved(e, rank, CTX.get_turn_id(ctx), now)
+
+
+@njit
+def keep(ctx, region, dev, stream, e, w, me, now, cost, rank):
+    """The holder launches: its queue grows, its lease follows."""
+    qend = queue_end(ctx, dev, now, cost)
+    CTX.set_turn_qend(ctx, dev, np.uint64(qend))
+    until = lease_for(qend, now)
+    if ahead(units(until), w & LOW32) > (RENEW_NS >> UNIT_SHIFT):
+        TURN.cas_turn(e, w, word(me, until))
+        count_held(ctx, region, dev, now, qend)
+    if TURN.load_rank(e) != np.uint32(rank):  # a group that starts or stops borrowing changes rank
+        TURN.store_rank(e, rank)
+    D.note_stream(ctx, dev, stream)
+
+
+@njit
+def take(ctx, region, dev, stream, now, cost, rank, share):
+    """Before a launch of cost ns on dev at rank: hold the turn, or go beside its holder, or wait. ``share``:
+    the group has a share on dev (also while it borrows beyond it)."""
     e = entry(ctx, dev)
     if e <= _NONE:
         return
     me = CTX.get_turn_id(ctx)
-    w = TURN.load_turn(e)
-    if holder(w) == me and leased(w, now):
-        since = np.int64(CTX.get_turn_since(ctx, dev))
-        if now - since < SLICE_NS or not other_waits(e, me, now):
-            qend = queue_end(ctx, dev, now, cost)
-            CTX.set_turn_qend(ctx, dev, np.uint64(qend))
-            until = lease_for(qend, now)
-            if ahead(units(until), w & LOW32) > (LEASE_NS >> (UNIT_SHIFT + 1)):  # renew by half a lease
-                TURN.cas_turn(e, w, word(me, until))
-            return
-        give(ctx, dev, stream)  # the slice is over and another waits
+    if share:
+        mark_active(ctx, e, now)
     t0 = now
+    w = TURN.load_turn(e)
+    while holder(w) == me and leased(w, now):
+        if must_yield(ctx, e, me, rank, dev, now, cost):
+            TURN.add_preempts(e, 1)
+            give(ctx, region, dev, stream, True)
+            now = monotonic_ns()
+            break
+        if (rank >= L.RANK_HIGH_BEST_EFFORT and np.int64(CTX.get_turn_qend(ctx, dev)) > now + BEST_EFFORT_QUEUE_NS
+                and np.int64(TURN.load_active(e)) > now):
+            # a best-effort holder beside groups with a share: its queue stays short, so that it can hand
+            # over quickly when one of them comes back
+            sleep_ns(POLL_NS)
+            now = monotonic_ns()
+            w = TURN.load_turn(e)
+            continue
+        keep(ctx, region, dev, stream, e, w, me, now, cost, rank)
+        count_wait(ctx, region, dev, e, rank, t0, now)
+        return
     while True:
+        seq = TURN.load_seq(e)
         w = TURN.load_turn(e)
         if not leased(w, now):
-            # Free, or its holder's lease ran out. One who just handed it over leaves it to a waiter a moment.
-            if holder(w) == me and now - t0 < HANDOFF_NS and other_waits(e, me, now):
-                sleep_ns(POLL_NS)
-                now = monotonic_ns()
+            # Free, or its holder's lease ran out. It goes to the most urgent waiter, to a reservation due
+            # now, and for a moment to a waiter other than the one who just handed it over.
+            yield_to = (more_urgent_waits(e, rank, me, now)
+                        or now + np.int64(cost) // 2 > reserved(e, rank, me, now)
+                        or (holder(w) == me and now - t0 < HANDOFF_NS and waits(e, rank, me, now)))
+            if not yield_to:
+                qend = queue_end(ctx, dev, now, cost)
+                if TURN.cas_turn(e, w, word(me, lease_for(qend, now))) == w:
+                    TURN.store_rank(e, rank)
+                    CTX.set_turn_qend(ctx, dev, np.uint64(qend))
+                    CTX.set_turn_since(ctx, dev, np.uint64(now))
+                    count_held(ctx, region, dev, now, qend)
+                    mine = word(me, 0) & ~LOW32
+                    for r in range(L.N_RANKS):  # this process no longer waits, nor holds a reservation
+                        x = TURN.load_want(e, r)
+                        if x & ~LOW32 == mine:
+                            TURN.cas_want(e, r, x, 0)
+                        x = TURN.load_resv(e, r)
+                        if x & ~LOW32 == mine:
+                            TURN.cas_resv(e, r, x, 0)
+                    if holder(w) != me:
+                        TURN.add_handovers(e, 1)
+                        freed = np.int64(TURN.load_freed_ns(e))
+                        if (w & LOW32) == 0 and 0 < freed <= now:
+                            TURN.add_gaps(e, 1)
+                            TURN.add_gap_ns(e, np.uint64(now - freed))
+                    count_wait(ctx, region, dev, e, rank, t0, now)
+                    D.note_stream(ctx, dev, stream)
+                    return
                 continue
-            qend = queue_end(ctx, dev, now, cost)
-            if TURN.cas_turn(e, w, word(me, lease_for(qend, now))) == w:
-                CTX.set_turn_qend(ctx, dev, np.uint64(qend))
-                CTX.set_turn_since(ctx, dev, np.uint64(now))
-                if holder(w) != me:
-                    TURN.add_handovers(e, 1)
-                if now > t0:
-                    TURN.add_wait_ns(e, np.uint64(now - t0))
-                return
-            continue
-        if holder(w) == me:  # another thread of this process took it meanwhile
+        elif holder(w) == me:  # another thread of this process holds it
             CTX.set_turn_qend(ctx, dev, np.uint64(queue_end(ctx, dev, now, cost)))
+            D.note_stream(ctx, dev, stream)
             return
-        TURN.store_want(e, word(me, now))
-        sleep_ns(POLL_NS)
+        elif corun(ctx, e, w, rank, dev, now, cost):
+            TURN.add_coruns(e, 1)
+            CTX.set_turn_qend(ctx, dev, np.uint64(queue_end(ctx, dev, now, cost)))
+            count_wait(ctx, region, dev, e, rank, t0, now)
+            return
+        TURN.store_want(e, rank, word(me, now))
+        TURN.add_sleepers(e, 1)
+        futex_wait(TURN.seq_at(e), seq, POLL_NS)
+        TURN.sub_sleepers(e, 1)
         now = monotonic_ns()

@@ -29,6 +29,10 @@ typedef CUresult (*pv_real_cuGraphLaunch_t)(CUgraphExec hGraphExec, CUstream hSt
 typedef CUresult (*pv_cb_cuGraphLaunch_t)(pv_ctx_t *ctx, uint32_t idx, CUgraphExec hGraphExec, CUstream hStream);
 typedef CUresult (*pv_real_cuGraphLaunch_ptsz_t)(CUgraphExec hGraphExec, CUstream hStream);
 typedef CUresult (*pv_cb_cuGraphLaunch_ptsz_t)(pv_ctx_t *ctx, uint32_t idx, CUgraphExec hGraphExec, CUstream hStream);
+typedef CUresult (*pv_real_cuStreamDestroy_t)(CUstream hStream);
+typedef CUresult (*pv_cb_cuStreamDestroy_t)(pv_ctx_t *ctx, uint32_t idx, CUstream hStream);
+typedef CUresult (*pv_real_cuStreamDestroy_v2_t)(CUstream hStream);
+typedef CUresult (*pv_cb_cuStreamDestroy_v2_t)(pv_ctx_t *ctx, uint32_t idx, CUstream hStream);
 typedef CUresult (*pv_real_cuDevicePrimaryCtxRetain_t)(CUcontext *pctx, CUdevice dev);
 typedef CUresult (*pv_cb_cuDevicePrimaryCtxRetain_t)(pv_ctx_t *ctx, uint32_t idx, CUcontext *pctx, CUdevice dev);
 typedef CUresult (*pv_real_cuCtxCreate_t)(CUcontext *pctx, unsigned int flags, CUdevice dev);
@@ -338,6 +342,38 @@ PV_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
         cb = (pv_cb_cuGraphLaunch_ptsz_t)pv_callback(PV_E_cuGraphLaunch_ptsz);
     }
     return cb(&pv_ctx, PV_E_cuGraphLaunch_ptsz, hGraphExec, hStream);
+}
+
+PV_EXPORT CUresult cuStreamDestroy(CUstream hStream)
+{
+    pv_cb_cuStreamDestroy_t cb = (pv_cb_cuStreamDestroy_t)pv_callback(PV_E_cuStreamDestroy);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuStreamDestroy_t real = (pv_real_cuStreamDestroy_t)pv_real(PV_E_cuStreamDestroy);
+            return real ? real(hStream) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuStreamDestroy_t)pv_callback(PV_E_cuStreamDestroy);
+    }
+    return cb(&pv_ctx, PV_E_cuStreamDestroy, hStream);
+}
+
+PV_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    pv_cb_cuStreamDestroy_v2_t cb = (pv_cb_cuStreamDestroy_v2_t)pv_callback(PV_E_cuStreamDestroy_v2);
+    if (PV_UNLIKELY(cb == NULL)) {
+        int st = pv_boot();
+        if (st == PV_BOOT_PASSTHROUGH) {
+            pv_real_cuStreamDestroy_v2_t real = (pv_real_cuStreamDestroy_v2_t)pv_real(PV_E_cuStreamDestroy_v2);
+            return real ? real(hStream) : CUDA_ERROR_NOT_FOUND;
+        }
+        if (st != PV_BOOT_READY)
+            return CUDA_ERROR_NOT_PERMITTED;
+        cb = (pv_cb_cuStreamDestroy_v2_t)pv_callback(PV_E_cuStreamDestroy_v2);
+    }
+    return cb(&pv_ctx, PV_E_cuStreamDestroy_v2, hStream);
 }
 
 PV_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -1346,6 +1382,8 @@ const pv_entry_info_t pv_entry_infos[PV_N_ENTRIES] = {
     [PV_E_cuLaunchCooperativeKernelMultiDevice] = {"cuLaunchCooperativeKernelMultiDevice", PV_LIB_CUDA, 0, 1, PV_H_cuLaunchCooperativeKernelMultiDevice, 9000},
     [PV_E_cuGraphLaunch] = {"cuGraphLaunch", PV_LIB_CUDA, 0, 1, PV_H_cuGraphLaunch, 10000},
     [PV_E_cuGraphLaunch_ptsz] = {"cuGraphLaunch_ptsz", PV_LIB_CUDA, 1, 1, PV_H_cuGraphLaunch, 10000},
+    [PV_E_cuStreamDestroy] = {"cuStreamDestroy", PV_LIB_CUDA, 0, 1, PV_H_cuStreamDestroy, 2000},
+    [PV_E_cuStreamDestroy_v2] = {"cuStreamDestroy_v2", PV_LIB_CUDA, 0, 1, PV_H_cuStreamDestroy, 4000},
     [PV_E_cuDevicePrimaryCtxRetain] = {"cuDevicePrimaryCtxRetain", PV_LIB_CUDA, 0, 1, PV_H_cuDevicePrimaryCtxRetain, 7000},
     [PV_E_cuCtxCreate] = {"cuCtxCreate", PV_LIB_CUDA, 0, 1, PV_H_cuCtxCreate, 2000},
     [PV_E_cuCtxCreate_v2] = {"cuCtxCreate_v2", PV_LIB_CUDA, 0, 1, PV_H_cuCtxCreate, 3020},
@@ -1419,47 +1457,48 @@ const pv_hook_info_t pv_hook_infos[PV_N_HOOKS] = {
     [PV_H_cuLaunchCooperativeKernel] = {"cuLaunchCooperativeKernel", 8, 2},
     [PV_H_cuLaunchCooperativeKernelMultiDevice] = {"cuLaunchCooperativeKernelMultiDevice", 10, 1},
     [PV_H_cuGraphLaunch] = {"cuGraphLaunch", 11, 2},
-    [PV_H_cuDevicePrimaryCtxRetain] = {"cuDevicePrimaryCtxRetain", 13, 1},
-    [PV_H_cuCtxCreate] = {"cuCtxCreate", 14, 4},
-    [PV_H_cuDeviceTotalMem] = {"cuDeviceTotalMem", 18, 2},
-    [PV_H_cuMemGetInfo] = {"cuMemGetInfo", 20, 2},
-    [PV_H_cuMemAlloc] = {"cuMemAlloc", 22, 2},
-    [PV_H_cuMemAllocPitch] = {"cuMemAllocPitch", 24, 2},
-    [PV_H_cuMemAllocManaged] = {"cuMemAllocManaged", 26, 1},
-    [PV_H_cuMemFree] = {"cuMemFree", 27, 2},
-    [PV_H_cuMemAllocAsync] = {"cuMemAllocAsync", 29, 2},
-    [PV_H_cuMemAllocFromPoolAsync] = {"cuMemAllocFromPoolAsync", 31, 2},
-    [PV_H_cuMemFreeAsync] = {"cuMemFreeAsync", 33, 2},
-    [PV_H_cuMemPoolTrimTo] = {"cuMemPoolTrimTo", 35, 1},
-    [PV_H_cuMemPoolDestroy] = {"cuMemPoolDestroy", 36, 1},
-    [PV_H_cuMemCreate] = {"cuMemCreate", 37, 1},
-    [PV_H_cuMemRelease] = {"cuMemRelease", 38, 1},
-    [PV_H_cuArrayCreate] = {"cuArrayCreate", 39, 2},
-    [PV_H_cuArray3DCreate] = {"cuArray3DCreate", 41, 2},
-    [PV_H_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", 43, 1},
-    [PV_H_cuArrayDestroy] = {"cuArrayDestroy", 44, 1},
-    [PV_H_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", 45, 1},
-    [PV_H_cuModuleLoad] = {"cuModuleLoad", 46, 1},
-    [PV_H_cuModuleLoadData] = {"cuModuleLoadData", 47, 1},
-    [PV_H_cuModuleLoadDataEx] = {"cuModuleLoadDataEx", 48, 1},
-    [PV_H_cuModuleLoadFatBinary] = {"cuModuleLoadFatBinary", 49, 1},
-    [PV_H_cuModuleUnload] = {"cuModuleUnload", 50, 1},
-    [PV_H_cuLibraryLoadData] = {"cuLibraryLoadData", 51, 1},
-    [PV_H_cuLibraryLoadFromFile] = {"cuLibraryLoadFromFile", 52, 1},
-    [PV_H_cuLibraryUnload] = {"cuLibraryUnload", 53, 1},
-    [PV_H_nvmlInit] = {"nvmlInit", 54, 2},
-    [PV_H_nvmlDeviceGetCount] = {"nvmlDeviceGetCount", 56, 2},
-    [PV_H_nvmlDeviceGetHandleByIndex] = {"nvmlDeviceGetHandleByIndex", 58, 2},
-    [PV_H_nvmlDeviceGetHandleByUUID] = {"nvmlDeviceGetHandleByUUID", 60, 1},
-    [PV_H_nvmlDeviceGetHandleByPciBusId] = {"nvmlDeviceGetHandleByPciBusId", 61, 2},
-    [PV_H_nvmlDeviceGetHandleBySerial] = {"nvmlDeviceGetHandleBySerial", 63, 1},
-    [PV_H_nvmlDeviceGetIndex] = {"nvmlDeviceGetIndex", 64, 1},
-    [PV_H_nvmlDeviceGetComputeRunningProcesses] = {"nvmlDeviceGetComputeRunningProcesses", 65, 3},
-    [PV_H_nvmlDeviceGetGraphicsRunningProcesses] = {"nvmlDeviceGetGraphicsRunningProcesses", 68, 3},
-    [PV_H_nvmlDeviceGetRunningProcessDetailList] = {"nvmlDeviceGetRunningProcessDetailList", 71, 1},
-    [PV_H_nvmlDeviceGetUtilizationRates] = {"nvmlDeviceGetUtilizationRates", 72, 1},
-    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 73, 1},
-    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 74, 1},
+    [PV_H_cuStreamDestroy] = {"cuStreamDestroy", 13, 2},
+    [PV_H_cuDevicePrimaryCtxRetain] = {"cuDevicePrimaryCtxRetain", 15, 1},
+    [PV_H_cuCtxCreate] = {"cuCtxCreate", 16, 4},
+    [PV_H_cuDeviceTotalMem] = {"cuDeviceTotalMem", 20, 2},
+    [PV_H_cuMemGetInfo] = {"cuMemGetInfo", 22, 2},
+    [PV_H_cuMemAlloc] = {"cuMemAlloc", 24, 2},
+    [PV_H_cuMemAllocPitch] = {"cuMemAllocPitch", 26, 2},
+    [PV_H_cuMemAllocManaged] = {"cuMemAllocManaged", 28, 1},
+    [PV_H_cuMemFree] = {"cuMemFree", 29, 2},
+    [PV_H_cuMemAllocAsync] = {"cuMemAllocAsync", 31, 2},
+    [PV_H_cuMemAllocFromPoolAsync] = {"cuMemAllocFromPoolAsync", 33, 2},
+    [PV_H_cuMemFreeAsync] = {"cuMemFreeAsync", 35, 2},
+    [PV_H_cuMemPoolTrimTo] = {"cuMemPoolTrimTo", 37, 1},
+    [PV_H_cuMemPoolDestroy] = {"cuMemPoolDestroy", 38, 1},
+    [PV_H_cuMemCreate] = {"cuMemCreate", 39, 1},
+    [PV_H_cuMemRelease] = {"cuMemRelease", 40, 1},
+    [PV_H_cuArrayCreate] = {"cuArrayCreate", 41, 2},
+    [PV_H_cuArray3DCreate] = {"cuArray3DCreate", 43, 2},
+    [PV_H_cuMipmappedArrayCreate] = {"cuMipmappedArrayCreate", 45, 1},
+    [PV_H_cuArrayDestroy] = {"cuArrayDestroy", 46, 1},
+    [PV_H_cuMipmappedArrayDestroy] = {"cuMipmappedArrayDestroy", 47, 1},
+    [PV_H_cuModuleLoad] = {"cuModuleLoad", 48, 1},
+    [PV_H_cuModuleLoadData] = {"cuModuleLoadData", 49, 1},
+    [PV_H_cuModuleLoadDataEx] = {"cuModuleLoadDataEx", 50, 1},
+    [PV_H_cuModuleLoadFatBinary] = {"cuModuleLoadFatBinary", 51, 1},
+    [PV_H_cuModuleUnload] = {"cuModuleUnload", 52, 1},
+    [PV_H_cuLibraryLoadData] = {"cuLibraryLoadData", 53, 1},
+    [PV_H_cuLibraryLoadFromFile] = {"cuLibraryLoadFromFile", 54, 1},
+    [PV_H_cuLibraryUnload] = {"cuLibraryUnload", 55, 1},
+    [PV_H_nvmlInit] = {"nvmlInit", 56, 2},
+    [PV_H_nvmlDeviceGetCount] = {"nvmlDeviceGetCount", 58, 2},
+    [PV_H_nvmlDeviceGetHandleByIndex] = {"nvmlDeviceGetHandleByIndex", 60, 2},
+    [PV_H_nvmlDeviceGetHandleByUUID] = {"nvmlDeviceGetHandleByUUID", 62, 1},
+    [PV_H_nvmlDeviceGetHandleByPciBusId] = {"nvmlDeviceGetHandleByPciBusId", 63, 2},
+    [PV_H_nvmlDeviceGetHandleBySerial] = {"nvmlDeviceGetHandleBySerial", 65, 1},
+    [PV_H_nvmlDeviceGetIndex] = {"nvmlDeviceGetIndex", 66, 1},
+    [PV_H_nvmlDeviceGetComputeRunningProcesses] = {"nvmlDeviceGetComputeRunningProcesses", 67, 3},
+    [PV_H_nvmlDeviceGetGraphicsRunningProcesses] = {"nvmlDeviceGetGraphicsRunningProcesses", 70, 3},
+    [PV_H_nvmlDeviceGetRunningProcessDetailList] = {"nvmlDeviceGetRunningProcessDetailList", 73, 1},
+    [PV_H_nvmlDeviceGetUtilizationRates] = {"nvmlDeviceGetUtilizationRates", 74, 1},
+    [PV_H_nvmlDeviceGetMemoryInfo] = {"nvmlDeviceGetMemoryInfo", 75, 1},
+    [PV_H_nvmlDeviceGetMemoryInfo_v2] = {"nvmlDeviceGetMemoryInfo_v2", 76, 1},
 };
 
 /* Sorted by name for bsearch (dlsym and cuGetProcAddress lookups). */
@@ -1518,6 +1557,8 @@ const pv_name_index_t pv_abi_sorted[PV_N_ENTRIES] = {
     {"cuModuleLoadDataEx", PV_E_cuModuleLoadDataEx},
     {"cuModuleLoadFatBinary", PV_E_cuModuleLoadFatBinary},
     {"cuModuleUnload", PV_E_cuModuleUnload},
+    {"cuStreamDestroy", PV_E_cuStreamDestroy},
+    {"cuStreamDestroy_v2", PV_E_cuStreamDestroy_v2},
     {"nvmlDeviceGetComputeRunningProcesses", PV_E_nvmlDeviceGetComputeRunningProcesses},
     {"nvmlDeviceGetComputeRunningProcesses_v2", PV_E_nvmlDeviceGetComputeRunningProcesses_v2},
     {"nvmlDeviceGetComputeRunningProcesses_v3", PV_E_nvmlDeviceGetComputeRunningProcesses_v3},
@@ -1578,6 +1619,7 @@ const pv_name_index_t pv_hook_sorted[PV_N_HOOKS] = {
     {"cuModuleLoadDataEx", PV_H_cuModuleLoadDataEx},
     {"cuModuleLoadFatBinary", PV_H_cuModuleLoadFatBinary},
     {"cuModuleUnload", PV_H_cuModuleUnload},
+    {"cuStreamDestroy", PV_H_cuStreamDestroy},
     {"nvmlDeviceGetComputeRunningProcesses", PV_H_nvmlDeviceGetComputeRunningProcesses},
     {"nvmlDeviceGetCount", PV_H_nvmlDeviceGetCount},
     {"nvmlDeviceGetGraphicsRunningProcesses", PV_H_nvmlDeviceGetGraphicsRunningProcesses},
@@ -1607,6 +1649,8 @@ void *const pv_hook_fns[PV_N_ENTRIES] = {
     [PV_E_cuLaunchCooperativeKernelMultiDevice] = (void *)cuLaunchCooperativeKernelMultiDevice,
     [PV_E_cuGraphLaunch] = (void *)cuGraphLaunch,
     [PV_E_cuGraphLaunch_ptsz] = (void *)cuGraphLaunch_ptsz,
+    [PV_E_cuStreamDestroy] = (void *)cuStreamDestroy,
+    [PV_E_cuStreamDestroy_v2] = (void *)cuStreamDestroy_v2,
     [PV_E_cuDevicePrimaryCtxRetain] = (void *)cuDevicePrimaryCtxRetain,
     [PV_E_cuCtxCreate] = (void *)cuCtxCreate,
     [PV_E_cuCtxCreate_v2] = (void *)cuCtxCreate_v2,

@@ -5,15 +5,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3730305854435650ULL
+#define PV_CTX_MAGIC 0x3830305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/layout.py) */
 typedef struct pv_ctx {
     uint64_t magic;  /* CTX_MAGIC */
     uint32_t n_entries;  /* hook entries in this shim */
     uint8_t _pad0[4];
-    uint64_t real[75];  /* real driver function per entry, 0 if the driver lacks it */
-    uint64_t calls[75];  /* calls per entry, counted by the callbacks */
+    uint64_t real[77];  /* real driver function per entry, 0 if the driver lacks it */
+    uint64_t calls[77];  /* calls per entry, counted by the callbacks */
     uint64_t helper[22];  /* real driver functions the policies call (hooks.HELPERS) */
     uint64_t region;  /* address of the mapped region, 0 without one */
     uint64_t slot;  /* address of this process's slot in the region */
@@ -54,62 +54,79 @@ typedef struct pv_ctx {
     uint64_t turn_entry[16];  /* turn entry per CUDA device: its address, 1 = none, 0 = not looked up yet */
     uint64_t turn_since[16];  /* CLOCK_MONOTONIC when this process last took the turn */
     uint64_t turn_qend[16];  /* when the work this process queued is estimated to end */
-    uint64_t drain_ev;  /* CUevent that tells when this process's work is done, before a hand-over */
+    uint64_t turn_held[16];  /* CLOCK_MONOTONIC up to which its turn was counted in sm_turn_ns */
+    uint64_t turn_tick;  /* CLOCK_MONOTONIC of the watcher's last tick (a clock launches without a share read instead of their own) */
+    uint64_t turn_stream[32];  /* streams this process launched on under turns, handle + 1 (0 = free) */
+    uint64_t turn_stream_ctx[32];  /* the CUcontext of each */
+    uint64_t turn_stream_ev[32];  /* the CUevent a drain records on it (0 = none yet) */
+    uint64_t turn_stream_dev[32];  /* the CUDA device it launched on */
+    uint64_t drain_ev;  /* CUevent for a stream the table had no room for, before a hand-over */
     uint64_t drain_ctx;  /* CUcontext drain_ev belongs to */
+    uint32_t turn_stream_lock;  /* spinlock between a drain and cuStreamDestroy */
+    uint8_t _pad4[4];
+    uint64_t turn_streams_lost;  /* launches on streams the table had no room for (not drained) */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad4[4];
+    uint8_t _pad5[4];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
 _Static_assert(offsetof(pv_ctx_t, real) == 16, "pv_ctx.real");
-_Static_assert(offsetof(pv_ctx_t, calls) == 616, "pv_ctx.calls");
-_Static_assert(offsetof(pv_ctx_t, helper) == 1216, "pv_ctx.helper");
-_Static_assert(offsetof(pv_ctx_t, region) == 1392, "pv_ctx.region");
-_Static_assert(offsetof(pv_ctx_t, slot) == 1400, "pv_ctx.slot");
-_Static_assert(offsetof(pv_ctx_t, slot_index) == 1408, "pv_ctx.slot_index");
-_Static_assert(offsetof(pv_ctx_t, region_fd) == 1412, "pv_ctx.region_fd");
-_Static_assert(offsetof(pv_ctx_t, n_slots) == 1416, "pv_ctx.n_slots");
-_Static_assert(offsetof(pv_ctx_t, lock) == 1420, "pv_ctx.lock");
-_Static_assert(offsetof(pv_ctx_t, table) == 1424, "pv_ctx.table");
-_Static_assert(offsetof(pv_ctx_t, table_mask) == 1432, "pv_ctx.table_mask");
-_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 1440, "pv_ctx.table_maxdisp");
-_Static_assert(offsetof(pv_ctx_t, table_live) == 1448, "pv_ctx.table_live");
-_Static_assert(offsetof(pv_ctx_t, table_full) == 1456, "pv_ctx.table_full");
-_Static_assert(offsetof(pv_ctx_t, pool_handle) == 1464, "pv_ctx.pool_handle");
-_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 1976, "pv_ctx.pool_reserved");
-_Static_assert(offsetof(pv_ctx_t, pool_dev) == 2488, "pv_ctx.pool_dev");
-_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2744, "pv_ctx.ctx_charged");
-_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2872, "pv_ctx.nvml_state");
-_Static_assert(offsetof(pv_ctx_t, sm_policy) == 2876, "pv_ctx.sm_policy");
-_Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 2880, "pv_ctx.sm_batch_ns");
-_Static_assert(offsetof(pv_ctx_t, sm_nvml) == 2888, "pv_ctx.sm_nvml");
-_Static_assert(offsetof(pv_ctx_t, sm_launches) == 3016, "pv_ctx.sm_launches");
-_Static_assert(offsetof(pv_ctx_t, sm_ndev) == 3024, "pv_ctx.sm_ndev");
-_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 3032, "pv_ctx.sm_default_cost");
-_Static_assert(offsetof(pv_ctx_t, sm_pending) == 3040, "pv_ctx.sm_pending");
-_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 3048, "pv_ctx.sm_tick_ns");
-_Static_assert(offsetof(pv_ctx_t, cost_key) == 3056, "pv_ctx.cost_key");
-_Static_assert(offsetof(pv_ctx_t, cost_ns) == 35824, "pv_ctx.cost_ns");
-_Static_assert(offsetof(pv_ctx_t, samp_state) == 68592, "pv_ctx.samp_state");
-_Static_assert(offsetof(pv_ctx_t, samp_key) == 68624, "pv_ctx.samp_key");
-_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68688, "pv_ctx.samp_ctx");
-_Static_assert(offsetof(pv_ctx_t, samp_start) == 68752, "pv_ctx.samp_start");
-_Static_assert(offsetof(pv_ctx_t, samp_end) == 68816, "pv_ctx.samp_end");
-_Static_assert(offsetof(pv_ctx_t, sched) == 68880, "pv_ctx.sched");
-_Static_assert(offsetof(pv_ctx_t, turn_id) == 68888, "pv_ctx.turn_id");
-_Static_assert(offsetof(pv_ctx_t, turn_entry) == 68896, "pv_ctx.turn_entry");
-_Static_assert(offsetof(pv_ctx_t, turn_since) == 69024, "pv_ctx.turn_since");
-_Static_assert(offsetof(pv_ctx_t, turn_qend) == 69152, "pv_ctx.turn_qend");
-_Static_assert(offsetof(pv_ctx_t, drain_ev) == 69280, "pv_ctx.drain_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 69288, "pv_ctx.drain_ctx");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 69296, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 69300, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 69560, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, calls) == 632, "pv_ctx.calls");
+_Static_assert(offsetof(pv_ctx_t, helper) == 1248, "pv_ctx.helper");
+_Static_assert(offsetof(pv_ctx_t, region) == 1424, "pv_ctx.region");
+_Static_assert(offsetof(pv_ctx_t, slot) == 1432, "pv_ctx.slot");
+_Static_assert(offsetof(pv_ctx_t, slot_index) == 1440, "pv_ctx.slot_index");
+_Static_assert(offsetof(pv_ctx_t, region_fd) == 1444, "pv_ctx.region_fd");
+_Static_assert(offsetof(pv_ctx_t, n_slots) == 1448, "pv_ctx.n_slots");
+_Static_assert(offsetof(pv_ctx_t, lock) == 1452, "pv_ctx.lock");
+_Static_assert(offsetof(pv_ctx_t, table) == 1456, "pv_ctx.table");
+_Static_assert(offsetof(pv_ctx_t, table_mask) == 1464, "pv_ctx.table_mask");
+_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 1472, "pv_ctx.table_maxdisp");
+_Static_assert(offsetof(pv_ctx_t, table_live) == 1480, "pv_ctx.table_live");
+_Static_assert(offsetof(pv_ctx_t, table_full) == 1488, "pv_ctx.table_full");
+_Static_assert(offsetof(pv_ctx_t, pool_handle) == 1496, "pv_ctx.pool_handle");
+_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 2008, "pv_ctx.pool_reserved");
+_Static_assert(offsetof(pv_ctx_t, pool_dev) == 2520, "pv_ctx.pool_dev");
+_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2776, "pv_ctx.ctx_charged");
+_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2904, "pv_ctx.nvml_state");
+_Static_assert(offsetof(pv_ctx_t, sm_policy) == 2908, "pv_ctx.sm_policy");
+_Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 2912, "pv_ctx.sm_batch_ns");
+_Static_assert(offsetof(pv_ctx_t, sm_nvml) == 2920, "pv_ctx.sm_nvml");
+_Static_assert(offsetof(pv_ctx_t, sm_launches) == 3048, "pv_ctx.sm_launches");
+_Static_assert(offsetof(pv_ctx_t, sm_ndev) == 3056, "pv_ctx.sm_ndev");
+_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 3064, "pv_ctx.sm_default_cost");
+_Static_assert(offsetof(pv_ctx_t, sm_pending) == 3072, "pv_ctx.sm_pending");
+_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 3080, "pv_ctx.sm_tick_ns");
+_Static_assert(offsetof(pv_ctx_t, cost_key) == 3088, "pv_ctx.cost_key");
+_Static_assert(offsetof(pv_ctx_t, cost_ns) == 35856, "pv_ctx.cost_ns");
+_Static_assert(offsetof(pv_ctx_t, samp_state) == 68624, "pv_ctx.samp_state");
+_Static_assert(offsetof(pv_ctx_t, samp_key) == 68656, "pv_ctx.samp_key");
+_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68720, "pv_ctx.samp_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_start) == 68784, "pv_ctx.samp_start");
+_Static_assert(offsetof(pv_ctx_t, samp_end) == 68848, "pv_ctx.samp_end");
+_Static_assert(offsetof(pv_ctx_t, sched) == 68912, "pv_ctx.sched");
+_Static_assert(offsetof(pv_ctx_t, turn_id) == 68920, "pv_ctx.turn_id");
+_Static_assert(offsetof(pv_ctx_t, turn_entry) == 68928, "pv_ctx.turn_entry");
+_Static_assert(offsetof(pv_ctx_t, turn_since) == 69056, "pv_ctx.turn_since");
+_Static_assert(offsetof(pv_ctx_t, turn_qend) == 69184, "pv_ctx.turn_qend");
+_Static_assert(offsetof(pv_ctx_t, turn_held) == 69312, "pv_ctx.turn_held");
+_Static_assert(offsetof(pv_ctx_t, turn_tick) == 69440, "pv_ctx.turn_tick");
+_Static_assert(offsetof(pv_ctx_t, turn_stream) == 69448, "pv_ctx.turn_stream");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_ctx) == 69704, "pv_ctx.turn_stream_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_ev) == 69960, "pv_ctx.turn_stream_ev");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_dev) == 70216, "pv_ctx.turn_stream_dev");
+_Static_assert(offsetof(pv_ctx_t, drain_ev) == 70472, "pv_ctx.drain_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 70480, "pv_ctx.drain_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 70488, "pv_ctx.turn_stream_lock");
+_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 70496, "pv_ctx.turn_streams_lost");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 70504, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 70508, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 70768, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads it itself (pv_core.c: are limits set?). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 4
+#define PV_REGION_VERSION 5
 #define PV_REGION_DEVICES_OFF 512
 #define PV_MAX_DEVICES 16
 
@@ -136,7 +153,9 @@ typedef struct pv_region_header {
     uint8_t visible_uuid[256];  /* its UUID, 16 raw bytes */
     uint8_t _pad1[4];
     uint64_t ev_next;  /* events written so far; the next goes to ring entry ev_next % N_EVENTS */
-    uint8_t _pad2[32];
+    uint32_t priority;  /* the group's priority, HAMi's CUDA_TASK_PRIORITY: 0 high, 1 low (default) */
+    uint32_t sm_borrow;  /* 1: the group may use idle GPU time beyond its share (work-conserving) */
+    uint8_t _pad2[24];
 } pv_region_header_t;
 _Static_assert(offsetof(pv_region_header_t, magic) == 0, "pv_region_header.magic");
 _Static_assert(offsetof(pv_region_header_t, version) == 8, "pv_region_header.version");
@@ -157,6 +176,8 @@ _Static_assert(offsetof(pv_region_header_t, n_visible) == 144, "pv_region_header
 _Static_assert(offsetof(pv_region_header_t, visible) == 148, "pv_region_header.visible");
 _Static_assert(offsetof(pv_region_header_t, visible_uuid) == 212, "pv_region_header.visible_uuid");
 _Static_assert(offsetof(pv_region_header_t, ev_next) == 472, "pv_region_header.ev_next");
+_Static_assert(offsetof(pv_region_header_t, priority) == 480, "pv_region_header.priority");
+_Static_assert(offsetof(pv_region_header_t, sm_borrow) == 484, "pv_region_header.sm_borrow");
 _Static_assert(sizeof(pv_region_header_t) == 512, "sizeof pv_region_header");
 
 /* per-device state of a group */
@@ -173,10 +194,14 @@ typedef struct pv_region_device {
     uint64_t sm_ctl_ns;  /* controller: CLOCK_MONOTONIC of its last step (also its lease) */
     uint64_t sm_throttle_ns;  /* ns launches waited for the budget */
     uint64_t sm_steps;  /* controller steps taken */
-    uint32_t sm_state;  /* controller: 0 idle, 1 calibrating (alone), 2 holding (others on the GPU), 3 no measurement */
+    uint32_t sm_state;  /* controller: 0 idle, 1 calibrating (alone), 2 holding (others on the GPU), 3 no measurement, 4 holding (it borrowed beyond its share) */
     uint32_t sm_group_util;  /* the group's own utilization estimate, hundredths of a percent */
     uint64_t sm_cost_mark;  /* controller: the group's charged GPU time (ns, scaled) at its last step */
-    uint8_t _pad0[24];
+    uint64_t sm_turn_ns;  /* ns the group's processes held the device's turn */
+    uint64_t sm_turn_wait_ns;  /* ns their launches waited for the turn */
+    uint64_t sm_borrow_ns;  /* GPU time (ns, estimated) launched beyond the share, borrowed */
+    uint64_t sm_borrow_mark;  /* controller: sm_borrow_ns at its last step */
+    uint8_t _pad0[56];
 } pv_region_device_t;
 _Static_assert(offsetof(pv_region_device_t, limit) == 0, "pv_region_device.limit");
 _Static_assert(offsetof(pv_region_device_t, used) == 8, "pv_region_device.used");
@@ -193,6 +218,10 @@ _Static_assert(offsetof(pv_region_device_t, sm_steps) == 80, "pv_region_device.s
 _Static_assert(offsetof(pv_region_device_t, sm_state) == 88, "pv_region_device.sm_state");
 _Static_assert(offsetof(pv_region_device_t, sm_group_util) == 92, "pv_region_device.sm_group_util");
 _Static_assert(offsetof(pv_region_device_t, sm_cost_mark) == 96, "pv_region_device.sm_cost_mark");
-_Static_assert(sizeof(pv_region_device_t) == 128, "sizeof pv_region_device");
+_Static_assert(offsetof(pv_region_device_t, sm_turn_ns) == 104, "pv_region_device.sm_turn_ns");
+_Static_assert(offsetof(pv_region_device_t, sm_turn_wait_ns) == 112, "pv_region_device.sm_turn_wait_ns");
+_Static_assert(offsetof(pv_region_device_t, sm_borrow_ns) == 120, "pv_region_device.sm_borrow_ns");
+_Static_assert(offsetof(pv_region_device_t, sm_borrow_mark) == 128, "pv_region_device.sm_borrow_mark");
+_Static_assert(sizeof(pv_region_device_t) == 192, "sizeof pv_region_device");
 
 #endif

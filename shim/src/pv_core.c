@@ -259,6 +259,11 @@ static void atfork_child(void) {
     memset(pv_ctx.turn_entry, 0, sizeof pv_ctx.turn_entry);
     memset(pv_ctx.turn_since, 0, sizeof pv_ctx.turn_since);
     memset(pv_ctx.turn_qend, 0, sizeof pv_ctx.turn_qend);
+    memset(pv_ctx.turn_held, 0, sizeof pv_ctx.turn_held);
+    /* the parent's streams and events are not the child's (pyvgpu/jit/drain.py) */
+    memset(pv_ctx.turn_stream, 0, sizeof pv_ctx.turn_stream);
+    memset(pv_ctx.turn_stream_ev, 0, sizeof pv_ctx.turn_stream_ev);
+    pv_ctx.turn_stream_lock = 0;
     pv_ctx.drain_ev = pv_ctx.drain_ctx = 0;
     if (pv_ctx.table) {
         void *t = mmap(NULL, (size_t)PV_TABLE_ENTRIES * 16, PROT_READ | PROT_WRITE,

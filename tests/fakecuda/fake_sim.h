@@ -43,6 +43,8 @@ struct sim_proc {
     int32_t pid;
     uint32_t devmask;            /* devices it holds a context on */
     uint64_t busy_until[SIM_DEVS]; /* when its queued work on each device ends */
+    uint64_t busy_ns[SIM_DEVS];  /* GPU time its kernels took on each device (tests read it) */
+    uint64_t kernels[SIM_DEVS];  /* kernels it queued on each device */
 };
 struct sim {
     uint64_t magic;
@@ -129,8 +131,11 @@ SIM_FN void sim_enqueue(struct sim *s, int dev, uint64_t d, uint64_t *start, uin
     __atomic_store_n(&x->ring[i].end, st + d, __ATOMIC_RELEASE);
     *start = st;
     *end = st + d;
-    if (me)
+    if (me) {
         __atomic_store_n(&me->busy_until[dev % SIM_DEVS], st + d, __ATOMIC_RELEASE);
+        __atomic_fetch_add(&me->busy_ns[dev % SIM_DEVS], d, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&me->kernels[dev % SIM_DEVS], 1, __ATOMIC_RELAXED);
+    }
     static uint64_t queue_ns;
     if (!queue_ns) {
         const char *q = getenv("FAKECUDA_SIM_QUEUE_MS");
@@ -170,6 +175,11 @@ SIM_FN void sim_register(struct sim *s, int dev) {
         if ((p == 0 || kill(p, 0) != 0) &&
             __atomic_compare_exchange_n(&s->procs[i].pid, &p, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
             __atomic_store_n(&s->procs[i].devmask, 1u << dev, __ATOMIC_RELEASE);
+            for (int d = 0; d < SIM_DEVS; d++) { /* a slot taken over from a dead process starts at zero */
+                __atomic_store_n(&s->procs[i].busy_ns[d], 0, __ATOMIC_RELAXED);
+                __atomic_store_n(&s->procs[i].kernels[d], 0, __ATOMIC_RELAXED);
+                __atomic_store_n(&s->procs[i].busy_until[d], 0, __ATOMIC_RELAXED);
+            }
             return;
         }
     }

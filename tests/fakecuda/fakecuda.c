@@ -76,6 +76,7 @@ static __thread CUcontext t_cur;
 static uint64_t g_ns_per_iter = 100; /* FAKECUDA_NS_PER_ITER (the simulated GPU, below) */
 static double g_event_scale = 1.0;   /* FAKECUDA_EVENT_SCALE: timing events read this much long */
 static uint64_t g_last_end;          /* when this process's queued work is done */
+static uint64_t g_stream_after_destroy; /* uses of a destroyed stream (a bug in the caller) */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* ---- call counting ------------------------------------------------------- */
@@ -140,6 +141,9 @@ __attribute__((destructor)) static void fake_stats(void) {
             fprintf(f, "%s\"%s\": %llu", first ? "" : ", ", fk_names[i], (unsigned long long)fk_calls[i]);
             first = 0;
         }
+    if (g_stream_after_destroy)
+        fprintf(f, "%s\"stream_use_after_destroy\": %llu", first ? "" : ", ",
+                (unsigned long long)g_stream_after_destroy);
     fprintf(f, "}\n");
     fclose(f);
 }
@@ -245,7 +249,31 @@ static struct fake_event *g_start_event; /* a timing event recorded right before
  * GPU where this process's channel, once scheduled, runs the event and then
  * the kernel: other processes' kernels ahead in the FIFO do not count, as
  * time slices of other contexts do not on a real GPU. */
-static void run_kernel(uint64_t d) {
+/* Streams: each created stream has its own end of queued work, so an event
+ * recorded on one stream waits for that stream's work only, as on a GPU
+ * (work of all streams still runs one kernel at a time on the simulated
+ * device). The NULL, legacy and per-thread streams share one. A destroyed
+ * stream is kept (never freed) and marked, so a later use is an error the
+ * fake counts (stream_use_after_destroy in FAKECUDA_STATS), not a crash. */
+#define STREAM_MAGIC 0x5354524dU
+struct fake_stream {
+    uint32_t magic, dead;
+    uint64_t last_end;
+};
+static struct fake_stream g_default_stream = {STREAM_MAGIC, 0, 0};
+
+static struct fake_stream *fake_stream_of(CUstream s) {
+    if (!s || s == (CUstream)1 || s == (CUstream)2)
+        return &g_default_stream;
+    struct fake_stream *x = (struct fake_stream *)s;
+    if (x->dead) {
+        __atomic_add_fetch(&g_stream_after_destroy, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    return x;
+}
+
+static void run_kernel(uint64_t d, CUstream stream) {
     if (!d)
         return;
     uint64_t st, en, called = sim_now();
@@ -256,6 +284,13 @@ static void run_kernel(uint64_t d) {
     uint64_t old = __atomic_load_n(&g_last_end, __ATOMIC_ACQUIRE);
     while (old < en && !__atomic_compare_exchange_n(&g_last_end, &old, en, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         ;
+    struct fake_stream *x = fake_stream_of(stream);
+    if (x) {
+        old = __atomic_load_n(&x->last_end, __ATOMIC_ACQUIRE);
+        while (old < en &&
+               !__atomic_compare_exchange_n(&x->last_end, &old, en, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            ;
+    }
 }
 
 /* ---- init, devices, contexts --------------------------------------------- */
@@ -669,7 +704,8 @@ EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total) {
 
 /* ---- modules, launches, streams ------------------------------------------- */
 
-static int g_function_token, g_stream_token;
+static int g_function_token;
+
 
 /* Modules: each load gets its own handle; FAKECUDA_MODULE_BYTES of device
  * memory per module (default 0), as an eagerly loaded module takes. */
@@ -744,10 +780,14 @@ EXPORT CUresult cuModuleUnload(CUmodule m) {
     return CUDA_SUCCESS;
 }
 
-static CUresult launch(CUfunction f, void **params) {
+static CUresult launch(CUfunction f, void **params, CUstream s) {
     if (f != &g_function_token)
         return CUDA_ERROR_INVALID_HANDLE;
-    run_kernel(kernel_ns(params));
+    if (s && s != (CUstream)1 && s != (CUstream)2 && ((struct fake_stream *)s)->dead) {
+        __atomic_add_fetch(&g_stream_after_destroy, 1, __ATOMIC_RELAXED);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    run_kernel(kernel_ns(params), s);
     return CUDA_SUCCESS;
 }
 
@@ -755,7 +795,7 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
                                unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
     COUNT(cuLaunchKernel);
     NEED_CTX();
-    return launch(f, params);
+    return launch(f, params, s);
 }
 
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -763,21 +803,21 @@ EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsi
                                     void **extra) {
     COUNT(cuLaunchKernel_ptsz);
     NEED_CTX();
-    return launch(f, params);
+    return launch(f, params, s);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                           unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
     COUNT(cuLaunchCooperativeKernel);
     NEED_CTX();
-    return launch(f, params);
+    return launch(f, params, s);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                                unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
     COUNT(cuLaunchCooperativeKernel_ptsz);
     NEED_CTX();
-    return launch(f, params);
+    return launch(f, params, s);
 }
 
 typedef struct {
@@ -793,7 +833,7 @@ EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(fake_launch_params *list, u
     if (!list || !n)
         return CUDA_ERROR_INVALID_VALUE;
     for (unsigned i = 0; i < n; i++) {
-        CUresult rc = launch(list[i].f, list[i].params);
+        CUresult rc = launch(list[i].f, list[i].params, list[i].s);
         if (rc)
             return rc;
     }
@@ -812,7 +852,7 @@ EXPORT CUresult cuLaunchKernelEx(const fake_launch_config *c, CUfunction f, void
     NEED_CTX();
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, params);
+    return launch(f, params, c->s);
 }
 
 EXPORT CUresult cuLaunchKernelEx_ptsz(const fake_launch_config *c, CUfunction f, void **params, void **extra) {
@@ -820,7 +860,7 @@ EXPORT CUresult cuLaunchKernelEx_ptsz(const fake_launch_config *c, CUfunction f,
     NEED_CTX();
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, params);
+    return launch(f, params, c->s);
 }
 
 /* ---- events and graphs on the simulated clock ----------------------------- */
@@ -840,7 +880,10 @@ EXPORT CUresult cuEventRecord(struct fake_event *e, CUstream s) {
     NEED_CTX();
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t now = sim_now(), last = __atomic_load_n(&g_last_end, __ATOMIC_ACQUIRE);
+    struct fake_stream *x = fake_stream_of(s);
+    if (!x)
+        return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = sim_now(), last = __atomic_load_n(&x->last_end, __ATOMIC_ACQUIRE);
     e->t = last > now ? last : now;
     e->rec = now;
     e->recorded = 1;
@@ -949,7 +992,7 @@ EXPORT CUresult cuGraphLaunch(struct fake_graph *exec, CUstream s) {
     NEED_CTX();
     if (!exec)
         return CUDA_ERROR_INVALID_HANDLE;
-    run_kernel(exec->ns);
+    run_kernel(exec->ns, s);
     return CUDA_SUCCESS;
 }
 
@@ -958,7 +1001,7 @@ EXPORT CUresult cuGraphLaunch_ptsz(struct fake_graph *exec, CUstream s) {
     NEED_CTX();
     if (!exec)
         return CUDA_ERROR_INVALID_HANDLE;
-    run_kernel(exec->ns);
+    run_kernel(exec->ns, s);
     return CUDA_SUCCESS;
 }
 
@@ -979,20 +1022,31 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
     NEED_CTX();
     if (!s)
         return CUDA_ERROR_INVALID_VALUE;
-    *s = &g_stream_token;
+    struct fake_stream *x = calloc(1, sizeof *x);
+    if (!x)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    x->magic = STREAM_MAGIC;
+    *s = x;
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
     COUNT(cuStreamDestroy_v2);
     NEED_CTX();
+    struct fake_stream *x = fake_stream_of(s);
+    if (!x || x == &g_default_stream)
+        return CUDA_ERROR_INVALID_HANDLE;
+    x->dead = 1; /* kept: a later use is counted, not a crash */
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
     COUNT(cuStreamSynchronize);
     NEED_CTX();
-    sim_sleep_until(__atomic_load_n(&g_last_end, __ATOMIC_ACQUIRE));
+    struct fake_stream *x = fake_stream_of(s);
+    if (!x)
+        return CUDA_ERROR_INVALID_HANDLE;
+    sim_sleep_until(__atomic_load_n(&x->last_end, __ATOMIC_ACQUIRE));
     return CUDA_SUCCESS;
 }
 

@@ -58,9 +58,16 @@ __attribute__((constructor)) static void config(void) {
     g_used = u ? parse_size(u) : 0;
 }
 
-EXPORT nvmlReturn_t nvmlInit_v2(void) { g_init = 1; return NVML_SUCCESS; }
-EXPORT nvmlReturn_t nvmlInit(void) { g_init = 1; return NVML_SUCCESS; }
-EXPORT nvmlReturn_t nvmlShutdown(void) { g_init = 0; return NVML_SUCCESS; }
+/* Reference counted, as NVML documents: each nvmlInit needs its nvmlShutdown (a tool that inits and shuts
+ * down in one thread leaves another thread's session open). */
+EXPORT nvmlReturn_t nvmlInit_v2(void) { __atomic_add_fetch(&g_init, 1, __ATOMIC_ACQ_REL); return NVML_SUCCESS; }
+EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInit_v2(); }
+EXPORT nvmlReturn_t nvmlShutdown(void) {
+    int n = __atomic_load_n(&g_init, __ATOMIC_ACQUIRE);
+    while (n > 0 && !__atomic_compare_exchange_n(&g_init, &n, n - 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        ;
+    return n > 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+}
 
 EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
     if (!g_init)

@@ -1,0 +1,274 @@
+"""Turns on the simulated GPU: no idle GPU while a group waits, every wrapped group in the turns, drains.
+
+Shares are read from the simulation's own accounting (the GPU time each process's kernels took,
+tests/simgpu.py) and from the turn file's counters; throughputs are compared with a control load that
+runs at the same time on a GPU of its own, so a busy machine slows both alike. Bounds are generous: each
+test separates the behaviour it is about from the one it replaces by a wide margin (the numbers the old
+behaviour gave are in the docstrings).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from helpers import PYVGPU, run
+from simgpu import Load, sim_busy, sim_env, sim_switch_ns
+
+from pyvgpu import region, sched
+
+SMALL = "200"  # a 20 us kernel: with a host gap, a launch-bound load
+GAP_US = 50
+
+
+def gpu_share(tmp, name, load: Load) -> float:
+    """The share of its run's wall time the simulated GPU spent on load's kernels (%)."""
+    busy, _ = sim_busy(tmp, name)[load.pid]
+    t0, t1 = load.points[0][0], load.points[-1][0]
+    return 100 * busy / (t1 - t0)
+
+
+def test_a_launch_bound_pair_runs_beside_each_other(env, tmp_path):
+    """Two launch-bound groups at 50/50 leave the GPU mostly idle. Taking whole turns halved both (each
+    waited out the other's slice: 48/51% of their time-sliced throughput on an H100); now a launch goes
+    beside the holder while both queues are short, and each runs about as fast as a control alone."""
+    e = sim_env(env, tmp_path, "lb")
+    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=GAP_US)
+    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=GAP_US)
+    c = Load(sim_env(env, tmp_path, "ctl"), tmp_path, "c", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=GAP_US)
+    ra, rb, rc = a.rate(2), b.rate(2), c.rate(2)
+    assert ra >= 0.7 * rc and rb >= 0.7 * rc, (ra, rb, rc)
+    (gpu,) = sched.entries(tmp_path / "lb.turns")
+    assert gpu["coruns"] > 1000, gpu
+    assert gpu["wait_ns"] < 0.2 * 6e9, gpu  # both together waited for the turn less than a fifth of a run
+
+
+def test_a_launch_bound_holder_does_not_idle_a_compute_bound_share(env, tmp_path):
+    """A launch-bound holder with a short queue hands the turn to a waiter of its rank whose queue is deep
+    (after MIN_TURN_NS), instead of keeping it for a 50 ms slice while the GPU idles. So the compute-bound
+    group gets its 50%, and the launch-bound one keeps a good part of its own throughput."""
+    e = sim_env(env, tmp_path, "mix")
+    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=GAP_US)
+    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=6)
+    c = Load(sim_env(env, tmp_path, "ctl"), tmp_path, "c", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=GAP_US)
+    ra, rc = a.rate(2), c.rate(2)
+    b.wait()
+    share_b = gpu_share(tmp_path, "mix", b)
+    assert share_b >= 45, share_b
+    assert ra >= 0.4 * rc, (ra, rc)
+    (gpu,) = sched.entries(tmp_path / "mix.turns")
+    assert gpu["preempts"] > 10 and gpu["gaps"] > 10, gpu
+    assert gpu["gap_ns"] / gpu["gaps"] < 20e6, gpu  # a hand-over's gap, from the free to the next take
+
+
+def test_a_share_beside_an_unlimited_neighbour(env, tmp_path):
+    """A group without a share takes part in the turns, best effort: the group with --sm 70 gets its 70%
+    of the GPU and the neighbour the rest. Time-sliced, the fake's queue split them about 50/50 (each kept
+    its queue full), as a GPU would."""
+    e = sim_env(env, tmp_path, "nb")
+    a = Load(e, tmp_path, "a", ["--sm", "70"], seconds=6)
+    b = Load(e, tmp_path, "b", [], seconds=6)
+    a.wait()
+    b.wait()
+    share_a, share_b = gpu_share(tmp_path, "nb", a), gpu_share(tmp_path, "nb", b)
+    assert abs(share_a - 70) <= 5, (share_a, share_b)
+    assert share_b >= 18, (share_a, share_b)
+    (gpu,) = sched.entries(tmp_path / "nb.turns")
+    assert gpu["handovers"] > 20 and gpu["drains"] > 0, gpu
+    r = region.open_region(tmp_path / "b.region", writable=False)
+    assert r.device(0).sm_turn_ns > 0.1 * 6e9, "the neighbour's turns are counted in its region"
+
+
+def test_a_launch_bound_share_beside_an_unlimited_neighbour(env, tmp_path):
+    """The small-kernel case: a launch-bound group with a share beside a compute-bound group without one.
+    Time-sliced, every kernel of the share waited behind the neighbour's full queue (the fake's: 6 ms) and
+    it ran at a few percent of its speed alone. Now the neighbour queues at most one kernel at a time
+    while the share's queue is empty, and hands the turn over when the share asks."""
+    e = sim_env(env, tmp_path, "nbl")
+    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=GAP_US)
+    b = Load(e, tmp_path, "b", [], seconds=6)
+    c = Load(sim_env(env, tmp_path, "ctl"), tmp_path, "c", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=GAP_US)
+    ra, rc = a.rate(2), c.rate(2)
+    b.wait()
+    assert ra >= 0.35 * rc, (ra, rc)
+    assert gpu_share(tmp_path, "nbl", b) >= 40  # the neighbour fills the idle time
+
+
+def test_a_share_given_by_a_live_change_takes_turns(env, tmp_path):
+    """A group without a share gets one while it runs (pyvgpu limits set): it takes turns from its next
+    launch, as it already did as a best-effort member. The simulated GPU charges time slicing
+    (FAKECUDA_SIM_SWITCH_PCT=15), so a group outside the turns would show as lost time: time-sliced, a pair
+    loses more than 5% (tests/test_compute.py). Taking turns it loses a little where one kernel goes beside
+    the holder's empty queue (the simulation charges any kernel queued beside another process's work)."""
+    e = sim_env(env, tmp_path, "live", FAKECUDA_SIM_SWITCH_PCT="15")
+    a = Load(e, tmp_path, "a", ["--memory", "1G"], seconds=7)
+    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=7)
+    time.sleep(2.5)
+    p = run([*PYVGPU, "limits", "set", "--region", str(tmp_path / "a.region"), "--sm", "40"], env=env)
+    assert p.returncode == 0, p.stderr
+    sa, sb = a.finish(after=4.5), b.finish(after=4.5)
+    lost = sim_switch_ns(tmp_path, "live") / 7e9
+    assert lost < 0.025, lost
+    assert abs(sa - 40) <= 4 and abs(sb - 50) <= 4, (sa, sb)
+
+
+def test_every_stream_is_drained_before_a_hand_over(env, tmp_path):
+    """A holder that launches on two streams drains both before it hands over: the next holder's kernels
+    never queue beside its work (the simulation charges 15% for that). Draining the launching stream
+    alone let the other's queue run into the next turn."""
+    e = sim_env(env, tmp_path, "st", FAKECUDA_SIM_SWITCH_PCT="15")
+    a = Load(e, tmp_path, "a", ["--sm", "30"], seconds=6, mode="streams")
+    b = Load(e, tmp_path, "b", ["--sm", "70"], seconds=6)
+    a.wait()
+    b.wait()
+    lost = sim_switch_ns(tmp_path, "st") / 6e9
+    assert lost < 0.005, lost
+    (gpu,) = sched.entries(tmp_path / "st.turns")
+    assert gpu["drains"] > 20, gpu
+
+
+DESTROY_HOST = """
+import ctypes, sys
+c = ctypes.CDLL("libcuda.so.1")
+assert c.cuInit(0) == 0
+d = ctypes.c_int(); ctx = ctypes.c_void_p(); mod = ctypes.c_void_p(); fn = ctypes.c_void_p()
+assert c.cuDeviceGet(ctypes.byref(d), 0) == 0
+assert c.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), d) == 0
+assert c.cuCtxSetCurrent(ctx) == 0
+assert c.cuModuleLoadData(ctypes.byref(mod), b"spin") == 0
+assert c.cuModuleGetFunction(ctypes.byref(fn), mod, b"spin") == 0
+iters = ctypes.c_uint32(2000)  # 200 us of simulated GPU time
+params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(iters), ctypes.c_void_p))
+for round in range(int(sys.argv[1])):
+    s = ctypes.c_void_p()
+    assert c.cuStreamCreate(ctypes.byref(s), 0) == 0
+    for _ in range(20):
+        assert c.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, s, params, None) == 0
+    assert c.cuStreamSynchronize(s) == 0
+    assert c.cuStreamDestroy_v2(s) == 0
+    for _ in range(20):  # on the NULL stream: hand-overs now drain the table's streams
+        assert c.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, None, params, None) == 0
+"""
+
+
+def test_a_destroyed_stream_is_never_drained(env, tmp_path):
+    """A process creates a stream, launches on it, destroys it, and goes on launching beside a neighbour,
+    handing the turn over many times. Its drains never touch the destroyed stream (the fake counts any use
+    of a destroyed stream), and the table keeps room: the stream left it."""
+    stats = tmp_path / "fk"
+    e = sim_env(env, tmp_path, "ds", FAKECUDA_STATS=str(stats))
+    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=4)
+    p = run([*PYVGPU, "wrap", "--sm", "50", "--", sys.executable, "-c", DESTROY_HOST, "60"], env=e)
+    assert p.returncode == 0, p.stderr
+    b.wait()
+    (gpu,) = sched.entries(tmp_path / "ds.turns")
+    assert gpu["drains"] > 10, gpu
+    used = [json.loads(f.read_text()) for f in tmp_path.glob("fk.*")]
+    assert used and all("stream_use_after_destroy" not in u for u in used), used
+    assert any(u.get("cuStreamDestroy_v2") == 60 for u in used), used
+
+
+def test_high_priority_is_never_held_below_its_share(env, tmp_path):
+    """Two groups asking 60% each (more than the GPU has). Of equal priority they would meet half way, each
+    handing over at the other's reservation; a high-priority group ignores a low one's reservation and
+    pre-empts it, so it gets its 60% and the low-priority one what is left."""
+    e = sim_env(env, tmp_path, "prio")
+    a = Load(e, tmp_path, "a", ["--sm", "60", "--priority", "high"], seconds=6)
+    b = Load(e, tmp_path, "b", ["--sm", "60", "--priority", "low"], seconds=6)
+    a.wait()
+    b.wait()
+    share_a, share_b = gpu_share(tmp_path, "prio", a), gpu_share(tmp_path, "prio", b)
+    assert share_a >= 55, (share_a, share_b)
+    assert 25 <= share_b <= 45, (share_a, share_b)
+
+
+def test_a_borrowing_group_uses_idle_time_and_gives_it_back(env, tmp_path):
+    """--sm 30 --sm-borrow alone borrows the idle GPU. A neighbour with a share joins: its launches wait
+    for the turn less than 100 ms (the turns' own accounting of the longest wait within a share), and it
+    gets its 50%, the borrower at least its 30%."""
+    e = sim_env(env, tmp_path, "bw")
+    a = Load(e, tmp_path, "a", ["--sm", "30", "--sm-borrow"], seconds=7)
+    time.sleep(3)
+    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=3.5)
+    b.wait()
+    a.wait()
+    t0 = a.points[0][0]
+    joined = b.points[0][0]
+    alone = [p for p in a.points if p[0] <= joined]
+    rate_alone = (alone[-1][1] - alone[len(alone) // 3][1]) / ((alone[-1][0] - alone[len(alone) // 3][0]) / 1e9)
+    assert rate_alone >= 0.8 * 5000, rate_alone  # it borrowed the idle GPU (a hard cap gives 30%)
+    (gpu,) = sched.entries(tmp_path / "bw.turns")
+    assert gpu["max_wait_ns"] < 100e6, gpu
+    share_b = gpu_share(tmp_path, "bw", b)
+    assert abs(share_b - 50) <= 5, share_b
+    after = [p for p in a.points if p[0] >= joined + 1e9 and p[0] <= b.points[-1][0]]
+    rate_after = (after[-1][1] - after[0][1]) / ((after[-1][0] - after[0][0]) / 1e9)
+    assert rate_after >= 0.25 * 5000, rate_after
+    r = region.open_region(tmp_path / "a.region", writable=False)
+    assert r.header.sm_borrow == 1 and r.device(0).sm_borrow_ns > 1e9 and t0 > 0
+
+
+def test_a_forced_cap_never_borrows(env, tmp_path):
+    """GPU_CORE_UTILIZATION_POLICY=force keeps the share a hard cap, whatever the group's --sm-borrow."""
+    e = sim_env(env, tmp_path, "force", GPU_CORE_UTILIZATION_POLICY="force")
+    a = Load(e, tmp_path, "a", ["--sm", "30", "--sm-borrow"], seconds=5)
+    achieved = a.finish(after=2.5)
+    assert abs(achieved - 30) <= 3, achieved
+
+
+def test_bench_sm_runs_its_scenarios_on_the_fake(env, tmp_path):
+    """`pyvgpu bench sm` end to end on the simulated GPU, every scenario: the figures are the GPU's to
+    give; here the report has them all, and the shares the turns counted are near their targets."""
+    out = tmp_path / "sm.json"
+    e = sim_env(env, tmp_path, "bench")
+    p = run([*PYVGPU, "bench", "sm", "--targets", "50", "--pair", "30,70", "--sliced", "--priorities", "high,low",
+             "--neighbour", "unlimited", "--burst", "--seconds", "4", "--png", "", "--output", str(out)], env=e,
+            timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    kinds = [x["kind"] for x in r["runs"]]
+    assert kinds == ["single", "pair", "pair", "pair-sliced", "pair-sliced", "neighbour", "neighbour-unlimited"]
+    for x in r["runs"]:
+        assert x["achieved"] > 0 and x["time_share_nvml"] is not None, x
+    turns = {x["kind"]: x for x in r["runs"] if x["kind"].startswith("neighbour")}
+    assert abs(turns["neighbour"]["time_share_charged"] - 50) < 15, turns["neighbour"]
+    assert turns["neighbour-unlimited"]["time_share_turns"] > 5, turns["neighbour-unlimited"]
+    assert r["scenarios"]["pair"]["handovers"] > 0 and r["scenarios"]["neighbour"]["handovers"] > 0
+    assert "pair-sliced" not in r["scenarios"] or not r["scenarios"]["pair-sliced"]  # time-sliced: no turn file
+    assert r["burst"]["alone"]["achieved"] > 60 and r["burst"]["give_back_ms"] is not None, r["burst"]
+    assert "gave the turn back within" in p.stdout and "neighbour-unlimited" in p.stdout
+
+
+def test_priority_and_borrowing_options(env, tmp_path):
+    """--priority and --sm-borrow set the group's settings (HAMi's CUDA_TASK_PRIORITY too); `limits set`
+    changes them live and logs it; bad values name the option and the fix."""
+    path = tmp_path / "g.region"
+    show = "import os; print(os.environ['CUDA_TASK_PRIORITY'], os.environ['PYVGPU_SM_BORROW'])"
+    p = run([*PYVGPU, "wrap", "--region", str(path), "--sm", "30", "--priority", "high", "--sm-borrow", "--",
+             sys.executable, "-c", show], env=env)
+    assert p.returncode == 0 and p.stdout.split() == ["0", "1"], p.stderr
+    r = region.open_region(path, writable=False)
+    assert (r.header.priority, r.header.sm_borrow) == (0, 1)
+    p = run([*PYVGPU, "limits", "set", "--region", str(path), "--priority", "low", "--sm-borrow", "off"], env=env)
+    assert p.returncode == 0 and "priority: low" in p.stdout and "off (a hard cap)" in p.stdout, p.stderr
+    r = region.open_region(path, writable=False)
+    assert (r.header.priority, r.header.sm_borrow) == (1, 0)
+    assert [e["kind"] for e in r.events()][-2:] == ["priority", "sm_borrow"]
+    p = run([*PYVGPU, "status", "--region", str(path), "--json"], env=env)
+    g = json.loads(p.stdout)["groups"][0]
+    assert g["priority"] == "low" and g["sm_borrow"] is False
+    # joining with another priority is an error that says how to change the group's
+    p = run([*PYVGPU, "wrap", "--region", str(path), "--priority", "high", "--", "true"], env=env)
+    assert p.returncode == 2 and "limits set" in p.stderr, p.stderr
+    # HAMi's variable makes a new group's priority
+    p = run([*PYVGPU, "wrap", "--region", str(tmp_path / "h.region"), "--", "true"],
+            env=dict(env, CUDA_TASK_PRIORITY="0"))
+    assert p.returncode == 0 and region.open_region(tmp_path / "h.region", writable=False).header.priority == 0
+    for args, says in ((["wrap", "--priority", "urgent", "--", "true"], "--priority"),
+                       (["limits", "set", "--region", str(path), "--sm-borrow", "maybe"], "--sm-borrow")):
+        p = run([*PYVGPU, *args], env=env)
+        assert p.returncode == 2 and says in p.stderr and "give" in p.stderr, p.stderr
+    for var, value in (("CUDA_TASK_PRIORITY", "7"), ("PYVGPU_SM_BORROW", "perhaps")):
+        p = run([*PYVGPU, "wrap", "--", "true"], env=dict(env, **{var: value}))
+        assert p.returncode == 2 and var in p.stderr and value in p.stderr, p.stderr
