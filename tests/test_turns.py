@@ -18,7 +18,7 @@ from simgpu import Load, sim_busy, sim_env, sim_switch_ns
 
 from pyvgpu import region, sched
 
-SMALL = "200"  # a 20 us kernel: with a host gap, a launch-bound load
+SMALL = "200"  # a 20 us kernel: with a host gap (and a sync per step of 4), a launch-bound training step
 GAP_US = 50
 
 
@@ -38,7 +38,7 @@ def test_a_launch_bound_pair_runs_beside_each_other(env, tmp_path):
     b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=GAP_US)
     c = Load(sim_env(env, tmp_path, "ctl"), tmp_path, "c", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=GAP_US)
     ra, rb, rc = a.rate(2), b.rate(2), c.rate(2)
-    assert ra >= 0.7 * rc and rb >= 0.7 * rc, (ra, rb, rc)
+    assert ra >= 0.7 * rc and rb >= 0.7 * rc, (ra, rb, rc)  # measured 0.94-1.00 (0.54-0.64 taking whole turns)
     (gpu,) = sched.entries(tmp_path / "lb.turns")
     assert gpu["coruns"] > 1000, gpu
     assert gpu["wait_ns"] < 0.2 * 6e9, gpu  # both together waited for the turn less than a fifth of a run
@@ -55,8 +55,8 @@ def test_a_launch_bound_holder_does_not_idle_a_compute_bound_share(env, tmp_path
     ra, rc = a.rate(2), c.rate(2)
     b.wait()
     share_b = gpu_share(tmp_path, "mix", b)
-    assert share_b >= 45, share_b
-    assert ra >= 0.4 * rc, (ra, rc)
+    assert share_b >= 45, share_b  # measured 49-50% (20% on the turns that kept a slice)
+    assert ra >= 0.3 * rc, (ra, rc)  # measured 0.43
     (gpu,) = sched.entries(tmp_path / "mix.turns")
     assert gpu["preempts"] > 10 and gpu["gaps"] > 10, gpu
     assert gpu["gap_ns"] / gpu["gaps"] < 20e6, gpu  # a hand-over's gap, from the free to the next take
@@ -82,17 +82,17 @@ def test_a_share_beside_an_unlimited_neighbour(env, tmp_path):
 
 def test_a_launch_bound_share_beside_an_unlimited_neighbour(env, tmp_path):
     """The small-kernel case: a launch-bound group with a share beside a compute-bound group without one.
-    Time-sliced, every kernel of the share waited behind the neighbour's full queue (the fake's: 6 ms) and
-    it ran at a few percent of its speed alone. Now the neighbour queues at most one kernel at a time
-    while the share's queue is empty, and hands the turn over when the share asks."""
+    Time-sliced, every step of the share waited behind the neighbour's full queue (pv_bench's: 6 ms) and it
+    ran at 11% of its speed alone. Now the neighbour queues at most one kernel at a time while the share's
+    queue is empty, and hands the turn over when the share asks."""
     e = sim_env(env, tmp_path, "nbl")
     a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=GAP_US)
     b = Load(e, tmp_path, "b", [], seconds=6)
     c = Load(sim_env(env, tmp_path, "ctl"), tmp_path, "c", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=GAP_US)
     ra, rc = a.rate(2), c.rate(2)
     b.wait()
-    assert ra >= 0.35 * rc, (ra, rc)
-    assert gpu_share(tmp_path, "nbl", b) >= 40  # the neighbour fills the idle time
+    assert ra >= 0.6 * rc, (ra, rc)  # measured 0.87-1.10 (0.11 time-sliced)
+    assert gpu_share(tmp_path, "nbl", b) >= 40  # the neighbour fills the idle time (measured 65-71%)
 
 
 def test_a_share_given_by_a_live_change_takes_turns(env, tmp_path):

@@ -17,8 +17,10 @@
  *                                     queue kept GPU-busy but bounded; prints "P <ns> <kernels done>"
  *                                     four times a second, then a JSON summary. `streams` launches
  *                                     on two streams of its own, alternating every mark. GAP_US > 0
- *                                     sleeps that long after each launch: a launch-bound load whose
- *                                     host leaves the GPU idle between kernels.
+ *                                     makes training steps of a launch-bound load: it sleeps that long
+ *                                     after each launch (the host leaves the GPU idle between kernels)
+ *                                     and waits for each mark's kernels before the next (the step's
+ *                                     sync), so its speed depends on how soon its kernels run.
  *
  * Prints one JSON line. Needs no CUDA toolkit: the kernel is PTX text that
  * the driver compiles.
@@ -319,6 +321,10 @@ static int sm_load(double seconds, unsigned iters, int mode, unsigned gap_us) {
         }
         CHECK(p_cuEventRecord(ring[r], stream));
         marked[r] = launched;
+        if (gap_us) { /* a training step ends in a sync (a loss read back): wait for its kernels */
+            CHECK(p_cuEventSynchronize(ring[r]));
+            done = launched;
+        }
         long long now = now_ns();
         if (now >= next_print) {
             printf("P %lld %lld\n", now, done);
