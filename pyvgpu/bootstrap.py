@@ -10,67 +10,36 @@ Runs in three places, always the same code:
 * the interpreter the shim embeds into a non-Python program:
   ``install_from_shim("embedded")``.
 
-The warm path imports llvmlite.binding and ctypes only, loads the cached
-object (pyvgpu/cache.py) and passes one address per hook entry to the
-shim. Nothing here runs per CUDA call.
+It loads the compiled callback library (pyvgpu/cache.py, pyvgpu/cblib.py)
+with ctypes and passes one address per hook entry to the shim. Nothing
+here runs per CUDA call.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from pathlib import Path
 
-from pyvgpu import cache, devices, hooks, layout, shim
+from pyvgpu import cache, cblib, devices, hooks, layout, shim
 from pyvgpu.errors import PyvgpuError
 
-_ENGINE = None  # the JIT linker owning the callbacks' code; kept for the life of the process
+_LIBRARY = None  # the loaded callback library; kept for the life of the process
 _REGION = None  # the mapped region of this process's group; kept for the life of the process
 
 
 def load(manifest: dict) -> tuple[list[int], dict[str, int]]:
-    """Load the object named by the manifest.
+    """Load the callback library the manifest names (pyvgpu/cache.py).
 
     Returns one address per hook entry (0: implemented in C) and the
     addresses of the services (pyvgpu.hooks.SERVICES).
     """
-    global _ENGINE
-    import llvmlite.binding as llvm
-
-    try:
-        llvm.initialize()  # required by llvmlite < 0.45, an error in later versions
-    except Exception:
-        pass
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    tm = llvm.Target.from_default_triple().create_target_machine()
-    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
-    engine.add_object_file(manifest["object_path"])
-    engine.finalize_object()
-    by_callback = {}
-    for name, symbol in manifest["symbols"].items():
-        addr = engine.get_function_address(symbol)
-        if not addr:
-            raise PyvgpuError(f"the callback cache {manifest['object_path']} lacks {symbol}; "
-                              "run `pyvgpu warmup --force`")
-        by_callback[name] = addr
-    addrs = []
-    for e in hooks.ENTRIES:
-        if e.policy is None:
-            addrs.append(0)
-        elif e.abi not in manifest["entries"]:
-            raise PyvgpuError(f"the callback cache has no callback for {e.abi}; run `pyvgpu warmup --force`")
-        else:
-            addrs.append(by_callback[manifest["entries"][e.abi]])
-    # The code must outlive the interpreter: libraries' static destructors run
+    global _LIBRARY
+    lib = cblib.load(Path(manifest["library"]))
+    # Kept for the life of the process: libraries' static destructors run
     # after Python finalizes and still call cuMemFree through the hooks.
-    # Detached, the engine is never disposed.
-    engine.detach()
-    _ENGINE = engine
-    names = [s.name for s in hooks.SERVICES]
-    missing = [n for n in names if n not in by_callback]
-    if missing:
-        raise PyvgpuError(f"the callback cache lacks {', '.join(missing)}; run `pyvgpu warmup --force`")
-    return addrs, {n: by_callback[n] for n in names}
+    _LIBRARY = lib
+    return lib.entries, lib.services
 
 
 def attach_region(ctx_addr: int, env=os.environ) -> None:

@@ -76,15 +76,24 @@ def _libpython() -> Check:
 
 
 def _cache() -> Check:
+    from pyvgpu.errors import PyvgpuError
+
     d = cache.cache_dir()
-    warm = cache.read(d) is not None
+    try:
+        m = cache.read(d)
+    except PyvgpuError as e:
+        return Check("compiled callbacks", False, str(e), "reinstall pyvgpu (pip install compiles them)")
+    if m is not None:
+        kind = f"tuned for this CPU ({m['cpu']})" if m["tuned"] else f"for any {m['cpu']} CPU"
+        return Check("compiled callbacks", True, f"{m['library']}, {kind}")
     problem = cache.writable_problem(d)
-    if problem and not warm:
-        return Check("callback cache", False, problem,
-                     "set PYVGPU_CACHE_DIR to a writable directory, or run `pyvgpu warmup` as a user who can")
-    state = "compiled" if warm else "empty (the first wrap compiles, 10-20 s once; `pyvgpu warmup` does it now)"
-    ro = ", read-only" if problem else ", writable"
-    return Check("callback cache", True, f"{d}{ro}, {state}")
+    if problem:
+        return Check("compiled callbacks", False, f"none fits this pyvgpu's sources, and {problem}",
+                     "reinstall pyvgpu (pip install compiles them), or set PYVGPU_CACHE_DIR to a writable "
+                     "directory")
+    est = cache.estimate_seconds(cache.cli_workers())
+    return Check("compiled callbacks", True, f"none fits this pyvgpu's sources: the first wrap compiles them "
+                 f"into {d} (about {est:.0f} s, once); `pyvgpu warmup` does it now")
 
 
 def run_checks() -> list[Check]:

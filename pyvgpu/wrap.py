@@ -177,7 +177,7 @@ def exec_wrapped(command: Sequence[str], env: Mapping[str, str]) -> None:
         raise PyvgpuError("no program given: use `pyvgpu wrap [OPTIONS] -- PROGRAM [ARGS...]`")
     if shutil.which(command[0], path=env.get("PATH")) is None and not os.path.exists(command[0]):
         raise PyvgpuError(f"program not found: {command[0]!r} (not a file, and not on PATH)")
-    cache.ensure(workers=cache.cli_workers())  # a cold compile happens here, once, not in the program
+    cache.ensure(workers=cache.cli_workers())  # a compile, when one is needed, happens here, not in the program
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(command[0], list(command), dict(env))

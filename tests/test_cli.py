@@ -33,7 +33,7 @@ def test_doctor_on_the_fake_driver(env):
     assert checks["CUDA driver found"]["ok"] and "CUDA 13.0" in checks["CUDA driver found"]["detail"]
     assert checks["NVML found"]["ok"]
     assert checks["libpython embeddable"]["ok"]
-    assert checks["callback cache"]["ok"] and "compiled" in checks["callback cache"]["detail"]
+    assert checks["compiled callbacks"]["ok"] and "libpyvgpu_callbacks.so" in checks["compiled callbacks"]["detail"]
     assert p.returncode == 0
 
 
@@ -44,13 +44,22 @@ def test_doctor_without_a_driver(env):
     assert "[FAIL] CUDA driver found" in p.stdout and "fix:" in p.stdout
 
 
-def test_warmup_compiles_into_the_given_dir(env, tmp_path):
-    env["PYVGPU_CACHE_DIR"] = str(tmp_path)
-    p = run([*PYVGPU, "warmup", "--json"], env=env)
-    assert p.returncode == 0, p.stderr
-    m = json.loads(p.stdout)
-    assert m["object_path"].startswith(str(tmp_path))
-    assert set(m["entries"]) == {e.abi for e in hooks.ENTRIES if e.policy}
+def test_warmup_compiles_for_this_cpu_into_the_given_dir(env, tuned_cache):
+    """`pyvgpu warmup` (run once by the tuned_cache fixture) compiles with progress and an estimate."""
+    import llvmlite.binding as llvm
+
+    from pyvgpu import cpuid
+
+    m = json.loads((tuned_cache.parent / "warmup.json").read_text())
+    assert m["library"].startswith(str(tuned_cache)) and m["origin"] == "cache"
+    assert m["tuned"] and m["cpu"] == llvm.get_host_cpu_name() and m["cpu_id"] == f"{cpuid.cpu_id():016x}"
+    assert m["callbacks"] == sum(1 for e in hooks.ENTRIES if e.policy)
+    err = (tuned_cache.parent / "warmup.stderr").read_text()
+    assert "compiling the callbacks for this CPU (`pyvgpu warmup`); about" in err
+    assert "callbacks compiled" in err and "s left" in err
+    env["PYVGPU_CACHE_DIR"] = str(tuned_cache)
+    p = run([*PYVGPU, "warmup", "--json"], env=env)  # there already: nothing compiled
+    assert p.returncode == 0 and json.loads(p.stdout) == m and "compiling" not in p.stderr
 
 
 def test_bench_overhead_runs_on_the_fake(env, tmp_path):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import PYVGPU, run
@@ -69,6 +70,17 @@ def test_python_that_cannot_import_pyvgpu_names_both_interpreters(env, tmp_path)
     assert py in p.stderr and sys.executable in p.stderr
 
 
+def stale_package(tmp_path: Path) -> Path:
+    """A copy of the installed package whose sources changed since it was built: no compiled library fits."""
+    import pyvgpu
+
+    root = tmp_path / "stale"
+    shutil.copytree(Path(pyvgpu.__file__).parent, root / "pyvgpu", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(root / "pyvgpu" / "jit" / "context.py", "a") as f:
+        f.write("\n# edited after the build\n")
+    return root
+
+
 def test_unwritable_cache_is_a_clear_error(env, tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -76,54 +88,67 @@ def test_unwritable_cache_is_a_clear_error(env, tmp_path):
     if os.access(ro, os.W_OK):
         pytest.skip("running as a user who can write anywhere (root)")
     env["PYVGPU_CACHE_DIR"] = str(ro)
+    env["PYTHONPATH"] = str(stale_package(tmp_path))
     p = run([*PYVGPU, "wrap", "--", "true"], env=env)
     assert p.returncode == 2
     assert str(ro) in p.stderr and "PYVGPU_CACHE_DIR" in p.stderr
 
 
 def test_cache_under_a_file_is_a_clear_error_from_wrap(env, tmp_path):
+    """Only when no compiled library fits (a source tree edited since its build) is the cache needed."""
     blocker = tmp_path / "file"
     blocker.write_text("x")
     env["PYVGPU_CACHE_DIR"] = str(blocker / "cache")
     p = run([*PYVGPU, "wrap", "--", "true"], env=env)
+    assert p.returncode == 0, p.stderr  # the packaged library fits: the cache is not touched
+    env["PYTHONPATH"] = str(stale_package(tmp_path))
+    p = run([*PYVGPU, "wrap", "--", "true"], env=env)
     assert p.returncode == 2
     assert str(blocker / "cache") in p.stderr and "PYVGPU_CACHE_DIR" in p.stderr
+    assert "no compiled callbacks fit this pyvgpu" in p.stderr
 
 
 def test_uncreatable_cache_is_a_clear_error(monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     monkeypatch.setenv("PYVGPU_CACHE_DIR", str(blocker / "cache"))
+    assert cache.ensure()["origin"] == "package"  # nothing to compile, nothing to write
+    monkeypatch.setattr(cache, "packaged_path", lambda: tmp_path / "missing.so")
     with pytest.raises(PyvgpuError, match="PYVGPU_CACHE_DIR"):
         cache.ensure()
 
 
-def test_corrupt_cache_is_rebuilt(monkeypatch, tmp_path, cache_dir):
-    import shutil
-
+def test_a_broken_tuned_library_falls_back_to_the_packaged_one(monkeypatch, tmp_path, tuned_cache, capfd):
     d = tmp_path / "c"
-    shutil.copytree(cache_dir, d)
-    monkeypatch.setenv("PYVGPU_CACHE_DIR", str(d))
+    shutil.copytree(tuned_cache, d)
+    assert cache.read(d)["origin"] == "cache"
+    (lib,) = d.glob("callbacks-*.so")
+    lib.unlink()  # a new file, as every writer of the cache makes one: this process has the old one mapped
+    lib.write_bytes(b"garbage")
     m = cache.read(d)
-    assert m is not None
-    obj = d / os.path.basename(m["object_path"])
-    obj.write_bytes(b"garbage")
-    assert cache.read(d) is None  # the checksum catches it
-    cache.ensure()
-    assert cache.read(d) is not None
-    assert obj.read_bytes()[:4] == b"\x7fELF"
+    assert m["origin"] == "package" and not m["tuned"]
+    assert str(lib) in capfd.readouterr().err
+    lib.unlink()
+    shutil.copy(next(Path(tuned_cache).glob("callbacks-*.so")), lib)
+    lib.chmod(0o722)  # writable by others: its code would be anyone's
+    m = cache.read(d)
+    assert m["origin"] == "package"
+    assert "other users may write it" in capfd.readouterr().err
 
 
-def test_foreign_manifest_is_ignored(monkeypatch, tmp_path, cache_dir):
-    import shutil
+def test_a_tuned_library_of_another_cpu_or_version_is_ignored(tmp_path, tuned_cache):
+    from pyvgpu import cpuid
 
     d = tmp_path / "c"
-    shutil.copytree(cache_dir, d)
-    for man in d.glob("callbacks-*.json"):
-        data = json.loads(man.read_text())
-        data["table_hash"] = "0" * 16
-        man.write_text(json.dumps(data))
-    assert cache.read(d) is None
+    shutil.copytree(tuned_cache, d)
+    (lib,) = d.glob("callbacks-*.so")
+    assert lib.name == f"callbacks-{cache.cache_key()}-{cpuid.cpu_id():016x}.so"
+    other_cpu = d / f"callbacks-{cache.cache_key()}-{cpuid.cpu_id() ^ 2:016x}.so"
+    lib.rename(other_cpu)
+    assert cache.read(d)["origin"] == "package"
+    other_key = d / f"callbacks-{'0' * 20}-{cpuid.cpu_id():016x}.so"
+    shutil.copy(other_cpu, other_key)
+    assert cache.read(d, key="0" * 20) is None  # compiled from other sources: its table says so
 
 
 def test_installing_into_a_mismatched_shim_is_refused():
