@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import ctypes
-import os
-import re
 from dataclasses import asdict, dataclass
 
-from pyvgpu import cache, hooks, pyinfo, shim
+from pyvgpu import cache, hooks, shim
+
+DRIVER_FIX = "install the NVIDIA driver, or put its directory on LD_LIBRARY_PATH"
 
 
 @dataclass
@@ -38,8 +38,7 @@ def _driver() -> Check:
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError as e:
-        return Check("CUDA driver found", False, f"libcuda.so.1 does not load: {e}",
-                     "install the NVIDIA driver, or put its directory on LD_LIBRARY_PATH")
+        return Check("CUDA driver found", False, f"libcuda.so.1 does not load: {e}", DRIVER_FIX)
     v = ctypes.c_int(0)
     rc = lib.cuDriverGetVersion(ctypes.byref(v))
     if rc != 0:
@@ -58,21 +57,6 @@ def _nvml() -> Check:
     if rc != 0:
         return Check("NVML found", False, f"nvmlInit_v2 returned {rc}", "check the driver install", required=False)
     return Check("NVML found", True, "libnvidia-ml.so.1 initialises")
-
-
-def _libpython() -> Check:
-    lib = pyinfo.libpython()
-    if not lib:
-        return Check("libpython embeddable", False, "this Python has no shared libpython",
-                     "use a Python built with --enable-shared (distribution Pythons are), else non-Python "
-                     "programs cannot be wrapped (PYVGPU_ON_ERROR=open runs them unlimited)")
-    m = re.match(r"libpython(\d+)\.(\d+)", os.path.basename(lib))
-    home = pyinfo.python_home()
-    stdlib = os.path.join(home, "lib", f"python{m.group(1)}.{m.group(2)}", "os.py") if m else ""
-    if not m or not os.path.exists(stdlib):
-        return Check("libpython embeddable", False, f"{lib}: no standard library at {stdlib or home}",
-                     "reinstall Python, or set PYVGPU_PYTHON_HOME to its sys.base_prefix")
-    return Check("libpython embeddable", True, f"{lib}, home {home}")
 
 
 def _cache() -> Check:
@@ -97,7 +81,7 @@ def _cache() -> Check:
 
 
 def run_checks() -> list[Check]:
-    return [_shim(), _driver(), _nvml(), _libpython(), _cache()]
+    return [_shim(), _driver(), _nvml(), _cache()]
 
 
 def as_json(checks: list[Check]) -> list[dict]:

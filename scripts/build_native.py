@@ -44,11 +44,7 @@ def build_shim(out: Path, cc: str) -> list[Path]:
     shim = out / "libpyvgpu.so"
     # relative source names and the prefix map keep the build directory out of __FILE__ and debug info
     common = ["-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter", "-std=gnu11", f"-ffile-prefix-map={ROOT}=."]
-    from pyvgpu.pyinfo import libpython  # the embedded interpreter's (until the shim loads natively)
-
-    defines = [f'-DPV_BUILD_LIBPYTHON="{libpython()}"', f'-DPV_BUILD_PYTHON_HOME="{sys.base_prefix}"',
-               f'-DPV_BUILD_PYTHON="{sys.executable}"']
-    cmd = [cc, *common, *defines, "-fPIC", "-fexceptions", "-shared", "-fvisibility=hidden",
+    cmd = [cc, *common, "-fPIC", "-fexceptions", "-shared", "-fvisibility=hidden",
            "-Wl,-Bsymbolic-functions", "-Wl,-z,noexecstack", "-o", str(shim), *map(_rel, SHIM_SOURCES), "-ldl",
            "-lpthread"]
     subprocess.run(cmd, check=True, cwd=ROOT)

@@ -14,7 +14,7 @@ from helpers import PYVGPU, run
 from pyvgpu import cache
 from pyvgpu.errors import PyvgpuError
 
-BROKEN = {"PYVGPU_LIBPYTHON": "/nonexistent/libpython3.99.so"}
+BROKEN = {"PYVGPU_CALLBACKS": "/nonexistent/libpyvgpu_callbacks.so"}
 
 
 def test_fail_closed_when_limits_requested(env, fake, tmp_path):
@@ -24,7 +24,7 @@ def test_fail_closed_when_limits_requested(env, fake, tmp_path):
     assert "FAIL cuInit(0) -> 800" in p.stdout  # CUDA_ERROR_NOT_PERMITTED: the program did not get the GPU
     lines = [x for x in p.stderr.splitlines() if x.startswith("pyvgpu:")]
     assert len(lines) == 1, p.stderr
-    assert "/nonexistent/libpython3.99.so" in lines[0] and "refused" in lines[0]
+    assert "PYVGPU_CALLBACKS=/nonexistent/libpyvgpu_callbacks.so" in lines[0] and "refused" in lines[0]
     assert "PYVGPU_ON_ERROR=open" in lines[0]
 
 
@@ -57,17 +57,57 @@ def test_bad_on_error_value(env, fake):
     assert "PYVGPU_ON_ERROR=maybe is not 'open' or 'closed'" in p.stderr and p.returncode == 1
 
 
-def test_python_that_cannot_import_pyvgpu_names_both_interpreters(env, tmp_path):
+def test_a_python_that_cannot_import_pyvgpu_runs_under_its_limits(env, tmp_path):
+    """Another venv, without pyvgpu: once refused ("foreign Python host"), now served like any program."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    env["CUDA_DEVICE_MEMORY_LIMIT"] = "1G"
     env.pop("PYTHONPATH")
-    code = "import ctypes; print('rc', ctypes.CDLL('libcuda.so.1').cuInit(0))"
-    p = run([*PYVGPU, "wrap", "--", py, "-c", code], env=env)
-    assert "rc 800" in p.stdout, p.stdout + p.stderr
-    assert "cannot import pyvgpu" in p.stderr
-    assert py in p.stderr and sys.executable in p.stderr
+    code = ("import ctypes\n"
+            "try:\n    import pyvgpu\nexcept ImportError:\n    print('NO-PYVGPU')\n"
+            "c = ctypes.CDLL('libcuda.so.1'); d = ctypes.c_int(); x = ctypes.c_void_p(); p = ctypes.c_uint64()\n"
+            "assert c.cuInit(0) == 0 and c.cuDeviceGet(ctypes.byref(d), 0) == 0\n"
+            "assert c.cuDevicePrimaryCtxRetain(ctypes.byref(x), d) == 0 and c.cuCtxSetCurrent(x) == 0\n"
+            "print('small', c.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 20)))\n"
+            "print('large', c.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(8 << 20)))\n")
+    p = run([*PYVGPU, "wrap", "--memory", "4M", "--", py, "-c", code], env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "NO-PYVGPU" in p.stdout
+    assert "small 0" in p.stdout and "large 2" in p.stdout  # CUDA_ERROR_OUT_OF_MEMORY past the cap
+
+
+def _fake_library(tmp_path: Path, table_hash: str = "deadbeefdeadbeef", mode: int = 0o755) -> Path:
+    """A callback library built from the layout's own table type, with a hook table hash of our choosing."""
+    from pyvgpu import hooks
+    from pyvgpu import layout as L
+
+    src = tmp_path / "fake_cb.c"
+    src.write_text("#include <stddef.h>\n#include <stdint.h>\n" + L.CBLIB.c_struct() + "\n"
+                   f"const pv_cblib_t {L.CBLIB_SYMBOL} = {{.magic = {hex(L.CBLIB_MAGIC)}ULL, "
+                   f".format = {L.CBLIB_FORMAT}, .n_entries = {len(hooks.ENTRIES)}, "
+                   f".n_services = {len(hooks.SERVICES)}, .table_hash = \"{table_hash}\", .key = \"k\"}};\n")
+    lib = tmp_path / "libfake_cb.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    lib.chmod(mode)
+    return lib
+
+
+def test_a_callback_library_of_another_build_is_refused(env, fake, tmp_path):
+    env["CUDA_DEVICE_MEMORY_LIMIT"] = "1G"
+    env["PYVGPU_CALLBACKS"] = str(_fake_library(tmp_path))
+    p = run([*PYVGPU, "wrap", "--", str(fake / "host_linked")], env=env)
+    assert "-> 800" in p.stdout, p.stdout + p.stderr
+    assert "compiled for hook table deadbeefdeadbeef" in p.stderr and "unset it" in p.stderr
+
+
+def test_a_callback_library_others_may_write_is_not_loaded(env, fake, tmp_path):
+    from pyvgpu import hooks
+
+    env["CUDA_DEVICE_MEMORY_LIMIT"] = "1G"
+    env["PYVGPU_CALLBACKS"] = str(_fake_library(tmp_path, hooks.table_hash(), mode=0o777))
+    p = run([*PYVGPU, "wrap", "--", str(fake / "host_linked")], env=env)
+    assert "-> 800" in p.stdout, p.stdout + p.stderr
+    assert "other users may write it (mode 777)" in p.stderr
 
 
 def stale_package(tmp_path: Path) -> Path:
@@ -149,17 +189,6 @@ def test_a_tuned_library_of_another_cpu_or_version_is_ignored(tmp_path, tuned_ca
     other_key = d / f"callbacks-{'0' * 20}-{cpuid.cpu_id():016x}.so"
     shutil.copy(other_cpu, other_key)
     assert cache.read(d, key="0" * 20) is None  # compiled from other sources: its table says so
-
-
-def test_installing_into_a_mismatched_shim_is_refused():
-    from pyvgpu import shim
-
-    lib = shim.open_shim()
-    import ctypes
-
-    arr = (ctypes.c_uint64 * 3)(1, 2, 3)
-    assert lib.pyvgpu_install(arr, 3, b"deadbeefdeadbeef", b"startup") == -1
-    assert b"different builds" in lib.pyvgpu_last_error()
 
 
 def test_a_compute_share_that_cannot_be_measured_fails_closed(env, fake):
