@@ -406,13 +406,16 @@ int pv_attach(char *err, size_t n) {
     pv_region_header_t h;
     int missing;
     int fd = open_region(path, &h, err, n, &missing);
-    if (fd < 0 && missing) {
-        if (create_region(path, &env, err, n))
-            return -1;
+    if (fd < 0 && missing && create_region(path, &env, err, n) == 0)
         fd = open_region(path, &h, err, n, &missing);
-    }
-    if (fd < 0)
+    if (fd < 0) {
+        if (env.region_var) { /* name the variable that named the file */
+            char why[1024];
+            snprintf(why, sizeof why, "%s", err);
+            snprintf(err, n, "%s: %s", env.region_var, why);
+        }
         return -1;
+    }
     void *m = mmap(NULL, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0); /* never unmapped */
     if (m == MAP_FAILED) {
         snprintf(err, n, "cannot map the group region %s (%s)", path, strerror(errno));
