@@ -352,15 +352,17 @@ def bench_overhead(
 @bench_app.command("startup")
 def bench_startup(
     runs: int = typer.Option(5, min=1, metavar="N", help="Runs per case."),
+    python: list[str] = typer.Option(None, "--python", metavar="PATH",
+                                     help="Another interpreter to time as a host (repeat the option for more)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
-    """Time to the first CUDA call, raw and wrapped, warm and cold cache, Python and C hosts."""
+    """Time to the first CUDA call per host kind: raw, wrapped, started as a container, with an empty cache."""
     from pyvgpu.bench import startup
     from pyvgpu.errors import PyvgpuError
 
     try:
-        result = startup.run(runs=runs)
+        result = startup.run(runs=runs, pythons=python or [])
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, startup.table(result), as_json, output)

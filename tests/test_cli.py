@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import PYVGPU, run
@@ -42,6 +43,28 @@ def test_doctor_without_a_driver(env):
     p = run([*PYVGPU, "doctor"], env=env)
     assert p.returncode == 1
     assert "[FAIL] CUDA driver found" in p.stdout and "fix:" in p.stdout
+
+
+def test_wrap_without_a_driver_says_so_in_one_line_and_runs_the_program(env):
+    env["LD_LIBRARY_PATH"] = "/nonexistent"
+    p = run([*PYVGPU, "wrap", "--", sys.executable, "-c", "print('ran')"], env=env)
+    assert p.returncode == 0 and p.stdout == "ran\n", p.stderr
+    (line,) = p.stderr.splitlines()
+    assert line.startswith("pyvgpu: no CUDA driver (libcuda.so.1 does not load")
+    assert "the program runs without a GPU. Fix: install the NVIDIA driver, or put its directory on " \
+           "LD_LIBRARY_PATH (`pyvgpu doctor` checks it)" in line
+    env["LD_LIBRARY_PATH"] = str(Path(env["PYVGPU_SCHED"]).parent)  # a directory without a driver, not missing
+    p = run([*PYVGPU, "wrap", "--", sys.executable, "-c", "print('ran')"], env=env)
+    assert p.returncode == 0 and p.stdout == "ran\n" and len(p.stderr.splitlines()) == 1
+
+
+def test_the_first_wrap_compiles_nothing(env, tmp_path):
+    """An empty user cache: the packaged callbacks serve the first program at once."""
+    env["PYVGPU_CACHE_DIR"] = str(tmp_path / "new-user-cache")
+    p = run([*PYVGPU, "wrap", "--memory", "4M", "--", sys.executable, "-c", "print('ran')"], env=env)
+    assert p.returncode == 0 and p.stdout == "ran\n", p.stderr
+    assert p.stderr == ""
+    assert not (tmp_path / "new-user-cache").exists()
 
 
 def test_warmup_compiles_for_this_cpu_into_the_given_dir(env, tuned_cache):
