@@ -178,3 +178,19 @@ def test_layer_check_sees_an_upward_call():
     texts["pv_names.c"] += "\nstatic void f(void) { pv_boot(); }\n"
     assert _upward_uses(order, owner, texts) == ["pv_names.c uses pv_boot of pv_core.c, a later layer"]
     assert "pv_boot" not in _uses('/* pv_boot() */ static const char *s = "pv_boot";')
+
+
+def test_every_policy_in_the_table_resolves_without_compiling():
+    """Each hook's policy and each service name a real @njit function of pyvgpu.jit:
+    a typo in the table fails here in a second, not in a 3-minute warmup."""
+    from pyvgpu.jit import callbacks, policies
+
+    names = {e.policy for e in hooks.ENTRIES if e.policy}
+    assert len(names) > 10
+    for name in sorted(names):
+        fn = policies.resolve(name)
+        assert not fn.signatures, f"{name} was compiled just by resolving it"
+    assert set(callbacks._SERVICE_FUNCS) == {s.name for s in hooks.SERVICES}
+    for bad in ("memory.no_such_policy", "nosuchmodule.f", "forward", "context.PER_THREAD"):
+        with pytest.raises(ValueError, match="hook table: policy"):
+            policies.resolve(bad)
