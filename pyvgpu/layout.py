@@ -94,7 +94,7 @@ CTX = Struct(
 )
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
-REGION_VERSION = 4
+REGION_VERSION = 5
 GROUP_NAME_BYTES = 64
 
 # The shared region: one file per group of processes that share a quota.
@@ -121,6 +121,8 @@ REGION_HEADER = Struct(
         Field("visible", "u32", MAX_DEVICES, doc="NVML (physical) index of each group device"),
         Field("visible_uuid", "u8", MAX_DEVICES * UUID_BYTES, doc="its UUID, 16 raw bytes"),
         Field("ev_next", "u64", doc="events written so far; the next goes to ring entry ev_next % N_EVENTS"),
+        Field("mode", "u32", doc="device mode of the group: 0 hami-core (pyvgpu's limiter), 1 mps (pyvgpu/mps.py)"),
+        Field("mps_active_threads", "u32", doc="mode mps: the clients' CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0 = none"),
     ],
     align=64,
     doc="region header",
