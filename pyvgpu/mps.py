@@ -30,7 +30,8 @@ from pathlib import Path
 from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 
-MODES = ("hami-core", "mps")  # HAMi's names (nvidia.com/vgpu-mode); "mig" is chosen by --devices MIG UUIDs
+# indexed by layout.MODE_*; HAMi's names (nvidia.com/vgpu-mode). "mig" would be chosen by MIG UUIDs in --devices.
+MODES = ("hami-core", "mps")
 CONTROL = "nvidia-cuda-mps-control"
 START_TIMEOUT_S = 10.0  # the daemon makes its control pipe within this, or the start failed
 

@@ -102,3 +102,13 @@ def test_the_exporter_and_top_show_the_mode(mps_env):
             os.environ["XDG_RUNTIME_DIR"] = old
     assert [(s.labels, s.value) for s in fams["pyvgpu_group_mode"].samples] == [({"group": "m", "mode": "mps"}, 1)]
     assert [s.value for s in fams["pyvgpu_mps_active_threads_percent"].samples] == [40]
+
+
+def test_limits_set_refuses_a_share_change_for_an_mps_group(mps_env):
+    assert run([*PYVGPU, "wrap", "--mode", "mps", "--sm", "30", "--group", "s", "--", "true"],
+               env=mps_env).returncode == 0
+    p = run([*PYVGPU, "limits", "set", "--group", "s", "--sm", "50"], env=mps_env)
+    assert p.returncode == 2 and "runs in mode mps" in p.stderr, p.stderr
+    st = json.loads(run([*PYVGPU, "status", "--group", "s", "--json"], env=mps_env).stdout)["groups"][0]
+    assert st["mps_active_threads"] == 30 and all(d["sm"]["limit_percent"] in (0, None) for d in st["devices"])
+    assert run([*PYVGPU, "limits", "set", "--group", "s", "--memory", "32M"], env=mps_env).returncode == 0
