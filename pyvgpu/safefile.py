@@ -72,16 +72,14 @@ def private_dir(path: Path, what: str, fix: str) -> Path:
 
     Missing: created with mkdir 0700 (then set to 0700 exactly: mkdir's mode passes the umask). Present:
     checked with lstat, so a link is refused rather than followed, and its owner is checked before anything
-    is created inside. Our own directory with group or other write is repaired (chmod go-w); another user's
-    is refused with UntrustedFile, naming ``fix``. Only ``path`` itself is created, never its parents.
+    is created inside. Our own directory with another mode (group or other write) is repaired to 0700;
+    another user's is refused with UntrustedFile, naming ``fix``. Only ``path`` itself is created, never its parents.
     """
-    created = False
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         try:
             os.mkdir(path, 0o700)
-            created = True
         except FileExistsError:
             pass  # another process made it meanwhile: checked below like any existing one
         except OSError as e:
@@ -101,10 +99,8 @@ def private_dir(path: Path, what: str, fix: str) -> Path:
         now = os.fstat(fd)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or now.st_uid != euid:
             raise UntrustedFile(f"{what} {path} was replaced while pyvgpu checked it; {fix}")
-        mode = stat.S_IMODE(now.st_mode)
-        want = 0o700 if created else (mode & ~0o022) | 0o700
-        if mode != want:
-            os.fchmod(fd, want)  # our own: repaired, never refused for ever
+        if stat.S_IMODE(now.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)  # just made (mkdir's mode passed the umask), or our own opened up: repaired
     finally:
         os.close(fd)
     return path
