@@ -120,12 +120,13 @@ class Lab:
         p = subprocess.Popen([*PY, "wrap", "--sm", "50", "--region", str(d / "victim.region"), "--",
                               str(BENCH_BIN), "sm", str(seconds), "2000", "kernel"], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(d))
-        lines, undo = [], None
+        lines, undo, t_attack = [], None, None
         try:
             first = p.stdout.readline()
             lines.append(first)
             if attack and first.startswith("P "):
                 time.sleep(at)
+                t_attack = time.monotonic_ns()  # pv_bench's P lines are CLOCK_MONOTONIC too
                 undo = attack(d)
             out, err = p.communicate(timeout=seconds + 60)
         except subprocess.TimeoutExpired:
@@ -135,6 +136,7 @@ class Lab:
         finally:
             if callable(undo):
                 undo()
+        t_end = time.monotonic_ns()
         lines += out.splitlines()
         pts = [(int(a), int(b)) for _, a, b in (x.split() for x in lines if x.startswith("P "))]
         res = {"exit": p.returncode, "stderr": [x for x in err.splitlines() if x.startswith("pyvgpu")][:2]}
@@ -145,8 +147,14 @@ class Lab:
                 res["last_2s_per_s"] = round((tail[-1][1] - tail[0][1]) / ((tail[-1][0] - tail[0][0]) / 1e9))
         else:
             res["kernels_per_s"] = 0
+        if t_attack is not None and pts:
+            base = max([q for q in pts if q[0] < t_attack] or [pts[0]])[1]
+            end = pts[-1][0] if pts[-1][0] >= t_attack and "killed" not in err else t_end
+            res["after_attack_s"] = round((end - t_attack) / 1e9, 1)
+            res["after_attack_per_s"] = round(max(0, pts[-1][1] - base) / ((end - t_attack) / 1e9))
         if "killed" in err:
             res["killed"] = True
+            res["kernels_per_s"] = round(pts[-1][1] / ((t_end - pts[0][0]) / 1e9)) if pts else 0
         return res
 
     def wrap(self, *args, **extra) -> dict:
@@ -221,8 +229,8 @@ def turn_attacks(lab: Lab, member: bool) -> dict:
 
     d = lab.sticky()
     turns = make(d)
-    lab.victim(d, 0.2, turns)  # creates it (the victim's own wrap, as the victim did)
-    os.unlink(d / "victim.region")
+    if not member:
+        os.close(sched.open_fd(turns))  # made as the victim's `pyvgpu wrap --sm` makes it, before any launch
     a = as_nobody(fill, turns, groups=groups)
     res = lab.victim(d, 4, turns)
     res["attacker_exit"] = a
@@ -257,7 +265,7 @@ def other_attacks(lab: Lab) -> dict:
     for _ in range(2):
         p = subprocess.run([*PY, "wrap", "--group", "g", "--memory", "64M", "--", "true"],
                            env=dict(lab.env, XDG_RUNTIME_DIR=str(d)), capture_output=True, text=True, timeout=120,
-                           preexec_fn=lambda: os.umask(0o002))
+                           preexec_fn=lambda: os.umask(0o002), cwd=str(d))
         runs.append(p.returncode)
     out["runtime dir: umask 002, twice"] = {"exits": runs, "mode": f"{os.lstat(d / 'pyvgpu').st_mode & 0o777:04o}"}
 
@@ -282,7 +290,7 @@ def other_attacks(lab: Lab) -> dict:
             "print(c.cuMemAlloc_v2(ctypes.byref(p),1<<20),flush=True)\n")
     p = subprocess.Popen([*PY, "wrap", "--region", str(path), "--", sys.executable, "-c", host],
                          env=dict(lab.env, PYVGPU_TRUST_SHARED="1"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, cwd=str(d))
     before = p.stdout.readline().strip()
     as_nobody(os.truncate, path, 0)
     o, e = p.communicate("go\n", timeout=60)
@@ -314,7 +322,8 @@ def other_attacks(lab: Lab) -> dict:
     obj.write_bytes(bytes(data))
     code = (f"import json\nfrom pyvgpu import bootstrap\nbootstrap.load(json.loads({json.dumps(json.dumps(m))}))\n"
             "print('loaded')")
-    p = subprocess.run([sys.executable, "-c", code], env=lab.env, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-c", code], env=lab.env, capture_output=True, text=True, timeout=120,
+                       cwd=str(d))
     out["corrupt callback object, manifest unchanged"] = {
         "exit": p.returncode, "says": (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or [""])[-1]}
 
@@ -323,7 +332,8 @@ def other_attacks(lab: Lab) -> dict:
             "c.cuCtxSetCurrent(x)\nt=ctypes.c_size_t(0)\nrc=c.cuMemGetInfo_v2(None,ctypes.byref(t))\n"
             "print(rc,t.value)")
     p = subprocess.run([*PY, "wrap", "--memory", "4G", "--", sys.executable, "-c", view],
-                       env=dict(lab.env, FAKECUDA_MEMINFO_ONE_NULL="1"), capture_output=True, text=True, timeout=120)
+                       env=dict(lab.env, FAKECUDA_MEMINFO_ONE_NULL="1"), capture_output=True, text=True, timeout=120,
+                       cwd=str(lab.work))
     rc, total = p.stdout.split()
     out["cuMemGetInfo(NULL, &total) under --memory 4G (16 GiB device)"] = {"rc": int(rc), "total": int(total)}
     return out
@@ -332,6 +342,7 @@ def other_attacks(lab: Lab) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--output", type=Path)
+    ap.add_argument("--label", default="", help="what is measured, for the JSON (e.g. main at 5ecb7ee)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the attacker is a child that setuid()s to 65534")
@@ -343,9 +354,9 @@ def main() -> None:
         fake = build(work / "fake")
         lab = Lab(work, fake)
         cache.ensure()
-        res = {"pyvgpu": str(Path(pyvgpu.__file__).parent), "commit": subprocess.run(
-            ["git", "-C", str(Path(pyvgpu.__file__).resolve().parents[1]), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True).stdout.strip() or "?", "nproc": os.cpu_count(),
+        res = {"pyvgpu": str(Path(pyvgpu.__file__).parent), "label": args.label, "script_commit": subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+            "nproc": os.cpu_count(),
             "turns, attacker outside the group": turn_attacks(lab, member=False)}
         if NEW:
             res["turns, attacker in the turn file's group"] = turn_attacks(lab, member=True)
