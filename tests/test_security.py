@@ -560,3 +560,46 @@ def test_the_trust_opt_in_is_checked(monkeypatch):
     assert not safefile.trust_shared({})
     with pytest.raises(PyvgpuError, match="PYVGPU_TRUST_SHARED='yes'"):
         safefile.trust_shared({"PYVGPU_TRUST_SHARED": "yes"})
+
+
+def _shim_verify():
+    import ctypes
+
+    from pyvgpu import shim
+
+    lib = shim.open_shim()
+    lib.pyvgpu_sha256_hex.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p]
+    lib.pyvgpu_verify_object.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
+                                         ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_uint64]
+    return lib
+
+
+def test_the_shims_object_check_for_a_c_loader(cache_dir, tmp_path):
+    """pyvgpu_verify_object (shim/src/pv_verify.c) applies cache.object_bytes's rules in C: SHA-256 of the
+    bytes it returns, a regular file of this user or root that nobody else can write, no link."""
+    import ctypes
+    import hashlib
+
+    lib = _shim_verify()
+    out = ctypes.create_string_buffer(65)
+    for n in (0, 1, 55, 56, 63, 64, 65, 119, 120, 1000, 100_003):
+        data = bytes((i * 7 + n) & 0xFF for i in range(n))
+        assert lib.pyvgpu_sha256_hex(data, n, out) == 0
+        assert out.value.decode() == hashlib.sha256(data).hexdigest(), n
+    m = _copy_cache(cache_dir, tmp_path / "c")
+    obj = m["object_path"].encode()
+    buf, n, err = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.create_string_buffer(512)
+    assert lib.pyvgpu_verify_object(obj, m["sha256"].encode(), buf, n, err, 512) == 0, err.value
+    assert ctypes.string_at(buf, n.value) == Path(m["object_path"]).read_bytes()
+    libc = ctypes.CDLL(None)
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.free(buf)
+    assert lib.pyvgpu_verify_object(obj, b"0" * 64, buf, n, err, 512) == -1
+    assert b"does not match the hash" in err.value and not buf.value
+    link = tmp_path / "link.o"
+    link.symlink_to(m["object_path"])
+    assert lib.pyvgpu_verify_object(str(link).encode(), m["sha256"].encode(), buf, n, err, 512) == -1
+    assert b"symbolic link" in err.value
+    os.chmod(m["object_path"], 0o666)
+    assert lib.pyvgpu_verify_object(obj, m["sha256"].encode(), buf, n, err, 512) == -1
+    assert b"can write it" in err.value
