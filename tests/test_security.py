@@ -463,16 +463,28 @@ def test_a_turn_file_that_is_not_a_file_of_ours_is_refused_without_waiting(env, 
     assert {"link": "symbolic link", "fifo": "not a regular file", "other user's": "uid 65534"}[kind] in r.stderr
 
 
-def _hold(turns: Path) -> None:
-    """An attacker's move: take every GPU's turn with a 900 ms lease (renewed by calling again)."""
-    lease = ((time.monotonic_ns() + 900_000_000) >> 10) & 0xFFFFFFFF
+M64 = (1 << 64) - 1
+
+
+def _gpu_key(index: int = 0) -> int:
+    """The turn file's key of the fake's GPU ``index`` (UUID fa 4e c0 da 00 .. 00 index; pyvgpu/jit/turn.py)."""
+    uuid = bytes([0xFA, 0x4E, 0xC0, 0xDA] + [0] * 11 + [index])
+    key = 0xCBF29CE484222325
+    for v in struct.unpack("<QQ", uuid):
+        key = ((key ^ v) * 0x100000001B3) & M64
+    return key | 1
+
+
+def _word(lease_ns: int) -> int:
+    return (0xBAD << 32) | (((time.monotonic_ns() + lease_ns) >> 10) & 0xFFFFFFFF)
+
+
+def _hold(turns: Path, lease_ns: int = 990_000_000) -> None:
+    """An attacker's move: claim the GPU's entry (before the victim's first launch, so the test does not
+    race it) and take its turn with a lease just under the longest (1 s); calling again renews it."""
     with open(turns, "r+b") as f:
-        for i in range(layout.SCHED_ENTRIES):
-            at = layout.SCHED_ENTRIES_OFF + i * layout.SCHED_ENTRY.size
-            f.seek(at)
-            if struct.unpack("<Q", f.read(8))[0]:
-                f.seek(at + layout.SCHED_ENTRY.offset("turn"))
-                f.write(struct.pack("<Q", (0xBAD << 32) | lease))
+        f.seek(layout.SCHED_ENTRIES_OFF)
+        f.write(struct.pack("<QQ", _gpu_key(), _word(lease_ns)))
 
 
 def _setup_turns(sticky: Path) -> tuple[Path, int]:
@@ -488,17 +500,18 @@ def test_a_member_holding_the_turn_stalls_others_for_a_bounded_time(env, sticky)
     """The issue: a holder renewing a 900 ms lease every 200 ms gave the victim 0 kernels in 20 s."""
     turns, gid = _setup_turns(sticky)
     e = _turn_env(env, sticky, turns)
-    victim = _bench(e, sticky, 3)
-    attacker = None
+    attacker = OtherUserLoop(_hold, turns, groups=(gid,), period=0.1)
     try:
-        assert victim.stdout.readline().startswith("P "), victim.stderr.read()
-        time.sleep(0.3)  # its first launch made the GPU's entry
-        attacker = OtherUserLoop(_hold, turns, groups=(gid,))
-        out, err = victim.communicate(timeout=120)
+        deadline = time.monotonic() + 60
+        while sched.entries(turns) == [] and time.monotonic() < deadline:  # it holds the turn now
+            time.sleep(0.05)
+        victim = _bench(e, sticky, 3)
+        try:
+            out, err = victim.communicate(timeout=120)
+        finally:
+            victim.kill()
     finally:
-        if attacker:
-            attacker.stop()
-        victim.kill()
+        attacker.stop()
     assert victim.returncode == 0, err
     assert _kernels(out) > 0
     assert "turn_timeout" in _events(sticky / "victim.region")
@@ -508,27 +521,23 @@ def test_a_member_holding_the_turn_stalls_others_for_a_bounded_time(env, sticky)
 
 def test_a_lease_far_in_the_future_is_ignored(env, tmp_path):
     turns = tmp_path / "turns"
+    os.close(sched.open_fd(turns))
+    _hold(turns, 600 * 10**9)  # held by nobody that exists, until 10 minutes from now
     e = _turn_env(env, tmp_path, turns)
     victim = _bench(e, tmp_path, 1.5)
-    assert victim.stdout.readline().startswith("P "), victim.stderr.read()
-    time.sleep(0.3)
-    lease = ((time.monotonic_ns() + 600 * 10**9) >> 10) & 0xFFFFFFFF
-    with open(turns, "r+b") as f:
-        f.seek(layout.SCHED_ENTRIES_OFF + layout.SCHED_ENTRY.offset("turn"))
-        f.write(struct.pack("<Q", (0xBAD << 32) | lease))
     out, err = victim.communicate(timeout=120)
     assert victim.returncode == 0, err
     (gpu,) = sched.entries(turns)
-    assert gpu["wait_ns"] < 1e9 and "turn_timeout" not in _events(tmp_path / "victim.region")
+    assert gpu["handovers"] >= 1 and gpu["wait_ns"] < 1e9, gpu  # taken at once: a lease reaches 1 s at most
+    assert "turn_timeout" not in _events(tmp_path / "victim.region")
 
 
 def test_a_turn_file_truncated_under_a_running_program_costs_it_only_its_turns(env, sticky):
     turns, gid = _setup_turns(sticky)
     e = _turn_env(env, sticky, turns)
-    victim = _bench(e, sticky, 2)
+    victim = _bench(e, sticky, 5)
     try:
-        assert victim.stdout.readline().startswith("P "), victim.stderr.read()
-        time.sleep(0.3)
+        assert victim.stdout.readline().startswith("P "), victim.stderr.read()  # the file is mapped by now
         assert as_other_user(os.truncate, turns, 0, groups=(gid,)) == 0
         out, err = victim.communicate(timeout=120)
     finally:
