@@ -612,3 +612,25 @@ def test_the_shims_object_check_for_a_c_loader(cache_dir, tmp_path):
     os.chmod(m["object_path"], 0o666)
     assert lib.pyvgpu_verify_object(obj, m["sha256"].encode(), buf, n, err, 512) == -1
     assert b"can write it" in err.value
+
+
+FOREIGN_SIGBUS = """
+import ctypes, mmap, os, tempfile
+c = ctypes.CDLL("libcuda.so.1")
+assert c.cuInit(0) == 0  # the shim is booted and its guard installed (the group's region is mapped)
+libc = ctypes.CDLL(None)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd, path = tempfile.mkstemp()
+os.ftruncate(fd, 4096)
+addr = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+os.ftruncate(fd, 0)
+os.unlink(path)
+print("read", ctypes.string_at(addr, 1), flush=True)
+"""
+
+
+def test_a_sigbus_outside_pyvgpus_mappings_is_left_to_the_program(env, tmp_path):
+    """The guard replaces only pyvgpu's own mappings: the program's own SIGBUS kills it as before."""
+    p = wrap(env, "--memory", "64M", "--", sys.executable, "-c", FOREIGN_SIGBUS)
+    assert p.returncode == -signal.SIGBUS and "read" not in p.stdout, (p.returncode, p.stdout, p.stderr)

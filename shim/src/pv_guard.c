@@ -63,8 +63,13 @@ static void chain(int sig, siginfo_t *si, void *uc) {
         pv_old_bus.sa_handler(sig);
         return;
     }
-    /* The default action: put it back; a fault repeats when we return, a sent signal is sent again. */
-    signal(SIGBUS, SIG_DFL);
+    /* The default action: put it back; a fault repeats when we return, a sent signal is sent again
+     * (sigaction and raise are async-signal-safe, signal() is not). */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGBUS, &dfl, NULL);
     if (si->si_code <= 0)
         raise(SIGBUS);
 }
