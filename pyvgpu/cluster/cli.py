@@ -98,3 +98,97 @@ def explain(
         raise typer.Exit(2) from None
     typer.echo(json.dumps(render.to_json(decision), indent=1) if as_json else render.to_text(decision))
 
+
+
+def _node_options(node_name: str | None, **kw):
+    import os
+
+    from pyvgpu.cluster.daemon import NodeOptions
+    from pyvgpu.errors import PyvgpuError
+
+    node = node_name or os.environ.get("NODE_NAME", "")
+    if not node:
+        raise PyvgpuError("--node-name: give this node's name (the DaemonSet passes spec.nodeName as NODE_NAME)")
+    if kw.get("split", 1) < 1 or kw.get("split", 1) > 1000:
+        raise PyvgpuError(f"--split {kw['split']}: give 1..1000 virtual devices per GPU (HAMi's default is 10)")
+    for opt in ("api_retry_s", "health_interval", "agent_interval"):
+        if opt in kw and not kw[opt] > 0:
+            raise PyvgpuError(f"--{opt.replace('_s', '').replace('_', '-')} {kw[opt]}: give a positive number of "
+                              "seconds")
+    from pathlib import Path
+
+    for opt in ("plugin_dir", "state_dir"):
+        if opt in kw:
+            kw[opt] = Path(kw[opt])
+    return NodeOptions(node=node, **kw)
+
+
+def _run_daemon(fn, opts_factory) -> None:
+    from pyvgpu.cluster import daemon
+    from pyvgpu.errors import PyvgpuError
+
+    daemon.setup_logging()
+    try:
+        fn(opts_factory())
+    except (PyvgpuError, FileNotFoundError) as e:
+        typer.echo(f"pyvgpu: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+@cluster_app.command("device-plugin")
+def device_plugin(
+    plugin_dir: str = typer.Option("/var/lib/kubelet/device-plugins", "--plugin-dir", metavar="DIR",
+                                   help="The kubelet's device-plugin directory (kubelet.sock is there)."),
+    split: int = typer.Option(10, "--split", metavar="N", help="Virtual devices per GPU: how many containers may "
+                                                                "share one (HAMi's deviceSplitCount)."),
+    node_name: str = typer.Option(None, "--node-name", metavar="NAME", help="This node's name (default: "
+                                                                             "$NODE_NAME)."),
+    resource: str = typer.Option("nvidia.com/gpu", "--resource", metavar="NAME", help="The resource to serve."),
+    kubeconfig: str = typer.Option(None, "--kubeconfig", metavar="PATH", help="Kubeconfig of the API server "
+                                                                              "(default: in-cluster, else "
+                                                                              "~/.kube/config)."),
+    state_dir: str = typer.Option("/run/pyvgpu", "--state-dir", metavar="DIR",
+                                  help="The node's shared state: turn file and per-container regions."),
+    runtime_dir: list[str] = typer.Option(None, "--runtime-dir", metavar="DIR",
+                                          help="A host directory of the pyvgpu runtime to mount read-only into "
+                                               "containers at the same path (repeatable; default: this "
+                                               "installation's Python, pyvgpu and callback cache)."),
+    api_retry: float = typer.Option(10.0, "--api-retry", metavar="SECONDS",
+                                    help="How long Allocate keeps trying an unreachable API server."),
+    health_interval: float = typer.Option(5.0, "--health-interval", metavar="SECONDS",
+                                          help="How often NVML is asked whether each GPU is healthy."),
+    with_agent: bool = typer.Option(False, "--node-agent", help="Run the node agent in this process too."),
+    agent_interval: float = typer.Option(30.0, "--agent-interval", metavar="SECONDS",
+                                         help="With --node-agent: how often it checks the node's registration "
+                                              "and reclaims regions."),
+) -> None:
+    """Serve the kubelet's device-plugin API (v1beta1): split x GPUs virtual devices with NVML health, and
+    Allocate, which gives each container its GPUs, limits, region and the shim (HAMi's environment)."""
+    from pyvgpu.cluster import daemon
+
+    _run_daemon(daemon.device_plugin, lambda: _node_options(
+        node_name, split=split, resource=resource, plugin_dir=plugin_dir, kubeconfig=kubeconfig,
+        state_dir=state_dir, runtime_dirs=list(runtime_dir or []), api_retry_s=api_retry,
+        health_interval=health_interval, agent_interval=agent_interval, with_agent=with_agent))
+
+
+@cluster_app.command("node-agent")
+def node_agent(
+    node_name: str = typer.Option(None, "--node-name", metavar="NAME", help="This node's name (default: "
+                                                                             "$NODE_NAME)."),
+    split: int = typer.Option(10, "--split", metavar="N", help="vGPU slots per GPU to register (count)."),
+    kubeconfig: str = typer.Option(None, "--kubeconfig", metavar="PATH", help="Kubeconfig of the API server."),
+    state_dir: str = typer.Option("/run/pyvgpu", "--state-dir", metavar="DIR",
+                                  help="The node's shared state: turn file and per-container regions."),
+    interval: float = typer.Option(30.0, "--interval", metavar="SECONDS",
+                                   help="How often the registration is checked and regions reclaimed."),
+    health_interval: float = typer.Option(5.0, "--health-interval", metavar="SECONDS",
+                                          help="How often NVML is asked whether each GPU is healthy."),
+) -> None:
+    """Register this node's GPUs (hami.io/node-nvidia-register, -score, -handshake), own the node's shared
+    state, and reclaim the regions of deleted pods."""
+    from pyvgpu.cluster import daemon
+
+    _run_daemon(daemon.node_agent, lambda: _node_options(
+        node_name, split=split, kubeconfig=kubeconfig, state_dir=state_dir, agent_interval=interval,
+        health_interval=health_interval))
