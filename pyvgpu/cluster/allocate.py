@@ -40,8 +40,8 @@ from pyvgpu.errors import PyvgpuError
 
 REGION_MOUNT = "/run/pyvgpu/region"  # the container's region directory, inside the container
 TURNS_MOUNT = "/run/pyvgpu/turns"  # the node's turn file, inside the container
-SUCCESS = "success"
-FAILED = "failed"
+SUCCESS = keys.BIND_SUCCESS
+FAILED = keys.BIND_FAILED
 
 
 class AllocateError(PyvgpuError):

@@ -192,3 +192,58 @@ def node_agent(
     _run_daemon(daemon.node_agent, lambda: _node_options(
         node_name, split=split, kubeconfig=kubeconfig, state_dir=state_dir, agent_interval=interval,
         health_interval=health_interval))
+
+
+@cluster_app.command("scheduler")
+def scheduler(
+    port: int = typer.Option(..., "--port", metavar="P", help="HTTP port of the extender verbs (/filter, "
+                                                              "/prioritize, /bind), /webhook, /healthz, /readyz "
+                                                              "and /metrics."),
+    kubeconfig: str = typer.Option(None, "--kubeconfig", metavar="PATH", help="Kubeconfig of the API server "
+                                                                              "(default: in-cluster, else "
+                                                                              "~/.kube/config)."),
+    name: str = typer.Option("pyvgpu-scheduler", "--scheduler-name", metavar="NAME",
+                             help="The schedulerName the webhook gives GPU pods (kube-scheduler's profile)."),
+    node_policy: str = typer.Option("binpack", "--node-policy", metavar="binpack|spread",
+                                    help="Default node policy (a pod's hami.io/node-scheduler-policy wins)."),
+    gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="spread|binpack|topology-aware",
+                                   help="Default GPU policy (a pod's hami.io/gpu-scheduler-policy wins)."),
+    lock_expire: float = typer.Option(300.0, "--lock-expire", metavar="SECONDS",
+                                      help="Age after which a node lock (hami.io/mutex.lock) is taken over "
+                                           "(HAMi's default: 300)."),
+    webhook_port: int = typer.Option(None, "--webhook-port", metavar="P",
+                                     help="Also serve everything over HTTPS on this port (the API server calls "
+                                          "webhooks over TLS only); needs --tls-cert-file and --tls-key-file."),
+    tls_cert: str = typer.Option(None, "--tls-cert-file", metavar="PATH", help="PEM certificate for --webhook-port."),
+    tls_key: str = typer.Option(None, "--tls-key-file", metavar="PATH", help="PEM key for --webhook-port."),
+) -> None:
+    """Run the kube-scheduler extender (filter, prioritize, bind) and the mutating webhook that sends GPU pods
+    to it. kube-scheduler's KubeSchedulerConfiguration names it (deploy/helm/pyvgpu)."""
+    import os
+
+    from pyvgpu.cluster import daemon
+    from pyvgpu.cluster.config import ClusterConfig
+    from pyvgpu.errors import PyvgpuError
+
+    daemon.setup_logging()
+    try:
+        if not 0 < port < 65536:
+            raise PyvgpuError(f"--port {port}: give a TCP port 1..65535")
+        if node_policy not in ("binpack", "spread"):
+            raise PyvgpuError(f"--node-policy {node_policy!r}: use binpack or spread")
+        if gpu_policy not in ("binpack", "spread", "topology-aware"):
+            raise PyvgpuError(f"--gpu-policy {gpu_policy!r}: use spread, binpack or topology-aware")
+        if lock_expire <= 0:
+            raise PyvgpuError(f"--lock-expire {lock_expire}: give a positive number of seconds")
+        if webhook_port is not None and not (tls_cert and tls_key):
+            raise PyvgpuError("--webhook-port needs --tls-cert-file and --tls-key-file (webhooks are called over TLS)")
+        for opt, path in (("--tls-cert-file", tls_cert), ("--tls-key-file", tls_key)):
+            if path and not os.path.isfile(path):
+                raise PyvgpuError(f"{opt} {path}: no such file")
+        from pyvgpu.cluster import extender
+
+        extender.run(kubeconfig, port, name, ClusterConfig(node_policy=node_policy, gpu_policy=gpu_policy),
+                     lock_expire, webhook_port, tls_cert, tls_key)
+    except (PyvgpuError, OSError) as e:
+        typer.echo(f"pyvgpu: {e}", err=True)
+        raise typer.Exit(2) from None
