@@ -54,6 +54,7 @@ class Informer:
         self.ready = threading.Event()
         self.changed = threading.Condition(self.lock)
         self.generation = 0
+        self.seen = {"node": 0, "pod": 0}  # the latest resourceVersion each kind's cache reflects
 
     # -- the loops -----------------------------------------------------------------------------------------
 
@@ -70,8 +71,8 @@ class Informer:
             try:
                 if rv is None:
                     listing = self.kube.list_nodes() if kind == "node" else self.kube.list_pods()
-                    self._replace(kind, listing.get("items") or [])
                     rv = (listing.get("metadata") or {}).get("resourceVersion") or "0"
+                    self._replace(kind, listing.get("items") or [], rv)
                     self._listed[kind].set()
                     if all(e.is_set() for e in self._listed.values()):
                         self.ready.set()
@@ -96,8 +97,9 @@ class Informer:
 
     # -- the cache -----------------------------------------------------------------------------------------
 
-    def _replace(self, kind: str, objs: list[dict]) -> None:
+    def _replace(self, kind: str, objs: list[dict], rv: str = "0") -> None:
         with self.lock:
+            self.seen[kind] = int(rv) if str(rv).isdigit() else 0
             if kind == "node":
                 self.nodes = {o["metadata"]["name"]: o for o in objs}
                 self._dirty |= set(self.nodes) | set(self._infos)
@@ -131,6 +133,7 @@ class Informer:
 
     def apply(self, kind: str, typ: str, obj: dict) -> None:
         with self.lock:
+            self.seen[kind] = max(self.seen[kind], _rv(obj))
             if kind == "node":
                 name = obj["metadata"]["name"]
                 if typ == "DELETED":
