@@ -66,10 +66,11 @@ def load(manifest: dict) -> tuple[list[int], dict[str, int]]:
     # Detached, the engine is never disposed.
     engine.detach()
     _ENGINE = engine
-    missing = [n for n in hooks.SERVICES if n not in by_callback]
+    names = [s.name for s in hooks.SERVICES]
+    missing = [n for n in names if n not in by_callback]
     if missing:
         raise PyvgpuError(f"the callback cache lacks {', '.join(missing)}; run `pyvgpu warmup --force`")
-    return addrs, {n: by_callback[n] for n in hooks.SERVICES}
+    return addrs, {n: by_callback[n] for n in names}
 
 
 def attach_region(ctx_addr: int, env=os.environ) -> None:

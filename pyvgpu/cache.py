@@ -31,7 +31,7 @@ from pyvgpu import hooks
 from pyvgpu.errors import PyvgpuError
 
 FORMAT = 1
-_SOURCES = ("hooks.py", "layout.py", "jit/*.py")  # everything the machine code is compiled from
+_SOURCES = ("abi.py", "structs.py", "hooks.py", "layout.py", "jit/*.py")  # what the machine code is compiled from
 
 
 def cache_dir() -> Path:

@@ -2,6 +2,11 @@
 
 Every command imports what it needs when it runs, so `pyvgpu wrap` starts
 fast: it is on the path of every wrapped program's startup.
+
+One grammar for every command: `--json` prints JSON on stdout (and nothing
+else there); a file is written with `--output PATH`; every option that takes
+a value names it with an upper-case placeholder (SIZE, PCT, PATH, N); flags
+take none. Errors are one line, `pyvgpu: ...`, naming the option the user gave.
 """
 
 from __future__ import annotations
@@ -12,20 +17,25 @@ import sys
 from pathlib import Path
 
 import typer
+from typer.core import TyperCommand
 
 from pyvgpu import __version__
 from pyvgpu.cluster.cli import cluster_app
 
+DEFAULT_EXPORTER_PORT = 9433  # not 9400: that is dcgm-exporter's, which runs beside us (docs/monitoring.md)
+
+# Plain (click) help: flags show no placeholder, `[bench]` stays visible, and it reads the same on every typer.
 app = typer.Typer(
     help="Share one NVIDIA GPU between programs: each runs in a vGPU with its own limits, unmodified.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
 bench_app = typer.Typer(help="Benchmarks that print figures, raw against wrapped, measured in one run.",
-                        no_args_is_help=True)
+                        no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(bench_app, name="bench")
-limits_app = typer.Typer(help="Change a running group's limits.", no_args_is_help=True)
+limits_app = typer.Typer(help="Change a running group's limits.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(limits_app, name="limits")
 app.add_typer(cluster_app, name="cluster")
 
@@ -54,10 +64,18 @@ def _main(
     """pyvgpu: hard memory caps, compute shares and device sets for unmodified CUDA programs."""
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+class _WrapCommand(TyperCommand):
+    """`wrap`'s usage line: PROGRAM and its arguments come last, after an optional `--`."""
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        return ["[OPTIONS]", "[--]", "PROGRAM", "[ARGS]..."]
+
+
+# Parsed like `docker run`: options stop at PROGRAM, and everything after it is the program's, untouched
+# (`pyvgpu wrap python -c ... -m 2G` gives python `-m 2G`). An unknown option before PROGRAM is a usage error.
+@app.command(cls=_WrapCommand, context_settings={"allow_interspersed_args": False})
 def wrap(
-    command: list[str] = typer.Argument(..., metavar="-- PROGRAM [ARGS]...",
-                                        help="The program to run in the vGPU, and its arguments."),
+    command: list[str] = typer.Argument(..., metavar="PROGRAM", hidden=True),
     stats: bool = typer.Option(False, "--stats",
                                help="At exit, each wrapped process prints its CUDA/NVML call counts per symbol "
                                     "to stderr (PYVGPU_STATS=1)."),
@@ -65,8 +83,10 @@ def wrap(
                                    help="Append the call counts as JSON to PATH instead; %p in PATH becomes the "
                                         "pid."),
     memory: str = typer.Option(None, "--memory", "-m", metavar="SIZE|DEV=SIZE,...",
-                               help="Memory cap of the group: 4G on every device, or 0=2G,1=6G per device "
-                                    "(K/M/G/T, binary). Default: CUDA_DEVICE_MEMORY_LIMIT[_i], else none."),
+                               help="Memory cap of the group: 4G on every device, or 0=2G,1=6G per device. "
+                                    "K/M/G/T and Ki/Mi/Gi/Ti are binary, decimals are allowed (4.5G), a bare "
+                                    "number is bytes, GB is refused as ambiguous, and the least is 64M. Default: "
+                                    "CUDA_DEVICE_MEMORY_LIMIT[_i], else none."),
     sm: str = typer.Option(None, "--sm", metavar="PCT|DEV=PCT,...",
                            help="Compute share of the group, in percent of the device's time: 30 on every "
                                 "device, or 0=30,1=50 per device (1-100). Default: CUDA_DEVICE_SM_LIMIT[_i], "
@@ -85,14 +105,17 @@ def wrap(
                                    "Default: a private group for this program and its children."),
     region: str = typer.Option(None, "--region", metavar="PATH",
                                help="Use the group region file at PATH instead of a named group."),
-    on_error: OnError = typer.Option(None, "--on-error", case_sensitive=False,
+    on_error: OnError = typer.Option(None, "--on-error", case_sensitive=False, metavar="closed|open",
                                      help="What happens when the limits cannot be enforced: 'closed' refuses "
                                           "CUDA calls (the default when limits are set), 'open' runs the "
                                           "program unlimited with a warning."),
 ) -> None:
     """Run PROGRAM in a vGPU. It keeps this process's pid, exit code and signals.
 
-    Example: pyvgpu wrap --memory 4G --sm 30 --devices 1 -- python train.py
+    Options come before PROGRAM; everything after PROGRAM is passed to it as
+    given, as with `docker run`. A `--` before PROGRAM is allowed.
+
+    Example: pyvgpu wrap --memory 4G --sm 30 --devices 1 python train.py --lr 0.1
     """
     import os
 
@@ -123,10 +146,13 @@ def status(
     from pyvgpu import status as st
     from pyvgpu.errors import PyvgpuError
 
+    skipped: list[tuple[Path, str]] = []
     try:
-        groups = st.collect(group=group, region_path=region)
+        groups = st.collect(group=group, region_path=region, skipped=skipped)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
+    for path, why in skipped:
+        typer.echo(f"pyvgpu: skipped {path}: {why}", err=True)
     typer.echo(json.dumps({"groups": groups}, indent=1) if as_json else st.render(groups))
 
 
@@ -136,7 +162,11 @@ def _group_path(group: str | None, region: str | None) -> Path:
 
     if bool(group) == bool(region):
         raise PyvgpuError("name the group: give --group NAME or --region PATH (one of them)")
-    return Path(region) if region else R.group_path(group)
+    from pyvgpu import status as st
+
+    path = Path(region) if region else R.group_path(group)
+    st.check_exists(path, group, region)
+    return path
 
 
 @limits_app.command("set")
@@ -169,7 +199,7 @@ def limits_set(
 def top(
     group: str = typer.Option(None, "--group", "-g", metavar="NAME", help="Show only this named group."),
     region: str = typer.Option(None, "--region", metavar="PATH", help="Show only the group region at PATH."),
-    interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes."),
+    interval: float = typer.Option(1.0, "--interval", min=0.1, metavar="SECONDS", help="Seconds between refreshes."),
     once: bool = typer.Option(False, "--once", help="Print one frame (rates over one interval) and exit."),
 ) -> None:
     """A live table of every group, device and process: memory used vs limit, SM share vs target,
@@ -185,38 +215,45 @@ def top(
 
 @app.command()
 def exporter(
-    port: int = typer.Option(9400, "--port", "-p", min=0, max=65535, help="TCP port to serve /metrics on (0: any "
-                                                                          "free one, printed at start)."),
-    address: str = typer.Option("0.0.0.0", "--address", help="Address to listen on (127.0.0.1: this host only)."),
+    port: int = typer.Option(DEFAULT_EXPORTER_PORT, "--port", "-p", min=0, max=65535, metavar="PORT",
+                             help="TCP port to serve /metrics on (0: any free one, printed at start). The default is "
+                                  "not dcgm-exporter's 9400, so both run on one host."),
+    address: str = typer.Option("0.0.0.0", "--address", metavar="ADDRESS",
+                                help="Address to listen on: 0.0.0.0 (every IPv4 address), :: (IPv6 too), 127.0.0.1 "
+                                     "or ::1 (this host only)."),
     group: str = typer.Option(None, "--group", "-g", metavar="NAME", help="Export only this named group."),
     region: str = typer.Option(None, "--region", metavar="PATH", help="Export only the group region at PATH."),
 ) -> None:
     """Serve Prometheus metrics for every group under the runtime dir, read afresh at each scrape.
 
-    Metrics: pyvgpu_memory_limit_bytes, pyvgpu_memory_used_bytes{pid,kind}, pyvgpu_sm_limit_percent,
-    pyvgpu_sm_utilization_percent, pyvgpu_oom_refusals_total, pyvgpu_throttle_seconds_total (docs/monitoring.md).
+    Every per-device series carries the GPU's UUID and the machine's index (labels UUID and gpu, as
+    dcgm-exporter's), so the two join. Metrics: pyvgpu_memory_limit_bytes, pyvgpu_memory_used_bytes,
+    pyvgpu_group_memory_used_bytes, pyvgpu_sm_limit_percent, pyvgpu_sm_utilization_percent,
+    pyvgpu_oom_refusals_total, pyvgpu_throttle_seconds_total, pyvgpu_launches_total, pyvgpu_build_info
+    (docs/monitoring.md; a Grafana dashboard and a scrape config are in deploy/).
     """
     from pyvgpu import exporter as ex
 
     try:
         srv = ex.server(port, address, group, region)
     except OSError as e:
-        raise _fail(f"cannot listen on {address}:{port}: {e.strerror}; choose another --port") from None
+        raise _fail(ex.listen_error(address, port, e)) from None
     import signal
+    import threading
 
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+    done = threading.Event()
 
     # Ctrl-C and SIGTERM stop it, also where the shell started it with SIGINT ignored (a background job)
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    typer.echo(f"pyvgpu exporter: serving http://{address}:{srv.server_port}/metrics (Ctrl-C stops)", err=True)
-    try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
+    signal.signal(signal.SIGINT, lambda signum, frame: done.set())
+    signal.signal(signal.SIGTERM, lambda signum, frame: done.set())
+    host = f"[{address}]" if ":" in address else address
+    typer.echo(f"pyvgpu exporter: serving http://{host}:{srv.server_port}/metrics (Ctrl-C stops)", err=True)
+    thread = threading.Thread(target=srv.serve_forever, name="pyvgpu-exporter", daemon=True)
+    thread.start()
+    while not done.wait(1.0):
         pass
-    finally:
-        srv.server_close()
+    srv.shutdown()
+    srv.server_close()
 
 
 @app.command()
@@ -272,23 +309,33 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print the checks 
         raise typer.Exit(1)
 
 
-def _emit(result: dict, table: str, json_path: Path | None) -> None:
-    typer.echo(table)
-    if json_path:
-        json_path.write_text(json.dumps(result, indent=1))
-        typer.echo(f"wrote {json_path}")
+JSON_HELP = "Print the full result as JSON on stdout, instead of the table."
+OUTPUT_HELP = "Also write the full result as JSON to PATH."
+
+
+def _emit(result: dict, table: str, as_json: bool, output: Path | None) -> None:
+    """--json: JSON on stdout, nothing else there; else the table. --output PATH: the JSON in PATH too."""
+    if output:
+        output.write_text(json.dumps(result, indent=1))
+    if as_json:
+        typer.echo(json.dumps(result, indent=1))
+    else:
+        typer.echo(table)
+    if output:
+        typer.echo(f"wrote {output}", err=True)
 
 
 @bench_app.command("overhead")
 def bench_overhead(
-    rounds: int = typer.Option(5, min=1, help="Alternating raw/wrapped rounds."),
-    samples: int = typer.Option(1000, min=10, help="Timed batches per side per round."),
-    size: int = typer.Option(2 << 20, min=1, help="Bytes per cuMemAlloc."),
+    rounds: int = typer.Option(5, min=1, metavar="N", help="Alternating raw/wrapped rounds."),
+    samples: int = typer.Option(1000, min=10, metavar="N", help="Timed batches per side per round."),
+    size: int = typer.Option(2 << 20, min=1, metavar="BYTES", help="Bytes per cuMemAlloc."),
     memory: str = typer.Option(None, "--memory", metavar="SIZE", help="Run the wrapped side under this cap."),
     sm: str = typer.Option(None, "--sm", metavar="PCT",
                            help="Run the wrapped side under this compute share (the empty kernels leave its "
                                 "budget unspent, so this times the limiter's path while tokens are there)."),
-    json_path: Path = typer.Option(None, "--json", help="Also write the full result as JSON to this file."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
     """Host time of an empty-kernel cuLaunchKernel and a cuMemAlloc+cuMemFree, raw and wrapped."""
     from pyvgpu.bench import overhead
@@ -298,13 +345,14 @@ def bench_overhead(
         result = overhead.run(rounds=rounds, samples=samples, size=size, memory=memory, sm=sm)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
-    _emit(result, overhead.table(result), json_path)
+    _emit(result, overhead.table(result), as_json, output)
 
 
 @bench_app.command("startup")
 def bench_startup(
-    runs: int = typer.Option(5, min=1, help="Runs per case."),
-    json_path: Path = typer.Option(None, "--json", help="Also write the full result as JSON to this file."),
+    runs: int = typer.Option(5, min=1, metavar="N", help="Runs per case."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
     """Time to the first CUDA call, raw and wrapped, warm and cold cache, Python and C hosts."""
     from pyvgpu.bench import startup
@@ -314,19 +362,23 @@ def bench_startup(
         result = startup.run(runs=runs)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
-    _emit(result, startup.table(result), json_path)
+    _emit(result, startup.table(result), as_json, output)
 
 
 @bench_app.command("sm")
 def bench_sm(
-    targets: str = typer.Option("10,30,50,70,90", help="Compute shares to run, in percent, comma-separated."),
-    seconds: float = typer.Option(8.0, min=2.0, help="Length of each run; the first third is left out as warm-up."),
-    workload: str = typer.Option("spin", help="'spin': an FMA loop kernel (PTX, no toolkit needed); 'matmul': "
-                                              "PyTorch bf16 4096x4096 matmuls; 'graph': the spin kernel replayed "
-                                              "as a CUDA graph of 10 launches."),
-    pair: str = typer.Option("30,70", help="Shares of the two groups run at once ('' to skip)."),
+    targets: str = typer.Option("10,30,50,70,90", metavar="PCT,...",
+                                help="Compute shares to run, in percent, comma-separated."),
+    seconds: float = typer.Option(8.0, min=2.0, metavar="SECONDS",
+                                  help="Length of each run; the first third is left out as warm-up."),
+    workload: str = typer.Option("spin", metavar="spin|matmul|graph",
+                                 help="'spin': an FMA loop kernel (PTX, no toolkit needed); 'matmul': "
+                                      "PyTorch bf16 4096x4096 matmuls; 'graph': the spin kernel replayed "
+                                      "as a CUDA graph of 10 launches."),
+    pair: str = typer.Option("30,70", metavar="PCT,PCT", help="Shares of the two groups run at once ('' to skip)."),
     png: str = typer.Option("bench-sm.png", "--png", metavar="PATH", help="Where to write the plot ('' for none)."),
-    json_path: Path = typer.Option(None, "--json", help="Also write the full result as JSON to this file."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
     """Achieved compute share (throughput / unlimited throughput) at each target, alone and as a pair.
 
@@ -341,17 +393,18 @@ def bench_sm(
                            png=Path(png) if png else None)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
-    _emit(result, bench.table(result), json_path)
+    _emit(result, bench.table(result), as_json, output)
 
 
 @bench_app.command("vpmm")
 def bench_vpmm(
-    steps: int = typer.Option(600, min=10, help="Decoding steps of the trace (4 interleaved requests)."),
+    steps: int = typer.Option(600, min=10, metavar="N", help="Decoding steps of the trace (4 interleaved requests)."),
     cap: str = typer.Option(None, "--cap", metavar="SIZE", help="Run every allocator under `--memory SIZE`, to count "
                                                                  "refused requests."),
     page_size: str = typer.Option(None, "--page-size", metavar="SIZE", help="VPMM's page (VPMM_PAGE_SIZE; "
                                   "default 2M): larger pages defragment less often, round up more."),
-    json_path: Path = typer.Option(None, "--json", help="Also write the full result as JSON to this file."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
     """A fragmenting trace (inference with growing sequences) under PyTorch's caching allocator,
     expandable_segments and VPMM: peak live, peak reserved, refused requests, ops/s (needs PyTorch and a GPU)."""
@@ -362,7 +415,7 @@ def bench_vpmm(
         result = bench.run(steps=steps, cap=cap, page_size=page_size)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
-    _emit(result, bench.table(result), json_path)
+    _emit(result, bench.table(result), as_json, output)
 
 
 @bench_app.command("schedule")

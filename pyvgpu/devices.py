@@ -119,9 +119,22 @@ def machine() -> list[Gpu] | None:
         nv.nvmlShutdown()
 
 
+_ENTRY = re.compile(r"^(?:[0-9]{1,4}|GPU-[0-9A-Fa-f-]{0,36})$", re.IGNORECASE)
+
+
+def check_entry(entry: str, where: str) -> None:
+    """Refuse what is neither an index nor (the start of) a GPU UUID, before NVML is asked."""
+    from pyvgpu.limits import not_ascii
+
+    not_ascii(entry, where, "devices", "0,2 or GPU-8e1f")
+    if not _ENTRY.match(entry.strip()):
+        raise PyvgpuError(f"{where}: {entry.strip()!r} is not a device; give indices as nvidia-smi shows them (0,2) "
+                          "or GPU UUIDs (GPU-...), comma-separated")
+
+
 def _pick(entry: str, gpus: list[Gpu], where: str) -> Gpu:
     e = entry.strip()
-    if e.isdigit():
+    if e.isascii() and e.isdigit():
         if int(e) >= len(gpus):
             have = ", ".join(f"{g.index} ({g.name})" for g in gpus) or "none"
             raise PyvgpuError(f"{where}: there is no device {e}; this machine has {len(gpus)}: {have}")
@@ -147,6 +160,8 @@ def select(spec: str, env: Mapping[str, str], gpus: list[Gpu] | None = None) -> 
     entries = [e for e in (spec or "").split(",")]
     if not spec or any(not e.strip() for e in entries):
         raise PyvgpuError(f"{where}: give device indices or GPU UUIDs, comma-separated (e.g. 0,2)")
+    for e in entries:
+        check_entry(e, where)
     if gpus is None:
         gpus = machine()
     if gpus is None:

@@ -1,73 +1,166 @@
 """`pyvgpu exporter`: Prometheus metrics for every group under the runtime dir.
 
 Each scrape reads the regions afresh (the same snapshot as `pyvgpu status`),
-so the figures are as current as the scrape. Served with prometheus-client
-on a plain WSGI server.
+so the figures are as current as the scrape. It runs beside dcgm-exporter:
+
+* served by prometheus-client's threaded WSGI server, one thread per
+  connection, so a half-open or slow client holds only its own thread and
+  never delays a scrape;
+* a stray file or folder in the runtime dir is skipped with one log line (on
+  stderr, once per file and reason), never an HTTP 500;
+* every per-device series carries ``UUID`` and ``gpu`` (the machine's index),
+  the label names dcgm-exporter uses, so ``on(UUID)`` joins the two; the
+  group's own device index is ``vgpu_device``;
+* a private group (one `pyvgpu wrap` made for its program) with no live
+  member left drops out at the next scrape; its file stays for the next wrap
+  to remove (see ``_visible``).
 """
 
 from __future__ import annotations
 
+import errno
+import platform
+import socket
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from pyvgpu import __version__, devices
 from pyvgpu import status as st
+
+DEVICE_LABELS = ["group", "vgpu_device", "gpu", "UUID"]
+MACHINE_TTL_S = 300.0  # NVML's device list is asked again after this long (devices rarely change)
+
+
+def log(msg: str) -> None:
+    print(f"pyvgpu exporter: {msg}", file=sys.stderr, flush=True)
 
 
 class RegionCollector(Collector):
     """Turns each scrape into a read of every group region."""
 
-    def __init__(self, group: str | None = None, region_path: str | None = None) -> None:
+    def __init__(self, group: str | None = None, region_path: str | None = None,
+                 machine=devices.machine) -> None:
         self.group = group
         self.region_path = region_path
+        self._machine_fn = machine
+        self._machine: list[devices.Gpu] | None = None
+        self._machine_at = -MACHINE_TTL_S
+        self._logged: set[tuple[str, str]] = set()
+        # Scrapes may come at once (several Prometheus servers); reclaiming and reading one at a time is
+        # cheap (milliseconds) and keeps two reclaims of one dead member apart.
+        self._lock = threading.Lock()
+
+    def machine(self) -> list[devices.Gpu] | None:
+        now = time.monotonic()
+        if now - self._machine_at >= MACHINE_TTL_S:
+            self._machine, self._machine_at = self._machine_fn(), now
+        return self._machine
+
+    def _skip(self, path, why: str) -> None:
+        key = (str(path), why)
+        if key not in self._logged:
+            self._logged.add(key)
+            log(f"skipped {path}: {why}")
+
+    def gpu_of(self, g: dict) -> dict[int, tuple[str, str]]:
+        """{group device: (machine index, UUID)}, as far as it is known.
+
+        With --devices the region records both. Without, group device d is the
+        machine's device d (what the shim's NVML view assumes too), trusted only
+        when the group was made seeing as many devices as this machine has: a
+        group made in a container that sees fewer devices numbers them its own way.
+        """
+        if g["gpus"]:
+            return {x["index"]: (str(x["nvml_index"]), x["uuid"]) for x in g["gpus"]}
+        gpus = self.machine()
+        if gpus and g.get("n_physical") == len(gpus):
+            return {x.index: (str(x.index), x.uuid) for x in gpus}
+        return {}
 
     def collect(self) -> Iterator:
+        with self._lock:
+            skipped: list = []
+            groups = st.collect(group=self.group, region_path=self.region_path, skipped=skipped, strict=False)
+            for path, why in skipped:
+                self._skip(path, why)
+            yield from self._families(groups)
+
+    def _families(self, groups: list[dict]) -> Iterator:
         limit = GaugeMetricFamily("pyvgpu_memory_limit_bytes", "The group's memory cap on the device (absent: none)",
-                                  labels=["group", "device"])
+                                  labels=DEVICE_LABELS)
         used = GaugeMetricFamily("pyvgpu_memory_used_bytes", "Device memory charged to a process of the group",
-                                 labels=["group", "device", "pid", "kind"])
+                                 labels=[*DEVICE_LABELS, "pid", "kind"])
         group_used = GaugeMetricFamily("pyvgpu_group_memory_used_bytes",
                                        "Device memory the group holds (what the cap is checked against)",
-                                       labels=["group", "device"])
+                                       labels=DEVICE_LABELS)
         sm_limit = GaugeMetricFamily("pyvgpu_sm_limit_percent", "The group's compute share (absent: none)",
-                                     labels=["group", "device"])
+                                     labels=DEVICE_LABELS)
         sm_util = GaugeMetricFamily("pyvgpu_sm_utilization_percent",
                                     "The group's own utilization of the device, as its controller estimates it",
-                                    labels=["group", "device"])
+                                    labels=DEVICE_LABELS)
         oom = CounterMetricFamily("pyvgpu_oom_refusals", "Allocations refused for the group's cap",
-                                  labels=["group", "device"])
+                                  labels=DEVICE_LABELS)
         held = CounterMetricFamily("pyvgpu_throttle_seconds", "Time the group's launches were held for its share",
-                                   labels=["group", "device"])
+                                   labels=DEVICE_LABELS)
         launches = CounterMetricFamily("pyvgpu_launches", "Kernel and graph launches of a process of the group",
                                        labels=["group", "pid"])
-        gpu = GaugeMetricFamily("pyvgpu_device_info", "The machine's device behind a group device (--devices)",
-                                labels=["group", "device", "nvml_index", "uuid"])
-        for g in st.collect(group=self.group, region_path=self.region_path):
+        info = GaugeMetricFamily("pyvgpu_device_info", "The machine's device behind each group device",
+                                 labels=[*DEVICE_LABELS, "modelName"])
+        build = GaugeMetricFamily("pyvgpu_build_info", "The pyvgpu serving these metrics (always 1)",
+                                  labels=["version", "python"])
+        build.add_metric([__version__, platform.python_version()], 1)
+        names = {x.uuid: x.name for x in self.machine() or []}
+        for g in groups:
+            if not _visible(g):
+                continue
             name = g["name"]
+            where = self.gpu_of(g)
             for d in g["devices"]:
-                dev = str(d["index"])
+                lab = _labels(name, where, d["index"])
                 if d["limit"]:
-                    limit.add_metric([name, dev], d["limit"])
-                group_used.add_metric([name, dev], d["used"])
-                oom.add_metric([name, dev], d["oom_refusals"])
+                    limit.add_metric(lab, d["limit"])
+                group_used.add_metric(lab, d["used"])
+                oom.add_metric(lab, d["oom_refusals"])
                 sm = d["sm"]
                 if sm["limit_percent"]:
-                    sm_limit.add_metric([name, dev], sm["limit_percent"])
-                    held.add_metric([name, dev], sm["throttled_s"])
+                    sm_limit.add_metric(lab, sm["limit_percent"])
+                    held.add_metric(lab, sm["throttled_s"])
                     if sm["group_utilization_percent"] is not None:
-                        sm_util.add_metric([name, dev], sm["group_utilization_percent"])
+                        sm_util.add_metric(lab, sm["group_utilization_percent"])
+                if lab[3]:
+                    info.add_metric([*lab, names.get(lab[3], "")], 1)
             for p in g["processes"]:
                 pid = str(p["pid"])
                 launches.add_metric([name, pid], p["launches"])
                 for dev, kinds in p["devices"].items():
                     for kind, n in kinds.items():
-                        used.add_metric([name, dev, pid, kind], n)
-            for x in g["gpus"] or []:
-                gpu.add_metric([name, str(x["index"]), str(x["nvml_index"]), x["uuid"]], 1)
-        yield from (limit, used, group_used, sm_limit, sm_util, oom, held, launches, gpu)
+                        used.add_metric([*_labels(name, where, int(dev)), pid, kind], n)
+        yield from (limit, used, group_used, sm_limit, sm_util, oom, held, launches, info, build)
+
+
+def _labels(name: str, where: dict[int, tuple[str, str]], d: int) -> list[str]:
+    """DEVICE_LABELS of group device d; gpu and UUID empty (absent in Prometheus) where unknown."""
+    gpu, uuid = where.get(d, ("", ""))
+    return [name, str(d), gpu, uuid]
+
+
+def _visible(g: dict) -> bool:
+    """False for a private group with no member left: it drops out of the metrics at once.
+
+    Its file is not removed here. A wrapped program joins its private group at
+    start but becomes a member (a live slot) only at its first CUDA call, so a
+    group with no live member may belong to a program still starting; hiding it
+    costs nothing (it holds no memory), deleting it would split the group.
+    """
+    return bool(g["processes"]) or not st.is_private(g["path"])
 
 
 class _Quiet(WSGIRequestHandler):
@@ -77,7 +170,30 @@ class _Quiet(WSGIRequestHandler):
 
 def server(port: int, address: str = "0.0.0.0", group: str | None = None,
            region_path: str | None = None) -> WSGIServer:
-    """A server for /metrics on address:port (port 0: any free one; see ``server_port``)."""
+    """A threaded server for /metrics on address:port (port 0: any free one; see ``server_port``).
+
+    IPv4 or IPv6 by the address, as prometheus-client's start_http_server
+    chooses. The caller runs ``serve_forever`` (on any thread) and ``shutdown``.
+    """
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RegionCollector(group, region_path))
-    return make_server(address, port, make_wsgi_app(registry), handler_class=_Quiet)
+    family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    return make_server(address, port, make_wsgi_app(registry), server_class=Server, handler_class=_Quiet)
+
+
+def listen_error(address: str, port: int, e: OSError) -> str:
+    """Why the exporter cannot listen, and the option to change."""
+    host = f"[{address}]" if ":" in address else address
+    where = f"cannot listen on {host}:{port}"
+    if isinstance(e, socket.gaierror) or e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+        return (f"{where}: {e.strerror}; give --address an address of this host (0.0.0.0 or :: for all, "
+                "127.0.0.1 or ::1 for this host only)")
+    if e.errno == errno.EADDRINUSE:
+        return f"{where}: the port is in use; choose another --port"
+    if e.errno == errno.EACCES:
+        return f"{where}: {e.strerror} (ports below 1024 need root); choose another --port"
+    return f"{where}: {e.strerror}"

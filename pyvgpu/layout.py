@@ -1,106 +1,15 @@
-"""Binary layouts shared by C, numba callbacks and Python readers.
+"""pyvgpu's own binary layouts, shared by the shim (C), the callbacks (numba) and Python readers.
 
-A layout is declared once here as a :class:`Struct`. From it come the C
-struct in ``shim/generated/pv_layout.h`` (with offset checks), the byte
-offsets the callbacks use, and a ctypes class for Python readers. Nobody
-writes an offset by hand.
+Each is declared once here as a :class:`~pyvgpu.structs.Struct`. From it come
+the C structs in ``shim/generated/pv_layout.h`` (with offset checks), the
+typed accessors the callbacks use (``pyvgpu/jit/fields.py``) and ctypes
+classes for Python readers. Nobody writes an offset by hand.
 """
 
 from __future__ import annotations
 
-import ctypes
-from dataclasses import dataclass
-
 from pyvgpu import hooks
-
-_SCALARS = {
-    "u8": (1, "uint8_t", ctypes.c_uint8),
-    "u16": (2, "uint16_t", ctypes.c_uint16),
-    "u32": (4, "uint32_t", ctypes.c_uint32),
-    "i32": (4, "int32_t", ctypes.c_int32),
-    "u64": (8, "uint64_t", ctypes.c_uint64),
-    "i64": (8, "int64_t", ctypes.c_int64),
-}
-
-
-@dataclass(frozen=True)
-class Field:
-    name: str
-    type: str  # a key of _SCALARS
-    count: int = 1  # > 1: an array
-    doc: str = ""
-
-    @property
-    def size(self) -> int:
-        return _SCALARS[self.type][0] * self.count
-
-    @property
-    def align(self) -> int:
-        return _SCALARS[self.type][0]
-
-
-class Struct:
-    """Fields at natural alignment, total size a multiple of ``align``."""
-
-    def __init__(self, name: str, fields: list[Field], align: int = 8, doc: str = "") -> None:
-        self.name = name
-        self.fields = tuple(fields)
-        self.doc = doc
-        self.offsets: dict[str, int] = {}
-        off = 0
-        for f in self.fields:
-            if f.type not in _SCALARS:
-                raise ValueError(f"layout {name}: field {f.name} has unknown type {f.type!r}")
-            off = (off + f.align - 1) // f.align * f.align
-            self.offsets[f.name] = off
-            off += f.size
-        self.size = (off + align - 1) // align * align
-
-    def offset(self, name: str) -> int:
-        return self.offsets[name]
-
-    def field(self, name: str) -> Field:
-        return next(f for f in self.fields if f.name == name)
-
-    def c_struct(self) -> str:
-        lines = [f"/* {self.doc} */" if self.doc else "", f"typedef struct {self.name} {{"]
-        pos = 0
-        pad = 0
-        for f in self.fields:
-            off = self.offsets[f.name]
-            if off > pos:
-                lines.append(f"    uint8_t _pad{pad}[{off - pos}];")
-                pad += 1
-            ctype = _SCALARS[f.type][1]
-            arr = f"[{f.count}]" if f.count > 1 else ""
-            comment = f"  /* {f.doc} */" if f.doc else ""
-            lines.append(f"    {ctype} {f.name}{arr};{comment}")
-            pos = off + f.size
-        if self.size > pos:
-            lines.append(f"    uint8_t _pad{pad}[{self.size - pos}];")
-        lines.append(f"}} {self.name}_t;")
-        for f in self.fields:
-            lines.append(
-                f"_Static_assert(offsetof({self.name}_t, {f.name}) == {self.offsets[f.name]}, "
-                f"\"{self.name}.{f.name}\");"
-            )
-        lines.append(f"_Static_assert(sizeof({self.name}_t) == {self.size}, \"sizeof {self.name}\");")
-        return "\n".join(x for x in lines if x != "" or False)
-
-    def ctypes_class(self) -> type[ctypes.Structure]:
-        fields = []
-        pos = 0
-        for i, f in enumerate(self.fields):
-            off = self.offsets[f.name]
-            if off > pos:
-                fields.append((f"_pad{i}", ctypes.c_uint8 * (off - pos)))
-            ct = _SCALARS[f.type][2]
-            fields.append((f.name, ct * f.count if f.count > 1 else ct))
-            pos = off + f.size
-        if self.size > pos:
-            fields.append(("_tail", ctypes.c_uint8 * (self.size - pos)))
-        return type(self.name, (ctypes.Structure,), {"_fields_": fields})
-
+from pyvgpu.structs import Field, Struct
 
 N_ENTRIES = len(hooks.ENTRIES)
 N_HELPERS = len(hooks.HELPERS)
@@ -109,12 +18,18 @@ MAX_POOLS = 64  # memory pools a process tracks (cuMemAllocAsync accounting)
 COST_SLOTS = 4096  # kernels (function + launch shape) whose GPU time a process tracks
 SAMPLES = 8  # launches being timed at once
 
+# GPU_CORE_UTILIZATION_POLICY (HAMi's variable), as ctx.sm_policy and slot.sm_policy encode it.
+SM_POLICIES = ("default", "force", "disable")
+SM_POLICY_DEFAULT, SM_POLICY_FORCE, SM_POLICY_DISABLE = range(3)
+# The compute controller's state per group device (device.sm_state).
+SM_STATE_IDLE, SM_STATE_CALIBRATING, SM_STATE_HOLDING, SM_STATE_NO_MEASUREMENT = range(4)
+
 # Kinds of device memory a process is charged for, per device.
 KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX006", "little")
+CTX_MAGIC = int.from_bytes(b"PVCTX007", "little")
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -178,12 +93,8 @@ CTX = Struct(
     doc="per-process context passed to every callback (pyvgpu/layout.py)",
 )
 
-CTX_OFF_REAL = CTX.offset("real")
-CTX_OFF_CALLS = CTX.offset("calls")
-CTX_OFF_HELPER = CTX.offset("helper")
-
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
-REGION_VERSION = 3
+REGION_VERSION = 4
 GROUP_NAME_BYTES = 64
 
 # The shared region: one file per group of processes that share a quota.
@@ -228,7 +139,6 @@ REGION_DEVICE = Struct(
         Field("sm_scale", "u64", doc="controller: cost multiplier, 1/65536 units (0 = 1.0)"),
         Field("sm_ctl_ns", "u64", doc="controller: CLOCK_MONOTONIC of its last step (also its lease)"),
         Field("sm_throttle_ns", "u64", doc="ns launches waited for the budget"),
-        Field("sm_ctl_throttle", "u64", doc="controller: sm_throttle_ns at its last step"),
         Field("sm_steps", "u64", doc="controller steps taken"),
         Field("sm_state", "u32", doc="controller: 0 idle, 1 calibrating (alone), 2 holding (others on the GPU), "
                                      "3 no measurement"),
@@ -318,7 +228,3 @@ DEFAULT_SLOTS = 1024
 
 def region_size(n_slots: int) -> int:
     return REGION_SLOTS_OFF + n_slots * REGION_SLOT.size
-
-
-def slot_used_offset(dev: int, kind: int) -> int:
-    return REGION_SLOT.offset("used") + (dev * N_KINDS + kind) * 8

@@ -1,32 +1,78 @@
 """Limits: parsing sizes and per-device specs from options and the environment.
 
-A size is an integer with an optional K/M/G/T suffix, binary, any case
-("4G" = 4 GiB, "512m", "1048576"). Anything else is an error that names
-where the value came from and what a valid one looks like, raised before
-the program starts.
+The size grammar (README, "Sizes"), one for options and HAMi's variables:
+
+* a number of bytes, or a number and a binary unit: ``K``/``Ki``/``KiB`` = 2^10,
+  ``M``/``Mi``/``MiB`` = 2^20, ``G``/``Gi``/``GiB`` = 2^30, ``T``/``Ti``/``TiB`` = 2^40,
+  any case. ``4G`` = ``4Gi`` = 4 GiB, ``8192m`` = 8 GiB (what HAMi's device
+  plugin writes), ``1073741824`` = 1 GiB.
+* decimals are accepted and the result is rounded down to a whole byte
+  (``4.5G`` = 4831838208, ``0.1K`` = 102).
+* ``KB``/``MB``/``GB``/``TB`` are refused: Kubernetes and disk makers read them as
+  powers of 10, HAMi and nvidia-smi as powers of 2, and a cap that is 7% off
+  is a crash at 3 a.m. The error says what to write instead.
+* only ASCII: ``４G`` or ``²`` are refused with the character named.
+
+A memory cap below MIN_MEMORY (64 MiB; PYVGPU_MIN_MEMORY lowers it) is refused:
+a CUDA context alone takes hundreds of MiB (PyTorch's took 524 MiB on an H100),
+and such a cap is nearly always a unit mistake (``4096`` meant as MiB is 4 KiB).
+Anything else wrong is an error that names where the value came from and what
+a valid one looks like, raised before the program starts.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from pyvgpu.errors import PyvgpuError
 
 MAX_DEVICES = 16
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)(?:[iI]?[bB])?\s*$")
+_SHIFT = {"": 0, "b": 0, "k": 10, "ki": 10, "kib": 10, "m": 20, "mi": 20, "mib": 20, "g": 30, "gi": 30, "gib": 30,
+          "t": 40, "ti": 40, "tib": 40}
+_DECIMAL_UNITS = {"kb": 1, "mb": 2, "gb": 3, "tb": 4}  # refused: ambiguous
+# at most 30 digits before and after the point: more is no size (and int() of thousands of digits raises)
+_SIZE = re.compile(r"(?P<num>[0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})\s*(?P<unit>[A-Za-z]{0,3})")
 _MAX = (1 << 63) - 1
+MIN_MEMORY = 64 << 20
+SIZE_HELP = ("a number of bytes, or a number with a binary unit K, M, G or T (also Ki, Mi, Gi, Ti), "
+             "e.g. 4G, 4.5G or 512Mi")
+
+
+def not_ascii(text: str, where: str, what: str, example: str) -> None:
+    """Raise if ``text`` holds a character outside ASCII, naming it (``４``, ``²`` look like digits but are not)."""
+    for ch in text:
+        if not ch.isascii():
+            name = unicodedata.name(ch, "unnamed character")
+            raise PyvgpuError(f"{where}: {text!r} has the character {ch!r} ({name}, U+{ord(ch):04X}); write "
+                              f"{what} with ASCII digits and letters only, e.g. {example}")
+
+
+def _ascii_int(text: str) -> int | None:
+    """The integer in ``text`` if it is only ASCII digits (and surrounding spaces), else None."""
+    t = text.strip()
+    return int(t) if t and len(t) <= 30 and t.isascii() and t.isdigit() else None
 
 
 def parse_size(text: str, where: str) -> int:
-    """Bytes in ``text``; ``where`` names the source in errors (an option or variable)."""
-    m = _SIZE.match(text or "")
-    if not m:
-        raise PyvgpuError(f"{where}: {text!r} is not a size; use an integer with an optional K, M, G or T "
-                          "suffix (binary), e.g. 4G or 512M")
-    value = int(m.group(1)) * _UNITS[m.group(2).upper()]
+    """Bytes in ``text`` (the grammar above); ``where`` names the source in errors (an option or variable)."""
+    text = text or ""
+    not_ascii(text, where, "sizes", "4G")
+    m = _SIZE.fullmatch(text.strip())
+    unit = m.group("unit").lower() if m else ""
+    if m and unit in _DECIMAL_UNITS:
+        num, letter = m.group("num"), unit[0].upper()
+        decimal = int(Fraction(num) * 10 ** (3 * _DECIMAL_UNITS[unit]))
+        raise PyvgpuError(f"{where}: {text!r} is ambiguous (Kubernetes reads {letter}B as powers of 10, HAMi and "
+                          f"nvidia-smi as powers of 2); write {num}{letter} or {num}{letter}i for binary units, as "
+                          f"pyvgpu reads them, or {decimal} (bytes) for decimal ones")
+    if not m or unit not in _SHIFT:
+        raise PyvgpuError(f"{where}: {text!r} is not a size; give {SIZE_HELP}")
+    value = int(Fraction(m.group("num")) * (1 << _SHIFT[unit]))  # rounded down to a whole byte
     if value > _MAX:
         raise PyvgpuError(f"{where}: {text!r} is too large (the most is {_MAX} bytes)")
     if value == 0:
@@ -35,10 +81,32 @@ def parse_size(text: str, where: str) -> int:
     return value
 
 
+def min_memory(env: Mapping[str, str] | None = None) -> int:
+    """The smallest memory cap accepted: MIN_MEMORY, or PYVGPU_MIN_MEMORY (for simulated drivers, like the tests')."""
+    text = (os.environ if env is None else env).get("PYVGPU_MIN_MEMORY", "").strip()
+    return parse_size(text, "PYVGPU_MIN_MEMORY") if text else MIN_MEMORY
+
+
+def parse_cap(text: str, where: str, env: Mapping[str, str] | None = None) -> int:
+    """A memory cap: a size (parse_size) no smaller than min_memory()."""
+    value = parse_size(text, where)
+    floor = min_memory(env)
+    if value < floor:
+        bare = _ascii_int(text) is not None
+        hint = (f"; a bare number is bytes: did you mean {text.strip()}M or {text.strip()}Mi?" if bare else
+                "; give a larger cap")
+        raise PyvgpuError(f"{where}: {human(value)} is below the smallest memory cap, {human(floor)}: a CUDA context "
+                          f"alone takes more (PyTorch's took 524 MiB on an H100), so the program would fail at its "
+                          f"first CUDA call{hint}")
+    return value
+
+
 def _device(text: str, where: str) -> int:
-    if not text.strip().isdigit() or int(text) >= MAX_DEVICES:
+    not_ascii(text, where, "device indices", "0=2G,1=6G")
+    d = _ascii_int(text)
+    if d is None or d >= MAX_DEVICES:
         raise PyvgpuError(f"{where}: {text!r} is not a device index 0..{MAX_DEVICES - 1}")
-    return int(text)
+    return d
 
 
 @dataclass
@@ -90,19 +158,21 @@ def _parse_spec(text: str, where: str, what: str, one: str, pairs: str,
     return default, per
 
 
-def parse_memory_option(text: str) -> MemoryLimits:
-    """``--memory 4G`` (every device) or ``--memory 0=2G,1=6G``."""
-    default, per = _parse_spec(text, f"--memory {text!r}", "size", "4G", "0=2G,1=6G", parse_size)
+def parse_memory_option(text: str, env: Mapping[str, str] | None = None) -> MemoryLimits:
+    """``--memory 4G`` (every device) or ``--memory 0=2G,1=6G``; each cap at least min_memory(env)."""
+    default, per = _parse_spec(text, f"--memory {text!r}", "size", "4G", "0=2G,1=6G",
+                               lambda t, where: parse_cap(t, where, env))
     return MemoryLimits(default, per)
 
 
 def parse_percent(text: str, where: str) -> int:
     """A compute share: an integer percent 1..100 (a trailing % is allowed)."""
-    t = (text or "").strip().removesuffix("%").strip()
-    if not t.isdigit() or not 1 <= int(t) <= 100:
+    not_ascii(text or "", where, "a compute share", "30")
+    pct = _ascii_int((text or "").strip().removesuffix("%"))
+    if pct is None or not 1 <= pct <= 100:
         raise PyvgpuError(f"{where}: {text!r} is not a compute share; give a whole percent from 1 to 100 "
                           "(100 = the whole device), or leave the limit out")
-    return int(t)
+    return pct
 
 
 def parse_sm_option(text: str) -> SmLimits:
@@ -160,10 +230,10 @@ def memory_from_env(env: Mapping[str, str]) -> MemoryLimits:
     lim = MemoryLimits()
     base = "CUDA_DEVICE_MEMORY_LIMIT"
     if env.get(base):
-        lim.default = parse_size(env[base], base)
+        lim.default = parse_cap(env[base], base, env)
     for key, value in env.items():
         if key.startswith(base + "_") and value:
-            lim.per_device[_device(key[len(base) + 1:], key)] = parse_size(value, key)
+            lim.per_device[_device(key[len(base) + 1:], key)] = parse_cap(value, key, env)
     return lim
 
 
@@ -192,6 +262,7 @@ def sm_batch_ns(env: Mapping[str, str]) -> int:
     text = env.get("PYVGPU_SM_BATCH_MS", "").strip()
     if not text:
         return DEFAULT_SM_BATCH_MS * 1_000_000
-    if not text.isdigit() or int(text) > 1000:
+    ms = _ascii_int(text)
+    if ms is None or ms > 1000:
         raise PyvgpuError(f"PYVGPU_SM_BATCH_MS={text!r}: give whole milliseconds from 0 to 1000")
-    return int(text) * 1_000_000
+    return ms * 1_000_000

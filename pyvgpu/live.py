@@ -8,7 +8,6 @@ freed, and never takes memory away. Every change goes to the group's event log.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +74,10 @@ def _physical(r: region.Region) -> list[devices.Gpu] | None:
 
 
 def set_limits(path: Path, memory: str | None, sm: str | None) -> Change:
-    """Apply ``--memory`` and ``--sm`` to the group at ``path``; checks everything before changing anything."""
+    """Apply ``--memory`` and ``--sm`` to the group at ``path``; checks everything before changing anything.
+
+    The region is opened once: checked, changed and read back through the same mapping.
+    """
     if memory is None and sm is None:
         raise PyvgpuError("nothing to change: give --memory and/or --sm")
     mem = parse_memory(memory) if memory is not None else None
@@ -102,19 +104,15 @@ def set_limits(path: Path, memory: str | None, sm: str | None) -> Change:
                 problem = devices.utilization_problem(phys)
                 if problem:
                     raise PyvgpuError(f"--sm {sm}: {problem}, so a compute share cannot be enforced")
-    finally:
-        os.close(r.fd)
-    out = Change(n_devices=n)
-    if mem is not None:
-        for d, v in _values(mem).items():
-            out.memory = region.set_memory_limit(path, v, d)
-        r = region.open_region(path, writable=False)
-        try:
+        out = Change(n_devices=n)
+        if mem is not None:
+            for d, v in _values(mem).items():
+                out.memory = region.change_per_device(r, "limit", v, d)
             out.over = [(d, r.device(d).used, cap) for d, cap in enumerate(out.memory[:n])
                         if cap and r.device(d).used > cap]
-        finally:
-            os.close(r.fd)
-    if shares is not None:
-        for d, v in _values(shares).items():
-            out.sm = region.set_sm_limit(path, v, d)
-    return out
+        if shares is not None:
+            for d, v in _values(shares).items():
+                out.sm = region.change_per_device(r, "sm_limit", v, d)
+        return out
+    finally:
+        r.close()

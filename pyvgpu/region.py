@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyvgpu import atomics
 from pyvgpu import layout as L
 from pyvgpu import limits as lim
 from pyvgpu.devices import Gpu, uuid_text
@@ -124,6 +125,25 @@ class Region:
     @property
     def name(self) -> str:
         return bytes(self.header.name).rstrip(b"\0").decode(errors="replace")
+
+    def log_event(self, kind: int, device: int, a: int, b: int, pid: int | None = None) -> None:
+        """Append an event to the group's ring, with the protocol the callbacks use (pyvgpu/jit/events.py):
+        take the next index atomically, fill the entry, publish its seq last."""
+        i = atomics.fetch_add_u64(self.address + L.REGION_HEADER.offset("ev_next"), 1)
+        e = self.event(i)
+        seq = ctypes.addressof(e) + L.REGION_EVENT.offset("seq")
+        atomics.store_u64(seq, 0)  # readers skip it until it is whole
+        e.time_ns = time.time_ns()
+        e.kind = kind
+        e.device = device
+        e.pid = os.getpid() if pid is None else pid
+        e.a = a & 0xFFFFFFFFFFFFFFFF
+        e.b = b & 0xFFFFFFFFFFFFFFFF
+        atomics.store_u64(seq, i + 1)
+
+    def close(self) -> None:
+        """Close the file descriptor (and with it this process's locks); the mapping goes with the object."""
+        os.close(self.fd)
 
 
 def _sm_any(limits: list[int]) -> int:
@@ -312,33 +332,39 @@ def _devices_of(device: int | None) -> list[int]:
 
 def _log_change(r: Region, kind: int, device: int | None, old: list[int], new: list[int]) -> None:
     """One event per device changed; one with device -1 when every device was set alike."""
-    from pyvgpu import services
-
     if old == new:
         return
     if device is None and len(set(old)) == 1:
-        services.log_event(r, kind, -1, old[0], new[0])
+        r.log_event(kind, -1, old[0], new[0])
         return
     for d in range(L.MAX_DEVICES):
         if old[d] != new[d]:
-            services.log_event(r, kind, d, old[d], new[d])
+            r.log_event(kind, d, old[d], new[d])
 
 
-def _set_per_device(path: Path, field: str, value: int, device: int | None, kind: int) -> list[int]:
-    """Set a per-device field (``limit`` or ``sm_limit``) on one device or all, log the change; the new values."""
+def change_per_device(r: Region, field: str, value: int, device: int | None) -> list[int]:
+    """Set a per-device field (``limit`` or ``sm_limit``) on one device or all of an open region, and log the
+    change; the new values. Members read it at their next call."""
+    kind = {"limit": L.EV_MEMORY_LIMIT, "sm_limit": L.EV_SM_LIMIT}[field]
     devices = _devices_of(device)
-    r = open_region(Path(path))
-    try:
-        old = [getattr(r.device(d), field) for d in range(L.MAX_DEVICES)]
-        for d in devices:
-            setattr(r.device(d), field, value)
-        new = [getattr(r.device(d), field) for d in range(L.MAX_DEVICES)]
-        if field == "sm_limit":
-            r.header.sm_any = _sm_any(new)
-        _log_change(r, kind, device, old, new)
-        return new
-    finally:
-        os.close(r.fd)
+    old = [getattr(r.device(d), field) for d in range(L.MAX_DEVICES)]
+    for d in devices:
+        setattr(r.device(d), field, value)
+    new = [getattr(r.device(d), field) for d in range(L.MAX_DEVICES)]
+    if field == "sm_limit":
+        r.header.sm_any = _sm_any(new)
+    _log_change(r, kind, device, old, new)
+    return new
+
+
+def _check_memory_limit(nbytes: int) -> None:
+    if nbytes < 0:
+        raise PyvgpuError(f"memory limit {nbytes!r}: give a size in bytes, or 0 for no limit")
+
+
+def _check_sm_limit(percent: int) -> None:
+    if not 0 <= percent <= 100:
+        raise PyvgpuError(f"compute share {percent!r}: give a whole percent from 1 to 100, or 0 for no limit")
 
 
 def set_memory_limit(path: Path, nbytes: int, device: int | None = None) -> list[int]:
@@ -348,9 +374,13 @@ def set_memory_limit(path: Path, nbytes: int, device: int | None = None) -> list
     allocation sees it. A cap below what the group uses refuses new allocations
     until enough is freed; nothing running is killed or loses memory.
     """
-    if nbytes < 0:
-        raise PyvgpuError(f"memory limit {nbytes!r}: give a size in bytes, or 0 for no limit")
-    return _set_per_device(path, "limit", nbytes, device, L.EV_MEMORY_LIMIT)
+    _check_memory_limit(nbytes)
+    _devices_of(device)
+    r = open_region(Path(path))
+    try:
+        return change_per_device(r, "limit", nbytes, device)
+    finally:
+        r.close()
 
 
 def set_sm_limit(path: Path, percent: int, device: int | None = None) -> list[int]:
@@ -359,9 +389,13 @@ def set_sm_limit(path: Path, percent: int, device: int | None = None) -> list[in
     ``percent`` 0 removes the limit; ``device`` None means every device. Running
     launches read the share at their next call, the controller at its next step.
     """
-    if not 0 <= percent <= 100:
-        raise PyvgpuError(f"compute share {percent!r}: give a whole percent from 1 to 100, or 0 for no limit")
-    return _set_per_device(path, "sm_limit", percent, device, L.EV_SM_LIMIT)
+    _check_sm_limit(percent)
+    _devices_of(device)
+    r = open_region(Path(path))
+    try:
+        return change_per_device(r, "sm_limit", percent, device)
+    finally:
+        r.close()
 
 
 def set_sm_switch(path: Path, on: bool) -> None:

@@ -1,8 +1,9 @@
-"""Calling the callbacks' services from Python tools (status, limits, top, the exporter).
+"""Calling the callbacks' services from Python tools (status, top, the exporter).
 
 The services are the same compiled code the shim runs (pyvgpu/jit/callbacks.py),
-so a tool that reclaims a dead process's quota or writes an event does it
-exactly as a member process would, with the same atomics on the same region.
+so a tool that reclaims a dead process's quota does it exactly as a member
+process would, with the same atomics on the same region. Their ctypes
+prototypes come from the hook table (``pyvgpu.hooks.SERVICES``).
 """
 
 from __future__ import annotations
@@ -10,19 +11,24 @@ from __future__ import annotations
 import ctypes
 import functools
 
+from pyvgpu import hooks
 from pyvgpu import layout as L
 from pyvgpu.region import Region
 
-_LOG = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64,
-                        ctypes.c_uint64)
-_RECLAIM = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64)
+_CTYPES = {"int32": ctypes.c_int32, "uint32": ctypes.c_uint32, "int64": ctypes.c_int64, "uint64": ctypes.c_uint64}
+
+
+def prototype(service: hooks.Service) -> type:
+    """The ctypes function type of a service, as the table declares it."""
+    return ctypes.CFUNCTYPE(_CTYPES[hooks.numba_type_name(service.ret)], *(_CTYPES[t] for t in service.signature))
 
 
 @functools.cache
-def _services() -> dict[str, int]:
+def _services() -> dict[str, ctypes._CFuncPtr]:
     from pyvgpu import bootstrap, cache
 
-    return bootstrap.load(cache.ensure())[1]
+    addrs = bootstrap.load(cache.ensure())[1]
+    return {s.name: prototype(s)(addrs[s.name]) for s in hooks.SERVICES}
 
 
 def _ctx(r: Region) -> ctypes.Structure:
@@ -39,10 +45,4 @@ def _ctx(r: Region) -> ctypes.Structure:
 def reclaim(r: Region) -> int:
     """Free the slots of the group's dead processes; the bytes given back."""
     ctx = _ctx(r)
-    return _RECLAIM(_services()["svc_reclaim"])(ctypes.addressof(ctx))
-
-
-def log_event(r: Region, kind: int, device: int, a: int, b: int) -> None:
-    """Append an event to the group's ring (pyvgpu/jit/events.py), as this process."""
-    ctx = _ctx(r)
-    _LOG(_services()["svc_log"])(ctypes.addressof(ctx), kind, device, a, b)
+    return _services()["svc_reclaim"](ctypes.addressof(ctx))

@@ -19,6 +19,22 @@ from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import human
 
 
+def check_exists(path: Path, group: str | None, region_path: str | None) -> None:
+    """A group asked for by name or path that is not there: an error that names the option the user gave."""
+    if path.exists():
+        return
+    if group:
+        raise PyvgpuError(f"--group {group!r}: there is no such group (no {path}); start it with "
+                          f"`pyvgpu wrap --group {group} PROGRAM`, or see the groups with `pyvgpu status`")
+    raise PyvgpuError(f"--region {region_path}: there is no such file; start a group there with "
+                      f"`pyvgpu wrap --region {region_path} PROGRAM`")
+
+
+def is_private(path: Path) -> bool:
+    """A private group's region (one `pyvgpu wrap` without --group or --region made for its program)."""
+    return Path(path).parent == R.runtime_dir() / "private"
+
+
 def region_paths(group: str | None = None, region_path: str | None = None) -> list[Path]:
     if region_path:
         return [Path(region_path)]
@@ -63,7 +79,8 @@ def describe(r: R.Region, reclaimed: int) -> dict:
                 "enforced": bool(0 < dev.sm_limit < 100 and r.header.sm_switch),
                 "utilization_percent": dev.sm_util / 100 if dev.sm_steps else None,
                 "group_utilization_percent": dev.sm_group_util / 100 if dev.sm_steps else None,
-                "controller": SM_STATES[dev.sm_state] if dev.sm_steps else "not started",
+                "controller": (SM_STATES[dev.sm_state] if dev.sm_state < len(SM_STATES) else f"state {dev.sm_state}")
+                if dev.sm_steps else "not started",
                 "scale": (dev.sm_scale or 65536) / 65536,
                 "throttled_s": dev.sm_throttle_ns / 1e9,
             },
@@ -84,7 +101,7 @@ def describe(r: R.Region, reclaimed: int) -> dict:
                       "launches": s.launches, "launches_limited": sum(s.sm_launches)})
     visible = [{"index": g, "nvml_index": i, "uuid": u} for g, (i, u) in enumerate(r.visible())]
     return {"name": r.name, "path": str(r.path), "created_ns": r.header.created_ns,
-            "sm_switch": bool(r.header.sm_switch), "reclaimed_now": reclaimed,
+            "sm_switch": bool(r.header.sm_switch), "reclaimed_now": reclaimed, "n_physical": r.header.n_physical,
             "gpus": visible or None, "devices": devices, "processes": procs, "events": r.events(EVENTS_SHOWN)}
 
 
@@ -114,19 +131,41 @@ def event_text(e: dict) -> str:
     return f"{time.strftime('%H:%M:%S', time.localtime(e['time_ns'] / 1e9))} {what}"
 
 
-def collect(group: str | None = None, region_path: str | None = None) -> list[dict]:
+def collect(group: str | None = None, region_path: str | None = None,
+            skipped: list[tuple[Path, str]] | None = None, strict: bool = True) -> list[dict]:
+    """Every group (or the one named), dead members reclaimed first.
+
+    A file in the runtime dir that is not a readable region of ours (a stray
+    folder named x.region, another user's file, a damaged one) is skipped and
+    noted in ``skipped`` as (path, why). A group named with ``group`` or
+    ``region_path`` that cannot be read is an error, unless ``strict`` is False
+    (the exporter, which must answer every scrape).
+    """
     out = []
-    explicit = bool(group or region_path)
+    explicit = bool(group or region_path) and strict
     for p in region_paths(group, region_path):
         try:
-            r = R.open_region(p, writable=os.access(p, os.W_OK))
-        except PyvgpuError:
             if explicit:
-                raise
-            continue  # another user's or a stale file among many: skip it
+                check_exists(p, group, region_path)
+            elif not p.exists():
+                raise PyvgpuError("it does not exist (yet)")
+            if not p.is_file():
+                raise PyvgpuError("it is not a regular file")
+            r = R.open_region(p, writable=os.access(p, os.W_OK))
+        except (PyvgpuError, OSError) as e:
+            if explicit:
+                raise PyvgpuError(str(e)) from None
+            if skipped is not None:
+                skipped.append((p, str(e)))
+            continue
         try:
             reclaimed = services.reclaim(r) if isinstance(r.map, mmap.mmap) else 0  # a read-only snapshot cannot
             out.append(describe(r, reclaimed))
+        except (PyvgpuError, ValueError, IndexError, OSError) as e:  # a region that changed under us, or damaged
+            if explicit:
+                raise PyvgpuError(f"region {p}: {e}") from None
+            if skipped is not None:
+                skipped.append((p, f"{type(e).__name__}: {e}"))
         finally:
             os.close(r.fd)
     return out

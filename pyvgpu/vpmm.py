@@ -21,19 +21,21 @@ from typing import NamedTuple
 
 import numpy as np
 
+from pyvgpu import abi
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.jit import vpmm as V
+from pyvgpu.jit import vpmm_tables as T
 from pyvgpu.limits import human, parse_size
 
 DEFAULT_PAGE = 2 << 20
 DEFAULT_VA = 8 << 40
 MAX_REGIONS = 1 << 14
 PAGE_SLOTS = 1 << 17  # pages the pool can map (256 GiB at 2 MiB)
-_FUNCS = {V.F_RESERVE: "cuMemAddressReserve", V.F_CREATE: "cuMemCreate", V.F_MAP: "cuMemMap",
-          V.F_SET_ACCESS: "cuMemSetAccess", V.F_UNMAP: "cuMemUnmap", V.F_EV_CREATE: "cuEventCreate",
-          V.F_EV_RECORD: "cuEventRecord", V.F_EV_QUERY: "cuEventQuery", V.F_WAIT: "cuStreamWaitEvent",
-          V.F_ALLOC_ASYNC: "cuMemAllocAsync", V.F_FREE_ASYNC: "cuMemFreeAsync", V.F_RELEASE: "cuMemRelease"}
-STATE_MARK = {V.MALLOC: "+", V.FREE: "-", V.HOLE: "*", V.ZOMBIE: "z"}
+_FUNCS = {T.F_RESERVE: "cuMemAddressReserve", T.F_CREATE: "cuMemCreate", T.F_MAP: "cuMemMap",
+          T.F_SET_ACCESS: "cuMemSetAccess", T.F_UNMAP: "cuMemUnmap", T.F_EV_CREATE: "cuEventCreate",
+          T.F_EV_RECORD: "cuEventRecord", T.F_EV_QUERY: "cuEventQuery", T.F_WAIT: "cuStreamWaitEvent",
+          T.F_ALLOC_ASYNC: "cuMemAllocAsync", T.F_FREE_ASYNC: "cuMemFreeAsync", T.F_RELEASE: "cuMemRelease"}
+STATE_MARK = {T.MALLOC: "+", T.FREE: "-", T.HOLE: "*", T.ZOMBIE: "z"}
 
 
 class _Entries(NamedTuple):
@@ -104,19 +106,19 @@ class VirtualMemoryPool:
                               f"granularity, {human(gran.value)}")
         if self.va_size % self.page_size:
             raise PyvgpuError(f"VPMM_VA_SIZE={self.va_size}: give a multiple of the page size {self.page_size}")
-        self.reg = np.zeros((MAX_REGIONS, V.NCOL), dtype=np.int64)
+        self.reg = np.zeros((MAX_REGIONS, T.NCOL), dtype=np.int64)
         self.pg = np.zeros((PAGE_SLOTS, 2), dtype=np.int64)
-        self.hd = np.zeros(V.HD_SIZE, dtype=np.int64)
+        self.hd = np.zeros(T.HD_SIZE, dtype=np.int64)
         hd = self.hd
-        hd[V.H_PAGE], hd[V.H_VA], hd[V.H_DEV] = self.page_size, self.va_size, device
-        hd[V.H_PROP], hd[V.H_ACCESS] = ctypes.addressof(self._prop), ctypes.addressof(self._access)
-        hd[V.H_NEXT_ID] = 1
+        hd[T.H_PAGE], hd[T.H_VA], hd[T.H_DEV] = self.page_size, self.va_size, device
+        hd[T.H_PROP], hd[T.H_ACCESS] = ctypes.addressof(self._prop), ctypes.addressof(self._access)
+        hd[T.H_NEXT_ID] = 1
         for f, name in _FUNCS.items():
-            hd[V.H_FN + f] = ctypes.cast(getattr(cu, name), ctypes.c_void_p).value
+            hd[T.H_FN + f] = ctypes.cast(getattr(cu, name), ctypes.c_void_p).value
         self._small: dict[int, int] = {}
         # the block the C entry points take (pyvgpu.jit.vpmm.S_*): this pool's tables, by address
         self.state = (ctypes.c_int64 * 6)(self.reg.ctypes.data, MAX_REGIONS, self.pg.ctypes.data, PAGE_SLOTS,
-                                          self.hd.ctypes.data, V.HD_SIZE)
+                                          self.hd.ctypes.data, T.HD_SIZE)
         e = _entries()
         self._c_malloc, self._c_free, self._c_trim = e.malloc, e.free, e.trim
         self._check(e.preallocate(ctypes.addressof(self.state), n_pages), f"VPMM_PAGES={n_pages}")
@@ -137,11 +139,11 @@ class VirtualMemoryPool:
     def _check(self, rc: int, what: str) -> int:
         if rc >= 0:
             return rc
-        if rc == V.ERR_TABLE_FULL:
-            raise PyvgpuError(f"VPMM {what}: the pool's tables are full ({MAX_REGIONS} regions, {V.MAX_EVENTS} "
+        if rc == T.ERR_TABLE_FULL:
+            raise PyvgpuError(f"VPMM {what}: the pool's tables are full ({MAX_REGIONS} regions, {T.MAX_EVENTS} "
                               f"events, {PAGE_SLOTS} pages)")
         cu_rc = -rc - 1000
-        if cu_rc == V.CUDA_ERROR_OUT_OF_MEMORY:
+        if cu_rc == abi.CUDA_ERROR_OUT_OF_MEMORY:
             raise MemoryError(f"VPMM {what}: out of device memory (or over the vGPU's cap); {self._brief()}")
         raise PyvgpuError(f"VPMM {what}: the driver returned CUresult {cu_rc}")
 
@@ -162,7 +164,7 @@ class VirtualMemoryPool:
             return
         if ptr in self._small:
             raise PyvgpuError(f"VPMM free({ptr:#x}): cuMemFreeAsync returned {rc}")
-        if rc == V.CUDA_ERROR_INVALID_VALUE:
+        if rc == abi.CUDA_ERROR_INVALID_VALUE:
             raise PyvgpuError(f"VPMM free({ptr:#x}): not a live allocation of this pool (freed twice, or "
                               "never allocated here)")
         raise PyvgpuError(f"VPMM free({ptr:#x}): the driver returned CUresult {rc}")
@@ -175,8 +177,8 @@ class VirtualMemoryPool:
 
     def regions(self) -> list[tuple[int, int, str, int]]:
         """(address, size, state, stream) of every region, in address order; state is + - * or z."""
-        n = int(self.hd[V.H_NREG])
-        return [(int(r[V.ADDR]), int(r[V.SIZE]), STATE_MARK[int(r[V.STATE])], int(r[V.STREAM]))
+        n = int(self.hd[T.H_NREG])
+        return [(int(r[T.ADDR]), int(r[T.SIZE]), STATE_MARK[int(r[T.STATE])], int(r[T.STREAM]))
                 for r in self.reg[:n]]
 
     def layout(self, holes_after_last: bool = False) -> str:
@@ -195,9 +197,9 @@ class VirtualMemoryPool:
             return sum(s for _, s, m, _ in rows if m == mark)
 
         hd = self.hd
-        return {"mapped": int(hd[V.H_PAGES]) * self.page_size, "reserved_va": sum(s for _, s, _, _ in rows),
+        return {"mapped": int(hd[T.H_PAGES]) * self.page_size, "reserved_va": sum(s for _, s, _, _ in rows),
                 "live": total("+"), "reusable": total("-"), "holes": total("*"), "zombies": total("z"),
-                "pages": int(hd[V.H_PAGES]), "small_live": int(hd[V.H_SMALL]), "defragmentations": int(hd[V.H_DEFRAGS]),
+                "pages": int(hd[T.H_PAGES]), "small_live": int(hd[T.H_SMALL]), "defragmentations": int(hd[T.H_DEFRAGS]),
                 "page_size": self.page_size}
 
     def _brief(self) -> str:

@@ -57,9 +57,9 @@ kill -TERM $EXP; wait $EXP  # (a background job ignores SIGINT in a script)
 cat "$OUT/train.log" "$OUT/infer.log"; pack
 
 echo "== launch overhead (the launch counter is new on every launch of a group member)"
-$PY -m pyvgpu bench overhead --rounds 3 --json "$OUT/overhead-nolimit.json" 2>&1 | tail -4
-$PY -m pyvgpu bench overhead --rounds 3 --memory 70G --json "$OUT/overhead-memory.json" 2>&1 | tail -4
-$PY -m pyvgpu bench overhead --rounds 3 --sm 99 --json "$OUT/overhead-sm99.json" 2>&1 | tail -4; pack
+$PY -m pyvgpu bench overhead --rounds 3 --output "$OUT/overhead-nolimit.json" 2>&1 | tail -4
+$PY -m pyvgpu bench overhead --rounds 3 --memory 70G --output "$OUT/overhead-memory.json" 2>&1 | tail -4
+$PY -m pyvgpu bench overhead --rounds 3 --sm 99 --output "$OUT/overhead-sm99.json" 2>&1 | tail -4; pack
 
 echo "== GPU tests"
 PART=${PART:-all}

@@ -15,6 +15,6 @@ $PY -m pyvgpu doctor
 /usr/bin/time -f "warmup (cold compile) %e s" $PY -m pyvgpu warmup
 $PY -m pytest -p no:cacheprovider -m gpu tests/gpu -v -s ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E " | head -80
 [ -n "${SKIP_BENCH:-}" ] && exit 0
-$PY -m pyvgpu bench overhead --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.txt"
-$PY -m pyvgpu bench overhead --memory 70G --rounds 3 --json "$OUT/overhead-capped.json" 2>&1 | tee "$OUT/overhead-capped.txt"
-$PY -m pyvgpu bench startup --runs 5 --json "$OUT/startup.json" 2>&1 | tee "$OUT/startup.txt"
+$PY -m pyvgpu bench overhead --output "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.txt"
+$PY -m pyvgpu bench overhead --memory 70G --rounds 3 --output "$OUT/overhead-capped.json" 2>&1 | tee "$OUT/overhead-capped.txt"
+$PY -m pyvgpu bench startup --runs 5 --output "$OUT/startup.json" 2>&1 | tee "$OUT/startup.txt"

@@ -15,11 +15,11 @@ cd "$W"  # the installed pyvgpu, not the tree's
 if [ "$PART" = 1 ]; then
   (cd "$R/tests" && timeout 200 python3 -m pytest -p no:cacheprovider -m gpu gpu/test_gpu_compute.py -v -s > "$W/gpu-tests.log" 2>&1)
   grep -E "PASSED|FAILED|ERROR|passed|failed" "$W/gpu-tests.log" | tail -5; pack
-  python3 -m pyvgpu bench sm --workload spin --png "$(png sm-spin.png)" --json "$W/sm-spin.json" 2>&1 | tail -10; pack
-  PYVGPU_SM_TURN=0 python3 -m pyvgpu bench sm --workload spin --targets "" --png "" --json "$W/sm-spin-pair-timesliced.json" 2>&1 | tail -5; pack
-  python3 -m pyvgpu bench sm --workload graph --targets 30,70 --png "$(png sm-graph.png)" --json "$W/sm-graph.json" 2>&1 | tail -8; pack
+  python3 -m pyvgpu bench sm --workload spin --png "$(png sm-spin.png)" --output "$W/sm-spin.json" 2>&1 | tail -10; pack
+  PYVGPU_SM_TURN=0 python3 -m pyvgpu bench sm --workload spin --targets "" --png "" --output "$W/sm-spin-pair-timesliced.json" 2>&1 | tail -5; pack
+  python3 -m pyvgpu bench sm --workload graph --targets 30,70 --png "$(png sm-graph.png)" --output "$W/sm-graph.json" 2>&1 | tail -8; pack
 else
-  python3 -m pyvgpu bench sm --workload matmul --png "$(png sm-matmul.png)" --json "$W/sm-matmul.json" 2>&1 | tail -10; pack
-  python3 -m pyvgpu bench overhead --rounds 5 --json "$W/overhead.json" 2>&1 | tail -3; pack
-  python3 -m pyvgpu bench overhead --rounds 5 --sm 99 --json "$W/overhead-sm99.json" 2>&1 | tail -3; pack
+  python3 -m pyvgpu bench sm --workload matmul --png "$(png sm-matmul.png)" --output "$W/sm-matmul.json" 2>&1 | tail -10; pack
+  python3 -m pyvgpu bench overhead --rounds 5 --output "$W/overhead.json" 2>&1 | tail -3; pack
+  python3 -m pyvgpu bench overhead --rounds 5 --sm 99 --output "$W/overhead-sm99.json" 2>&1 | tail -3; pack
 fi

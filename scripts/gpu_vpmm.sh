@@ -14,5 +14,5 @@ for a in vpmm default; do
   /usr/bin/time -f "wall %e s" $PY -m pyvgpu wrap --allocator $a --memory 8G -- $PY scripts/demo_train.py 8 --mib 1024 --try-oom 9000 > "$OUT/torch-$a.log" 2>&1
   tail -3 "$OUT/torch-$a.log"
 done; pack
-$PY -m pyvgpu bench vpmm --json "$OUT/bench-vpmm.json" 2>&1 | tee "$OUT/bench-vpmm.txt" | tail -8
-$PY -m pyvgpu bench vpmm --cap 3G --json "$OUT/bench-vpmm-cap3g.json" 2>&1 | tee "$OUT/bench-vpmm-cap3g.txt" | tail -8; pack
+$PY -m pyvgpu bench vpmm --output "$OUT/bench-vpmm.json" 2>&1 | tee "$OUT/bench-vpmm.txt" | tail -8
+$PY -m pyvgpu bench vpmm --cap 3G --output "$OUT/bench-vpmm-cap3g.json" 2>&1 | tee "$OUT/bench-vpmm-cap3g.txt" | tail -8; pack

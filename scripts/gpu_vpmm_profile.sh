@@ -8,7 +8,7 @@ source scripts/gpu_setup.sh --vpmm
 python3 tests/gpu/vpmm_real.py profile | tee "$W/profile.json"
 python3 tests/gpu/vpmm_real.py latency | tee "$W/latency.json"
 /usr/bin/time -f "wall %e s" python3 -m pyvgpu wrap --allocator vpmm --memory 8G -- python3 scripts/demo_train.py 8 --mib 1024 --try-oom 9000 > "$W/torch-vpmm.log" 2>&1; tail -3 "$W/torch-vpmm.log"
-python3 -m pyvgpu bench vpmm --json "$W/bench-vpmm.json" 2>&1 | tee "$W/bench-vpmm.txt" | tail -6
-python3 -m pyvgpu bench vpmm --page-size 16M --json "$W/bench-vpmm-16m.json" 2>&1 | tee "$W/bench-vpmm-16m.txt" | tail -6
-python3 -m pyvgpu bench vpmm --cap 3G --json "$W/bench-vpmm-cap3g.json" 2>&1 | tee "$W/bench-vpmm-cap3g.txt" | tail -6
+python3 -m pyvgpu bench vpmm --output "$W/bench-vpmm.json" 2>&1 | tee "$W/bench-vpmm.txt" | tail -6
+python3 -m pyvgpu bench vpmm --page-size 16M --output "$W/bench-vpmm-16m.json" 2>&1 | tee "$W/bench-vpmm-16m.txt" | tail -6
+python3 -m pyvgpu bench vpmm --cap 3G --output "$W/bench-vpmm-cap3g.json" 2>&1 | tee "$W/bench-vpmm-cap3g.txt" | tail -6
 tar czf "$OUT/run3.tgz" -C "$W" .

@@ -6,7 +6,6 @@ Wrapped programs run as real subprocesses with LD_PRELOAD (through
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -38,25 +37,24 @@ def fake(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory) -> Path:
-    """A callback cache compiled once for the session."""
-    d = tmp_path_factory.mktemp("pyvgpu-cache")
-    old = os.environ.get("PYVGPU_CACHE_DIR")
-    os.environ["PYVGPU_CACHE_DIR"] = str(d)
-    try:
-        from pyvgpu import cache
+def cache_dir() -> Path:
+    """The compiled callbacks, shared by every session: the user's cache (PYVGPU_CACHE_DIR or
+    ~/.cache/pyvgpu), compiled once per source version. Its key covers every source the machine code is
+    compiled from (pyvgpu/cache.py), so a stale entry is never used; tests that need an empty cache make
+    their own."""
+    from pyvgpu import cache
 
-        cache.ensure()
-    finally:
-        if old is None:
-            del os.environ["PYVGPU_CACHE_DIR"]
-        else:
-            os.environ["PYVGPU_CACHE_DIR"] = old
+    d = cache.cache_dir()
+    cache.ensure(d, workers=cache.cli_workers())
     return d
 
 
 @pytest.fixture
 def env(fake, cache_dir, tmp_path) -> dict[str, str]:
-    """Environment for a wrapped program on the fake driver (with a turn file of the test's own)."""
+    """Environment for a wrapped program on the fake driver (with a turn file of the test's own).
+
+    The fake's contexts take no memory unless asked (FAKECUDA_CTX_BYTES), so caps of a few MiB are
+    meaningful here: PYVGPU_MIN_MEMORY lowers the 64 MiB floor a real GPU needs (tests/test_sizes.py
+    checks the floor itself)."""
     return clean_env(LD_LIBRARY_PATH=str(fake), PYVGPU_CACHE_DIR=str(cache_dir),
-                     PYVGPU_SCHED=str(tmp_path / "turns"))
+                     PYVGPU_SCHED=str(tmp_path / "turns"), PYVGPU_MIN_MEMORY="1M")

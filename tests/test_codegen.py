@@ -111,7 +111,7 @@ def test_layout_offsets_are_natural_and_match_ctypes():
     C = layout.CTX.ctypes_class()
     for f in layout.CTX.fields:
         assert getattr(C, f.name).offset == layout.CTX.offset(f.name)
-        assert layout.CTX.offset(f.name) % f.align == 0
+        assert layout.CTX.offset(f.name) % f.elem_size == 0
     import ctypes
 
     assert ctypes.sizeof(C) == layout.CTX.size

@@ -39,8 +39,9 @@ class Load:
                str(seconds), ITERS, mode]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      cwd=str(tmp))
-        self.t0 = time.monotonic()
-        self.series: list[tuple[float, float, float]] = []  # (t, util %, scale)
+        # (CLOCK_MONOTONIC s, util %, scale); finish() makes the times relative to the program's own start,
+        # so a slow start on a busy machine does not eat into the time the controller is given
+        self.series: list[tuple[float, float, float]] = []
         self._t = threading.Thread(target=self._sample, daemon=True)
         self._t.start()
 
@@ -54,7 +55,7 @@ class Load:
             __import__("os").close(r.fd)
             d = r.device(0)
             if d.sm_steps:
-                self.series.append((time.monotonic() - self.t0, d.sm_util / 100, (d.sm_scale or 65536) / 65536))
+                self.series.append((time.monotonic(), d.sm_util / 100, (d.sm_scale or 65536) / 65536))
 
     def finish(self, after: float) -> float:
         """Achieved share (%) from ``after`` seconds into the run to its end."""
@@ -63,6 +64,7 @@ class Load:
         assert self.proc.returncode == 0, err
         pts = [(int(t), int(n)) for _, t, n in (line.split() for line in out.splitlines() if line.startswith("P "))]
         t0 = pts[0][0]
+        self.series = [(t - t0 / 1e9, u, sc) for t, u, sc in self.series]
         start = next(p for p in pts if p[0] - t0 >= after * 1e9)
         end = pts[-1]
         return 100 * (end[1] - start[1]) / ((end[0] - start[0]) / 1e9) / UNLIMITED
@@ -100,29 +102,44 @@ def test_controller_converges_within_3_points_without_oscillating(env, tmp_path,
         assert sign_changes(scales) <= 1, f"target {t}%: the scale oscillates: {scales}"
 
 
+def split_ok(sa: float, sb: float, want_a: float) -> bool:
+    """The pair split the GPU time they got as their shares say (within 3 points), and together they kept it
+    busy. What a pair gets in sum also depends on how fast the machine wakes a waiting process after a
+    hand-over, which a busy CI machine does not promise; the split is what pyvgpu decides."""
+    return abs(100 * sa / (sa + sb) - want_a) <= 3 and sa + sb >= 85
+
+
+def sim_switch_ns(tmp: Path, name: str) -> int:
+    """Time the simulated GPU added for time slicing two processes' work (struct sim.switch_ns[0])."""
+    return struct.unpack_from("<Q", (tmp / f"{name}.sim").read_bytes(), 8)[0]
+
+
 def test_a_pair_of_groups_gets_30_and_70(env, tmp_path):
     e = sim_env(env, tmp_path, "pair")
     a = Load(e, tmp_path, "a", ["--sm", "30"], seconds=6)
     b = Load(e, tmp_path, "b", ["--sm", "70"], seconds=6)
     sa, sb = a.finish(after=3), b.finish(after=3)
-    assert abs(sa - 30) <= 3 and abs(sb - 70) <= 3, (sa, sb)
+    assert split_ok(sa, sb, 30), (sa, sb)
 
 
 @pytest.mark.parametrize("turns", ["1", "0"])
 def test_a_pair_on_a_time_sliced_gpu_takes_turns(env, tmp_path, turns):
     """The simulated GPU loses 15% of a kernel queued while the other group has work (time slicing). Taking
-    turns, the pair still gets 30 and 70; time-slicing (PYVGPU_SM_TURN=0), the 70% group falls short, which
-    shows that the simulation charges the loss this test is about."""
+    turns, the GPU never holds both groups' work, so nothing is lost and the pair splits it 30/70;
+    time-slicing (PYVGPU_SM_TURN=0), the loss is charged, which shows that the simulation charges the loss
+    this test is about."""
     e = sim_env(env, tmp_path, "ts", FAKECUDA_SIM_SWITCH_PCT="15", PYVGPU_SM_TURN=turns)
     a = Load(e, tmp_path, "a", ["--sm", "30"], seconds=6)
     b = Load(e, tmp_path, "b", ["--sm", "70"], seconds=6)
     sa, sb = a.finish(after=3), b.finish(after=3)
+    lost = sim_switch_ns(tmp_path, "ts") / 6e9  # of the run's time
     if turns == "1":
-        assert abs(sa - 30) <= 3 and abs(sb - 70) <= 3, (sa, sb)
+        assert split_ok(sa, sb, 30), (sa, sb)
+        assert lost < 0.01, lost
         (gpu,) = sched.entries(tmp_path / "ts.turns")
         assert gpu["handovers"] > 100 and gpu["drains"] > 0, gpu
     else:
-        assert sa + sb < 95, (sa, sb)
+        assert lost > 0.05, lost
         assert not (tmp_path / "ts.turns").exists()
 
 
@@ -254,24 +271,25 @@ def test_a_broken_turn_file_is_a_clear_error_and_is_left_alone(env, tmp_path, co
 
 def test_a_dead_holder_loses_the_turn_when_its_lease_ends(env, tmp_path):
     """A holder that dies holding the turn (here: a word naming a process that does not exist, leased for
-    the longest lease, 1 s) stalls the others until its lease ends, not for ever."""
+    the longest lease, 1 s, written while a program launches) stalls the others until its lease ends, not
+    for ever."""
     e = sim_env(env, tmp_path, "dead")
     path = tmp_path / "dead.turns"
-    p = run([*PYVGPU, "wrap", "--sm", "50", "--", str(BENCH_BIN), "sm", "0.2", ITERS, "kernel"], env=e)
-    assert p.returncode == 0, p.stderr  # claims the fake GPU's entry
+    p = subprocess.Popen([*PYVGPU, "wrap", "--sm", "50", "--", str(BENCH_BIN), "sm", "3", ITERS, "kernel"],
+                         env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    assert p.stdout.readline().startswith("P "), p.stderr.read()  # launching now
     (gpu,) = sched.entries(path)
-    data = bytearray(path.read_bytes())
     off = layout.SCHED_ENTRIES_OFF + layout.SCHED_ENTRY.offset("turn")
     lease = ((time.monotonic_ns() + 1_000_000_000) >> 10) & 0xFFFFFFFF
-    struct.pack_into("<Q", data, off, (0xDEAD << 32) | lease)
-    path.write_bytes(bytes(data))
-    t0 = time.monotonic()
-    p = run([*PYVGPU, "wrap", "--sm", "50", "--", str(BENCH_BIN), "sm", "2", ITERS, "kernel"], env=e)
-    assert p.returncode == 0, p.stderr
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(struct.pack("<Q", (0xDEAD << 32) | lease))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
     (after,) = sched.entries(path)
     waited = (after["wait_ns"] - gpu["wait_ns"]) / 1e9
-    # it waited for the lease (which ends 1 s after it was written, less the program's start-up), no longer
-    assert 0.05 < waited < 1.2 and time.monotonic() - t0 < 10, waited
+    # it waited for the lease (1 s from when it was written), no longer
+    assert 0.05 < waited < 1.2, waited
     assert after["handovers"] > gpu["handovers"]
 
 
@@ -307,4 +325,6 @@ def test_a_forked_child_takes_turns_as_a_process_of_its_own(env, tmp_path):
     p = run([*PYVGPU, "wrap", "--sm", "50", "--", sys.executable, "-c", FORK_HOST], env=e)
     assert p.returncode == 0, p.stderr
     (gpu,) = sched.entries(tmp_path / "fork.turns")
-    assert gpu["handovers"] == 2 and gpu["wait_ns"] > 0, gpu
+    # the parent's first take, then the child's (whether the parent's lease had ended by then or not: on a
+    # busy machine it may have); a child that inherited the parent's turn would not count as a hand-over
+    assert gpu["handovers"] == 2, gpu

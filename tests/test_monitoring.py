@@ -16,7 +16,7 @@ from helpers import PYVGPU, run
 from prometheus_client.parser import text_string_to_metric_families
 
 from pyvgpu import layout as L
-from pyvgpu import region, services
+from pyvgpu import region
 
 MiB = 1 << 20
 HOSTS = Path(__file__).resolve().parent / "hosts"
@@ -54,6 +54,32 @@ def limits_set(env, *args: str) -> subprocess.CompletedProcess:
 
 
 # --- live limits ---------------------------------------------------------------------------------
+
+def test_a_full_region_refuses_the_next_process_and_nobody_runs_unaccounted(env, tmp_path):
+    """A region with two slots and two live members: a third process of the group gets its GPU calls refused
+    with a message saying why (the claim's -1 must reach the shim as -1), and never allocates outside the
+    group's accounting."""
+    reg = tmp_path / "small.region"
+    region.create(reg, "small", [64 * MiB] * L.MAX_DEVICES, n_slots=2)
+    a = Member(env, "--region", str(reg))
+    b = Member(env, "--region", str(reg))
+    try:
+        assert a(f"alloc {MiB}") == 0 and b(f"alloc {MiB}") == 0
+        p = run([*PYVGPU, "wrap", "--region", str(reg), "--", sys.executable, str(HOSTS / "mem_repl.py")],
+                env=env, input=f"alloc {MiB}\nquit\n")
+        assert p.returncode == 1 and "READY" not in p.stdout, (p.returncode, p.stdout, p.stderr)
+        assert "no free slot" in p.stderr and "refused" in p.stderr, p.stderr
+        r = region.open_region(reg, writable=False)
+        try:
+            assert r.device(0).used == 2 * MiB  # the members' bytes only
+            assert sorted(r.slot(i).pid for i in range(2)) == sorted([a.p.pid, b.p.pid])
+        finally:
+            r.close()
+        assert a("free") == 0  # the members go on as before
+    finally:
+        a.stop()
+        b.stop()
+
 
 def test_memory_limit_lowered_below_usage_refuses_until_freed_and_never_kills(env, tmp_path):
     reg = tmp_path / "g.region"
@@ -124,7 +150,7 @@ def test_sm_limit_set_live_and_removed(env, tmp_path):
     (["--region", "R", "--memory", "7=1G"], "has no device 7 (2 devices)"),
     (["--region", "R", "--memory", "32G"], "32 GiB is more than device 0's 16 GiB"),
     (["--region", "R", "--sm", "130"], "'130' is not a compute share"),
-    (["--region", "MISSING", "--sm", "30"], "does not exist"),
+    (["--region", "MISSING", "--sm", "30"], "there is no such file; start a group there with `pyvgpu wrap --region"),
 ])
 def test_limits_set_refuses_bad_input_and_changes_nothing(env, tmp_path, args, message):
     reg = tmp_path / "g.region"
@@ -154,7 +180,7 @@ def test_event_ring_keeps_the_latest_in_order(env, tmp_path):
     r = region.open_region(reg)
     try:
         for i in range(L.N_EVENTS + 40):
-            services.log_event(r, L.EV_MEMORY_LIMIT, i % 3, i, i + 1)
+            r.log_event(L.EV_MEMORY_LIMIT, i % 3, i, i + 1)
         evs = r.events()
         assert len(evs) == L.N_EVENTS
         assert [e["a"] for e in evs] == list(range(40, L.N_EVENTS + 40))
@@ -188,8 +214,8 @@ def test_status_json_has_events_launches_and_group_devices(env, tmp_path):
     try:
         m("alloc 100000000")  # refused: an OOM event
         g = status(env, reg)
-        assert set(g) == {"name", "path", "created_ns", "sm_switch", "reclaimed_now", "gpus", "devices",
-                          "processes", "events"}
+        assert set(g) == {"name", "path", "created_ns", "sm_switch", "reclaimed_now", "n_physical", "gpus",
+                          "devices", "processes", "events"}
         assert g["gpus"] is None  # no --devices: as CUDA sees them
         (pr,) = g["processes"]
         assert pr["launches"] == 0 and pr["oom_refusals"] == 1
@@ -210,7 +236,7 @@ def test_top_once_shows_groups_processes_and_events(env, tmp_path):
         p = run([*PYVGPU, "top", "--once", "--interval", "0.2"], env=env)
         assert p.returncode == 0, p.stderr
         out = p.stdout
-        assert "team-a" in out and "3 MiB / 64 MiB" in out and str(m.p.pid) in out
+        assert "team-a" in out and "3M/64M" in out and str(m.p.pid) in out
         assert "refused 99 MiB for the cap on device 0" in out
     finally:
         m.stop()
@@ -264,17 +290,17 @@ def test_exporter_scrape_over_loopback(env, tmp_path):
         assert "serving http://127.0.0.1:" in line, line
         url = line.split()[3]
         m = scrape(url)
-        lim = {(s.labels["group"], s.labels["device"]): s.value for s in m["pyvgpu_memory_limit_bytes"]}
+        lim = {(s.labels["group"], s.labels["vgpu_device"]): s.value for s in m["pyvgpu_memory_limit_bytes"]}
         assert lim[("team-a", "0")] == 64 * MiB and lim[("team-a", "1")] == 64 * MiB
         assert lim[("team-b", "0")] == 32 * MiB and ("team-b", "1") not in lim
-        used = {(s.labels["group"], s.labels["device"], s.labels["pid"], s.labels["kind"]): s.value
+        used = {(s.labels["group"], s.labels["vgpu_device"], s.labels["pid"], s.labels["kind"]): s.value
                 for s in m["pyvgpu_memory_used_bytes"]}
         assert used[("team-a", "0", str(a.p.pid), "data")] == 3 * MiB
         assert used[("team-b", "0", str(b.p.pid), "data")] == MiB
-        oom = {(s.labels["group"], s.labels["device"]): s.value for s in m["pyvgpu_oom_refusals"]
+        oom = {(s.labels["group"], s.labels["vgpu_device"]): s.value for s in m["pyvgpu_oom_refusals"]
                if s.name == "pyvgpu_oom_refusals_total"}
         assert oom[("team-a", "0")] == 1 and oom[("team-b", "0")] == 0
-        sm = {(s.labels["group"], s.labels["device"]): s.value for s in m["pyvgpu_sm_limit_percent"]}
+        sm = {(s.labels["group"], s.labels["vgpu_device"]): s.value for s in m["pyvgpu_sm_limit_percent"]}
         assert sm[("team-b", "0")] == 30 and ("team-a", "0") not in sm
         held = {s.name for s in m["pyvgpu_throttle_seconds"]}
         assert held == {"pyvgpu_throttle_seconds_total"}
@@ -285,7 +311,7 @@ def test_exporter_scrape_over_loopback(env, tmp_path):
         used = {(s.labels["group"], s.labels["pid"]): s.value for s in m["pyvgpu_memory_used_bytes"]
                 if s.labels["kind"] == "data"}
         assert ("team-a", str(a.p.pid)) not in used and used[("team-b", str(b.p.pid))] == MiB
-        group = {(s.labels["group"], s.labels["device"]): s.value for s in m["pyvgpu_group_memory_used_bytes"]}
+        group = {(s.labels["group"], s.labels["vgpu_device"]): s.value for s in m["pyvgpu_group_memory_used_bytes"]}
         assert group[("team-a", "0")] == 0 and group[("team-b", "0")] == MiB
     finally:
         ex.send_signal(signal.SIGTERM)
@@ -306,3 +332,209 @@ def test_exporter_port_in_use_is_a_clear_error(env):
         assert p.returncode == 2 and "cannot listen on 127.0.0.1" in p.stderr and "another --port" in p.stderr
     finally:
         s.close()
+
+
+# --- the exporter beside DCGM ---------------------------------------------------------------------
+
+def fake_uuid(i: int) -> str:
+    """The fake NVML's UUID of device i (tests/fakecuda/fake_devices.h)."""
+    return f"GPU-fa4ec0da-0000-0000-0000-0000000000{i:02x}"
+
+
+class Exporter:
+    """`pyvgpu exporter --port 0` on a loopback address; ``url`` is where it serves."""
+
+    def __init__(self, env, address="127.0.0.1", *args: str):
+        self.p = subprocess.Popen([*PYVGPU, "exporter", "--port", "0", "--address", address, *args], env=env,
+                                  stderr=subprocess.PIPE, text=True, cwd="/")
+        line = self.p.stderr.readline()
+        assert "serving http://" in line, line + self.p.stderr.read()
+        self.url = line.split()[3]
+
+    def stop(self) -> str:
+        """Stop it (SIGTERM); its stderr after the first line."""
+        self.p.send_signal(signal.SIGTERM)
+        rest = self.p.communicate(timeout=60)[1]
+        assert self.p.returncode == 0, rest
+        return rest
+
+
+def samples(m: dict[str, list], name: str) -> list:
+    return m.get(name, [])
+
+
+def test_exporter_serves_beside_a_half_open_connection_and_skips_stray_files(env, tmp_path):
+    import socket
+
+    env = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
+    a = Member(env, "--memory", "64M", "--group", "team-a")
+    groups = tmp_path / "pyvgpu" / "groups"
+    (groups / "x.region").mkdir()  # a stray folder with a region's name
+    (groups / "junk.region").write_bytes(b"not a region")
+    (tmp_path / "pyvgpu" / "private").mkdir(exist_ok=True)
+    (tmp_path / "pyvgpu" / "private" / "y.region").mkdir()
+    ex = Exporter(env)
+    host, port = ex.url.split("//")[1].split("/")[0].rsplit(":", 1)
+    half = socket.create_connection((host, int(port)), timeout=30)
+    silent = socket.create_connection((host, int(port)), timeout=30)
+    try:
+        half.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # a request that never ends
+        for _ in range(2):  # a single-threaded server would wait on `half` for ever: urlopen's timeout fails it
+            m = scrape(ex.url)
+            lim = {(s.labels["group"], s.labels["vgpu_device"]): s.value for s in m["pyvgpu_memory_limit_bytes"]}
+            assert lim[("team-a", "0")] == 64 * MiB
+            assert {s.labels["group"] for s in m["pyvgpu_memory_limit_bytes"]} == {"team-a"}
+        (build,) = samples(m, "pyvgpu_build_info")
+        import pyvgpu
+
+        assert build.labels["version"] == pyvgpu.__version__ and build.value == 1
+        st = run([*PYVGPU, "status"], env=env)
+        assert st.returncode == 0 and "group team-a" in st.stdout and "Traceback" not in st.stderr
+        assert f"pyvgpu: skipped {groups / 'x.region'}: it is not a regular file" in st.stderr
+        assert f"pyvgpu: skipped {groups / 'junk.region'}: " in st.stderr
+    finally:
+        half.close()
+        silent.close()
+        log = ex.stop()
+        a.stop()
+    assert log.count(f"skipped {groups / 'x.region'}: it is not a regular file") == 1  # once, not every scrape
+    assert f"skipped {groups / 'junk.region'}" in log and f"skipped {tmp_path / 'pyvgpu/private/y.region'}" in log
+    assert "Traceback" not in log
+
+
+def test_exporter_labels_join_dcgm_exporters(env, tmp_path):
+    """Every per-device series carries UUID and gpu (dcgm-exporter's label names), and the group's own index."""
+    env = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
+    a = Member(env, "--devices", "1", "--memory", "64M", "--group", "chosen")
+    b = Member(env, "--memory", "64M", "--group", "all")
+    # a group made where NVML did not tell the devices (as HAMi's pods make theirs): no guess
+    region.create(tmp_path / "pyvgpu/groups/unknown.region", "unknown", [64 * MiB] * L.MAX_DEVICES, n_physical=0)
+    ex = Exporter(env)
+    try:
+        assert a(f"alloc {3 * MiB}") == 0 and b(f"alloc {MiB}") == 0
+        m = scrape(ex.url)
+        lim = {(s.labels["group"], s.labels["vgpu_device"]): (s.labels["gpu"], s.labels["UUID"])
+               for s in m["pyvgpu_memory_limit_bytes"]}
+        assert lim[("chosen", "0")] == ("1", fake_uuid(1)) and ("chosen", "1") not in lim
+        assert lim[("all", "0")] == ("0", fake_uuid(0)) and lim[("all", "1")] == ("1", fake_uuid(1))
+        assert lim[("unknown", "0")] == ("", "")
+        used = {(s.labels["group"], s.labels["kind"]): (s.labels["gpu"], s.labels["UUID"], s.value)
+                for s in m["pyvgpu_memory_used_bytes"] if s.labels["pid"] in (str(a.p.pid), str(b.p.pid))}
+        assert used[("chosen", "data")] == ("1", fake_uuid(1), 3 * MiB)
+        assert used[("all", "data")] == ("0", fake_uuid(0), MiB)
+        for name in ("pyvgpu_group_memory_used_bytes", "pyvgpu_oom_refusals"):
+            assert all(s.labels["UUID"] for s in m[name] if s.labels["group"] != "unknown"), name
+        info = {(s.labels["group"], s.labels["gpu"]): s.labels for s in m["pyvgpu_device_info"]}
+        assert info[("chosen", "1")]["UUID"] == fake_uuid(1) and info[("chosen", "1")]["modelName"]
+    finally:
+        ex.stop()
+        a.stop()
+        b.stop()
+
+
+def test_exporter_drops_a_dead_private_group_at_the_next_scrape(env, tmp_path):
+    env = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
+    c = Member(env, "--memory", "64M")  # a private group
+    ex = Exporter(env)
+    try:
+        assert c(f"alloc {MiB}") == 0
+        names = {s.labels["group"] for s in scrape(ex.url)["pyvgpu_memory_limit_bytes"]}
+        (private,) = list((tmp_path / "pyvgpu" / "private").glob("*.region"))
+        assert names == {private.stem}
+        c.stop()
+        m = scrape(ex.url)
+        assert not samples(m, "pyvgpu_memory_limit_bytes") and not samples(m, "pyvgpu_memory_used_bytes")
+        assert private.exists()  # hidden, not removed: the next `pyvgpu wrap` collects it
+    finally:
+        ex.stop()
+        c.stop()
+
+
+def test_exporter_over_ipv6_and_a_wrong_address(env, tmp_path):
+    import socket
+
+    env = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
+    p = run([*PYVGPU, "exporter", "--port", "0", "--address", "192.0.2.1"], env=env, timeout=60)  # not this host's
+    assert p.returncode == 2 and "cannot listen on 192.0.2.1:0" in p.stderr and "give --address" in p.stderr
+    assert "--port" not in p.stderr
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("this host has no IPv6 loopback")
+    ex = Exporter(env, "::1")
+    try:
+        assert ex.url.startswith("http://[::1]:")
+        assert "pyvgpu_build_info" in scrape(ex.url)
+    finally:
+        ex.stop()
+
+
+@pytest.mark.parametrize("args", [["status", "--group", "nosuch"], ["top", "--group", "nosuch", "--once"],
+                                  ["limits", "set", "--group", "nosuch", "--sm", "30"]])
+def test_an_unknown_group_hint_names_the_option_used(env, tmp_path, args):
+    env = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
+    p = run([*PYVGPU, *args], env=env)
+    assert p.returncode == 2
+    assert "--group 'nosuch': there is no such group" in p.stderr and "pyvgpu wrap --group nosuch" in p.stderr
+    assert "--region" not in p.stderr
+    missing = tmp_path / "missing.region"
+    p = run([*PYVGPU, *[str(missing) if a == "nosuch" else "--region" if a == "--group" else a for a in args]],
+            env=env)
+    assert p.returncode == 2 and f"--region {missing}: there is no such file" in p.stderr
+    assert f"pyvgpu wrap --region {missing}" in p.stderr and "--group" not in p.stderr
+
+
+def test_top_fits_80_columns():
+    from rich.console import Console
+
+    from pyvgpu import top
+
+    def sm(limit):
+        return {"limit_percent": limit, "enforced": True, "utilization_percent": 97.0,
+                "group_utilization_percent": 31.0, "controller": "x", "scale": 1.0, "throttled_s": 12345.6}
+
+    g = {"name": "team-a", "path": "/x", "gpus": [{"index": 0, "nvml_index": 15, "uuid": fake_uuid(15)}],
+         "devices": [{"index": 0, "limit": 15 << 30, "used": 1023 << 20, "oom_refusals": 12345, "sm": sm(30)},
+                     {"index": 1, "limit": None, "used": 3 << 20, "oom_refusals": 0, "sm": sm(None)}],
+         "processes": [{"slot": 0, "pid": 4194304, "alive": False, "launches": 10**9, "oom_refusals": 3,
+                        "devices": {"0": {"data": 1 << 30, "context": 5 << 29, "module": 0}}}],
+         "events": [{"time_ns": time.time_ns(), "kind": "oom", "device": 0, "pid": 42, "a": 1 << 30, "b": 2 << 30}]}
+    before = (time.monotonic() - 1, [dict(g, processes=[dict(g["processes"][0], launches=10**9 - 1234567)])])
+    console = Console(width=80, record=True, force_terminal=False)
+    console.print(top.render((time.monotonic(), [g]), before))
+    out = console.export_text()
+    assert max(len(line) for line in out.splitlines()) <= 80
+    header = next(line for line in out.splitlines() if line.startswith("group"))
+    assert header.split() == ["group", "dev", "pid", "used/limit", "SM/share", "util", "launch/s", "OOM", "held"]
+    row = next(line for line in out.splitlines() if line.startswith("team-a"))
+    assert row.split() == ["team-a", "0=g15", "1023M/15G", "31/30%", "97%", "12k", "206m"]
+    assert "4194304!" in out and "1.2M" in out
+
+
+def test_the_dashboard_asks_for_what_the_exporter_serves(tmp_path, monkeypatch):
+    """deploy/grafana/pyvgpu-dashboard.json: every query parses, and names metrics and labels the exporter has."""
+    import importlib.util
+    import re
+
+    from pyvgpu import exporter
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("render", root / "deploy/grafana/render.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    families = list(exporter.RegionCollector(machine=lambda: None).collect())
+    served = {f.name for f in families} | {f.name + "_total" for f in families if f.type == "counter"}
+    labels = set(exporter.DEVICE_LABELS) | {"pid", "kind", "version", "python", "modelName"}
+    dash = json.loads((root / "deploy/grafana/pyvgpu-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    for expr in exprs:
+        render.Parser(expr, {"group": ".*", "__rate_interval": "1m"}).expr()  # parses
+        for name in re.findall(r"\bpyvgpu_\w+", expr):
+            assert name in served, (name, expr)
+        for group in re.findall(r"by \(([^)]*)\)", expr):
+            assert {x.strip() for x in group.split(",")} <= labels, expr
+        for legend in re.findall(r"\{\{\s*(\w+)\s*\}\}", json.dumps(dash)):
+            assert legend in labels, legend

@@ -15,7 +15,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 _LL = {types.uint64: ir.IntType(64), types.int64: ir.IntType(64), types.uint32: ir.IntType(32),
-       types.int32: ir.IntType(32), types.uint8: ir.IntType(8)}
+       types.int32: ir.IntType(32), types.uint16: ir.IntType(16), types.uint8: ir.IntType(8)}
 
 
 def _ptr(builder, addr, llty):
@@ -83,18 +83,16 @@ def _cas(ty):
     return intrinsic(impl)
 
 
-# Plain and atomic (sequentially consistent) loads and stores.
-load_u64 = _load(types.uint64, atomic=False)
-load_u8 = _load(types.uint8, atomic=False)
-load_u32 = _load(types.uint32, atomic=False)
-load_i32 = _load(types.int32, atomic=False)
-store_u64 = _store(types.uint64, atomic=False)
-store_u32 = _store(types.uint32, atomic=False)
-store_i32 = _store(types.int32, atomic=False)
-atomic_load_u64 = _load(types.uint64, atomic=True)
-atomic_load_u32 = _load(types.uint32, atomic=True)
-atomic_store_u64 = _store(types.uint64, atomic=True)
-atomic_store_u32 = _store(types.uint32, atomic=True)
+# Plain and atomic (sequentially consistent) loads and stores, one of each per integer type:
+# LOAD[ty], STORE[ty], ATOMIC_LOAD[ty], ATOMIC_STORE[ty] (pyvgpu/jit/fields.py builds on these).
+LOAD = {ty: _load(ty, atomic=False) for ty in _LL}
+STORE = {ty: _store(ty, atomic=False) for ty in _LL}
+ATOMIC_LOAD = {ty: _load(ty, atomic=True) for ty in _LL}
+ATOMIC_STORE = {ty: _store(ty, atomic=True) for ty in _LL}
+load_u64, load_u32, load_i32, load_u8 = (LOAD[t] for t in (types.uint64, types.uint32, types.int32, types.uint8))
+store_u64, store_u32, store_i32 = (STORE[t] for t in (types.uint64, types.uint32, types.int32))
+atomic_load_u64, atomic_load_u32 = ATOMIC_LOAD[types.uint64], ATOMIC_LOAD[types.uint32]
+atomic_store_u64, atomic_store_u32 = ATOMIC_STORE[types.uint64], ATOMIC_STORE[types.uint32]
 
 
 @intrinsic
@@ -107,15 +105,15 @@ def load_f32(typingctx, addr):
     return types.float32(types.uint64), codegen
 
 
-# Read-modify-write: return the value before the operation.
-atomic_add_u64 = _rmw(types.uint64, "add")
-atomic_sub_u64 = _rmw(types.uint64, "sub")
-atomic_add_u32 = _rmw(types.uint32, "add")
-atomic_xchg_u64 = _rmw(types.uint64, "xchg")
-atomic_max_u64 = _rmw(types.uint64, "umax")
+# Read-modify-write, per integer type of 32 and 64 bits: each returns the value before the operation.
+RMW_OPS = ("add", "sub", "xchg", "umax", "max")
+ATOMIC_RMW = {(ty, op): _rmw(ty, op) for ty in _LL if _LL[ty].width >= 32 for op in RMW_OPS}
 # Compare-and-swap: returns the old value; it succeeded iff old == expected.
-atomic_cas_u64 = _cas(types.uint64)
-atomic_cas_u32 = _cas(types.uint32)
+ATOMIC_CAS = {ty: _cas(ty) for ty in _LL if _LL[ty].width >= 32}
+atomic_add_u64, atomic_sub_u64 = ATOMIC_RMW[types.uint64, "add"], ATOMIC_RMW[types.uint64, "sub"]
+atomic_xchg_u64, atomic_max_u64 = ATOMIC_RMW[types.uint64, "xchg"], ATOMIC_RMW[types.uint64, "umax"]
+atomic_add_u32 = ATOMIC_RMW[types.uint32, "add"]
+atomic_cas_u64, atomic_cas_u32 = ATOMIC_CAS[types.uint64], ATOMIC_CAS[types.uint32]
 
 
 @intrinsic

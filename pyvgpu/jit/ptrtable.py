@@ -17,14 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from pyvgpu.jit.intrinsics import atomic_add_u64, atomic_cas_u64, atomic_load_u64, atomic_max_u64, atomic_store_u64
-from pyvgpu.jit.intrinsics import load_u64 as _load
-from pyvgpu.layout import CTX
-
-OFF_TABLE = CTX.offset("table")
-OFF_MASK = CTX.offset("table_mask")
-OFF_MAXDISP = CTX.offset("table_maxdisp")
-OFF_LIVE = CTX.offset("table_live")
+from pyvgpu.jit.fields import CTX
+from pyvgpu.jit.intrinsics import atomic_cas_u64, atomic_load_u64, atomic_store_u64
 
 EMPTY, DELETED = np.uint64(0), np.uint64(1)  # stored keys are key + 2: no real key collides with these
 _U0, _U1, _U2, _U4, _U16 = np.uint64(0), np.uint64(1), np.uint64(2), np.uint64(4), np.uint64(16)
@@ -65,8 +59,8 @@ def _home(stored, mask):
 @njit
 def insert(ctx, key, value):
     """Record key -> value; False if the table is full."""
-    table = _load(ctx + OFF_TABLE)
-    mask = _load(ctx + OFF_MASK)
+    table = CTX.get_table(ctx)
+    mask = CTX.get_table_mask(ctx)
     stored = np.uint64(key) + _U2
     i = _home(stored, mask)
     d = _U0
@@ -76,8 +70,8 @@ def insert(ctx, key, value):
         if k == EMPTY or k == DELETED:
             if atomic_cas_u64(e, k, stored) == k:
                 atomic_store_u64(e + 8, value)
-                atomic_max_u64(ctx + OFF_MAXDISP, d)
-                atomic_add_u64(ctx + OFF_LIVE, _U1)
+                CTX.max_table_maxdisp(ctx, d)
+                CTX.add_table_live(ctx, _U1)
                 return True
             continue  # lost the race for this entry: look at it again
         i = (i + _U1) & mask
@@ -88,9 +82,9 @@ def insert(ctx, key, value):
 @njit
 def take(ctx, key):
     """Remove the record of ``key`` and return its value; 0 if there is none."""
-    table = _load(ctx + OFF_TABLE)
-    mask = _load(ctx + OFF_MASK)
-    maxd = atomic_load_u64(ctx + OFF_MAXDISP)
+    table = CTX.get_table(ctx)
+    mask = CTX.get_table_mask(ctx)
+    maxd = CTX.load_table_maxdisp(ctx)
     stored = np.uint64(key) + _U2
     i = _home(stored, mask)
     d = _U0
@@ -102,7 +96,7 @@ def take(ctx, key):
         if k == stored:
             v = atomic_load_u64(e + 8)
             if atomic_cas_u64(e, stored, DELETED) == stored:
-                atomic_add_u64(ctx + OFF_LIVE, _MINUS_ONE)
+                CTX.add_table_live(ctx, _MINUS_ONE)
                 return v
             return _U0
         i = (i + _U1) & mask

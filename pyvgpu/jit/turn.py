@@ -28,29 +28,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from pyvgpu import hooks
-from pyvgpu import layout as L
-from pyvgpu.jit.intrinsics import (
-    atomic_add_u32,
-    atomic_add_u64,
-    atomic_cas_u64,
-    atomic_load_u64,
-    atomic_store_u64,
-    call_i32,
-    load_u32,
-    load_u64,
-    monotonic_ns,
-    sleep_ns,
-    stack_buffer,
-    stack_u64,
-    store_u32,
-    store_u64,
-)
-from pyvgpu.jit.memory import helper
+from pyvgpu import abi
+from pyvgpu.jit.context import HELPER
+from pyvgpu.jit.fields import CTX, SCHED, SCHED_AT, TURN
+from pyvgpu.jit.intrinsics import load_u64, monotonic_ns, sleep_ns, stack_buffer, stack_u64
 from pyvgpu.jit.streams import running_context
-
-CUDA_SUCCESS = 0
-CU_EVENT_DISABLE_TIMING = 2
 
 LEASE_NS = 3_000_000  # a holder that has not launched for this long (and has no work queued) loses the turn
 MAX_LEASE_NS = 1_000_000_000  # the longest lease, however much work is queued
@@ -60,30 +42,6 @@ POLL_NS = 20_000  # a waiter's sleep between looks (nanosleep adds the timer sla
 HANDOFF_NS = 500_000  # a process that just handed the turn over leaves it this long to a waiter
 UNIT_SHIFT = 10
 LOW32 = np.uint64(0xFFFFFFFF)
-
-OFF_SCHED = L.CTX.offset("sched")
-OFF_ID = L.CTX.offset("turn_id")
-OFF_ENTRY = L.CTX.offset("turn_entry")
-OFF_SINCE = L.CTX.offset("turn_since")
-OFF_QEND = L.CTX.offset("turn_qend")
-OFF_DRAIN_EV = L.CTX.offset("drain_ev")
-OFF_DRAIN_CTX = L.CTX.offset("drain_ctx")
-
-S_NEXT_ID = L.SCHED_HEADER.offset("next_id")
-ENTRIES_OFF, ENTRY_SIZE, N_ENTRIES = L.SCHED_ENTRIES_OFF, L.SCHED_ENTRY.size, L.SCHED_ENTRIES
-E_KEY = L.SCHED_ENTRY.offset("key")
-E_TURN = L.SCHED_ENTRY.offset("turn")
-E_WANT = L.SCHED_ENTRY.offset("want")
-E_HANDOVERS = L.SCHED_ENTRY.offset("handovers")
-E_WAIT = L.SCHED_ENTRY.offset("wait_ns")
-E_DRAINS = L.SCHED_ENTRY.offset("drains")
-E_DRAIN_NS = L.SCHED_ENTRY.offset("drain_ns")
-
-H_DEVICE_UUID = hooks.HELPER_INDEX["cuDeviceGetUuid_v2"]
-H_EVENT_CREATE = hooks.HELPER_INDEX["cuEventCreate"]
-H_EVENT_RECORD = hooks.HELPER_INDEX["cuEventRecord"]
-H_EVENT_SYNCHRONIZE = hooks.HELPER_INDEX["cuEventSynchronize"]
-H_EVENT_DESTROY = hooks.HELPER_INDEX["cuEventDestroy_v2"]
 
 _NONE = np.uint64(1)  # turn_entry value: this device takes no turns
 
@@ -127,7 +85,7 @@ def leased(w, now):
 @njit(inline="always")
 def other_waits(e, me, now):
     """Another process looked for the turn within WANT_FRESH_NS."""
-    w = atomic_load_u64(e + E_WANT)
+    w = TURN.load_want(e)
     who = holder(w)
     if who == 0 or who == me:
         return False
@@ -140,33 +98,33 @@ def other_waits(e, me, now):
 @njit
 def entry(ctx, dev):
     """The turn entry of CUDA device dev (claimed in the file if new), or 1 when this device takes no turns."""
-    a = load_u64(ctx + OFF_ENTRY + dev * 8)
+    a = CTX.get_turn_entry(ctx, dev)
     if a != 0:
         return a
     a = _NONE
-    sched = load_u64(ctx + OFF_SCHED)
-    uuid = stack_buffer(16)
-    if sched != 0 and call_i32(helper(ctx, H_DEVICE_UUID), (uuid, np.int32(dev))) == CUDA_SUCCESS:
+    sched = CTX.get_sched(ctx)
+    uuid = stack_buffer(16)  # CUuuid
+    if sched != 0 and HELPER.cuDeviceGetUuid_v2(ctx, uuid, dev) == abi.CUDA_SUCCESS:
         key = np.uint64(0xCBF29CE484222325)
         for v in (load_u64(uuid), load_u64(uuid + 8)):
             key = (key ^ v) * np.uint64(0x100000001B3)
         key |= np.uint64(1)
-        for i in range(N_ENTRIES):
-            e = sched + ENTRIES_OFF + i * ENTRY_SIZE
-            k = atomic_load_u64(e + E_KEY)
+        for i in range(SCHED_AT.N_ENTRIES):
+            e = SCHED_AT.entry(sched, i)
+            k = TURN.load_key(e)
             if k == 0:
-                k = atomic_cas_u64(e + E_KEY, 0, key)
+                k = TURN.cas_key(e, 0, key)
                 if k == 0:
                     k = key
             if k == key:
                 a = np.uint64(e)
                 break
-        if load_u32(ctx + OFF_ID) == 0:
+        if CTX.get_turn_id(ctx) == 0:
             pid = np.uint32(0)
             while pid == 0:  # 0 means nobody
-                pid = np.uint32((np.uint64(atomic_add_u32(sched + S_NEXT_ID, 1)) + np.uint64(1)) & LOW32)
-            store_u32(ctx + OFF_ID, pid)
-    store_u64(ctx + OFF_ENTRY + dev * 8, a)
+                pid = np.uint32((np.uint64(SCHED.add_next_id(sched, 1)) + np.uint64(1)) & LOW32)
+            CTX.set_turn_id(ctx, pid)
+    CTX.set_turn_entry(ctx, dev, a)
     return a
 
 
@@ -179,29 +137,29 @@ def drain(ctx, e, stream):
     cur = running_context(ctx, stream)
     if cur == 0:
         return
-    ev = load_u64(ctx + OFF_DRAIN_EV)
-    if ev != 0 and load_u64(ctx + OFF_DRAIN_CTX) != cur:
-        call_i32(helper(ctx, H_EVENT_DESTROY), (ev,))
+    ev = CTX.get_drain_ev(ctx)
+    if ev != 0 and CTX.get_drain_ctx(ctx) != cur:
+        HELPER.cuEventDestroy_v2(ctx, ev)
         ev = np.uint64(0)
-        store_u64(ctx + OFF_DRAIN_EV, 0)
+        CTX.set_drain_ev(ctx, 0)
     if ev == 0:
         out = stack_u64()
-        if call_i32(helper(ctx, H_EVENT_CREATE), (out, np.uint32(CU_EVENT_DISABLE_TIMING))) != CUDA_SUCCESS:
+        if HELPER.cuEventCreate(ctx, out, abi.CU_EVENT_DISABLE_TIMING) != abi.CUDA_SUCCESS:
             return
         ev = load_u64(out)
-        store_u64(ctx + OFF_DRAIN_EV, ev)
-        store_u64(ctx + OFF_DRAIN_CTX, cur)
+        CTX.set_drain_ev(ctx, ev)
+        CTX.set_drain_ctx(ctx, cur)
     t0 = monotonic_ns()
-    if call_i32(helper(ctx, H_EVENT_RECORD), (ev, stream)) == CUDA_SUCCESS:
-        call_i32(helper(ctx, H_EVENT_SYNCHRONIZE), (ev,))
-        atomic_add_u64(e + E_DRAINS, 1)
-        atomic_add_u64(e + E_DRAIN_NS, np.uint64(monotonic_ns() - t0))
+    if HELPER.cuEventRecord(ctx, ev, stream) == abi.CUDA_SUCCESS:
+        HELPER.cuEventSynchronize(ctx, ev)
+        TURN.add_drains(e, 1)
+        TURN.add_drain_ns(e, np.uint64(monotonic_ns() - t0))
 
 
 @njit(inline="always")
 def takes_turns(ctx, dev):
     """This process takes turns on dev (looked up at its first limited launch there)."""
-    return load_u64(ctx + OFF_ENTRY + dev * 8) > _NONE
+    return CTX.get_turn_entry(ctx, dev) > _NONE
 
 
 @njit
@@ -213,32 +171,32 @@ def give(ctx, dev, stream):
     waiter. If nobody waits, the turn stays this process's until its queued work is estimated to end,
     with no wait: a process alone on the GPU never drains its queue.
     """
-    e = load_u64(ctx + OFF_ENTRY + dev * 8)
+    e = CTX.get_turn_entry(ctx, dev)
     if e <= _NONE:
         return
-    me = load_u32(ctx + OFF_ID)
-    w = atomic_load_u64(e + E_TURN)
+    me = CTX.get_turn_id(ctx)
+    w = TURN.load_turn(e)
     if holder(w) != me or (w & LOW32) == 0:
         return
     now = monotonic_ns()
     free = np.uint64(me) << np.uint64(32)
     if not other_waits(e, me, now):
-        qend = np.int64(load_u64(ctx + OFF_QEND + dev * 8))
-        atomic_cas_u64(e + E_TURN, w, word(me, qend) if qend > now else free)
+        qend = np.int64(CTX.get_turn_qend(ctx, dev))
+        TURN.cas_turn(e, w, word(me, qend) if qend > now else free)
         return
     # Draining, the holder keeps the turn however long its work really takes (the lease follows an
     # estimate); it hands over right after.
-    if atomic_cas_u64(e + E_TURN, w, word(me, now + MAX_LEASE_NS)) != w:
+    if TURN.cas_turn(e, w, word(me, now + MAX_LEASE_NS)) != w:
         return
     drain(ctx, e, stream)
-    atomic_store_u64(e + E_TURN, free)
+    TURN.store_turn(e, free)
 
 
 @njit(inline="always")
 def queue_end(ctx, dev, now, cost):
     """When the work this process queued on dev ends, counting a launch of cost ns now (kernels run one
     after another)."""
-    qend = np.int64(load_u64(ctx + OFF_QEND + dev * 8))
+    qend = np.int64(CTX.get_turn_qend(ctx, dev))
     return (qend if qend > now else now) + np.int64(cost)
 
 
@@ -254,21 +212,21 @@ def take(ctx, dev, stream, now, cost):
     e = entry(ctx, dev)
     if e <= _NONE:
         return
-    me = load_u32(ctx + OFF_ID)
-    w = atomic_load_u64(e + E_TURN)
+    me = CTX.get_turn_id(ctx)
+    w = TURN.load_turn(e)
     if holder(w) == me and leased(w, now):
-        since = np.int64(load_u64(ctx + OFF_SINCE + dev * 8))
+        since = np.int64(CTX.get_turn_since(ctx, dev))
         if now - since < SLICE_NS or not other_waits(e, me, now):
             qend = queue_end(ctx, dev, now, cost)
-            store_u64(ctx + OFF_QEND + dev * 8, np.uint64(qend))
+            CTX.set_turn_qend(ctx, dev, np.uint64(qend))
             until = lease_for(qend, now)
             if ahead(units(until), w & LOW32) > (LEASE_NS >> (UNIT_SHIFT + 1)):  # renew by half a lease
-                atomic_cas_u64(e + E_TURN, w, word(me, until))
+                TURN.cas_turn(e, w, word(me, until))
             return
         give(ctx, dev, stream)  # the slice is over and another waits
     t0 = now
     while True:
-        w = atomic_load_u64(e + E_TURN)
+        w = TURN.load_turn(e)
         if not leased(w, now):
             # Free, or its holder's lease ran out. One who just handed it over leaves it to a waiter a moment.
             if holder(w) == me and now - t0 < HANDOFF_NS and other_waits(e, me, now):
@@ -276,18 +234,18 @@ def take(ctx, dev, stream, now, cost):
                 now = monotonic_ns()
                 continue
             qend = queue_end(ctx, dev, now, cost)
-            if atomic_cas_u64(e + E_TURN, w, word(me, lease_for(qend, now))) == w:
-                store_u64(ctx + OFF_QEND + dev * 8, np.uint64(qend))
-                store_u64(ctx + OFF_SINCE + dev * 8, np.uint64(now))
+            if TURN.cas_turn(e, w, word(me, lease_for(qend, now))) == w:
+                CTX.set_turn_qend(ctx, dev, np.uint64(qend))
+                CTX.set_turn_since(ctx, dev, np.uint64(now))
                 if holder(w) != me:
-                    atomic_add_u64(e + E_HANDOVERS, 1)
+                    TURN.add_handovers(e, 1)
                 if now > t0:
-                    atomic_add_u64(e + E_WAIT, np.uint64(now - t0))
+                    TURN.add_wait_ns(e, np.uint64(now - t0))
                 return
             continue
         if holder(w) == me:  # another thread of this process took it meanwhile
-            store_u64(ctx + OFF_QEND + dev * 8, np.uint64(queue_end(ctx, dev, now, cost)))
+            CTX.set_turn_qend(ctx, dev, np.uint64(queue_end(ctx, dev, now, cost)))
             return
-        atomic_store_u64(e + E_WANT, word(me, now))
+        TURN.store_want(e, word(me, now))
         sleep_ns(POLL_NS)
         now = monotonic_ns()

@@ -1,5 +1,5 @@
-/* Core plumbing: real-function resolution, the bootstrap state machine,
- * the install API the Python side calls, per-process stats and fork.
+/* The boot: the bootstrap state machine, the install API the Python side
+ * calls, the watcher thread and fork.
  *
  * Callbacks arrive in two steps. pyvgpu_install() (called from Python,
  * possibly at interpreter start, before any CUDA use) only stages them.
@@ -25,77 +25,60 @@
 
 extern char **environ;
 
-pv_ctx_t pv_ctx = {.magic = PV_CTX_MAGIC, .n_entries = PV_N_ENTRIES};
-void *pv_callbacks[PV_N_ENTRIES];
-
 static void *pv_staged[PV_N_ENTRIES];
-typedef int64_t (*pv_service_t)(pv_ctx_t *);
-static pv_service_t pv_services[PV_N_SERVICES];
+static void *pv_services[PV_N_SERVICES]; /* typed by the generated pv_<name>_t (pv_table.h) */
 #define PV_TABLE_ENTRIES (1u << 20) /* allocation records: 16 MiB of address space, touched as used */
 static int pv_staged_ok;
-static uint64_t pv_lookups[PV_N_ENTRIES][PV_N_VIA];
-static uint64_t pv_mismatches;
-static int pv_state = -1; /* PV_BOOT_* once booted */
-static char pv_err[1024];  /* why the install failed */
+static char pv_err[1024]; /* why the install failed */
 static __thread int pv_in_boot;
-const char *pv_boot_mode = "none";
 
-/* ---- name lookup --------------------------------------------------------- */
-
-static int cmp_name(const void *key, const void *elem) {
-    return strcmp((const char *)key, ((const pv_name_index_t *)elem)->name);
-}
-
-int pv_find_abi(const char *name) {
-    const pv_name_index_t *r = bsearch(name, pv_abi_sorted, PV_N_ENTRIES, sizeof *r, cmp_name);
-    return r ? r->index : -1;
-}
-
-int pv_find_hook(const char *name) {
-    const pv_name_index_t *r = bsearch(name, pv_hook_sorted, PV_N_HOOKS, sizeof *r, cmp_name);
-    return r ? r->index : -1;
-}
-
-/* ---- real functions ------------------------------------------------------ */
-
-static pthread_once_t pv_real_once = PTHREAD_ONCE_INIT;
-
-static void *open_lib(const char *env, const char *dflt) {
-    const char *name = getenv(env);
-    if (!name || !*name)
-        name = dflt;
-    void *h = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
-    return h ? h : dlopen(name, RTLD_LAZY);
-}
-
-static void resolve_real_once(void) {
-    void *libs[2] = {open_lib("PYVGPU_REAL_LIBCUDA", "libcuda.so.1"),
-                     open_lib("PYVGPU_REAL_LIBNVML", "libnvidia-ml.so.1")};
-    for (int i = 0; i < PV_N_ENTRIES; i++) {
-        void *h = libs[pv_entry_infos[i].lib];
-        pv_ctx.real[i] = h ? (uint64_t)(uintptr_t)pv_real_dlsym(h, pv_entry_infos[i].name) : 0;
-    }
-    for (int i = 0; i < PV_N_HELPERS; i++) {
-        void *h = libs[pv_helper_infos[i].lib];
-        pv_ctx.helper[i] = h ? (uint64_t)(uintptr_t)pv_real_dlsym(h, pv_helper_infos[i].name) : 0;
-    }
-}
-
-void pv_resolve_real(void) { pthread_once(&pv_real_once, resolve_real_once); }
+#define SERVICE(name) ((pv_##name##_t)__atomic_load_n(&pv_services[PV_S_##name], __ATOMIC_ACQUIRE))
 
 /* ---- bootstrap ----------------------------------------------------------- */
 
-static int limits_requested(void) {
+/* True if the region file at path is one of ours with a memory cap or a
+ * compute share on some device. Read with pread: a file someone truncates
+ * cannot crash us. */
+static int region_has_limits(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    pv_region_header_t h;
+    pv_region_device_t d[PV_MAX_DEVICES];
+    int found = 0;
+    if (pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && h.magic == PV_REGION_MAGIC &&
+        h.version == PV_REGION_VERSION && pread(fd, d, sizeof d, PV_REGION_DEVICES_OFF) == (ssize_t)sizeof d)
+        for (int i = 0; i < PV_MAX_DEVICES; i++)
+            found |= d[i].limit != 0 || d[i].sm_limit != 0;
+    close(fd);
+    return found;
+}
+
+/* The variables that ask for limits, named for the fail-closed and fail-open
+ * messages ("" when none is set). A group's region counts when it holds a
+ * limit: a program may have removed CUDA_DEVICE_MEMORY_LIMIT from its own
+ * environment, but the group's limits live in the file. */
+static const char *limits_requested(char *out, size_t len) {
     static const char *const prefixes[] = {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
-                                           "PYVGPU_MEMORY", "PYVGPU_SM"};
-    for (char **e = environ; e && *e; e++)
+                                           "CUDA_DEVICE_MEMORY_SHARED_CACHE", "PYVGPU_REGION"};
+    size_t o = 0;
+    out[0] = 0;
+    for (char **e = environ; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        if (!eq || !eq[1])
+            continue;
         for (unsigned i = 0; i < sizeof prefixes / sizeof *prefixes; i++) {
             size_t n = strlen(prefixes[i]);
-            const char *eq = strchr(*e, '=');
-            if (!strncmp(*e, prefixes[i], n) && eq && eq[1])
-                return 1;
+            if (strncmp(*e, prefixes[i], n) || !(eq - *e == (ptrdiff_t)n || (*e)[n] == '_'))
+                continue;
+            if (i >= 2 && !region_has_limits(eq + 1))
+                break; /* a group without limits asks for nothing to be enforced */
+            if (o + (size_t)(eq - *e) + 3 < len)
+                o += snprintf(out + o, len - o, "%s%.*s", o ? ", " : "", (int)(eq - *e), *e);
+            break;
         }
-    return 0;
+    }
+    return out;
 }
 
 /* ---- the watcher thread -------------------------------------------------
@@ -109,7 +92,7 @@ static void *watcher(void *arg) {
     const struct timespec tenth = {0, 100 * 1000 * 1000};
     for (;;) {
         nanosleep(&tenth, NULL);
-        pv_service_t tick = __atomic_load_n(&pv_services[PV_S_svc_tick], __ATOMIC_ACQUIRE);
+        pv_svc_tick_t tick = SERVICE(svc_tick);
         if (tick && pv_ctx.region)
             tick(&pv_ctx);
     }
@@ -117,7 +100,7 @@ static void *watcher(void *arg) {
 }
 
 static void start_watcher(void) {
-    if (!pv_ctx.region || !pv_services[PV_S_svc_tick])
+    if (!pv_ctx.region || !SERVICE(svc_tick))
         return;
     pthread_attr_t a;
     pthread_t t;
@@ -148,7 +131,7 @@ static void boot_once(void) {
     }
     if (pv_staged_ok && pv_ctx.region && !pv_ctx.slot) {
         /* join the group now, at the first GPU call (pyvgpu/jit/quota.py claim_slot) */
-        pv_service_t claim = pv_services[PV_S_svc_claim];
+        pv_svc_claim_t claim = SERVICE(svc_claim);
         if (!claim || claim(&pv_ctx) < 0) {
             snprintf(pv_err, sizeof pv_err, "the group's region has no free slot (%u processes are members); "
                      "end some, or start a group of your own", pv_ctx.n_slots);
@@ -157,28 +140,36 @@ static void boot_once(void) {
     }
     if (pv_staged_ok) {
         publish();
-        pv_state = PV_BOOT_READY;
+        pv_boot_state = PV_BOOT_READY;
     } else {
+        char asked[512];
+        limits_requested(asked, sizeof asked);
         const char *oe = getenv("PYVGPU_ON_ERROR");
         int open = oe && !strcmp(oe, "open");
-        int closed = (oe && !strcmp(oe, "closed")) || (!open && limits_requested());
+        int closed = (oe && !strcmp(oe, "closed")) || (!open && asked[0]);
         if (oe && *oe && strcmp(oe, "open") && strcmp(oe, "closed")) {
             fprintf(stderr, "pyvgpu: PYVGPU_ON_ERROR=%s is not 'open' or 'closed'; treating it as 'closed'\n", oe);
             closed = 1;
         }
         if (closed) {
             fprintf(stderr,
-                    "pyvgpu: cannot install the callbacks (%s); limits are requested, so CUDA and NVML calls "
-                    "are refused. Fix the cause (pyvgpu doctor helps), or set PYVGPU_ON_ERROR=open to run "
+                    "pyvgpu: cannot install the callbacks (%s); limits are requested (%s), so CUDA and NVML "
+                    "calls are refused. Fix the cause (pyvgpu doctor helps), or set PYVGPU_ON_ERROR=open to run "
                     "without limits.\n",
-                    pv_err);
-            pv_state = PV_BOOT_REFUSE;
+                    pv_err, asked[0] ? asked : "PYVGPU_ON_ERROR=closed");
+            pv_boot_state = PV_BOOT_REFUSE;
+        } else if (asked[0]) {
+            fprintf(stderr,
+                    "pyvgpu: warning: cannot install the callbacks (%s); PYVGPU_ON_ERROR=open, so calls pass to "
+                    "the driver unchanged and the limits requested by %s are NOT enforced.\n",
+                    pv_err, asked);
+            pv_boot_state = PV_BOOT_PASSTHROUGH;
         } else {
             fprintf(stderr,
                     "pyvgpu: warning: cannot install the callbacks (%s); calls pass to the driver unchanged "
-                    "(no limits were requested%s).\n",
+                    "(no limits or group were requested%s).\n",
                     pv_err, open ? ", PYVGPU_ON_ERROR=open" : "");
-            pv_state = PV_BOOT_PASSTHROUGH;
+            pv_boot_state = PV_BOOT_PASSTHROUGH;
         }
     }
     pv_in_boot = 0;
@@ -190,7 +181,7 @@ int pv_boot(void) {
     if (pv_in_boot) /* a hooked call made by the bootstrap itself */
         return PV_BOOT_PASSTHROUGH;
     pthread_once(&pv_boot_once_ctl, boot_once);
-    return pv_state;
+    return pv_boot_state;
 }
 
 /* ---- the API the Python side calls (pyvgpu/shim.py) ---------------------- */
@@ -199,15 +190,6 @@ PV_EXPORT const char *pyvgpu_table_hash(void) { return PV_TABLE_HASH; }
 PV_EXPORT pv_ctx_t *pyvgpu_ctx(void) { return &pv_ctx; }
 PV_EXPORT int pyvgpu_installed(void) { return pv_staged_ok; }
 
-/* The driver's own function behind a hooked ABI name (benchmarks compare it
- * with the hook in one process). NULL for names that are not hooked. */
-PV_EXPORT void *pyvgpu_real_function(const char *abi) {
-    int e = abi ? pv_find_abi(abi) : -1;
-    if (e < 0)
-        return NULL;
-    pv_resolve_real();
-    return pv_real(e);
-}
 PV_EXPORT const char *pyvgpu_boot_mode(void) { return pv_boot_mode; }
 
 /* Stage the callback addresses, one per entry (0 for entries implemented
@@ -249,7 +231,7 @@ PV_EXPORT int pyvgpu_install(const uint64_t *addrs, uint32_t n, const char *tabl
 PV_EXPORT int pyvgpu_set_service(const char *name, uint64_t addr) {
     for (int i = 0; i < PV_N_SERVICES; i++)
         if (name && !strcmp(name, pv_service_names[i])) {
-            __atomic_store_n(&pv_services[i], (pv_service_t)(uintptr_t)addr, __ATOMIC_RELEASE);
+            __atomic_store_n(&pv_services[i], (void *)(uintptr_t)addr, __ATOMIC_RELEASE);
             return 0;
         }
     return -1;
@@ -263,106 +245,12 @@ PV_EXPORT void pyvgpu_set_error(const char *msg) {
 
 PV_EXPORT const char *pyvgpu_last_error(void) { return pv_err; }
 
-/* ---- stats --------------------------------------------------------------- */
-
-void pv_count_lookup(int entry, int via) { __atomic_add_fetch(&pv_lookups[entry][via], 1, __ATOMIC_RELAXED); }
-void pv_count_call(int entry) { __atomic_add_fetch(&pv_ctx.calls[entry], 1, __ATOMIC_RELAXED); }
-
-void pv_note_procaddr_mismatch(const char *symbol, int table_entry, int driver_entry) {
-    __atomic_add_fetch(&pv_mismatches, 1, __ATOMIC_RELAXED);
-    static int warned;
-    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-        fprintf(stderr,
-                "pyvgpu: warning: cuGetProcAddress(%s): the hook table chose %s but the driver returned %s; "
-                "following the driver%s. Please report this with your driver version.\n",
-                symbol, table_entry >= 0 ? pv_entry_infos[table_entry].name : "no variant",
-                driver_entry >= 0 ? pv_entry_infos[driver_entry].name : "a variant the table lacks",
-                driver_entry >= 0 ? "" : " (that function is not intercepted)");
-}
-
-PV_EXPORT uint64_t pyvgpu_lookups(int entry, int via) {
-    return (entry >= 0 && entry < PV_N_ENTRIES && via >= 0 && via < PV_N_VIA) ? pv_lookups[entry][via] : 0;
-}
-PV_EXPORT uint64_t pyvgpu_procaddr_mismatches(void) { return pv_mismatches; }
-
-static int used(void) {
-    if (pv_state >= 0)
-        return 1;
-    for (int i = 0; i < PV_N_ENTRIES; i++)
-        if (pv_lookups[i][0] || pv_lookups[i][1] || pv_ctx.calls[i])
-            return 1;
-    return 0;
-}
-
-static void write_text(FILE *f) {
-    char exe[512];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[n > 0 ? n : 0] = 0;
-    fprintf(f, "pyvgpu stats: pid %d, %s, bootstrap %s, procaddr mismatches %llu\n", (int)getpid(), exe,
-            pv_boot_mode, (unsigned long long)pv_mismatches);
-    fprintf(f, "  %-32s %12s %8s %10s\n", "symbol", "calls", "dlsym", "procaddr");
-    for (int i = 0; i < PV_N_ENTRIES; i++) {
-        uint64_t c = pv_ctx.calls[i], d = pv_lookups[i][PV_VIA_DLSYM], p = pv_lookups[i][PV_VIA_PROCADDR];
-        if (c || d || p)
-            fprintf(f, "  %-32s %12llu %8llu %10llu\n", pv_entry_infos[i].name, (unsigned long long)c,
-                    (unsigned long long)d, (unsigned long long)p);
-    }
-}
-
-static void write_json(FILE *f) {
-    fprintf(f, "{\"pid\": %d, \"bootstrap\": \"%s\", \"procaddr_mismatches\": %llu, \"symbols\": {", (int)getpid(),
-            pv_boot_mode, (unsigned long long)pv_mismatches);
-    int first = 1;
-    for (int i = 0; i < PV_N_ENTRIES; i++) {
-        uint64_t c = pv_ctx.calls[i], d = pv_lookups[i][PV_VIA_DLSYM], p = pv_lookups[i][PV_VIA_PROCADDR];
-        if (!(c || d || p))
-            continue;
-        fprintf(f, "%s\"%s\": {\"calls\": %llu, \"dlsym\": %llu, \"procaddr\": %llu}", first ? "" : ", ",
-                pv_entry_infos[i].name, (unsigned long long)c, (unsigned long long)d, (unsigned long long)p);
-        first = 0;
-    }
-    fprintf(f, "}}\n");
-}
-
-/* PYVGPU_STATS=1: a table on stderr at exit. PYVGPU_STATS=PATH: JSON appended
- * to PATH, where %p becomes the pid. */
-static void print_stats(void) {
-    const char *s = getenv("PYVGPU_STATS");
-    if (!s || !*s || !strcmp(s, "0") || !used())
-        return;
-    if (!strcmp(s, "1")) {
-        write_text(stderr);
-        return;
-    }
-    char path[1024];
-    size_t o = 0;
-    for (const char *c = s; *c && o + 12 < sizeof path; c++) {
-        if (c[0] == '%' && c[1] == 'p') {
-            o += snprintf(path + o, sizeof path - o, "%d", (int)getpid());
-            c++;
-        } else {
-            path[o++] = *c;
-        }
-    }
-    path[o] = 0;
-    FILE *f = fopen(path, "a");
-    if (!f) {
-        fprintf(stderr, "pyvgpu: cannot write stats to %s (%s); set PYVGPU_STATS to a writable path or 1\n",
-                path, strerror(errno));
-        return;
-    }
-    write_json(f);
-    fclose(f);
-}
-
 /* A forked child counts its own calls and is its own member of the group:
  * it opens the region file anew (its own open file description, so its own
  * locks), drops the parent's description, claims a slot, and starts with an
  * empty allocation table (the parent's CUDA allocations are not its own). */
 static void atfork_child(void) {
-    memset(pv_ctx.calls, 0, sizeof pv_ctx.calls);
-    memset(pv_lookups, 0, sizeof pv_lookups);
-    pv_mismatches = 0;
+    pv_stats_reset();
     memset(pv_ctx.pool_handle, 0, sizeof pv_ctx.pool_handle);
     memset(pv_ctx.pool_reserved, 0, sizeof pv_ctx.pool_reserved);
     pv_ctx.lock = 0;
@@ -390,18 +278,17 @@ static void atfork_child(void) {
     pv_ctx.slot_index = -1;
     if (!member)
         return; /* the parent had not joined yet: the child joins at its own first GPU call */
-    pv_service_t claim = pv_services[PV_S_svc_claim];
+    pv_svc_claim_t claim = SERVICE(svc_claim);
     if (fd < 0 || !claim || claim(&pv_ctx) < 0) {
         /* No slot: the child must not allocate against the group unseen. */
         fprintf(stderr, "pyvgpu: forked child %d cannot join its group (%s); its CUDA calls are refused\n",
                 (int)getpid(), fd < 0 ? strerror(errno) : "no free slot in the region");
         for (int i = 0; i < PV_N_ENTRIES; i++)
             pv_callbacks[i] = NULL;
-        pv_state = PV_BOOT_REFUSE;
+        pv_boot_state = PV_BOOT_REFUSE;
         return;
     }
     start_watcher();
 }
 
 __attribute__((constructor)) static void pv_init(void) { pthread_atfork(NULL, NULL, atfork_child); }
-__attribute__((destructor)) static void pv_fini(void) { print_stats(); }

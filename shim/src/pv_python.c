@@ -34,6 +34,7 @@
 
 #define PY_FILE_INPUT 257
 
+
 typedef struct {
     int (*IsInitialized)(void);
     int (*GILState_Ensure)(void);
@@ -86,7 +87,7 @@ static void hex(const char *s, char *out, size_t outlen) {
 static void shim_site(char *out, size_t len) {
     Dl_info di;
     out[0] = 0;
-    if (dladdr((void *)pv_boot, &di) && di.dli_fname) {
+    if (dladdr((void *)pv_python_install, &di) && di.dli_fname) {
         snprintf(out, len, "%s", di.dli_fname);
         for (int up = 0; up < 2; up++) {
             char *slash = strrchr(out, '/');

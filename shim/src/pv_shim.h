@@ -44,18 +44,18 @@ extern void *const pv_hook_fns[PV_N_ENTRIES];
 extern const pv_helper_info_t pv_helper_infos[PV_N_HELPERS];
 extern const char *const pv_service_names[PV_N_SERVICES];
 
-/* pv_core.c */
+/* The files of shim/src, from the bottom layer up: each may use the files
+ * above it in this list, never one below (tests/test_codegen.py checks it). */
+
+/* pv_names.c: name lookup in the generated tables */
+int pv_find_abi(const char *name);      /* entry index or -1 */
+int pv_find_hook(const char *name);     /* hook index or -1 */
+
+/* pv_state.c: the per-process state */
 extern pv_ctx_t pv_ctx;
 extern void *pv_callbacks[PV_N_ENTRIES];
 enum { PV_BOOT_READY = 0, PV_BOOT_PASSTHROUGH = 1, PV_BOOT_REFUSE = 2 };
-int pv_boot(void);                      /* make callbacks ready; PV_BOOT_* */
-void pv_resolve_real(void);             /* fill pv_ctx.real (idempotent) */
-void pv_count_lookup(int entry, int via);
-void pv_count_call(int entry);
-void pv_note_procaddr_mismatch(const char *symbol, int table_entry, int driver_entry);
-int pv_find_abi(const char *name);      /* entry index or -1 */
-int pv_find_hook(const char *name);     /* hook index or -1 */
-void *pv_real_dlsym(void *handle, const char *name);
+extern int pv_boot_state; /* PV_BOOT_*, -1 before the boot */
 
 static inline void *pv_callback(int entry) {
     return __atomic_load_n(&pv_callbacks[entry], __ATOMIC_ACQUIRE);
@@ -64,13 +64,29 @@ static inline void *pv_real(int entry) {
     return (void *)(uintptr_t)pv_ctx.real[entry];
 }
 
+extern const char *pv_boot_mode; /* "none", "startup", "first-call" or "embedded" */
+
+/* pv_stats.c: call and lookup counts, printed at exit */
+void pv_count_lookup(int entry, int via);
+void pv_count_call(int entry);
+void pv_note_procaddr_mismatch(const char *symbol, int table_entry, int driver_entry);
+void pv_stats_reset(void);              /* in a forked child */
+
+/* pv_dlsym.c: the dlsym override, and glibc's own dlsym */
+void *pv_real_dlsym(void *handle, const char *name);
+
+/* pv_real.c: the driver's functions */
+void pv_resolve_real(void);             /* fill pv_ctx.real and pv_ctx.helper (idempotent) */
+
+/* pv_python.c: install the callbacks through Python; 0 on success */
+int pv_python_install(char *err, size_t errlen);
+
 /* pv_procaddr.c */
 int pv_select_variant(int hook, int cuda_version, cuuint64_t flags);
 CUresult pv_impl_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult pv_impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                      int *symbolStatus);
 
-/* pv_python.c: install the callbacks through Python; 0 on success */
-int pv_python_install(char *err, size_t errlen);
-extern const char *pv_boot_mode;
+/* pv_core.c: the boot (make the callbacks ready; PV_BOOT_*), the install API, fork */
+int pv_boot(void);
 #endif

@@ -1,5 +1,6 @@
 /* The few CUDA driver and NVML types the shim needs, so that building it
- * needs no CUDA toolkit. Values are from cuda.h / nvml.h (public ABI). */
+ * needs no CUDA toolkit. The codes are in ../generated/pv_abi.h,
+ * rendered from pyvgpu/abi.py. */
 #ifndef PV_TYPES_H
 #define PV_TYPES_H
 #include <stddef.h>
@@ -40,16 +41,5 @@ typedef struct nvmlProcessInfo_v1_st nvmlProcessInfo_v1_t;
 typedef struct nvmlUtilization_st nvmlUtilization_t;
 typedef struct nvmlProcessDetailList_st nvmlProcessDetailList_t;
 
-#define CUDA_SUCCESS 0
-#define CUDA_ERROR_INVALID_VALUE 1
-#define CUDA_ERROR_NOT_FOUND 500
-#define CUDA_ERROR_NOT_PERMITTED 800
-#define NVML_SUCCESS 0
-#define NVML_ERROR_NO_PERMISSION 4
-#define NVML_ERROR_FUNCTION_NOT_FOUND 13
-
-#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
-#define CU_GET_PROC_ADDRESS_SUCCESS 0
-#define CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND 1
-#define CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT 2
+#include "../generated/pv_abi.h"
 #endif

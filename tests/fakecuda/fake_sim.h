@@ -4,7 +4,8 @@
  *
  * Each device is one FIFO timeline: a kernel of d ns starts when the device
  * is free (or now) and ends d ns later; launches block while more than
- * SIM_QUEUE_NS of work is queued, as a full launch queue does.
+ * SIM_QUEUE_NS_DEFAULT (or FAKECUDA_SIM_QUEUE_MS) of work is queued, as a full
+ * launch queue does.
  * FAKECUDA_SIM_SWITCH_PCT=P models time slicing: a kernel queued while
  * another process still has work on the device takes P% longer (on an H100
  * two contexts with work got ~90% of the GPU together, docs/compute.md). With
@@ -25,7 +26,7 @@
 #define SIM_DEVS 16 /* physical devices (MAX_DEV of fake_devices.h) */
 #define SIM_RING 16384
 #define SIM_PROCS 64
-#define SIM_QUEUE_NS 20000000ULL
+#define SIM_QUEUE_NS_DEFAULT 20000000ULL /* FAKECUDA_SIM_QUEUE_MS overrides */
 #define SIM_WINDOW_NS 300000000ULL /* NVML utilization: busy share of the last 300 ms */
 #define SIM_MAGIC 0x314d495346414b45ULL
 #define SIM_FN static __attribute__((unused))
@@ -130,8 +131,13 @@ SIM_FN void sim_enqueue(struct sim *s, int dev, uint64_t d, uint64_t *start, uin
     *end = st + d;
     if (me)
         __atomic_store_n(&me->busy_until[dev % SIM_DEVS], st + d, __ATOMIC_RELEASE);
-    if (st > now + SIM_QUEUE_NS)
-        sim_sleep_until(st - SIM_QUEUE_NS);
+    static uint64_t queue_ns;
+    if (!queue_ns) {
+        const char *q = getenv("FAKECUDA_SIM_QUEUE_MS");
+        queue_ns = q && *q ? (uint64_t)atoi(q) * 1000000ULL : SIM_QUEUE_NS_DEFAULT;
+    }
+    if (st > now + queue_ns)
+        sim_sleep_until(st - queue_ns);
 }
 
 /* Percent of the last SIM_WINDOW_NS during which dev ran a kernel, rounded. */

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from pyvgpu.jit import vpmm as V
+from pyvgpu.jit import vpmm_tables as T
 from pyvgpu.jit.intrinsics import monotonic_ns
 from pyvgpu.vpmm import VirtualMemoryPool
 
@@ -161,11 +162,11 @@ def profile() -> dict:
         t0 = time.perf_counter()
         for op, i, n in ops:
             if op == "alloc":
-                d = int(p.hd[V.H_DEFRAGS])
+                d = int(p.hd[T.H_DEFRAGS])
                 t = time.perf_counter_ns()
                 held[i] = p.malloc(n)
                 dt = time.perf_counter_ns() - t
-                (defrag if p.hd[V.H_DEFRAGS] != d else hit).append(dt)
+                (defrag if p.hd[T.H_DEFRAGS] != d else hit).append(dt)
             elif i in held:
                 t = time.perf_counter_ns()
                 p.free(held.pop(i))

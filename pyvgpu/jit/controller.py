@@ -1,0 +1,126 @@
+"""The compute share's controller: corrects the cost model with what NVML measures.
+
+Runs on the shim's watcher thread (``control``, from the svc_tick service), with
+no GIL and no call into the CUDA driver. Every CONTROL_PERIOD_NS one process of
+the group takes the step for each limited device (a lease in the region). It
+reads the device's utilization from NVML and, while the group is the only one
+on the device, corrects ``sm_scale`` by sqrt(measured / target): a damped
+multiplicative step that converges geometrically without overshoot. While
+others share the device, NVML cannot tell their time from ours, so the scale
+holds. It lowers the scale only while the group spent its whole budget in the
+period (SATURATED of it): a program that asked for less, or could not launch
+for a while (its CPU was busy), is not a reason to give more.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from pyvgpu import abi
+from pyvgpu import layout as L
+from pyvgpu.jit.context import HELPER
+from pyvgpu.jit.fields import CTX, DEV, HDR, NVML_UTILIZATION, REGION, SLOT
+from pyvgpu.jit.intrinsics import load_u32, monotonic_ns, stack_buffer, stack_u64
+from pyvgpu.jit.limiter import Q16
+from pyvgpu.jit.nvml import NO_HANDLE
+from pyvgpu.jit.quota import used_index
+
+CONTROL_PERIOD_NS = 500_000_000
+SCALE_MIN, SCALE_MAX = Q16 // 16, Q16 * 16
+SATURATED = 0.9  # the share of its budget a group must have spent in a period for a reading below target to count
+
+
+@njit
+def group_alone(ctx, region, handle, dev):
+    """True if NVML sees no compute process on the device beyond the group's own."""
+    count = stack_u64()
+    rc = HELPER.nvmlDeviceGetComputeRunningProcesses_v3(ctx, handle, count, 0)
+    if rc != abi.NVML_SUCCESS and rc != abi.NVML_ERROR_INSUFFICIENT_SIZE:
+        return False
+    seen = load_u32(count)
+    ours = 0
+    live = 0
+    for i in range(CTX.get_n_slots(ctx)):
+        s = REGION.slot(region, i)
+        if SLOT.load_state(s) != L.SLOT_LIVE:
+            continue
+        live += 1
+        if SLOT.load_used(s, used_index(dev, L.KIND_CONTEXT)) != 0:
+            ours += 1
+    return seen <= (ours if ours > 0 else live)
+
+
+@njit
+def group_cost(ctx, region, dev):
+    """GPU time (ns, unscaled) the group's live processes were charged on dev so far."""
+    total = np.uint64(0)
+    for i in range(CTX.get_n_slots(ctx)):
+        s = REGION.slot(region, i)
+        if SLOT.load_state(s) == L.SLOT_LIVE:
+            total += SLOT.load_sm_cost_ns(s, dev)
+    return total
+
+
+@njit
+def step(ctx, region, dev, handle, limit, period):
+    """One controller step for the group on dev (this process holds the lease)."""
+    d = REGION.device(region, dev)
+    util = stack_buffer(8)  # nvmlUtilization_t
+    if HELPER.nvmlDeviceGetUtilizationRates(ctx, handle, util) != abi.NVML_SUCCESS:
+        DEV.store_sm_state(d, L.SM_STATE_NO_MEASUREMENT)
+        return
+    u = NVML_UTILIZATION.get_gpu(util)
+    DEV.store_sm_util(d, u * 100)
+    scale = np.float64(DEV.load_sm_scale(d))
+    if scale == 0:
+        scale = np.float64(Q16)
+    alone = group_alone(ctx, region, handle, dev)
+    # The budget the group spent in the period: the GPU time it was charged, scaled as the limiter
+    # charged it. Its own utilization (what NVML shows the group, pyvgpu/jit/devices.py) is the
+    # device's reading while alone; else what it spent, at most that reading.
+    cost = group_cost(ctx, region, dev)
+    mark = DEV.xchg_sm_cost_mark(d, cost)
+    charged = np.float64(cost - mark) if cost >= mark else 0.0  # a reclaimed slot takes its count along
+    spent = charged * scale / Q16 / max(np.float64(period), 1.0)  # of the device's time
+    saturated = spent * 100.0 >= SATURATED * np.float64(limit)
+    mine = np.float64(u) * 100.0
+    if not alone:
+        mine = min(mine, spent * 1e4)
+    DEV.store_sm_group_util(d, np.uint32(mine))
+    DEV.add_sm_steps(d, 1)
+    if not alone:
+        DEV.store_sm_state(d, L.SM_STATE_HOLDING)
+        return
+    DEV.store_sm_state(d, L.SM_STATE_CALIBRATING)
+    if u == limit or (u < limit and not saturated):
+        return
+    ratio = max(0.5, min(2.0, max(np.float64(u), 0.5) / np.float64(limit)))
+    new = scale * math.sqrt(ratio)
+    new = max(np.float64(SCALE_MIN), min(np.float64(SCALE_MAX), new))
+    DEV.store_sm_scale(d, np.uint64(new))
+
+
+@njit
+def control(ctx):
+    """The watcher's compute work: a controller step for each limited device this process launches on."""
+    region = CTX.get_region(ctx)
+    if region == 0 or HDR.get_sm_any(region) == 0:
+        return
+    now = np.uint64(monotonic_ns())
+    for dev in range(L.MAX_DEVICES):
+        d = REGION.device(region, dev)
+        limit = DEV.get_sm_limit(d)
+        h = CTX.get_sm_nvml(ctx, dev)
+        if limit == 0 or limit >= 100 or h <= NO_HANDLE:
+            continue
+        last = DEV.load_sm_ctl_ns(d)
+        if now - last < np.uint64(CONTROL_PERIOD_NS) and last <= now:
+            continue
+        if DEV.cas_sm_ctl_ns(d, last, now) != last:
+            continue  # another process of the group took this step
+        if last == 0:
+            continue  # the first period: NVML's window still holds the time before the program ran
+        step(ctx, region, dev, h, limit, now - last)

@@ -1,0 +1,152 @@
+"""What happens on every kernel launch: count it, and under a compute share, charge and pace it.
+
+Every launch path (cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel,
+cuGraphLaunch, their per-thread-stream variants, and the multi-device
+cooperative launch) ends in :func:`launch`:
+
+1. count the launch in the process's slot (``pyvgpu top``'s launches/s);
+2. if the group has a share in force on the launch's device: look up the
+   kernel's cost (pyvgpu/jit/cost.py), charge it to the group's budget
+   (pyvgpu/jit/limiter.py) and wait while the budget is spent;
+3. hold the device's turn (pyvgpu/jit/turn.py), so the GPU never runs two
+   groups' work at once;
+4. time one launch in SAMPLE_EVERY (and every new kernel's first) with events;
+5. call the driver.
+
+With no limit in force a launch costs a few loads and one atomic add before
+the driver is called: no clock read, no lock, no syscall.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from pyvgpu import abi
+from pyvgpu.jit import cost, limiter, turn
+from pyvgpu.jit.context import REAL, call_real, current_device, stream_of
+from pyvgpu.jit.fields import CTX, LAUNCH_CONFIG, LAUNCH_PARAMS, SLOT
+from pyvgpu.jit.intrinsics import load_i32, monotonic_ns, stack_u64
+from pyvgpu.jit.nvml import handle as nvml_handle
+
+SAMPLE_EVERY = 256  # time one launch in this many (a power of two); a new kernel's first launch always
+HARVEST_EVERY = 64  # look for finished timings every this many launches (a power of two)
+
+
+@njit(inline="always")
+def count_launch(ctx):
+    """Count the launch in the process's slot: (the count before it, True), or (0, False) without a slot."""
+    slot = CTX.get_slot(ctx)
+    if slot != 0:
+        return SLOT.add_launches(slot, 1), True
+    return np.uint64(0), False
+
+
+@njit
+def launch_device(ctx):
+    """The device a launch runs on. A process that sees one CUDA device launches on device 0, so it
+    skips cuCtxGetDevice, the dearest call of the limited path; the count is asked once."""
+    n = CTX.get_sm_ndev(ctx)
+    if n == 0:
+        out = stack_u64()
+        if REAL.cuDeviceGetCount(ctx, out) == abi.CUDA_SUCCESS:
+            n = np.uint32(load_i32(out) + 1)
+            CTX.set_sm_ndev(ctx, n)
+    if n == 2:
+        return np.int64(0)
+    return np.int64(current_device(ctx))
+
+
+@njit
+def launch(ctx, idx, args, notfound, key, stream):
+    """Every launch path ends here: count, limit, time a sample, launch."""
+    region = CTX.get_region(ctx)
+    if region == 0:
+        return call_real(ctx, idx, args, notfound)
+    n, counted = count_launch(ctx)
+    if not limiter.limited(ctx, region):
+        return call_real(ctx, idx, args, notfound)
+    if not counted:  # sampling needs a count: the process's own, only on this (limited) path
+        n = CTX.add_sm_launches(ctx, 1)
+    dev = launch_device(ctx)
+    if dev < 0:
+        return call_real(ctx, idx, args, notfound)
+    limit = limiter.share(region, dev)
+    if limit == 0:
+        return call_real(ctx, idx, args, notfound)
+    if CTX.get_sm_nvml(ctx, dev) == 0:
+        nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
+    if CTX.load_sm_pending(ctx) != 0 and (n & np.uint64(HARVEST_EVERY - 1)) == 0:
+        cost.harvest(ctx)
+    slot = cost.cost_slot(ctx, key)
+    c = cost.cost_of(ctx, slot)
+    now = monotonic_ns()
+    wait = limiter.throttle(ctx, region, dev, c, limit, now)
+    if wait > 0:
+        now = limiter.hold(ctx, region, dev, wait, stream, True)
+    turn.take(ctx, dev, stream, now, c)
+    s = -1
+    if (n & np.uint64(SAMPLE_EVERY - 1)) == 0 or cost.new_kernel(ctx, slot):
+        s = cost.sample_begin(ctx, key, stream)
+    rc = call_real(ctx, idx, args, notfound)
+    if s >= 0:
+        cost.sample_end(ctx, s, stream, rc)
+    return rc
+
+
+# --- the hooks' policies: one per launch path, both stream flavours (context.stream_of) -------
+
+@njit
+def kernel(ctx, idx, args, notfound):
+    f, gx, gy, gz, bx, by, bz, shm, stream, params, extra = args
+    return launch(ctx, idx, args, notfound, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream))
+
+
+@njit
+def cooperative(ctx, idx, args, notfound):
+    f, gx, gy, gz, bx, by, bz, shm, stream, params = args
+    return launch(ctx, idx, args, notfound, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream))
+
+
+@njit
+def kernel_ex(ctx, idx, args, notfound):
+    config, f, params, extra = args
+    if config == 0:
+        return call_real(ctx, idx, args, notfound)
+    C = LAUNCH_CONFIG
+    key = cost.shape_key(f, C.get_gridDimX(config), C.get_gridDimY(config), C.get_gridDimZ(config),
+                         C.get_blockDimX(config), C.get_blockDimY(config), C.get_blockDimZ(config))
+    return launch(ctx, idx, args, notfound, key, stream_of(idx, C.get_hStream(config)))
+
+
+@njit
+def graph(ctx, idx, args, notfound):
+    exec_, stream = args
+    return launch(ctx, idx, args, notfound, exec_ | np.uint64(1), stream_of(idx, stream))
+
+
+@njit
+def multi_device(ctx, idx, args, notfound):
+    """One kernel on several devices at once: charged to the calling thread's device, by the first entry's
+    kernel (the launches run in lockstep); not timed, its streams belong to several contexts."""
+    plist, ndev, flags = args
+    region = CTX.get_region(ctx)
+    if region == 0:
+        return call_real(ctx, idx, args, notfound)
+    count_launch(ctx)
+    if not limiter.limited(ctx, region) or plist == 0 or ndev == 0:
+        return call_real(ctx, idx, args, notfound)
+    dev = current_device(ctx)
+    if dev < 0:
+        return call_real(ctx, idx, args, notfound)
+    limit = limiter.share(region, dev)
+    if limit != 0:
+        P = LAUNCH_PARAMS
+        key = cost.shape_key(P.get_function(plist), P.get_gridDimX(plist), P.get_gridDimY(plist),
+                             P.get_gridDimZ(plist), P.get_blockDimX(plist), P.get_blockDimY(plist),
+                             P.get_blockDimZ(plist))
+        wait = limiter.throttle(ctx, region, dev, cost.cost_of(ctx, cost.cost_slot(ctx, key)), limit,
+                                monotonic_ns())
+        if wait > 0:
+            limiter.hold(ctx, region, dev, wait, np.uint64(0), False)  # streams of several devices: no turns
+    return call_real(ctx, idx, args, notfound)

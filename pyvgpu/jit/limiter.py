@@ -1,0 +1,82 @@
+"""The compute share's budget: one per (group, device), in the shared region.
+
+A group with ``sm_limit = s`` percent on a device may use s% of that
+device's time. The budget is a generic cell rate algorithm on a single word,
+``sm_tat``: the time at which the budget is next free. A launch advances it by
+cost x scale x 100 / s with one CAS (cost from pyvgpu/jit/cost.py, scale from
+the controller, pyvgpu/jit/controller.py), and waits only if it is more than
+BURST_NS + the batch ahead of now. Every process of the group draws on the
+same word, in arrival order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from pyvgpu import layout as L
+from pyvgpu.jit import turn
+from pyvgpu.jit.fields import CTX, DEV, HDR, REGION, SLOT
+from pyvgpu.jit.intrinsics import monotonic_ns, sleep_ns
+
+BURST_NS = 2_000_000  # budget a group may run ahead of its share (absorbs sleep overshoot)
+Q16 = 65536  # sm_scale's unit: 1.0
+
+
+@njit(inline="always")
+def limited(ctx, region):
+    """True if this process's launches go through the limiter. Loads only."""
+    if HDR.get_sm_any(region) == 0:
+        return False
+    policy = CTX.get_sm_policy(ctx)
+    return not (policy == L.SM_POLICY_DISABLE
+                or (policy == L.SM_POLICY_DEFAULT and HDR.get_sm_switch(region) == 0))
+
+
+@njit(inline="always")
+def share(region, dev):
+    """The group's share on dev in percent, if it limits (1-99); else 0."""
+    limit = DEV.get_sm_limit(REGION.device(region, dev))
+    return limit if 0 < limit < 100 else np.uint32(0)
+
+
+@njit
+def throttle(ctx, region, dev, cost, limit, now):
+    """Charge cost (ns of GPU time) to the group's budget on dev. Returns how long the launch must wait for
+    the budget (ns, <= 0: it may go now)."""
+    d = REGION.device(region, dev)
+    scale = DEV.get_sm_scale(d)
+    if scale == 0:
+        scale = np.uint64(Q16)
+    charge = np.int64(cost * scale // np.uint64(Q16) * np.uint64(100) // np.uint64(limit))
+    while True:
+        old = np.int64(DEV.load_sm_tat(d))
+        base = old if old > now else now
+        if np.int64(DEV.cas_sm_tat(d, np.uint64(old), np.uint64(base + charge))) == old:
+            break
+    slot = CTX.get_slot(ctx)
+    if slot != 0:
+        SLOT.add_sm_launches(slot, dev, 1)
+        SLOT.add_sm_cost_ns(slot, dev, cost)
+    return old - BURST_NS - np.int64(CTX.get_sm_batch_ns(ctx)) - now
+
+
+@njit
+def hold(ctx, region, dev, wait, stream, turns):
+    """Wait for the budget: hand the device's turn over first if ``turns`` (turn.give may wait for this
+    process's work to finish, which counts towards the wait). Returns the time after it."""
+    start = monotonic_ns()
+    if turns and turn.takes_turns(ctx, dev):
+        turn.give(ctx, dev, stream)
+    else:
+        # Time-slicing the GPU: sleeping sm_batch_ns past the point where this launch may go lets the
+        # launches after it pass at once, that much budget together, so the GPU switches contexts once
+        # per batch instead of once per kernel (the tolerance holds a batch, so no budget is lost; the
+        # schedule in sm_tat is absolute, so the rate does not change). Taking turns, the turn batches.
+        wait += np.int64(CTX.get_sm_batch_ns(ctx))
+    now = monotonic_ns()
+    if start + wait > now:
+        sleep_ns(start + wait - now)
+        now = monotonic_ns()
+    DEV.add_sm_throttle_ns(REGION.device(region, dev), np.uint64(now - start))
+    return now

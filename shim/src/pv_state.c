@@ -1,0 +1,9 @@
+/* The shim's per-process state: the context every callback gets, the
+ * published callbacks, and how the boot went. Data only: every other file
+ * reads it, none of them is needed to define it. */
+#include "pv_shim.h"
+
+pv_ctx_t pv_ctx = {.magic = PV_CTX_MAGIC, .n_entries = PV_N_ENTRIES};
+void *pv_callbacks[PV_N_ENTRIES];
+int pv_boot_state = -1; /* PV_BOOT_* once booted */
+const char *pv_boot_mode = "none"; /* how the callbacks were installed: startup, first-call, embedded */
