@@ -74,8 +74,16 @@ def current(runtime_dirs: list[str] | None = None) -> Runtime:
     home = pyinfo.python_home()
     cache_dir = str(cache.cache_dir().resolve())
     exe = sys.executable
-    cwd = os.getcwd()
-    syspath = [p for p in pyinfo.import_path() if os.path.abspath(p) != cwd]
+    # What the embedded interpreter imports from: the standard library and the site directories (those of
+    # this Python and the one holding pyvgpu), not whatever else this process put on sys.path.
+    import pyvgpu
+
+    pkg_root = str(Path(pyvgpu.__file__).resolve().parents[1])
+    homes = [sys.prefix, sys.base_prefix, pkg_root]
+    syspath = [p for p in pyinfo.import_path()
+               if any(_under(os.path.realpath(p), os.path.realpath(h)) or _under(p, h) for h in homes)]
+    if pkg_root not in syspath and os.path.realpath(pkg_root) not in map(os.path.realpath, syspath):
+        syspath.append(pkg_root)
     needed = {"LD_PRELOAD": shim, "PYTHONPATH": str(BOOT_DIR.resolve()), "PYVGPU_PYTHON": exe,
               "PYVGPU_LIBPYTHON": libpython, "PYVGPU_PYTHON_HOME": home, "PYVGPU_CACHE_DIR": cache_dir}
     paths = [v for v in needed.values() if v] + syspath + [os.path.realpath(exe)]
