@@ -37,6 +37,7 @@ from pyvgpu.cluster.deviceplugin.v1beta1 import api_pb2 as pb
 from pyvgpu.cluster.extender import Scheduler
 from pyvgpu.cluster.informer import Informer
 from pyvgpu.cluster.kube import Kube
+from pyvgpu.shim import BENCH_BIN
 
 MiB = 1 << 20
 U0 = "GPU-fa4ec0da-0000-0000-0000-000000000000"
@@ -188,6 +189,16 @@ def test_a_pod_from_scheduler_to_container_gets_exactly_its_cap_and_share(cluste
     host_region = plugin.state / "containers" / f"{uid}_main" / "vgpu.region"
     r = region.open_region(host_region, writable=False)
     assert r.limits()[0] == 4096 * MiB and r.sm_limits()[0] == 30  # the share, in the region
+    os.close(r.fd)
+    # ... and its share: pv_bench's 200 us kernels on the simulated GPU (tests/test_compute.py), 5000/s alone
+    sim = dict(machine, FAKECUDA_SIM=str(tmp_path / "gpu.sim"))
+    load = run_container(answer, [str(BENCH_BIN), "sm", "5", "2000", "kernel"], sim)
+    assert load.returncode == 0, load.stdout + load.stderr
+    pts = [(int(t), int(n)) for _, t, n in (x.split() for x in load.stdout.splitlines() if x.startswith("P "))]
+    start = next(q for q in pts if q[0] - pts[0][0] >= 2.5e9)  # past the controller's first steps
+    share = 100 * (pts[-1][1] - start[1]) / ((pts[-1][0] - start[0]) / 1e9) / 5000
+    print(f"the container got {share:.1f}% of the simulated GPU (share 30%)")
+    assert abs(share - 30) <= 5, f"the container got {share:.1f}% of the GPU, its share is 30%"
 
     # a GPU turns unhealthy: ListAndWatch says so, the agent registers it unhealthy
     other = U1 if chosen == U0 else U0

@@ -168,3 +168,22 @@ def test_cli_errors_name_the_option():
     assert p.returncode == 2 and "--tls-cert-file" in p.stderr
     p = run([*PYVGPU, "cluster", "scheduler", "--port", "8080", "--gpu-policy", "random"])
     assert p.returncode == 2 and "--gpu-policy 'random'" in p.stderr
+
+
+def test_exporter_reads_the_containers_regions_of_a_node_state_dir(tmp_path, monkeypatch):
+    from pyvgpu import exporter
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))  # no groups of this user in the way
+    (tmp_path / "xdg").mkdir()
+    st = NodeState(tmp_path / "state")
+    st.ensure()
+    st.create_region("0b5e1c2a-0000-4bee-8000-000000000001", "main", [2 << 30] + [0] * 15, [30] + [0] * 15)
+    (st.containers / "stray").mkdir()  # not a container's directory: skipped
+    families = {f.name: f for f in exporter.RegionCollector(machine=lambda: None,
+                                                           state_dir=str(st.root)).collect()}
+    (limit,) = families["pyvgpu_memory_limit_bytes"].samples
+    assert limit.labels["group"] == "0b5e1c2a_main" and limit.value == 2 << 30
+    (share,) = families["pyvgpu_sm_limit_percent"].samples
+    assert share.value == 30
+    p = run([*PYVGPU, "exporter", "--state-dir", str(tmp_path / "nowhere")])
+    assert p.returncode == 2 and "--state-dir" in p.stderr and "no such directory" in p.stderr
