@@ -18,6 +18,10 @@ Each container gets (HAMi's formats, pkg/device-plugin/nvidiadevice/nvinternal/p
 
 and mounts: its region directory (read-write), the turn file (read-write), the runtime (read-only).
 
+When the pod's last container is allocated (or its bind fails here), the node lock `hami.io/mutex.lock` is
+released if this pod holds it: a HAMi scheduler leaves the lock to the device plugin, as HAMi's plugin
+releases it (pyvgpu's scheduler releases its own at the end of its bind, so there is nothing left then).
+
 Failures: the container's region directories are removed, the pod is marked `bind-phase: failed` when
 the API server can be told, and the caller gets an AllocateError with a gRPC status code and a message
 that says what to do. Nothing is half-allocated: the pod's annotation is changed in one patch, after
@@ -26,12 +30,13 @@ every region exists, and only if the pod has not changed since it was read (reso
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyvgpu import limits as lim
-from pyvgpu.cluster import codec, keys, nodestate
+from pyvgpu.cluster import codec, keys, nodelock, nodestate
 from pyvgpu.cluster.errors import ClusterInputError
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
 from pyvgpu.cluster.model import ContainerDevice
@@ -42,6 +47,7 @@ REGION_MOUNT = "/run/pyvgpu/region"  # the container's region directory, inside 
 TURNS_MOUNT = "/run/pyvgpu/turns"  # the node's turn file, inside the container
 SUCCESS = keys.BIND_SUCCESS
 FAILED = keys.BIND_FAILED
+log = logging.getLogger("pyvgpu.cluster.allocate")
 
 
 class AllocateError(PyvgpuError):
@@ -220,6 +226,8 @@ class Allocator:
                 patch_annos[keys.POD_BIND_PHASE] = SUCCESS
             self.kube.patch_pod(ns, name, {"metadata": {"annotations": patch_annos,
                                                         "resourceVersion": meta.get("resourceVersion")}})
+            if not any(pd):
+                self._release_lock(ns, name)
             return answers
         except KubeError as e:
             self._undo(made)
@@ -253,3 +261,12 @@ class Allocator:
                                 {"metadata": {"annotations": {keys.POD_BIND_PHASE: FAILED}}})
         except (KubeError, KubeUnreachable):
             pass
+        self._release_lock(meta.get("namespace", "default"), meta["name"])
+
+    def _release_lock(self, ns: str, name: str) -> None:
+        """Release the node's lock if this pod holds it (a HAMi scheduler's bind leaves it to us)."""
+        try:
+            nodelock.NodeLock(self.kube).release(self.cfg.node, ns, name, tries=2)
+        except (KubeError, KubeUnreachable) as e:
+            log.warning("could not release the lock of node %s held by pod %s/%s: %s; it expires", self.cfg.node,
+                        ns, name, e)

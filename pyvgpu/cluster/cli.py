@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import typer
 
-cluster_app = typer.Typer(help="The cluster half (HAMi-compatible scheduling): answer 'why is my pod Pending?' "
+cluster_app = typer.Typer(help="The cluster half, HAMi-compatible: the scheduler extender and webhook, the device "
+                               "plugin and node agent (deploy/helm/pyvgpu runs them), and 'why is my pod Pending?' "
                                "offline, from kubectl dumps.", no_args_is_help=True)
 
 

@@ -3,8 +3,8 @@
 The device plugin gives every container the pyvgpu runtime it runs itself: the shim (libpyvgpu.so), the
 startup hook, the Python that the shim embeds in a non-Python program, pyvgpu's package, and the warm
 callback cache. They are mounted read-only at the same paths as on the host, so the absolute paths the
-plugin sees are the paths the container sees (the DaemonSet copies its runtime, /opt/pyvgpu in the image,
-to the same host path: deploy/).
+plugin sees are the paths the container sees (the chart's init container copies the image's runtime,
+/opt/pyvgpu/<release>, to the same host path, and the plugin runs from there: deploy/helm/pyvgpu).
 
 The environment is what `pyvgpu wrap` sets for the shim (pyvgpu/wrap.py build_env): LD_PRELOAD,
 PYTHONPATH (the startup hook), PYVGPU_PYTHON, PYVGPU_LIBPYTHON, PYVGPU_PYTHON_HOME, PYVGPU_SYSPATH and

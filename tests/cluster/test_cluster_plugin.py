@@ -300,3 +300,22 @@ def test_the_oldest_bind_whose_next_container_matches_the_request_is_taken(node,
     (c,) = node.allocate([f"{U0}::1", f"{U1}::1"]).container_responses
     assert dict(c.envs)["CUDA_VISIBLE_DEVICES"] == f"{U0},{U1}"
     assert dict(c.envs)["CUDA_DEVICE_MEMORY_LIMIT_1"] == "512m"
+
+
+def test_the_node_lock_a_hami_scheduler_left_is_released_after_the_last_container(node, api):
+    """A HAMi scheduler leaves hami.io/mutex.lock to the device plugin; another pod's lock is not ours."""
+    from fake_apiserver import node as node_obj
+
+    from pyvgpu.cluster import nodelock
+
+    api.put_node(node_obj("node-a", {keys.NODE_LOCK: nodelock.lock_value("default", "train")}))
+    api.put_pod(binding_pod())
+    node.allocate([f"{U0}::2"])
+    assert keys.NODE_LOCK in api.get_node("node-a")["metadata"]["annotations"]  # a container is still to come
+    node.allocate([f"{U1}::0"])
+    assert keys.NODE_LOCK not in api.get_node("node-a")["metadata"]["annotations"]
+    api.put_node(node_obj("node-a", {keys.NODE_LOCK: nodelock.lock_value("default", "other")}))
+    api.put_pod(binding_pod("train2", to_allocate=f"{U0},NVIDIA,1024,0:;;"))
+    node.allocate([f"{U0}::1"])
+    assert api.get_pod("default", "train2")["metadata"]["annotations"][keys.POD_BIND_PHASE] == "success"
+    assert api.get_node("node-a")["metadata"]["annotations"][keys.NODE_LOCK].endswith(",default,other")
