@@ -204,6 +204,7 @@ def _status(code: int, reason: str, message: str) -> dict:
 def _handler(api: FakeApiServer):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # else each answer waits ~40 ms for the client's delayed ACK
 
         def log_message(self, *args):  # quiet
             pass
