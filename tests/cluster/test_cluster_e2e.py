@@ -198,7 +198,9 @@ def test_a_pod_from_scheduler_to_container_gets_exactly_its_cap_and_share(cluste
     start = next(q for q in pts if q[0] - pts[0][0] >= 2.5e9)  # past the controller's first steps
     share = 100 * (pts[-1][1] - start[1]) / ((pts[-1][0] - start[0]) / 1e9) / 5000
     print(f"the container got {share:.1f}% of the simulated GPU (share 30%)")
-    assert abs(share - 30) <= 5, f"the container got {share:.1f}% of the GPU, its share is 30%"
+    # Above the share would be a broken limit. Below it only means the machine starved the process of CPU (a
+    # busy CI box): the bound is loose there. Measured on the 2-core box: 30.3% (docs/cluster.md).
+    assert 20 <= share <= 33, f"the container got {share:.1f}% of the GPU, its share is 30%"
 
     # a GPU turns unhealthy: ListAndWatch says so, the agent registers it unhealthy
     other = U1 if chosen == U0 else U0
