@@ -109,6 +109,12 @@ def wrap(
                                      help="What happens when the limits cannot be enforced: 'closed' refuses "
                                           "CUDA calls (the default when limits are set), 'open' runs the "
                                           "program unlimited with a warning."),
+    mode: str = typer.Option(None, "--mode", metavar="hami-core|mps",
+                             help="Who enforces the limits of a new group: 'hami-core' (default) pyvgpu's own "
+                                  "limiter; 'mps' NVIDIA's Multi-Process Service (a per-user control daemon is "
+                                  "started or joined; --sm becomes the clients' active-thread percentage, "
+                                  "--memory their pinned-memory limit, and pyvgpu still caps and shows memory). "
+                                  "Members joining a group follow its mode. MIG: give MIG UUIDs to --devices."),
 ) -> None:
     """Run PROGRAM in a vGPU. It keeps this process's pid, exit code and signals.
 
@@ -125,7 +131,7 @@ def wrap(
     try:
         env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None),
                           on_error=on_error.value if on_error else None, memory=memory, sm=sm, group=group,
-                          region_path=region, devices=devices, allocator=allocator)
+                          region_path=region, devices=devices, allocator=allocator, mode=mode)
         w.exec_wrapped(command, env)
     except PyvgpuError as e:
         raise _fail(str(e), 127 if str(e).startswith("program not found") else 2) from None

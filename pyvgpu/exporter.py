@@ -119,12 +119,19 @@ class RegionCollector(Collector):
         build = GaugeMetricFamily("pyvgpu_build_info", "The pyvgpu serving these metrics (always 1)",
                                   labels=["version", "python"])
         build.add_metric([__version__, platform.python_version()], 1)
+        mode = GaugeMetricFamily("pyvgpu_group_mode", "Who enforces the group's limits: hami-core (pyvgpu) or mps "
+                                 "(always 1; the share in pyvgpu_mps_active_threads_percent)", labels=["group", "mode"])
+        mps_threads = GaugeMetricFamily("pyvgpu_mps_active_threads_percent",
+                                        "Mode mps: the clients' active-thread percentage", labels=["group"])
         names = {x.uuid: x.name for x in self.machine() or []}
         for g in groups:
             if not _visible(g):
                 continue
             name = g["name"]
             where = self.gpu_of(g)
+            mode.add_metric([name, g["mode"]], 1)
+            if g["mps_active_threads"]:
+                mps_threads.add_metric([name], g["mps_active_threads"])
             for d in g["devices"]:
                 lab = _labels(name, where, d["index"])
                 if d["limit"]:
@@ -145,7 +152,7 @@ class RegionCollector(Collector):
                 for dev, kinds in p["devices"].items():
                     for kind, n in kinds.items():
                         used.add_metric([*_labels(name, where, int(dev)), pid, kind], n)
-        yield from (limit, used, group_used, sm_limit, sm_util, oom, held, launches, info, build)
+        yield from (limit, used, group_used, sm_limit, sm_util, oom, held, launches, info, build, mode, mps_threads)
 
 
 def _labels(name: str, where: dict[int, tuple[str, str]], d: int) -> list[str]:

@@ -17,6 +17,7 @@ from pyvgpu import limits, services
 from pyvgpu import region as R
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import human
+from pyvgpu.mps import mode_name
 
 
 def check_exists(path: Path, group: str | None, region_path: str | None) -> None:
@@ -107,6 +108,7 @@ def describe(r: R.Region, reclaimed: int) -> dict:
                       "launches": s.launches, "launches_limited": sum(s.sm_launches)})
     visible = [{"index": g, "nvml_index": i, "uuid": u} for g, (i, u) in enumerate(r.visible())]
     return {"name": r.name, "path": str(r.path), "created_ns": r.header.created_ns,
+            "mode": mode_name(r.header.mode), "mps_active_threads": r.header.mps_active_threads or None,
             "sm_switch": bool(r.header.sm_switch), "reclaimed_now": reclaimed, "n_physical": r.header.n_physical,
             "gpus": visible or None, "devices": devices, "processes": procs, "events": r.events(EVENTS_SHOWN)}
 
@@ -183,7 +185,10 @@ def render(groups: list[dict]) -> str:
         return f"no groups under {R.runtime_dir()}"
     lines = []
     for g in groups:
-        lines.append(f"group {g['name']}  ({g['path']})")
+        mode = "" if g["mode"] == "hami-core" else f"  mode {g['mode']}"
+        if g["mps_active_threads"]:
+            mode += f", MPS active threads {g['mps_active_threads']}%"
+        lines.append(f"group {g['name']}  ({g['path']}){mode}")
         if g["reclaimed_now"]:
             lines.append(f"  reclaimed {human(g['reclaimed_now'])} from processes that died")
         if g["gpus"]:
