@@ -234,6 +234,10 @@ def exporter(
                                      "or ::1 (this host only)."),
     group: str = typer.Option(None, "--group", "-g", metavar="NAME", help="Export only this named group."),
     region: str = typer.Option(None, "--region", metavar="PATH", help="Export only the group region at PATH."),
+    state_dir: str = typer.Option(None, "--state-dir", metavar="DIR",
+                                  help="Export the containers' regions of a Kubernetes node's state directory "
+                                       "(pyvgpu cluster device-plugin --state-dir, e.g. /run/pyvgpu) instead of "
+                                       "the runtime dir's groups."),
 ) -> None:
     """Serve Prometheus metrics for every group under the runtime dir, read afresh at each scrape.
 
@@ -245,8 +249,11 @@ def exporter(
     """
     from pyvgpu import exporter as ex
 
+    if state_dir is not None and not Path(state_dir).is_dir():
+        raise _fail(f"--state-dir {state_dir}: no such directory; give the node state directory the device plugin "
+                    "was given (--state-dir, default /run/pyvgpu)")
     try:
-        srv = ex.server(port, address, group, region)
+        srv = ex.server(port, address, group, region, state_dir)
     except OSError as e:
         raise _fail(ex.listen_error(address, port, e)) from None
     import signal

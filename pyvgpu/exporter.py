@@ -47,9 +47,10 @@ class RegionCollector(Collector):
     """Turns each scrape into a read of every group region."""
 
     def __init__(self, group: str | None = None, region_path: str | None = None,
-                 machine=devices.machine) -> None:
+                 machine=devices.machine, state_dir: str | None = None) -> None:
         self.group = group
         self.region_path = region_path
+        self.state_dir = state_dir
         self._machine_fn = machine
         self._machine: list[devices.Gpu] | None = None
         self._machine_at = -MACHINE_TTL_S
@@ -88,7 +89,8 @@ class RegionCollector(Collector):
     def collect(self) -> Iterator:
         with self._lock:
             skipped: list = []
-            groups = st.collect(group=self.group, region_path=self.region_path, skipped=skipped, strict=False)
+            groups = st.collect(group=self.group, region_path=self.region_path, skipped=skipped, strict=False,
+                                state_dir=self.state_dir)
             for path, why in skipped:
                 self._skip(path, why)
             yield from self._families(groups)
@@ -176,14 +178,14 @@ class _Quiet(WSGIRequestHandler):
 
 
 def server(port: int, address: str = "0.0.0.0", group: str | None = None,
-           region_path: str | None = None) -> WSGIServer:
+           region_path: str | None = None, state_dir: str | None = None) -> WSGIServer:
     """A threaded server for /metrics on address:port (port 0: any free one; see ``server_port``).
 
     IPv4 or IPv6 by the address, as prometheus-client's start_http_server
     chooses. The caller runs ``serve_forever`` (on any thread) and ``shutdown``.
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RegionCollector(group, region_path))
+    registry.register(RegionCollector(group, region_path, state_dir=state_dir))
     family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
 
     class Server(ThreadingWSGIServer):

@@ -37,11 +37,17 @@ def is_private(path: Path) -> bool:
     return Path(path).parent == R.runtime_dir() / "private"
 
 
-def region_paths(group: str | None = None, region_path: str | None = None) -> list[Path]:
+def region_paths(group: str | None = None, region_path: str | None = None,
+                 state_dir: Path | None = None) -> list[Path]:
     if region_path:
         return [Path(region_path)]
     if group:
         return [R.group_path(group)]
+    if state_dir is not None:
+        # a Kubernetes node's state (pyvgpu.cluster.nodestate): one region per container
+        from pyvgpu.cluster.nodestate import NodeState
+
+        return [p / "vgpu.region" for _, _, p in NodeState(Path(state_dir)).container_dirs()]
     base = R.runtime_dir()
     out = sorted((base / "groups").glob("*.region")) + sorted((base / "private").glob("*.region"))
     shared = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
@@ -140,7 +146,8 @@ def event_text(e: dict) -> str:
 
 
 def collect(group: str | None = None, region_path: str | None = None,
-            skipped: list[tuple[Path, str]] | None = None, strict: bool = True) -> list[dict]:
+            skipped: list[tuple[Path, str]] | None = None, strict: bool = True,
+            state_dir: Path | None = None) -> list[dict]:
     """Every group (or the one named), dead members reclaimed first.
 
     A file in the runtime dir that is not a readable region of ours (a stray
@@ -151,7 +158,7 @@ def collect(group: str | None = None, region_path: str | None = None,
     """
     out = []
     explicit = bool(group or region_path) and strict
-    for p in region_paths(group, region_path):
+    for p in region_paths(group, region_path, state_dir):
         try:
             if explicit:
                 check_exists(p, group, region_path)
