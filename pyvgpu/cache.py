@@ -30,19 +30,20 @@ import hashlib
 import json
 import os
 import platform
+import stat
 import sys
 import time
 from pathlib import Path
 
 import pyvgpu
-from pyvgpu import cblib, cpuid, hooks
+from pyvgpu import cblib, cpuid, hooks, safefile
 from pyvgpu.errors import PyvgpuError
 
 FORMAT = 2
 _SOURCES = ("abi.py", "structs.py", "hooks.py", "layout.py", "jit/*.py")  # what the machine code is compiled from
 # CPU-seconds one compile took on the 2-core development box (numba 0.68): the estimate when nothing better is known
 DEFAULT_CPU_SECONDS = 200.0
-LOCK_WAIT_S = 1800  # the longest a process waits for another one's compile
+LOCK_WAIT_S = 1800  # the longest a process waits for another one's compile (minutes on a loaded 2-core box)
 
 
 def cache_dir() -> Path:
@@ -81,10 +82,36 @@ def _describe(lib: cblib.Library, origin: str) -> dict:
             "services": sorted(lib.services)}
 
 
+def dir_problem(directory: Path) -> str | None:
+    """Why code must not be taken from (or put into) this cache directory, or None: it must be this user's
+    or root's, not a link, and nobody else may write it (whoever can could put code into every program).
+    Our own directory made under umask 002 is repaired (chmod go-w)."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o022:
+        os.chmod(directory, stat.S_IMODE(st.st_mode) & ~0o022)
+        st = os.lstat(directory)
+    if stat.S_ISLNK(st.st_mode):
+        return f"{directory} is a symbolic link"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"{directory} belongs to {safefile.who(st.st_uid)}"
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        return f"{directory} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
 def _tuned(directory: Path, key: str) -> dict | None:
     cpu = cpuid.cpu_id()
     path = tuned_path(directory, key, cpu)
     if not cpu or not path.exists():
+        return None
+    problem = dir_problem(directory)
+    if problem:
+        print(f"pyvgpu: warning: not using the callbacks in {directory}: {problem}, so another user could put "
+              "code into your programs; using the packaged ones. Set PYVGPU_CACHE_DIR to a directory of your "
+              "own (or chmod go-w it)", file=sys.stderr)
         return None
     try:
         lib = cblib.load(path)
@@ -161,7 +188,10 @@ class _Progress:
 
 def _lock(directory: Path):
     """An exclusive lock on the cache, so that concurrent starts compile once; waits at most LOCK_WAIT_S."""
-    f = open(directory / ".lock", "a+")
+    lock_path = directory / ".lock"
+    fd = safefile.open_regular(lock_path, os.O_RDWR | os.O_CREAT, "the callback cache lock", f"remove {lock_path}",
+                               0o600)
+    f = os.fdopen(fd, "a+")
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
@@ -189,6 +219,10 @@ def _compile(directory: Path, key: str, workers: int, why: str, again: bool) -> 
             f"no compiled callbacks fit this pyvgpu and the cache cannot be written ({problem}); set "
             "PYVGPU_CACHE_DIR to a writable directory, or run `pyvgpu warmup` once as a user who can write it"
         )
+    problem = dir_problem(directory)
+    if problem:
+        raise PyvgpuError(f"the callback cache: {problem}, so another user could put code into your programs; "
+                          "refusing it. Set PYVGPU_CACHE_DIR to a directory of your own (or chmod go-w it)")
     with _lock(directory):
         if not again:
             m = _tuned(directory, key)

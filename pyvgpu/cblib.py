@@ -15,12 +15,15 @@ and it holds no path of the machine that built it.
 
 Code runs from these files, so a library is loaded only if it is a regular
 file that belongs to this user or root and that no other user may write
-(``trust_problem``); the shim applies the same rule.
+(``trust_problem``), and whose bytes match the SHA-256 written beside it
+(``<library>.sha256``): a corrupt copy is refused with a message, never run.
+The shim applies the same rules (shim/src/pv_verify.c pv_verified_fd).
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -120,19 +123,32 @@ def link(obj: bytes, source: str, out: Path) -> None:
         p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
         if p.returncode != 0:
             raise PyvgpuError(f"linking the callback library failed ({cc}): {p.stderr.strip()[-2000:]}")
+        data = (t / "lib.so").read_bytes()
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd, part = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+        public = out.name == FILE_NAME  # the package's: readable by all; a user's cache: theirs only
+        _write(hash_path(out), (hashlib.sha256(data).hexdigest() + "\n").encode(), 0o644 if public else 0o600)
+        _write(out, data, 0o755 if public else 0o700)
+
+
+def hash_path(lib: Path) -> Path:
+    """Where the SHA-256 of a library is kept (64 hex digits and a newline)."""
+    return Path(lib).with_name(Path(lib).name + ".sha256")
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """Write a file whole under a temporary name, then rename it into place (never a half-written one)."""
+    fd, part = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(part, mode)
+        os.replace(part, path)
+    except BaseException:
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write((t / "lib.so").read_bytes())
-            os.chmod(part, 0o755 if out.name == FILE_NAME else 0o700)
-            os.replace(part, out)
-        except BaseException:
-            try:
-                os.unlink(part)
-            except OSError:
-                pass
-            raise
+            os.unlink(part)
+        except OSError:
+            pass
+        raise
 
 
 def build(out: Path, *, key: str, tuned: bool, cpu_id: int = 0, workers: int = 1, progress=None) -> dict:
@@ -159,12 +175,8 @@ def build(out: Path, *, key: str, tuned: bool, cpu_id: int = 0, workers: int = 1
              "build_seconds": round(time.perf_counter() - t0, 3), "build_workers": workers,
              "callbacks": len(symbols),
              "built_with": {"numba": numba.__version__, "llvmlite": llvmlite.__version__}}
-    info = info_path(out)
-    fd, part = tempfile.mkstemp(dir=info.parent, prefix=f".{info.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(facts, f, indent=1, sort_keys=True)
-    os.chmod(part, 0o644 if out.name == FILE_NAME else 0o600)
-    os.replace(part, info)
+    _write(info_path(out), json.dumps(facts, indent=1, sort_keys=True).encode(),
+           0o644 if out.name == FILE_NAME else 0o600)
     return facts
 
 
@@ -198,6 +210,35 @@ class Library:
     services: dict[str, int]
 
 
+class CorruptLibrary(PyvgpuError):
+    """A callback library whose bytes do not match the hash written beside it."""
+
+
+def _check_hash(fd: int, path: Path, fix: str) -> None:
+    """The library's bytes, read through fd (the one it is loaded through), against <library>.sha256."""
+    side = hash_path(path)
+    try:
+        sfd = os.open(side, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise CorruptLibrary(f"the callback library {path} has no hash beside it ({side}: {e.strerror}); "
+                             f"{fix}") from None
+    try:
+        problem = trust_problem(os.fstat(sfd))
+        want = os.read(sfd, 64).decode("ascii", "replace")
+    finally:
+        os.close(sfd)
+    if problem:
+        raise CorruptLibrary(f"the hash of the callback library, {side}, is not used: {problem}; {fix}")
+    h = hashlib.sha256()
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        h.update(chunk)
+        offset += len(chunk)
+    if h.hexdigest() != want:
+        raise CorruptLibrary(f"the callback library {path} does not match the hash beside it (corrupt or "
+                             f"changed); {fix}")
+
+
 def _text(arr) -> str:
     return bytes(arr).split(b"\0", 1)[0].decode("ascii", "replace")
 
@@ -228,6 +269,7 @@ def load(path: Path) -> Library:
         if problem:
             raise PyvgpuError(f"the callback library {path} is not loaded: {problem}; remove it, or fix its "
                               "owner and mode (chmod go-w)")
+        _check_hash(fd, path, fix)
         try:
             handle = ctypes.CDLL(f"/proc/self/fd/{fd}")
             table = Table.in_dll(handle, L.CBLIB_SYMBOL)

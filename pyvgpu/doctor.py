@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import asdict, dataclass
 
 from pyvgpu import cache, hooks, shim
@@ -80,8 +81,40 @@ def _cache() -> Check:
                  f"into {d} (about {est:.0f} s, once); `pyvgpu warmup` does it now")
 
 
+def _runtime() -> Check:
+    from pyvgpu import region
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        d = region.private_runtime_dir()
+    except (PyvgpuError, OSError) as e:
+        return Check("runtime directory", False, str(e), region.RUNTIME_FIX)
+    return Check("runtime directory", True, f"{d}, yours, mode 0700")
+
+
+def _turns() -> Check:
+    """Which turn file groups with a compute share use, whether it is safe, and whether it has room."""
+    from pyvgpu import layout, sched
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        p, note = sched.choose(os.environ)
+        used = len(sched.entries(p)) if os.path.exists(p) else 0
+    except (PyvgpuError, OSError) as e:
+        return Check("turn file", False, str(e), "ask root to run `pyvgpu setup`, or set PYVGPU_SM_TURN=0",
+                     required=False)
+    if note:
+        return Check("turn file", False, note, "ask root to run `pyvgpu setup`", required=False)
+    if used >= layout.SCHED_ENTRIES:
+        return Check("turn file", False, f"{p}: all {used} entries are in use, so a GPU not yet in it time-slices",
+                     f"remove {p} when no pyvgpu program runs" + (" and run `pyvgpu setup` again"
+                                                                 if p == sched.SHM_PATH else ""), required=False)
+    who = "shared with group pyvgpu" if p == sched.SHM_PATH else "your own (`pyvgpu setup` shares one machine-wide)"
+    return Check("turn file", True, f"{p}, {who}, {used}/{layout.SCHED_ENTRIES} entries used")
+
+
 def run_checks() -> list[Check]:
-    return [_shim(), _driver(), _nvml(), _cache()]
+    return [_shim(), _driver(), _nvml(), _cache(), _runtime(), _turns()]
 
 
 def as_json(checks: list[Check]) -> list[dict]:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pyvgpu import cache, devices, region, sched
+from pyvgpu import cache, devices, mps, region, sched
 from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BOOT_DIR, shim_path
@@ -28,7 +28,7 @@ def _prepend(item: str, current: str | None, sep: str) -> str:
 def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: str | None = None,
               memory: str | None = None, sm: str | None = None, group: str | None = None,
               region_path: str | None = None, devices: str | None = None, allocator: str | None = None,
-              join: bool = True, callbacks: str | None = None) -> dict[str, str]:
+              join: bool = True, mode: str | None = None, callbacks: str | None = None) -> dict[str, str]:
     """The wrapped program's environment: ``base`` plus the shim, its callbacks and its group.
 
     ``callbacks``: the callback library to name (default: the one pyvgpu.cache chooses, compiling it
@@ -61,10 +61,12 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
     lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
     lim.sm_batch_ns(env)
     sched.enabled(env)
+    if mode is not None:
+        mps.check_mode(mode)
     if join:
-        join_group(env, memory, group, region_path, sm, devices)
-    elif devices is not None:
-        raise PyvgpuError("--devices needs a group region")
+        join_group(env, memory, group, region_path, sm, devices, mode)
+    elif devices is not None or mode is not None:
+        raise PyvgpuError(f"{'--devices' if devices is not None else '--mode'} needs a group region")
     return env
 
 
@@ -127,7 +129,11 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
             del env[k]
         return lim.SmLimits(), source
     if sched.enabled(env):  # a broken turn file is an error now, not in the program
-        os.close(sched.open_fd(sched.path(env)))
+        turns, note = sched.choose(env)
+        if note:
+            print(f"pyvgpu: warning: {note}", file=sys.stderr)
+        os.close(sched.open_fd(turns, env))
+        env["PYVGPU_SCHED"] = str(turns)  # the program uses the file checked here
     if lim.sm_policy(env) == 2:
         print(f"pyvgpu: warning: {source} is not enforced for this program: GPU_CORE_UTILIZATION_POLICY=disable",
               file=sys.stderr)
@@ -135,12 +141,19 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
 
 
 def join_group(env: dict[str, str], memory: str | None, group: str | None, region_path: str | None,
-               sm: str | None = None, device_spec: str | None = None) -> Path:
+               sm: str | None = None, device_spec: str | None = None, mode: str | None = None) -> Path:
     """Create or join the group's region before the program starts; set the env contract for it."""
     if group and region_path:
         raise PyvgpuError("give --group or --region, not both")
     chosen = devices.select(device_spec, env) if device_spec is not None else []
-    shares, sm_source = sm_limits_for(env, sm, chosen)
+    if mode == "mps":  # MPS enforces the share (pyvgpu/mps.py): nothing of pyvgpu's limiter to check
+        shares, sm_source = (lim.parse_sm_option(sm), f"--sm {sm}") if sm is not None else \
+            (lim.sm_from_env(env), "CUDA_DEVICE_SM_LIMIT")
+        mps_shares, shares = shares, lim.SmLimits()
+        for k in [k for k in env if k.startswith("CUDA_DEVICE_SM_LIMIT")]:
+            del env[k]
+    else:
+        shares, sm_source = sm_limits_for(env, sm, chosen)
     if memory is not None:
         limits, source = lim.parse_memory_option(memory), f"--memory {memory}"
         for k in [k for k in env if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")]:
@@ -150,6 +163,9 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
     n_physical = check_physical(limits, source, chosen)
     if region_path:
         path = Path(region_path).absolute()
+        if path.is_dir():
+            raise PyvgpuError(f"--region {region_path} is a directory; give the path of a region file in it, "
+                              f"such as --region {Path(region_path) / 'NAME.region'}")
     elif group:
         path = region.group_path(group)
     elif env.get("CUDA_DEVICE_MEMORY_SHARED_CACHE"):
@@ -158,8 +174,22 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
         region.gc_private()
         path = region.new_private_path()
     name = group or path.stem
+    existed = path.exists()
     r = region.create_or_open(path, name, limits, source, n_physical, shares, sm_source, chosen,
                               f"--devices {device_spec}")
+    if mode is not None:
+        want = mps.check_mode(mode)
+        if not existed:
+            r.header.mode = want
+            if want == mps.MODES.index("mps"):
+                r.header.mps_active_threads = mps.one_share(mps_shares, sm_source)
+        elif r.header.mode != want:
+            raise PyvgpuError(f"--mode {mode}: the group {name} runs in mode {mps.mode_name(r.header.mode)}; "
+                              "join it without --mode, or start another group")
+    if not limits and any(r.limits()):  # caps read from the file (asked-for ones were checked above) are
+        # bounded by the devices' memory
+        phys = [g.total for g in chosen] if chosen else devices.physical_memory()
+        region.check_bounds(r, phys or [])
     if not limits:  # joining a group without asking: take its limits
         limits = lim.MemoryLimits(per_device={d: v for d, v in enumerate(r.limits()) if v})
     if not shares:
@@ -168,6 +198,9 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
     env.update(lim.sm_to_env(shares))
     if r.header.n_visible:  # the group's devices, also for a member that did not name them
         env["CUDA_VISIBLE_DEVICES"] = ",".join(u for _, u in r.visible())
+    if r.header.mode == mps.MODES.index("mps"):  # every member of an MPS group is a client, --mode or not
+        n = r.header.n_visible or n_physical or len(devices.physical_memory() or [])
+        mps.apply(env, region.runtime_dir(), limits, r.header.mps_active_threads, n)
     env["PYVGPU_REGION"] = str(path)
     return path
 

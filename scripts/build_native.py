@@ -6,7 +6,7 @@ Writes into OUT (default ./pyvgpu, for working in the source tree; setup.py
 calls build() with the wheel's package dir):
 
 * libpyvgpu.so, the LD_PRELOAD shim;
-* libpyvgpu_callbacks.so (+ .json, its build facts), the callbacks compiled
+* libpyvgpu_callbacks.so (+ .so.sha256, its hash; + .json, its build facts), the callbacks compiled
   by numba for the baseline CPU of this architecture (pyvgpu/cblib.py), which
   the shim loads with no interpreter;
 * bin/pv_bench, the benchmark and startup probe.
@@ -77,10 +77,10 @@ def build_callbacks(out: Path) -> Path:
         try:
             got = cblib.load(saved)
             if got.key == key and not got.tuned:
-                shutil.copyfile(saved, lib)
-                shutil.copyfile(cblib.info_path(saved), cblib.info_path(lib))
-                os.chmod(lib, 0o755)
-                os.chmod(cblib.info_path(lib), 0o644)
+                for src, dst, mode in ((saved, lib, 0o755), (cblib.info_path(saved), cblib.info_path(lib), 0o644),
+                                       (cblib.hash_path(saved), cblib.hash_path(lib), 0o644)):
+                    shutil.copyfile(src, dst)
+                    os.chmod(dst, mode)
                 print(f"build_native: callbacks {key} from the build cache {saved}", file=sys.stderr)
                 return lib
         except PyvgpuError as e:
@@ -97,11 +97,12 @@ def build_callbacks(out: Path) -> Path:
     if saved is not None:
         try:  # best effort: a later build of the same sources copies it
             saved.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            part = saved.with_name(f".{saved.name}.{os.getpid()}")
-            shutil.copyfile(lib, part)
-            os.chmod(part, 0o700)
-            shutil.copyfile(cblib.info_path(lib), cblib.info_path(saved))
-            os.replace(part, saved)
+            for src, dst, mode in ((cblib.info_path(lib), cblib.info_path(saved), 0o600),
+                                   (cblib.hash_path(lib), cblib.hash_path(saved), 0o600), (lib, saved, 0o700)):
+                part = dst.with_name(f".{dst.name}.{os.getpid()}")
+                shutil.copyfile(src, part)
+                os.chmod(part, mode)
+                os.replace(part, dst)
         except OSError as e:
             print(f"build_native: cannot keep the callbacks in {saved.parent} ({e.strerror})", file=sys.stderr)
     return lib

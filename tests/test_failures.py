@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -89,6 +90,7 @@ def _fake_library(tmp_path: Path, table_hash: str = "deadbeefdeadbeef", mode: in
     lib = tmp_path / "libfake_cb.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     lib.chmod(mode)
+    (tmp_path / "libfake_cb.so.sha256").write_text(hashlib.sha256(lib.read_bytes()).hexdigest() + "\n")
     return lib
 
 
@@ -107,7 +109,7 @@ def test_a_callback_library_others_may_write_is_not_loaded(env, fake, tmp_path):
     env["PYVGPU_CALLBACKS"] = str(_fake_library(tmp_path, hooks.table_hash(), mode=0o777))
     p = run([*PYVGPU, "wrap", "--", str(fake / "host_linked")], env=env)
     assert "-> 800" in p.stdout, p.stdout + p.stderr
-    assert "other users may write it (mode 777)" in p.stderr
+    assert "another user owns it or can write it, so it could put code into your programs" in p.stderr
 
 
 def stale_package(tmp_path: Path) -> Path:

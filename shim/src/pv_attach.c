@@ -13,10 +13,18 @@
  * that both writers make the same header. `pyvgpu wrap` and pyvgpu's device
  * plugin create the region before the program starts.
  *
+ * Every shared file is treated as pyvgpu/safefile.py treats it (docs/security.md):
+ * opened with O_NOFOLLOW and O_NONBLOCK, a regular file, this user's and
+ * writable by nobody else (the turn file may be root's, writable by its group)
+ * unless PYVGPU_TRUST_SHARED=1, its size checked right before mapping, and the
+ * mapping registered with the SIGBUS guard (pv_guard.c). Directories pyvgpu
+ * makes are 0700, this user's, no link.
+ *
  * The slot itself is claimed later, at the first GPU call (svc_claim). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +37,156 @@
 #include "pv_shim.h"
 
 extern char **environ;
+
+/* ---- files other users may touch (pyvgpu/safefile.py) -------------------- */
+
+#define RUNTIME_FIX "Ask its owner or root to remove it, or set XDG_RUNTIME_DIR to a directory of your own (pyvgpu " \
+                    "then keeps its groups in $XDG_RUNTIME_DIR/pyvgpu)"
+#define REGION_FIX "use a region of your own (--group NAME, or --region PATH in a directory only you can write)"
+#define TRUST_NOTE "or set PYVGPU_TRUST_SHARED=1 if whoever can write it is trusted (docs/security.md)"
+
+/* safefile.who: "uid 65534 (nobody)" */
+static void who(uid_t uid, char *out, size_t n) {
+    struct passwd pw, *got = NULL;
+    char buf[1024];
+    if (getpwuid_r(uid, &pw, buf, sizeof buf, &got) == 0 && got)
+        snprintf(out, n, "uid %u (%s)", (unsigned)uid, got->pw_name);
+    else
+        snprintf(out, n, "uid %u", (unsigned)uid);
+}
+
+static void link_target(const char *path, char *out, size_t n) {
+    ssize_t r = readlink(path, out, n - 1);
+    out[r > 0 ? r : 0] = 0;
+    if (r <= 0)
+        snprintf(out, n, "?");
+}
+
+/* safefile.private_dir: path made (0700) or checked, this user's, no link; 0 or -1 with err */
+static int private_dir(const char *path, const char *what, const char *fix, char *err, size_t n) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno != ENOENT || (mkdir(path, 0700) != 0 && errno != EEXIST) || lstat(path, &st) != 0) {
+            snprintf(err, n, "%s %s: cannot create it (%s); %s", what, path, strerror(errno), fix);
+            return -1;
+        }
+    }
+    char a[128], b[128], t[512];
+    if (S_ISLNK(st.st_mode)) {
+        link_target(path, t, sizeof t);
+        who(st.st_uid, a, sizeof a);
+        snprintf(err, n, "%s %s is a symbolic link (to %s, made by %s); pyvgpu does not follow links there, as "
+                 "someone may be redirecting your files. %s", what, path, t, a, fix);
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, n, "%s %s is not a directory; %s", what, path, fix);
+        return -1;
+    }
+    if (st.st_uid != geteuid()) {
+        who(st.st_uid, a, sizeof a);
+        who(geteuid(), b, sizeof b);
+        snprintf(err, n, "%s %s belongs to %s, not to you (%s): another user made it, and pyvgpu put nothing in "
+                 "it. %s", what, path, a, b, fix);
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat now;
+    int rc = -1;
+    if (fd < 0 || fstat(fd, &now) != 0 || now.st_dev != st.st_dev || now.st_ino != st.st_ino ||
+        now.st_uid != geteuid())
+        snprintf(err, n, "%s %s was replaced while pyvgpu checked it; %s", what, path, fix);
+    else if ((now.st_mode & 07777) != 0700 && fchmod(fd, 0700) != 0) /* mkdir passed the umask, or opened up */
+        snprintf(err, n, "%s %s: cannot make it 0700 (%s); %s", what, path, strerror(errno), fix);
+    else
+        rc = 0;
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* safefile.foreign_problem: why this user must not trust a file of this stat, or NULL */
+static const char *foreign_problem(const struct stat *st, int root_group_ok, char *buf, size_t n) {
+    unsigned mode = st->st_mode & 07777;
+    char a[128], b[128];
+    if (st->st_uid == 0 && root_group_ok) {
+        if (!(mode & 002))
+            return NULL;
+    } else if (st->st_uid != geteuid()) {
+        who(st->st_uid, a, sizeof a);
+        who(geteuid(), b, sizeof b);
+        snprintf(buf, n, "it belongs to %s, not to you (%s)", a, b);
+        return buf;
+    } else if (!(mode & 022)) {
+        return NULL;
+    }
+    snprintf(buf, n, "it is writable by %s (mode %04o)", mode & 002 ? "every user" : "its group", mode);
+    return buf;
+}
+
+/* safefile.open_regular + check_trusted: the fd (blocking), or -1 with err (*missing: ENOENT) */
+static int open_shared(const char *path, int flags, const char *what, const char *fix, int root_group_ok,
+                       int trust_shared, char *err, size_t n, int *missing) {
+    *missing = 0;
+    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        char t[512];
+        if (errno == ENOENT)
+            *missing = 1;
+        if (errno == ELOOP) {
+            link_target(path, t, sizeof t);
+            snprintf(err, n, "%s %s is a symbolic link (to %s); pyvgpu does not follow links there. %s", what,
+                     path, t, fix);
+        } else if (errno == EACCES || errno == EPERM)
+            snprintf(err, n, "%s %s: permission denied; it belongs to another user or group (see its owner with "
+                     "ls -l)", what, path);
+        else
+            snprintf(err, n, "%s %s cannot be opened (%s); %s", what, path, strerror(errno), fix);
+        return -1;
+    }
+    struct stat st;
+    char buf[300];
+    const char *problem;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, n, "%s %s is not a regular file; %s", what, path, fix);
+    } else if ((problem = foreign_problem(&st, root_group_ok, buf, sizeof buf)) && !trust_shared) {
+        snprintf(err, n, "%s %s: %s, so another user could change or truncate it under your program; refusing "
+                 "it. %s, " TRUST_NOTE, what, path, problem, fix);
+    } else {
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        return fd;
+    }
+    close(fd);
+    return -1;
+}
+
+/* region.map_forever: the size checked right before mapping, the mapping registered with the guard */
+static void *map_shared(int fd, uint64_t size, int guard, const char *path, const char *what, const char *fix,
+                        char *err, size_t n) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < size) {
+        snprintf(err, n, "%s %s is %lld bytes, %llu expected: it was truncated; %s", what, path,
+                 (long long)st.st_size, (unsigned long long)size, fix);
+        return NULL;
+    }
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        snprintf(err, n, "cannot map %s (%s)", what, strerror(errno));
+        return NULL;
+    }
+    pyvgpu_guard((uint64_t)(uintptr_t)m, size, guard);
+    return m;
+}
+
+/* region.runtime_dir(): $XDG_RUNTIME_DIR/pyvgpu if writable, else /tmp/pyvgpu-<uid>; made private */
+static int runtime_dir(char *out, size_t n, char *err, size_t errlen) {
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (xdg && *xdg && access(xdg, W_OK) == 0)
+        snprintf(out, n, "%s/pyvgpu", xdg);
+    else
+        snprintf(out, n, "/tmp/pyvgpu-%u", (unsigned)getuid());
+    return private_dir(out, "the runtime directory", RUNTIME_FIX, err, errlen);
+}
 
 static uint64_t region_size(uint32_t n_slots) { return PV_REGION_SLOTS_OFF + (uint64_t)n_slots * PV_REGION_SLOT_SIZE; }
 
@@ -65,6 +223,12 @@ static uint32_t sm_any(const uint32_t *sm) {
 
 /* region.create: link a complete region file into place unless one is there. 0, or -1 with err. */
 static int create_region(const char *path, const pv_env_t *env, char *err, size_t n) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(err, n, "region %s is a directory; give the path of a region file, such as %s/NAME.region", path,
+                 path);
+        return -1;
+    }
     static char header[PV_REGION_SLOTS_OFF];
     memset(header, 0, sizeof header);
     pv_region_header_t *h = (pv_region_header_t *)header;
@@ -123,58 +287,41 @@ static int create_region(const char *path, const pv_env_t *env, char *err, size_
     return rc;
 }
 
-/* region.runtime_dir()/private, made and checked as region.py does */
+/* region.new_private_path(): <runtime dir>/private/<pid>-<8 hex>.region, the directories made private */
 static int private_path(char *out, size_t n, char *err, size_t errlen) {
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    char top[900];
-    if (xdg && *xdg && access(xdg, W_OK) == 0)
-        snprintf(top, sizeof top, "%s/pyvgpu", xdg);
-    else
-        snprintf(top, sizeof top, "/tmp/pyvgpu-%u", (unsigned)getuid());
-    char dir[1000];
-    snprintf(dir, sizeof dir, "%s/private/", top);
-    if (make_parents(dir, 0700) != 0) {
-        snprintf(err, errlen, "cannot create %s (%s); set XDG_RUNTIME_DIR to a directory of your own", dir,
-                 strerror(errno));
+    char top[900], dir[1000];
+    if (runtime_dir(top, sizeof top, err, errlen))
         return -1;
-    }
-    struct stat st;
-    if (stat(top, &st) != 0 || st.st_uid != getuid() || (st.st_mode & 022)) {
-        snprintf(err, errlen, "the runtime directory %s belongs to another user or is writable by others; remove "
-                 "it, or set XDG_RUNTIME_DIR to a directory of your own", top);
+    snprintf(dir, sizeof dir, "%s/private", top);
+    if (private_dir(dir, "the runtime directory", RUNTIME_FIX, err, errlen))
         return -1;
-    }
     unsigned char r[4] = {0};
     if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
         struct timespec now;
         clock_gettime(CLOCK_MONOTONIC, &now);
         memcpy(r, &now.tv_nsec, sizeof r);
     }
-    snprintf(out, n, "%s%d-%02x%02x%02x%02x.region", dir, (int)getpid(), r[0], r[1], r[2], r[3]);
+    snprintf(out, n, "%s/%d-%02x%02x%02x%02x.region", dir, (int)getpid(), r[0], r[1], r[2], r[3]);
     return 0;
 }
 
-/* region.open_region's checks; the fd (read-write), or -1 with err. ENOENT in *missing. */
-static int open_region(const char *path, pv_region_header_t *h, char *err, size_t n, int *missing) {
+/* region.open_region's checks; the fd (read-write), or -1 with err. *missing when there is no file. */
+static int open_region(const char *path, const pv_env_t *env, pv_region_header_t *h, char *err, size_t n,
+                       int *missing) {
+    struct stat st;
     *missing = 0;
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT)
-            *missing = 1;
-        else if (errno == EACCES || errno == EPERM)
-            snprintf(err, n, "region %s: permission denied; it belongs to another user or group (see its owner "
-                     "with ls -l)", path);
-        else
-            snprintf(err, n, "region %s cannot be opened (%s)", path, strerror(errno));
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(err, n, "region %s is a directory; give the path of a region file, such as %s/NAME.region", path,
+                 path);
         return -1;
     }
-    struct stat st;
+    int fd = open_shared(path, O_RDWR, "region", REGION_FIX, 0, env->trust_shared, err, n, missing);
+    if (fd < 0)
+        return -1;
     const char *bad = NULL;
     char why[512];
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-        bad = "is not a regular file";
-    else if ((uint64_t)st.st_size < PV_REGION_SLOTS_OFF ||
-             pread(fd, h, sizeof *h, 0) != (ssize_t)sizeof *h) {
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < PV_REGION_SLOTS_OFF ||
+        pread(fd, h, sizeof *h, 0) != (ssize_t)sizeof *h) {
         snprintf(why, sizeof why, "is %lld bytes, too short to be a pyvgpu region (corrupt or not ours); remove it "
                  "and start the group again", (long long)st.st_size);
         bad = why;
@@ -239,22 +386,40 @@ static int check_group(const char *path, const pv_region_header_t *h, const pv_r
 
 /* ---- the turn file (pyvgpu/sched.py) ------------------------------------ */
 
-static void turn_path(char *out, size_t n) {
-    const char *s = getenv("PYVGPU_SCHED");
+#define SHM_TURNS "/dev/shm/pyvgpu-turns-v1"
+
+/* sched.machine_problem: can this user use the machine's turn file (made by `pyvgpu setup`)? */
+static int machine_turns_usable(const pv_env_t *env) {
     struct stat st;
-    if (s && *s)
-        snprintf(out, n, "%s", s);
-    else if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && access("/dev/shm", W_OK) == 0)
-        snprintf(out, n, "/dev/shm/pyvgpu-turns-v1");
-    else {
-        const char *xdg = getenv("XDG_RUNTIME_DIR");
-        if (xdg && *xdg && access(xdg, W_OK) == 0)
-            snprintf(out, n, "%s/pyvgpu/turns", xdg);
-        else
-            snprintf(out, n, "/tmp/pyvgpu-%u/turns", (unsigned)getuid());
-    }
+    char buf[300];
+    if (lstat(SHM_TURNS, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    if (foreign_problem(&st, 1, buf, sizeof buf) && !env->trust_shared)
+        return 0;
+    return access(SHM_TURNS, R_OK | W_OK) == 0;
 }
 
+/* sched.choose: PYVGPU_SCHED, else the machine's file if usable, else <runtime dir>/turns (this user's) */
+static int turn_path(const pv_env_t *env, char *out, size_t n, int *own, char *err, size_t errlen) {
+    const char *s = getenv("PYVGPU_SCHED");
+    *own = 0;
+    if (s && *s) {
+        snprintf(out, n, "%s", s);
+        return 0;
+    }
+    if (machine_turns_usable(env)) {
+        snprintf(out, n, "%s", SHM_TURNS);
+        return 0;
+    }
+    char top[900];
+    if (runtime_dir(top, sizeof top, err, errlen))
+        return -1;
+    snprintf(out, n, "%s/turns", top);
+    *own = 1;
+    return 0;
+}
+
+/* sched._write_new: link a complete, empty turn file (0600) into place unless one is there */
 static void create_turns(const char *p) {
     char tmp[1200];
     pv_sched_header_t head = {.magic = PV_SCHED_MAGIC, .version = PV_SCHED_VERSION, .n_entries = PV_SCHED_ENTRIES,
@@ -263,41 +428,38 @@ static void create_turns(const char *p) {
     const char *slash = strrchr(p, '/');
     snprintf(tmp, sizeof tmp, "%.*s.%s.%d.turns", slash ? (int)(slash - p + 1) : 0, p, slash ? slash + 1 : p,
              (int)getpid());
-    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
-        return; /* the open below reports it */
-    /* every user's groups take turns on the same GPUs (sched.py) */
-    if (fchmod(fd, 0666) == 0 && pwrite(fd, &head, sizeof head, 0) == (ssize_t)sizeof head &&
+        return; /* the open after it reports */
+    if (fchmod(fd, 0600) == 0 && pwrite(fd, &head, sizeof head, 0) == (ssize_t)sizeof head &&
         ftruncate(fd, PV_SCHED_SIZE) == 0)
         (void)link(tmp, p);
     close(fd);
     unlink(tmp);
 }
 
-static uint64_t map_turns(char *err, size_t n) {
-    char p[1024];
-    turn_path(p, sizeof p);
-    char fix[1200];
-    snprintf(fix, sizeof fix, "remove %s when no pyvgpu program runs, or set PYVGPU_SM_TURN=0", p);
-    if (access(p, F_OK) != 0)
-        create_turns(p);
-    int fd = open(p, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-        if (errno == EACCES || errno == EPERM)
-            snprintf(err, n, "the turn file %s: permission denied (it should be mode 0666); %s", p, fix);
-        else
-            snprintf(err, n, "the turn file %s: %s; %s, or set PYVGPU_SCHED to a writable path that every group "
-                     "uses", p, strerror(errno), fix);
+/* sched.attach: the turn file mapped (never unmapped) and guarded; 0 with err set on failure */
+static uint64_t map_turns(const pv_env_t *env, char *err, size_t n) {
+    char p[1024], fix[1400];
+    int own, missing;
+    if (turn_path(env, p, sizeof p, &own, err, n))
         return 0;
-    }
+    if (!strcmp(p, SHM_TURNS))
+        snprintf(fix, sizeof fix, "ask root to run `pyvgpu setup` (it recreates the file), or set PYVGPU_SM_TURN=0");
+    else
+        snprintf(fix, sizeof fix, "remove %s when no pyvgpu program runs, or set PYVGPU_SCHED to a file of your "
+                 "own, or PYVGPU_SM_TURN=0", p);
     struct stat st;
+    if (lstat(p, &st) != 0 && errno == ENOENT && strcmp(p, SHM_TURNS))
+        create_turns(p);
+    int fd = open_shared(p, O_RDWR, "the turn file", fix, 1, env->trust_shared, err, n, &missing);
+    if (fd < 0)
+        return 0;
     pv_sched_header_t head;
     memset(&head, 0, sizeof head);
     const char *bad = NULL;
     char why[256];
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-        bad = "is not a regular file";
-    else if (pread(fd, &head, sizeof head, 0) < 0 || head.magic != PV_SCHED_MAGIC)
+    if (fstat(fd, &st) != 0 || pread(fd, &head, sizeof head, 0) < 0 || head.magic != PV_SCHED_MAGIC)
         bad = "is not a pyvgpu turn file (bad magic)";
     else if (head.version != PV_SCHED_VERSION || head.n_entries != PV_SCHED_ENTRIES) {
         snprintf(why, sizeof why, "has version %u with %u entries, this pyvgpu uses %d with %d", head.version,
@@ -312,12 +474,8 @@ static uint64_t map_turns(char *err, size_t n) {
         close(fd);
         return 0;
     }
-    void *m = mmap(NULL, PV_SCHED_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *m = map_shared(fd, PV_SCHED_SIZE, PV_GUARD_TURNS, p, "the turn file", fix, err, n);
     close(fd);
-    if (m == MAP_FAILED) {
-        snprintf(err, n, "the turn file %s cannot be mapped (%s); %s", p, strerror(errno), fix);
-        return 0;
-    }
     return (uint64_t)(uintptr_t)m;
 }
 
@@ -405,9 +563,9 @@ int pv_attach(char *err, size_t n) {
     }
     pv_region_header_t h;
     int missing;
-    int fd = open_region(path, &h, err, n, &missing);
+    int fd = open_region(path, &env, &h, err, n, &missing);
     if (fd < 0 && missing && create_region(path, &env, err, n) == 0)
-        fd = open_region(path, &h, err, n, &missing);
+        fd = open_region(path, &env, &h, err, n, &missing);
     if (fd < 0) {
         if (env.region_var) { /* name the variable that named the file */
             char why[1024];
@@ -416,16 +574,15 @@ int pv_attach(char *err, size_t n) {
         }
         return -1;
     }
-    void *m = mmap(NULL, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0); /* never unmapped */
-    if (m == MAP_FAILED) {
-        snprintf(err, n, "cannot map the group region %s (%s)", path, strerror(errno));
+    void *m = map_shared(fd, h.size, PV_GUARD_REGION, path, "the group region", "remove it and start again", err,
+                         n); /* never unmapped */
+    if (!m) {
         close(fd);
         return -1;
     }
     const pv_region_device_t *dev = (const pv_region_device_t *)((char *)m + PV_REGION_DEVICES_OFF);
     if (check_group(path, &h, dev, &env, err, n)) {
-        munmap(m, h.size);
-        close(fd);
+        close(fd); /* the mapping stays (guarded, unused): a refused process makes no more calls */
         return -1;
     }
     uint64_t sched = 0;
@@ -434,8 +591,7 @@ int pv_attach(char *err, size_t n) {
         shared |= dev[d].sm_limit > 0 && dev[d].sm_limit < 100;
     /* Groups with a share take turns on the GPU. One that gets its first share
      * by a live change later launches without turns (it time-slices). */
-    if (shared && env.turns && !(sched = map_turns(err, n))) {
-        munmap(m, h.size);
+    if (shared && env.turns && !(sched = map_turns(&env, err, n))) {
         close(fd);
         return -1;
     }

@@ -279,6 +279,15 @@ int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n) {
                         "time-slice it)%s", "PYVGPU_SM_TURN", t, "");
         env->turns = !(e - b == 1 && *b == '0');
     }
+    /* PYVGPU_TRUST_SHARED (pyvgpu/safefile.py trust_shared) */
+    if (env_get(envp, "PYVGPU_TRUST_SHARED", &t)) {
+        const char *b, *e;
+        strip(t, &b, &e);
+        if (e - b > 1 || (e - b == 1 && *b != '0' && *b != '1'))
+            return fail(err, n, "%s='%s': give 1 (use regions and turn files that another user owns or others can "
+                        "write) or 0 (the default: refuse them)%s", "PYVGPU_TRUST_SHARED", t, "");
+        env->trust_shared = e - b == 1 && *b == '1';
+    }
     /* memory: CUDA_DEVICE_MEMORY_LIMIT, then CUDA_DEVICE_MEMORY_LIMIT_<i> over it */
     uint64_t floor;
     if (min_memory(envp, &floor, err, n))
@@ -348,7 +357,7 @@ PV_EXPORT int pyvgpu_parse_size(const char *text, const char *where, uint64_t *o
 PV_EXPORT int pyvgpu_parse_percent(const char *text, const char *where, uint32_t *out, char *err, size_t n) {
     return pv_parse_percent(text, where, out, err, n);
 }
-/* memory[16], sm[16], {policy, turns}, batch_ns out of an environment array */
+/* memory[16], sm[16], {policy, turns, trust_shared}, batch_ns out of an environment array */
 PV_EXPORT int pyvgpu_read_env(char *const *envp, uint64_t *memory, uint32_t *sm, uint32_t *policy_turns,
                               uint64_t *batch_ns, char *err, size_t n) {
     pv_env_t env;
@@ -358,6 +367,7 @@ PV_EXPORT int pyvgpu_read_env(char *const *envp, uint64_t *memory, uint32_t *sm,
     memcpy(sm, env.sm, sizeof env.sm);
     policy_turns[0] = env.sm_policy;
     policy_turns[1] = (uint32_t)env.turns;
+    policy_turns[2] = (uint32_t)env.trust_shared;
     *batch_ns = env.sm_batch_ns;
     return 0;
 }

@@ -14,9 +14,10 @@
  *   3. else the packaged one, libpyvgpu_callbacks.so beside this shim.
  *
  * Code runs from these files, so one is loaded only if it is a regular file of
- * this user or root that no other user may write. It is opened once, checked,
- * and loaded through that descriptor, which stays open: the dynamic loader
- * knows the library by its /proc/self/fd name, never to be reused. */
+ * this user or root that no other user may write, whose bytes match the
+ * SHA-256 written beside it (pv_verify.c). It is opened once, checked, and
+ * loaded through that descriptor, which stays open: the dynamic loader knows
+ * the library by its /proc/self/fd name, never to be reused. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -102,18 +103,6 @@ PV_EXPORT uint64_t pyvgpu_cpu_id_of(const char *text) { return pv_cpu_id_of(text
 
 /* ---- opening and checking one library ----------------------------------- */
 
-static int trust_problem(const struct stat *st, char *why, size_t n) {
-    if (!S_ISREG(st->st_mode))
-        snprintf(why, n, "it is not a regular file");
-    else if (st->st_uid != geteuid() && st->st_uid != 0)
-        snprintf(why, n, "it belongs to uid %u, neither this user nor root", (unsigned)st->st_uid);
-    else if (st->st_mode & 022)
-        snprintf(why, n, "other users may write it (mode %o)", (unsigned)(st->st_mode & 07777));
-    else
-        return 0;
-    return -1;
-}
-
 static int check_table(const pv_cblib_t *t, char *why, size_t n) {
     if (t->magic != PV_CBLIB_MAGIC || t->format != PV_CBLIB_FORMAT) {
         snprintf(why, n, "it has another format than this shim's");
@@ -138,20 +127,13 @@ static int check_table(const pv_cblib_t *t, char *why, size_t n) {
     return 0;
 }
 
-/* Load the library at path; its table, or NULL with the reason in why (ENOENT: errno_out). */
+/* Load the library at path; its table, or NULL with the reason in why (*errno_out: ENOENT when missing).
+ * pv_verified_fd checks owner, mode and hash; the library is loaded through that descriptor. */
 static const pv_cblib_t *load(const char *path, int nofollow, char *why, size_t n, int *errno_out) {
     *errno_out = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
+    int fd = pv_verified_fd(path, nofollow, why, n);
     if (fd < 0) {
         *errno_out = errno;
-        snprintf(why, n, "%s", strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || trust_problem(&st, why, n)) {
-        if (!why[0])
-            snprintf(why, n, "%s", strerror(errno));
-        close(fd);
         return NULL;
     }
     char byfd[64];
@@ -159,9 +141,9 @@ static const pv_cblib_t *load(const char *path, int nofollow, char *why, size_t 
     void *h = dlopen(byfd, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         /* no /proc (some containers): load by name, if it is still the file checked */
-        struct stat again;
-        if (access("/proc/self/fd", F_OK) == 0 || stat(path, &again) != 0 || again.st_dev != st.st_dev ||
-            again.st_ino != st.st_ino) {
+        struct stat st, again;
+        if (access("/proc/self/fd", F_OK) == 0 || fstat(fd, &st) != 0 || stat(path, &again) != 0 ||
+            again.st_dev != st.st_dev || again.st_ino != st.st_ino) {
             const char *e = dlerror();
             snprintf(why, n, "it does not load (%s)", e ? e : "unknown error");
             close(fd);
@@ -169,7 +151,6 @@ static const pv_cblib_t *load(const char *path, int nofollow, char *why, size_t 
         }
         h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         close(fd);
-        fd = -1;
         if (!h) {
             const char *e = dlerror();
             snprintf(why, n, "it does not load (%s)", e ? e : "unknown error");

@@ -67,6 +67,13 @@ static inline void *pv_real(int entry) {
 extern const char *pv_boot_mode; /* "none", or "native" once the callbacks are installed */
 extern char pv_callbacks_path[1024]; /* the callback library loaded */
 
+/* pv_guard.c: a SIGBUS in a registered mapping (a shared file someone truncated) never kills the process */
+enum { PV_GUARD_REGION = 0, PV_GUARD_TURNS = 1 };
+int pyvgpu_guard(uint64_t addr, uint64_t size, int kind); /* register a mapping; 0 or -1 */
+
+/* pv_verify.c: the callback library's owner, mode and hash checks, for the loader (pv_load.c) */
+int pv_verified_fd(const char *path, int nofollow, char *why, size_t n); /* a read-only fd, or -1 with why */
+
 /* pv_stats.c: call and lookup counts, printed at exit */
 void pv_count_lookup(int entry, int via);
 void pv_count_call(int entry);
@@ -87,6 +94,7 @@ typedef struct {
     uint32_t sm_policy;              /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
     uint64_t sm_batch_ns;            /* PYVGPU_SM_BATCH_MS */
     int turns;                       /* PYVGPU_SM_TURN */
+    int trust_shared;                /* PYVGPU_TRUST_SHARED (pyvgpu/safefile.py) */
     const char *region, *region_var; /* PYVGPU_REGION, else CUDA_DEVICE_MEMORY_SHARED_CACHE; NULL if neither */
 } pv_env_t;
 int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n); /* 0, or -1 naming the variable */
@@ -106,4 +114,6 @@ CUresult pv_impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVer
 
 /* pv_core.c: the boot (make the callbacks ready; PV_BOOT_*), fork */
 int pv_boot(void);
+
+/* pv_vpmm.c: VPMM's malloc/free for PyTorch's pluggable allocator (exported only) */
 #endif
