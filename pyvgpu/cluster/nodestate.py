@@ -107,13 +107,15 @@ class NodeState:
 
     def ensure(self) -> None:
         """Create (or repair the modes of) the state root, the containers directory and the turn file."""
-        from pyvgpu import sched
+        from pyvgpu import safefile, sched
 
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             _chmod_dir(self.root, MODE_ROOT)
             _chmod_dir(self.containers, MODE_CONTAINERS)
-            os.close(sched.open_fd(self.turn_path))  # creates it (0666) if missing, checks it otherwise
+            # creates it if missing, checks it otherwise; it is meant to be shared (0666, below), so the
+            # trust of a shared file is given here, by the one who makes it so
+            os.close(sched.open_fd(self.turn_path, {**os.environ, safefile.TRUST_ENV: "1"}))
             if stat.S_IMODE(self.turn_path.stat().st_mode) != MODE_TURNS:
                 os.chmod(self.turn_path, MODE_TURNS)
         except PermissionError as e:
