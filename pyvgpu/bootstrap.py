@@ -44,7 +44,7 @@ def load(manifest: dict) -> tuple[list[int], dict[str, int]]:
     llvm.initialize_native_asmprinter()
     tm = llvm.Target.from_default_triple().create_target_machine()
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
-    engine.add_object_file(manifest["object_path"])
+    engine.add_object_file(llvm.ObjectFileRef.from_data(cache.object_bytes(manifest)))  # hash checked
     engine.finalize_object()
     by_callback = {}
     for name, symbol in manifest["symbols"].items():

@@ -22,12 +22,13 @@ import hashlib
 import json
 import os
 import platform
+import stat
 import tempfile
 import time
 from pathlib import Path
 
 import pyvgpu
-from pyvgpu import hooks
+from pyvgpu import hooks, safefile
 from pyvgpu.errors import PyvgpuError
 
 FORMAT = 1
@@ -57,23 +58,75 @@ def paths(directory: Path, key: str) -> tuple[Path, Path]:
     return directory / f"callbacks-{key}.o", directory / f"callbacks-{key}.json"
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+class CorruptObject(PyvgpuError):
+    """The callback object does not match its manifest's hash."""
+
+
+_VERIFIED: dict[str, bytes] = {}  # object path -> the bytes read() checked: what load() runs, read once
+
+
+def trust_problem(path: Path) -> str | None:
+    """Why machine code at path (a cache file or its directory) must not be loaded into this process, or
+    None: it must be this user's or root's, and nobody else may write it (the code runs in every wrapped
+    program, so whoever can write it can run code as its user)."""
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o022:
+        os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)  # our own directory, made under umask 002: repaired
+        st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"{path} belongs to {safefile.who(st.st_uid)}"
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        return f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _read_private(path: Path) -> bytes:
+    """The bytes of a cache file, read once through one fd (O_NOFOLLOW; a regular file; trusted owner/mode)."""
+    for p in (path.parent, path):
+        problem = trust_problem(p)
+        if problem:
+            raise PyvgpuError(f"the callback cache: {problem}, so another user could put code into your programs; "
+                              "refusing it. Set PYVGPU_CACHE_DIR to a directory of your own (or chmod go-w it)")
+    fd = safefile.open_regular(path, os.O_RDONLY, "the callback cache file", "run `pyvgpu warmup --force`")
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def object_bytes(manifest: dict) -> bytes:
+    """The callback object to load, checked against the manifest's sha256: the loader's one call.
+
+    The bytes hashed are the bytes returned (no second read a file swap could slip into). A mismatch
+    raises CorruptObject, which names the fix."""
+    path = manifest["object_path"]
+    data = _VERIFIED.pop(path, None)
+    if data is None:
+        data = _read_private(Path(path))
+    if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+        raise CorruptObject(f"the callback object {path} does not match the hash in its manifest (corrupt or "
+                            "changed); run `pyvgpu warmup --force` to rebuild it")
+    return data
 
 
 def read(directory: Path | None = None, key: str | None = None) -> dict | None:
-    """The manifest of a complete, intact cache entry, or None."""
+    """The manifest of a complete, intact cache entry, or None (missing, stale, or corrupt: then rebuilt).
+
+    Raises PyvgpuError for a cache that others can write: rebuilding there would not help."""
     directory = directory or cache_dir()
     key = key or cache_key()
     obj, man = paths(directory, key)
     try:
         m = json.loads(man.read_text())
-        if (m.get("format") != FORMAT or m.get("key") != key or m.get("table_hash") != hooks.table_hash()
-                or m.get("sha256") != _sha256(obj)):
+        if m.get("format") != FORMAT or m.get("key") != key or m.get("table_hash") != hooks.table_hash():
+            return None
+        data = _read_private(obj)
+        if m.get("sha256") != hashlib.sha256(data).hexdigest():
             return None
     except (OSError, ValueError):
         return None
     m["object_path"] = str(obj)
+    _VERIFIED[str(obj)] = data
     return m
 
 
@@ -121,17 +174,38 @@ def ensure(directory: Path | None = None, force: bool = False, workers: int = 1)
             f"the callback cache is missing and cannot be written ({problem}); set PYVGPU_CACHE_DIR to a "
             "writable directory, or run `pyvgpu warmup` once as a user who can write it"
         )
-    with open(directory / ".lock", "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP):  # NFS without locks: just build
-                raise
+    lock_path = directory / ".lock"
+    fd = safefile.open_regular(lock_path, os.O_RDWR | os.O_CREAT, "the callback cache lock",
+                               f"remove {lock_path}", 0o600)
+    with os.fdopen(fd, "a+") as lock:
+        _lock(lock, lock_path)
         if not force:
             m = read(directory, key)
             if m is not None:
                 return m
         return _build(directory, key, workers)
+
+
+LOCK_WAIT_S = 900.0  # a cold compile takes 10-20 s (2-3 min on 2 cores): a holder past this is stuck
+
+
+def _lock(lock, path: Path, wait_s: float = LOCK_WAIT_S) -> None:
+    """Take the compile lock, waiting at most wait_s (whoever holds it could hold it for ever)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise PyvgpuError(f"the callback cache lock {path} has been held for {wait_s:.0f} s by another "
+                                  "process (a compile takes a few minutes at most); stop it, or set PYVGPU_CACHE_DIR "
+                                  "to a directory of your own") from None
+            time.sleep(0.2)
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP):  # NFS without locks: just build
+                raise
+            return
 
 
 def cli_workers() -> int:

@@ -132,6 +132,11 @@ def wrap(
         env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None),
                           on_error=on_error.value if on_error else None, memory=memory, sm=sm, group=group,
                           region_path=region, devices=devices, allocator=allocator, mode=mode)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:  # preparing the vGPU, not running the program: say which file
+        raise _fail(f"cannot prepare the vGPU: {e.filename or ''}: {e.strerror}".replace(": :", ":")) from None
+    try:
         w.exec_wrapped(command, env)
     except PyvgpuError as e:
         raise _fail(str(e), 127 if str(e).startswith("program not found") else 2) from None
@@ -302,6 +307,27 @@ def warmup(
         jit_vpmm.compile_entries()
         if not as_json:
             typer.echo(f"VPMM allocator ready ({time.perf_counter() - t0:.2f} s)")
+
+
+@app.command()
+def setup(
+    group: str = typer.Option("pyvgpu", "--group", "-g", metavar="NAME",
+                              help="The Unix group whose members share the machine's GPUs (it must exist)."),
+) -> None:
+    """Make the machine's turn file (root only): /dev/shm/pyvgpu-turns-v1, root:GROUP, mode 0660.
+
+    Groups with a compute share take turns on a GPU only with groups that use the same turn file. Without
+    this, each user has a turn file of their own (docs/security.md says why).
+    """
+    from pyvgpu import sched
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        typer.echo(sched.setup(group))
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:
+        raise _fail(f"{e.filename or sched.SHM_PATH}: {e.strerror}") from None
 
 
 @app.command()

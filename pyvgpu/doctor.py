@@ -76,8 +76,13 @@ def _libpython() -> Check:
 
 
 def _cache() -> Check:
+    from pyvgpu.errors import PyvgpuError
+
     d = cache.cache_dir()
-    warm = cache.read(d) is not None
+    try:
+        warm = cache.read(d) is not None
+    except PyvgpuError as e:  # a cache other users can write
+        return Check("callback cache", False, str(e), "set PYVGPU_CACHE_DIR to a directory of your own")
     problem = cache.writable_problem(d)
     if problem and not warm:
         return Check("callback cache", False, problem,
@@ -87,8 +92,40 @@ def _cache() -> Check:
     return Check("callback cache", True, f"{d}{ro}, {state}")
 
 
+def _runtime() -> Check:
+    from pyvgpu import region
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        d = region.private_runtime_dir()
+    except (PyvgpuError, OSError) as e:
+        return Check("runtime directory", False, str(e), region.RUNTIME_FIX)
+    return Check("runtime directory", True, f"{d}, yours, mode 0700")
+
+
+def _turns() -> Check:
+    """Which turn file groups with a compute share use, whether it is safe, and whether it has room."""
+    from pyvgpu import layout, sched
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        p, note = sched.choose(os.environ)
+        used = len(sched.entries(p)) if os.path.exists(p) else 0
+    except (PyvgpuError, OSError) as e:
+        return Check("turn file", False, str(e), "ask root to run `pyvgpu setup`, or set PYVGPU_SM_TURN=0",
+                     required=False)
+    if note:
+        return Check("turn file", False, note, "ask root to run `pyvgpu setup`", required=False)
+    if used >= layout.SCHED_ENTRIES:
+        return Check("turn file", False, f"{p}: all {used} entries are in use, so a GPU not yet in it time-slices",
+                     f"remove {p} when no pyvgpu program runs" + (" and run `pyvgpu setup` again"
+                                                                 if p == sched.SHM_PATH else ""), required=False)
+    who = "shared with group pyvgpu" if p == sched.SHM_PATH else "your own (`pyvgpu setup` shares one machine-wide)"
+    return Check("turn file", True, f"{p}, {who}, {used}/{layout.SCHED_ENTRIES} entries used")
+
+
 def run_checks() -> list[Check]:
-    return [_shim(), _driver(), _nvml(), _libpython(), _cache()]
+    return [_shim(), _driver(), _nvml(), _libpython(), _cache(), _runtime(), _turns()]
 
 
 def as_json(checks: list[Check]) -> list[dict]:

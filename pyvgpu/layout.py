@@ -185,7 +185,9 @@ REGION_EVENT = Struct(
 )
 N_EVENTS = 256
 EV_OOM, EV_RECLAIM, EV_MEMORY_LIMIT, EV_SM_LIMIT, EV_DEVICES_REFUSED = 1, 2, 3, 4, 5
-EVENT_KINDS = ("none", "oom", "reclaim", "memory_limit", "sm_limit", "devices_refused")
+EV_TURN_TIMEOUT, EV_TURNS_FULL = 6, 7  # pyvgpu/jit/turn.py: a wait for the turn ran out; no free entry
+EVENT_KINDS = ("none", "oom", "reclaim", "memory_limit", "sm_limit", "devices_refused", "turn_timeout",
+               "turns_full")
 
 SLOT_FREE, SLOT_LIVE = 0, 1
 

@@ -18,6 +18,7 @@ from pyvgpu import region as R
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import human
 from pyvgpu.mps import mode_name
+from pyvgpu.safefile import UntrustedFile
 
 
 def check_exists(path: Path, group: str | None, region_path: str | None) -> None:
@@ -134,6 +135,11 @@ def event_text(e: dict) -> str:
         what = f"compute share on {dev}: {old} -> {new} (by pid {e['pid']})"
     elif kind == "devices_refused":
         what = f"pid {e['pid']} changed CUDA_VISIBLE_DEVICES; its GPU use was refused"
+    elif kind == "turn_timeout":
+        what = (f"pid {e['pid']} waited {e['a'] / 1e9:.1f} s for the turn on {dev} (held by id {e['b']}); "
+                "it time-slices there from now on")
+    elif kind == "turns_full":
+        what = f"the turn file has no free entry for {dev}: pid {e['pid']} time-slices there (pyvgpu doctor)"
     else:
         what = f"{kind} a={e['a']} b={e['b']} pid {e['pid']}"
     return f"{time.strftime('%H:%M:%S', time.localtime(e['time_ns'] / 1e9))} {what}"
@@ -160,7 +166,10 @@ def collect(group: str | None = None, region_path: str | None = None,
                 raise PyvgpuError("it does not exist (yet)")
             if not p.is_file():
                 raise PyvgpuError("it is not a regular file")
-            r = R.open_region(p, writable=os.access(p, os.W_OK))
+            try:
+                r = R.open_region(p, writable=os.access(p, os.W_OK))
+            except UntrustedFile:  # another user's, or writable by others: read a snapshot, map nothing
+                r = R.open_region(p, writable=False)
         except (PyvgpuError, OSError) as e:
             if explicit:
                 raise PyvgpuError(str(e)) from None

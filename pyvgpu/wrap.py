@@ -128,7 +128,11 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
             del env[k]
         return lim.SmLimits(), source
     if sched.enabled(env):  # a broken turn file is an error now, not in the program
-        os.close(sched.open_fd(sched.path(env)))
+        turns, note = sched.choose(env)
+        if note:
+            print(f"pyvgpu: warning: {note}", file=sys.stderr)
+        os.close(sched.open_fd(turns, env))
+        env["PYVGPU_SCHED"] = str(turns)  # the program uses the file checked here
     if lim.sm_policy(env) == 2:
         print(f"pyvgpu: warning: {source} is not enforced for this program: GPU_CORE_UTILIZATION_POLICY=disable",
               file=sys.stderr)
@@ -158,6 +162,9 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
     n_physical = check_physical(limits, source, chosen)
     if region_path:
         path = Path(region_path).absolute()
+        if path.is_dir():
+            raise PyvgpuError(f"--region {region_path} is a directory; give the path of a region file in it, "
+                              f"such as --region {Path(region_path) / 'NAME.region'}")
     elif group:
         path = region.group_path(group)
     elif env.get("CUDA_DEVICE_MEMORY_SHARED_CACHE"):
@@ -178,6 +185,10 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
         elif r.header.mode != want:
             raise PyvgpuError(f"--mode {mode}: the group {name} runs in mode {mps.mode_name(r.header.mode)}; "
                               "join it without --mode, or start another group")
+    if not limits and any(r.limits()):  # caps read from the file (asked-for ones were checked above) are
+        # bounded by the devices' memory
+        phys = [g.total for g in chosen] if chosen else devices.physical_memory()
+        region.check_bounds(r, phys or [])
     if not limits:  # joining a group without asking: take its limits
         limits = lim.MemoryLimits(per_device={d: v for d, v in enumerate(r.limits()) if v})
     if not shares:

@@ -29,6 +29,8 @@ import numpy as np
 from numba import njit
 
 from pyvgpu import abi
+from pyvgpu import layout as L
+from pyvgpu.jit import events
 from pyvgpu.jit.context import HELPER
 from pyvgpu.jit.fields import CTX, SCHED, SCHED_AT, TURN
 from pyvgpu.jit.intrinsics import load_u64, monotonic_ns, sleep_ns, stack_buffer, stack_u64
@@ -40,6 +42,11 @@ SLICE_NS = 50_000_000  # the longest a holder keeps the turn while another waits
 WANT_FRESH_NS = 1_000_000  # a waiter looks at least this often (its `want` mark is this fresh)
 POLL_NS = 20_000  # a waiter's sleep between looks (nanosleep adds the timer slack, ~50 us)
 HANDOFF_NS = 500_000  # a process that just handed the turn over leaves it this long to a waiter
+# The longest a launch waits for the turn. A holder renews its lease only while it launches, and a lease
+# reaches at most MAX_LEASE_NS ahead, so a fair wait ends within about a second; a longer one means a holder
+# that does not play fair (any member of the turn file can write a turn word). Past it the process stops
+# taking turns on that device (it time-slices there) and logs a turn_timeout event (docs/security.md).
+MAX_WAIT_NS = 5_000_000_000
 UNIT_SHIFT = 10
 LOW32 = np.uint64(0xFFFFFFFF)
 
@@ -119,6 +126,8 @@ def entry(ctx, dev):
             if k == key:
                 a = np.uint64(e)
                 break
+        if a == _NONE:  # every entry belongs to another GPU: this one time-slices, said once per process
+            events.record(CTX.get_region(ctx), L.EV_TURNS_FULL, dev, 0, 0, 0)
         if CTX.get_turn_id(ctx) == 0:
             pid = np.uint32(0)
             while pid == 0:  # 0 means nobody
@@ -245,6 +254,11 @@ def take(ctx, dev, stream, now, cost):
             continue
         if holder(w) == me:  # another thread of this process took it meanwhile
             CTX.set_turn_qend(ctx, dev, np.uint64(queue_end(ctx, dev, now, cost)))
+            return
+        if now - t0 >= MAX_WAIT_NS:  # a holder that does not let go: stop taking turns here
+            CTX.set_turn_entry(ctx, dev, _NONE)
+            TURN.add_wait_ns(e, np.uint64(now - t0))
+            events.record(CTX.get_region(ctx), L.EV_TURN_TIMEOUT, dev, 0, now - t0, holder(w))
             return
         TURN.store_want(e, word(me, now))
         sleep_ns(POLL_NS)

@@ -36,27 +36,32 @@ static __thread int pv_in_boot;
 
 /* ---- bootstrap ----------------------------------------------------------- */
 
-/* True if the region file at path is one of ours with a memory cap or a
- * compute share on some device. Read with pread: a file someone truncates
- * cannot crash us. */
+/* Whether the region file at path asks for limits: 0 if it is one of ours
+ * with no memory cap and no compute share on any device, else 1 (also when
+ * it cannot be read: what it asks for is unknown, so it counts). Read with
+ * pread: a file someone truncates cannot crash us; O_NONBLOCK: a FIFO there
+ * cannot stall us. */
 static int region_has_limits(const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
-        return 0;
+        return 1;
     pv_region_header_t h;
     pv_region_device_t d[PV_MAX_DEVICES];
-    int found = 0;
+    int found = 1;
     if (pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && h.magic == PV_REGION_MAGIC &&
-        h.version == PV_REGION_VERSION && pread(fd, d, sizeof d, PV_REGION_DEVICES_OFF) == (ssize_t)sizeof d)
+        h.version == PV_REGION_VERSION && pread(fd, d, sizeof d, PV_REGION_DEVICES_OFF) == (ssize_t)sizeof d) {
+        found = 0;
         for (int i = 0; i < PV_MAX_DEVICES; i++)
             found |= d[i].limit != 0 || d[i].sm_limit != 0;
+    }
     close(fd);
     return found;
 }
 
-/* The variables that ask for limits, named for the fail-closed and fail-open
- * messages ("" when none is set). A group's region counts when it holds a
- * limit: a program may have removed CUDA_DEVICE_MEMORY_LIMIT from its own
+/* What was asked for, for the fail-closed and fail-open messages: each
+ * variable that asks for limits as NAME=value ("" when none is set). A
+ * group's region counts (PYVGPU_REGION, HAMi's CUDA_DEVICE_MEMORY_SHARED_CACHE):
+ * a program may have removed CUDA_DEVICE_MEMORY_LIMIT from its own
  * environment, but the group's limits live in the file. */
 static const char *limits_requested(char *out, size_t len) {
     static const char *const prefixes[] = {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
@@ -73,8 +78,8 @@ static const char *limits_requested(char *out, size_t len) {
                 continue;
             if (i >= 2 && !region_has_limits(eq + 1))
                 break; /* a group without limits asks for nothing to be enforced */
-            if (o + (size_t)(eq - *e) + 3 < len)
-                o += snprintf(out + o, len - o, "%s%.*s", o ? ", " : "", (int)(eq - *e), *e);
+            if (o + strlen(*e) + 3 < len)
+                o += snprintf(out + o, len - o, "%s%s", o ? ", " : "", *e);
             break;
         }
     }
@@ -142,7 +147,7 @@ static void boot_once(void) {
         publish();
         pv_boot_state = PV_BOOT_READY;
     } else {
-        char asked[512];
+        char asked[768];
         limits_requested(asked, sizeof asked);
         const char *oe = getenv("PYVGPU_ON_ERROR");
         int open = oe && !strcmp(oe, "open");

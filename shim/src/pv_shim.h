@@ -66,6 +66,11 @@ static inline void *pv_real(int entry) {
 
 extern const char *pv_boot_mode; /* "none", "startup", "first-call" or "embedded" */
 
+/* pv_guard.c: a SIGBUS in a registered mapping (a shared file someone truncated) never kills the process */
+enum { PV_GUARD_REGION = 0, PV_GUARD_TURNS = 1 };
+
+/* pv_verify.c: pyvgpu_verify_object, the callback object's hash and owner check for a loader in C */
+
 /* pv_stats.c: call and lookup counts, printed at exit */
 void pv_count_lookup(int entry, int via);
 void pv_count_call(int entry);
