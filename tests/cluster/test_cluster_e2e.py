@@ -182,6 +182,11 @@ def test_a_pod_from_scheduler_to_container_gets_exactly_its_cap_and_share(cluste
     v = json.loads(view.stdout)
     assert v["cuda_count"] == 1 and v["cuda"][0]["uuid"] == chosen
     assert v["cuda"][0]["total"] == 4096 * MiB  # cuMemGetInfo: the cap, not the GPU's 8 GiB
+    # without the trust opt-in the shim refuses the root-owned 0666 region (pyvgpu.safefile): Allocate must give it
+    no_trust = pb.ContainerAllocateResponse(envs={k: v for k, v in answer.envs.items() if k != "PYVGPU_TRUST_SHARED"},
+                                            mounts=answer.mounts)
+    refused = run_container(no_trust, [str(fake / "host_devices")], machine)
+    assert "refusing it" in refused.stderr and "calls are refused" in refused.stderr, refused.stderr
     edge = run_container(answer, [str(fake / "host_mem_linked"), "boundary", str(4096 * MiB)], machine)
     assert edge.returncode == 0, edge.stdout + edge.stderr
     assert edge.stdout.strip() == "first=0 one_more=2 free=0 after_free=0"  # one byte past the cap: refused
