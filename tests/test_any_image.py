@@ -1,14 +1,16 @@
 """Any container image runs under its limits (issue 16, item 2).
 
 Each "container" is a process started the way the kubelet starts one after the
-device plugin's Allocate: exactly the environment Allocate returns (the shim in
-LD_PRELOAD, HAMi's CUDA_DEVICE_MEMORY_LIMIT_0 in MiB with an "m",
-CUDA_DEVICE_SM_LIMIT, the region in CUDA_DEVICE_MEMORY_SHARED_CACHE, the turn
-file in PYVGPU_SCHED, the GPU by UUID in CUDA_VISIBLE_DEVICES) plus what any
-container has (PATH, HOME) and the driver, which here is the fake one, found
-through LD_LIBRARY_PATH where the NVIDIA runtime would mount the real one. Its
-region exists before it starts, as Allocate makes it. pyvgpu is not importable
-in it (each program checks), and nothing of pyvgpu's Python runs in it.
+device plugin's Allocate: exactly the environment Allocate returns, made by its
+own code (the shim in LD_PRELOAD, HAMi's CUDA_DEVICE_MEMORY_LIMIT_0 in MiB with
+an "m", CUDA_DEVICE_SM_LIMIT, the region in CUDA_DEVICE_MEMORY_SHARED_CACHE, the
+turn file in PYVGPU_SCHED, the GPU by UUID in CUDA_VISIBLE_DEVICES,
+PYVGPU_TRUST_SHARED) plus what any container has (PATH, HOME) and the driver,
+which here is the fake one, found through LD_LIBRARY_PATH where the NVIDIA
+runtime would mount the real one. Its region and the node's turn file exist
+before it starts, made by the node state's code as Allocate makes them. pyvgpu
+is not importable in it (each program checks), and nothing of pyvgpu's Python
+runs in it.
 
 The hosts: every CPython this machine has (pyenv's versions; the issue asks for
 3.10-3.13, the older ones come along), this Python in a venv of its own, and C
@@ -97,24 +99,23 @@ def python_without_pyvgpu(request, tmp_path_factory) -> str:
 
 
 def container(fake: Path, tmp: Path) -> tuple[dict[str, str], Path]:
-    """The environment Allocate gives a container with one GPU, 128 MiB and 30%; and its region, made first."""
-    path = tmp / "containers" / "pod_ctr" / "vgpu.region"
-    path.parent.mkdir(parents=True)
-    region.create(path, "pod_ctr", [CAP_MIB * MiB] + [0] * 15, sm=[30] * 16)
+    """What Allocate gives a container with one GPU, 128 MiB and 30%: its environment, made by the device
+    plugin's own code (pyvgpu/cluster/allocate.py container_env, runtime.current), and its region and the
+    node's turn file, made by the node state's (nodestate.py). No mount namespace here: the container sees
+    the host's paths, so the region and turn mounts are the host's directories."""
+    from pyvgpu.cluster import allocate, nodestate, runtime
+    from pyvgpu.cluster.model import ContainerDevice
+
+    state = nodestate.NodeState(tmp / "state")
+    state.ensure()
+    path = state.create_region("pod-uid-1", "ctr", [CAP_MIB * MiB] + [0] * 15, [30] * 16)
+    cfg = allocate.AllocateConfig(node="node-a", state=state, runtime=runtime.current(),
+                                  region_mount=str(path.parent), turns_mount=str(state.turn_path))
+    env = allocate.container_env(cfg, (ContainerDevice(UUID, "NVIDIA", CAP_MIB, 30),))
+    assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == str(path)
     (tmp / "home").mkdir()
-    env = {
-        "LD_PRELOAD": str(shim.shim_path()),
-        "NVIDIA_VISIBLE_DEVICES": UUID,
-        "CUDA_VISIBLE_DEVICES": UUID,
-        "CUDA_DEVICE_MEMORY_LIMIT_0": f"{CAP_MIB}m",
-        "CUDA_DEVICE_SM_LIMIT": "30",
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(path),
-        "PYVGPU_SCHED": str(tmp / "turns"),
-        # what every container has, and the driver (the NVIDIA runtime mounts the real one)
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(tmp / "home"),
-        "LD_LIBRARY_PATH": str(fake),
-    }
+    # what every container has, and the driver (the NVIDIA runtime mounts the real one)
+    env.update(PATH="/usr/bin:/bin", HOME=str(tmp / "home"), LD_LIBRARY_PATH=str(fake))
     return env, path
 
 
@@ -136,6 +137,15 @@ def test_a_python_container_runs_under_its_limits(fake, tmp_path, python_without
     assert "launched" in p.stdout
     assert held_back_ns(path) > 0  # the 30% share held launches back
     assert "pyvgpu:" not in p.stderr, p.stderr
+
+
+def test_the_container_environment_is_allocates_and_names_no_python(fake, tmp_path):
+    env, path = container(fake, tmp_path)
+    assert set(env) == {"LD_PRELOAD", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_LIMIT_0",
+                        "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE", "PYVGPU_SCHED",
+                        "PYVGPU_TRUST_SHARED", "PATH", "HOME", "LD_LIBRARY_PATH"}
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{CAP_MIB}m" and env["CUDA_VISIBLE_DEVICES"] == UUID
+    assert env["LD_PRELOAD"] == str(shim.shim_path().resolve())
 
 
 def test_a_c_container_runs_under_its_limits(fake, tmp_path):
