@@ -109,6 +109,12 @@ def wrap(
                                      help="What happens when the limits cannot be enforced: 'closed' refuses "
                                           "CUDA calls (the default when limits are set), 'open' runs the "
                                           "program unlimited with a warning."),
+    mode: str = typer.Option(None, "--mode", metavar="hami-core|mps",
+                             help="Who enforces the limits of a new group: 'hami-core' (default) pyvgpu's own "
+                                  "limiter; 'mps' NVIDIA's Multi-Process Service (a per-user control daemon is "
+                                  "started or joined; --sm becomes the clients' active-thread percentage, "
+                                  "--memory their pinned-memory limit, and pyvgpu still caps and shows memory). "
+                                  "Members joining a group follow its mode. MIG: give MIG UUIDs to --devices."),
     priority: str = typer.Option(None, "--priority", metavar="high|low",
                                  help="The group's priority on the GPU: a high-priority group takes the turn "
                                       "first and is never held below its share by low-priority ones. high or "
@@ -135,8 +141,13 @@ def wrap(
     try:
         env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None),
                           on_error=on_error.value if on_error else None, memory=memory, sm=sm, group=group,
-                          region_path=region, devices=devices, allocator=allocator, priority=priority,
+                          region_path=region, devices=devices, allocator=allocator, mode=mode, priority=priority,
                           sm_borrow=sm_borrow)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:  # preparing the vGPU, not running the program: say which file
+        raise _fail(f"cannot prepare the vGPU: {e.filename or ''}: {e.strerror}".replace(": :", ":")) from None
+    try:
         w.exec_wrapped(command, env)
     except PyvgpuError as e:
         raise _fail(str(e), 127 if str(e).startswith("program not found") else 2) from None
@@ -240,6 +251,10 @@ def exporter(
                                      "or ::1 (this host only)."),
     group: str = typer.Option(None, "--group", "-g", metavar="NAME", help="Export only this named group."),
     region: str = typer.Option(None, "--region", metavar="PATH", help="Export only the group region at PATH."),
+    state_dir: str = typer.Option(None, "--state-dir", metavar="DIR",
+                                  help="Export the containers' regions of a Kubernetes node's state directory "
+                                       "(pyvgpu cluster device-plugin --state-dir, e.g. /run/pyvgpu) instead of "
+                                       "the runtime dir's groups."),
 ) -> None:
     """Serve Prometheus metrics for every group under the runtime dir, read afresh at each scrape.
 
@@ -251,8 +266,11 @@ def exporter(
     """
     from pyvgpu import exporter as ex
 
+    if state_dir is not None and not Path(state_dir).is_dir():
+        raise _fail(f"--state-dir {state_dir}: no such directory; give the node state directory the device plugin "
+                    "was given (--state-dir, default /run/pyvgpu)")
     try:
-        srv = ex.server(port, address, group, region)
+        srv = ex.server(port, address, group, region, state_dir)
     except OSError as e:
         raise _fail(ex.listen_error(address, port, e)) from None
     import signal
@@ -275,14 +293,15 @@ def exporter(
 
 @app.command()
 def warmup(
-    force: bool = typer.Option(False, "--force", help="Compile again even if the cache is valid."),
-    as_json: bool = typer.Option(False, "--json", help="Print the cache manifest as JSON."),
+    force: bool = typer.Option(False, "--force", help="Compile again even if the cache holds a library."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was compiled as JSON."),
     vpmm: bool = typer.Option(False, "--vpmm", help="Also compile VPMM's allocator (numba's cache), which "
                               "`wrap --allocator vpmm` would otherwise compile at its first use (15-25 s)."),
 ) -> None:
-    """Compile the callbacks into the cache now (PYVGPU_CACHE_DIR, else ~/.cache/pyvgpu).
+    """Compile the callbacks tuned for this CPU into the cache (PYVGPU_CACHE_DIR, else ~/.cache/pyvgpu).
 
-    The first wrapped program would otherwise do it (10-20 s, once per pyvgpu version and user).
+    Optional: the package carries callbacks compiled for every CPU of the architecture. A tuned library
+    is used instead when present, by every process on a CPU like this one.
     """
     import time
 
@@ -291,14 +310,14 @@ def warmup(
 
     t0 = time.perf_counter()
     try:
-        m = cache.ensure(force=force, workers=cache.cli_workers())
+        m = cache.warmup(force=force, workers=cache.cli_workers())
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     if as_json:
         typer.echo(json.dumps(m, indent=1, sort_keys=True))
     else:
         took = time.perf_counter() - t0
-        typer.echo(f"callbacks ready: {m['object_path']} ({len(m['symbols'])} callbacks, {took:.2f} s)")
+        typer.echo(f"callbacks ready: {m['library']} ({m['callbacks']} entries, for {m['cpu']}, {took:.2f} s)")
     if vpmm:
         from pyvgpu.jit import vpmm as jit_vpmm
 
@@ -306,6 +325,27 @@ def warmup(
         jit_vpmm.compile_entries()
         if not as_json:
             typer.echo(f"VPMM allocator ready ({time.perf_counter() - t0:.2f} s)")
+
+
+@app.command()
+def setup(
+    group: str = typer.Option("pyvgpu", "--group", "-g", metavar="NAME",
+                              help="The Unix group whose members share the machine's GPUs (it must exist)."),
+) -> None:
+    """Make the machine's turn file (root only): /dev/shm/pyvgpu-turns-v1, root:GROUP, mode 0660.
+
+    Groups with a compute share take turns on a GPU only with groups that use the same turn file. Without
+    this, each user has a turn file of their own (docs/security.md says why).
+    """
+    from pyvgpu import sched
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        typer.echo(sched.setup(group))
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:
+        raise _fail(f"{e.filename or sched.SHM_PATH}: {e.strerror}") from None
 
 
 @app.command()
@@ -368,15 +408,17 @@ def bench_overhead(
 @bench_app.command("startup")
 def bench_startup(
     runs: int = typer.Option(5, min=1, metavar="N", help="Runs per case."),
+    python: list[str] = typer.Option(None, "--python", metavar="PATH",
+                                     help="Another interpreter to time as a host (repeat the option for more)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
-    """Time to the first CUDA call, raw and wrapped, warm and cold cache, Python and C hosts."""
+    """Time to the first CUDA call per host kind: raw, wrapped, started as a container, with an empty cache."""
     from pyvgpu.bench import startup
     from pyvgpu.errors import PyvgpuError
 
     try:
-        result = startup.run(runs=runs)
+        result = startup.run(runs=runs, pythons=python or [])
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, startup.table(result), as_json, output)

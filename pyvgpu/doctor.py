@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 from dataclasses import asdict, dataclass
 
-from pyvgpu import cache, hooks, pyinfo, shim
+from pyvgpu import cache, hooks, shim
+
+DRIVER_FIX = "install the NVIDIA driver, or put its directory on LD_LIBRARY_PATH"
 
 
 @dataclass
@@ -38,8 +39,7 @@ def _driver() -> Check:
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError as e:
-        return Check("CUDA driver found", False, f"libcuda.so.1 does not load: {e}",
-                     "install the NVIDIA driver, or put its directory on LD_LIBRARY_PATH")
+        return Check("CUDA driver found", False, f"libcuda.so.1 does not load: {e}", DRIVER_FIX)
     v = ctypes.c_int(0)
     rc = lib.cuDriverGetVersion(ctypes.byref(v))
     if rc != 0:
@@ -60,35 +60,61 @@ def _nvml() -> Check:
     return Check("NVML found", True, "libnvidia-ml.so.1 initialises")
 
 
-def _libpython() -> Check:
-    lib = pyinfo.libpython()
-    if not lib:
-        return Check("libpython embeddable", False, "this Python has no shared libpython",
-                     "use a Python built with --enable-shared (distribution Pythons are), else non-Python "
-                     "programs cannot be wrapped (PYVGPU_ON_ERROR=open runs them unlimited)")
-    m = re.match(r"libpython(\d+)\.(\d+)", os.path.basename(lib))
-    home = pyinfo.python_home()
-    stdlib = os.path.join(home, "lib", f"python{m.group(1)}.{m.group(2)}", "os.py") if m else ""
-    if not m or not os.path.exists(stdlib):
-        return Check("libpython embeddable", False, f"{lib}: no standard library at {stdlib or home}",
-                     "reinstall Python, or set PYVGPU_PYTHON_HOME to its sys.base_prefix")
-    return Check("libpython embeddable", True, f"{lib}, home {home}")
-
-
 def _cache() -> Check:
+    from pyvgpu.errors import PyvgpuError
+
     d = cache.cache_dir()
-    warm = cache.read(d) is not None
+    try:
+        m = cache.read(d)
+    except PyvgpuError as e:
+        return Check("compiled callbacks", False, str(e), "reinstall pyvgpu (pip install compiles them)")
+    if m is not None:
+        kind = f"tuned for this CPU ({m['cpu']})" if m["tuned"] else f"for any {m['cpu']} CPU"
+        return Check("compiled callbacks", True, f"{m['library']}, {kind}")
     problem = cache.writable_problem(d)
-    if problem and not warm:
-        return Check("callback cache", False, problem,
-                     "set PYVGPU_CACHE_DIR to a writable directory, or run `pyvgpu warmup` as a user who can")
-    state = "compiled" if warm else "empty (the first wrap compiles, 10-20 s once; `pyvgpu warmup` does it now)"
-    ro = ", read-only" if problem else ", writable"
-    return Check("callback cache", True, f"{d}{ro}, {state}")
+    if problem:
+        return Check("compiled callbacks", False, f"none fits this pyvgpu's sources, and {problem}",
+                     "reinstall pyvgpu (pip install compiles them), or set PYVGPU_CACHE_DIR to a writable "
+                     "directory")
+    est = cache.estimate_seconds(cache.cli_workers())
+    return Check("compiled callbacks", True, f"none fits this pyvgpu's sources: the first wrap compiles them "
+                 f"into {d} (about {est:.0f} s, once); `pyvgpu warmup` does it now")
+
+
+def _runtime() -> Check:
+    from pyvgpu import region
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        d = region.private_runtime_dir()
+    except (PyvgpuError, OSError) as e:
+        return Check("runtime directory", False, str(e), region.RUNTIME_FIX)
+    return Check("runtime directory", True, f"{d}, yours, mode 0700")
+
+
+def _turns() -> Check:
+    """Which turn file groups with a compute share use, whether it is safe, and whether it has room."""
+    from pyvgpu import layout, sched
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        p, note = sched.choose(os.environ)
+        used = len(sched.entries(p)) if os.path.exists(p) else 0
+    except (PyvgpuError, OSError) as e:
+        return Check("turn file", False, str(e), "ask root to run `pyvgpu setup`, or set PYVGPU_SM_TURN=0",
+                     required=False)
+    if note:
+        return Check("turn file", False, note, "ask root to run `pyvgpu setup`", required=False)
+    if used >= layout.SCHED_ENTRIES:
+        return Check("turn file", False, f"{p}: all {used} entries are in use, so a GPU not yet in it time-slices",
+                     f"remove {p} when no pyvgpu program runs" + (" and run `pyvgpu setup` again"
+                                                                 if p == sched.SHM_PATH else ""), required=False)
+    who = "shared with group pyvgpu" if p == sched.SHM_PATH else "your own (`pyvgpu setup` shares one machine-wide)"
+    return Check("turn file", True, f"{p}, {who}, {used}/{layout.SCHED_ENTRIES} entries used")
 
 
 def run_checks() -> list[Check]:
-    return [_shim(), _driver(), _nvml(), _libpython(), _cache()]
+    return [_shim(), _driver(), _nvml(), _cache(), _runtime(), _turns()]
 
 
 def as_json(checks: list[Check]) -> list[dict]:

@@ -61,7 +61,7 @@ CTX = Struct(
         Field("pool_dev", "i32", MAX_POOLS),
         Field("ctx_charged", "u64", MAX_DEVICES, doc="context bytes charged per device (1: measured, none)"),
         Field("nvml_state", "u32", doc="0 untried, 1 initialised by us, 2 unavailable"),
-        # compute share (pyvgpu/jit/compute.py)
+        # compute share (pyvgpu/jit/launch.py, limiter.py, cost.py, controller.py)
         Field("sm_policy", "u32", doc="GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
         Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share"),
         Field("sm_nvml", "u64", MAX_DEVICES, doc="NVML handle per CUDA device, 0 = not resolved yet"),
@@ -106,7 +106,8 @@ CTX = Struct(
 )
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
-REGION_VERSION = 5
+MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/mps.py MODES)
+REGION_VERSION = 6
 GROUP_NAME_BYTES = 64
 
 # The shared region: one file per group of processes that share a quota.
@@ -133,6 +134,8 @@ REGION_HEADER = Struct(
         Field("visible", "u32", MAX_DEVICES, doc="NVML (physical) index of each group device"),
         Field("visible_uuid", "u8", MAX_DEVICES * UUID_BYTES, doc="its UUID, 16 raw bytes"),
         Field("ev_next", "u64", doc="events written so far; the next goes to ring entry ev_next % N_EVENTS"),
+        Field("mode", "u32", doc="device mode of the group: 0 hami-core (pyvgpu's limiter), 1 mps (pyvgpu/mps.py)"),
+        Field("mps_active_threads", "u32", doc="mode mps: the clients' CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0 = none"),
         Field("priority", "u32", doc="the group's priority, HAMi's CUDA_TASK_PRIORITY: 0 high, 1 low (default)"),
         Field("sm_borrow", "u32", doc="1: the group may use idle GPU time beyond its share (work-conserving)"),
     ],
@@ -199,8 +202,11 @@ REGION_EVENT = Struct(
     doc="one entry of the event ring",
 )
 N_EVENTS = 256
-EV_OOM, EV_RECLAIM, EV_MEMORY_LIMIT, EV_SM_LIMIT, EV_DEVICES_REFUSED, EV_PRIORITY, EV_SM_BORROW = 1, 2, 3, 4, 5, 6, 7
-EVENT_KINDS = ("none", "oom", "reclaim", "memory_limit", "sm_limit", "devices_refused", "priority", "sm_borrow")
+EV_OOM, EV_RECLAIM, EV_MEMORY_LIMIT, EV_SM_LIMIT, EV_DEVICES_REFUSED = 1, 2, 3, 4, 5
+EV_TURN_TIMEOUT, EV_TURNS_FULL = 6, 7  # pyvgpu/jit/turn.py: a wait for the turn ran out; no free entry
+EV_PRIORITY, EV_SM_BORROW = 8, 9  # `pyvgpu limits set --priority / --sm-borrow`
+EVENT_KINDS = ("none", "oom", "reclaim", "memory_limit", "sm_limit", "devices_refused", "turn_timeout",
+               "turns_full", "priority", "sm_borrow")
 
 # Group priorities (REGION_HEADER.priority), HAMi's numbers: CUDA_TASK_PRIORITY / nvidia.com/priority.
 PRIORITY_HIGH, PRIORITY_LOW = 0, 1
@@ -269,3 +275,29 @@ DEFAULT_SLOTS = 1024
 
 def region_size(n_slots: int) -> int:
     return REGION_SLOTS_OFF + n_slots * REGION_SLOT.size
+
+
+# The callback library (pyvgpu/cblib.py): numba's compiled callbacks linked into a shared object that
+# exports one symbol, CBLIB_SYMBOL, of this layout. The shim dlopens the library and takes every
+# callback and service address from it, with no interpreter in the process.
+CBLIB_SYMBOL = "pyvgpu_callbacks"
+CBLIB_MAGIC = int.from_bytes(b"PVCBLIB1", "little")
+CBLIB_FORMAT = 1
+CBLIB_TEXT_BYTES = 32
+CBLIB = Struct(
+    "pv_cblib",
+    [
+        Field("magic", "u64", doc="CBLIB_MAGIC"),
+        Field("format", "u32", doc="CBLIB_FORMAT"),
+        Field("n_entries", "u32", doc="hook entries it was compiled for (N_ENTRIES)"),
+        Field("n_services", "u32", doc="services (hooks.SERVICES)"),
+        Field("tuned", "u32", doc="0: for any CPU of the architecture; 1: for the CPU cpu_id names only"),
+        Field("cpu_id", "u64", doc="pyvgpu.cpuid.cpu_id() of the CPU it was tuned for; 0 when portable"),
+        Field("table_hash", "u8", CBLIB_TEXT_BYTES, doc="hooks.table_hash(), NUL-terminated"),
+        Field("key", "u8", CBLIB_TEXT_BYTES, doc="pyvgpu.cache.cache_key() of its sources, NUL-terminated"),
+        Field("cpu", "u8", 64, doc="the CPU LLVM compiled for, NUL-terminated"),
+        Field("entries", "u64", N_ENTRIES, doc="callback address per hook entry; 0 for entries implemented in C"),
+        Field("services", "u64", len(hooks.SERVICES), doc="address per service, in hooks.SERVICES order"),
+    ],
+    doc="the table a callback library exports (pyvgpu/cblib.py)",
+)

@@ -19,13 +19,12 @@ import mmap
 import os
 import re
 import secrets
-import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyvgpu import atomics
+from pyvgpu import atomics, safefile
 from pyvgpu import layout as L
 from pyvgpu import limits as lim
 from pyvgpu.devices import Gpu, uuid_text
@@ -44,25 +43,27 @@ def runtime_dir() -> Path:
     return base
 
 
-def _private_dir(sub: str) -> Path:
-    d = runtime_dir() / sub
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    top = runtime_dir()
-    st = top.stat()
-    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o022:
-        raise PyvgpuError(f"the runtime directory {top} belongs to another user or is writable by others; "
-                          "remove it, or set XDG_RUNTIME_DIR to a directory of your own")
-    return d
+RUNTIME_FIX = ("Ask its owner or root to remove it, or set XDG_RUNTIME_DIR to a directory of your own (pyvgpu "
+               "then keeps its groups in $XDG_RUNTIME_DIR/pyvgpu)")
+
+
+def private_runtime_dir(sub: str | None = None) -> Path:
+    """The runtime dir (and ``sub`` in it), made or checked by safefile.private_dir: 0700, this user's,
+    no link; checked before anything is created inside."""
+    top = safefile.private_dir(runtime_dir(), "the runtime directory", RUNTIME_FIX)
+    if sub is None:
+        return top
+    return safefile.private_dir(top / sub, "the runtime directory", RUNTIME_FIX)
 
 
 def group_path(name: str) -> Path:
     if not _GROUP_NAME.match(name or ""):
         raise PyvgpuError(f"--group {name!r}: a group name is 1-63 letters, digits, '.', '_' or '-'")
-    return _private_dir("groups") / f"{name}.region"
+    return private_runtime_dir("groups") / f"{name}.region"
 
 
 def new_private_path() -> Path:
-    return _private_dir("private") / f"{os.getpid()}-{secrets.token_hex(4)}.region"
+    return private_runtime_dir("private") / f"{os.getpid()}-{secrets.token_hex(4)}.region"
 
 
 def path_from_env(env: Mapping[str, str]) -> Path | None:
@@ -191,6 +192,9 @@ def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SL
     The complete file is written under a temporary name and linked into place,
     so nobody ever opens a half-initialised region.
     """
+    if path.is_dir():
+        raise PyvgpuError(f"region {path} is a directory; give the path of a region file, such as "
+                          f"{path / 'NAME.region'}")
     path.parent.mkdir(parents=True, exist_ok=True)
     size = L.region_size(n_slots)
     header = bytearray(L.REGION_SLOTS_OFF)
@@ -211,10 +215,22 @@ def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SL
         os.unlink(tmp)
 
 
-def open_region(path: Path, writable: bool = True) -> Region:
-    """Map an existing region, checking that it is one of ours, of this version, whole and not foreign."""
+REGION_FIX = "use a region of your own (--group NAME, or --region PATH in a directory only you can write)"
+
+
+def open_region(path: Path, writable: bool = True, env: Mapping[str, str] = os.environ) -> Region:
+    """Map an existing region, checking that it is one of ours, of this version, whole and not foreign.
+
+    Opened with O_NOFOLLOW and O_NONBLOCK: a link or a FIFO at the path is refused, never followed or
+    waited on. Mapped writable only if this user owns it and nobody else can write it
+    (safefile.check_trusted; PYVGPU_TRUST_SHARED=1 is the opt-in), else refused with UntrustedFile.
+    A read-only open is a snapshot read with pread: a file someone truncates cannot crash the reader.
+    """
+    if path.is_dir():
+        raise PyvgpuError(f"region {path} is a directory; give the path of a region file, such as "
+                          f"{path / 'NAME.region'}")
     try:
-        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+        fd = safefile.open_regular(path, os.O_RDWR if writable else os.O_RDONLY, "region", REGION_FIX)
     except FileNotFoundError:
         raise PyvgpuError(f"region {path} does not exist; create it with `pyvgpu wrap --region {path}`") from None
     except PermissionError:
@@ -222,8 +238,8 @@ def open_region(path: Path, writable: bool = True) -> Region:
                           "(see its owner with ls -l)") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PyvgpuError(f"region {path} is not a regular file")
+        if writable:
+            safefile.check_trusted(st, path, "region", REGION_FIX, env)
         if st.st_size < L.REGION_SLOTS_OFF:
             raise PyvgpuError(f"region {path} is {st.st_size} bytes, too short to be a pyvgpu region "
                               "(corrupt or not ours); remove it and start the group again")
@@ -256,20 +272,51 @@ def open_region(path: Path, writable: bool = True) -> Region:
     return Region(path, fd, m, Header.from_buffer(m, 0))
 
 
-def map_forever(fd: int, size: int) -> int:
-    """Map the region for the callbacks, never to be unmapped.
+GUARDS = {"region": 0, "turns": 1}  # pv_guard.c's PV_GUARD_*
+
+
+def map_forever(fd: int, size: int, guard: str = "region") -> int:
+    """Map the region (or the turn file) for the callbacks, never to be unmapped.
 
     Python's mmap objects are unmapped when the interpreter finalizes, but
     hooked calls keep coming after that (libraries' static destructors free
-    their device memory), so the callbacks get a mapping of their own.
+    their device memory), so the callbacks get a mapping of their own. The
+    file's size is checked right before mapping, and the mapping is registered
+    with the shim's SIGBUS guard (shim/src/pv_guard.c): if someone truncates
+    the file later, the process fails closed (a region) or stops taking turns
+    (the turn file) instead of dying.
     """
+    what = "the turn file" if guard == "turns" else "the group region"
+    try:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        name = f"(fd {fd})"
+    safefile.check_size(fd, size, name, what, "remove it and start again")
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
     if addr in (None, ctypes.c_void_p(-1).value):
-        raise PyvgpuError(f"cannot map the group region ({os.strerror(ctypes.get_errno())})")
+        raise PyvgpuError(f"cannot map {what} ({os.strerror(ctypes.get_errno())})")
+    from pyvgpu import shim
+
+    lib = shim.loaded()
+    register = getattr(lib, "pyvgpu_guard", None) if lib is not None else None
+    if register is not None:
+        register.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int]
+        register.restype = ctypes.c_int
+        register(addr, size, GUARDS[guard])
     return addr
+
+
+def check_bounds(r: Region, physical: list[int]) -> None:
+    """A region whose cap on a device is above the device's memory was not written by pyvgpu (wrap and
+    `limits set` refuse such caps): refuse it rather than trust a cap no GPU has."""
+    for d, cap in enumerate(r.limits()):
+        if cap and d < len(physical) and physical[d] and cap > physical[d]:
+            raise PyvgpuError(f"region {r.path} holds a cap of {lim.human(cap)} on device {d}, more than the "
+                              f"device's {lim.human(physical[d])}: pyvgpu never writes such a cap, so the file "
+                              "was altered; refusing it. Remove it and start the group again")
 
 
 def check_limits(region: Region, wanted: lim.MemoryLimits, source: str) -> None:

@@ -1,29 +1,44 @@
-"""The turn file: one per machine, where the groups on each GPU take turns.
+"""The turn file: where the groups on each GPU take turns (every wrapped group, with a share or not).
 
 Its layout is pyvgpu.layout (SCHED_HEADER, then SCHED_ENTRIES x SCHED_ENTRY);
-the callbacks in pyvgpu/jit/turn.py work on it. Every group on the machine
-must use the same file, whoever started it, so it is not in a user's runtime
-directory: ``/dev/shm/pyvgpu-turns-v2`` (mode 0666; users who share a GPU
-share its turns), else ``<runtime dir>/turns``; ``PYVGPU_SCHED=PATH`` names
-another. ``PYVGPU_SM_TURN=0`` leaves it out: groups then time-slice the GPU.
+the callbacks in pyvgpu/jit/turn.py work on it. Groups take turns only with
+groups that use the same file. Which file (docs/security.md says why):
+
+* ``PYVGPU_SCHED=PATH``, if set;
+* else the machine's ``/dev/shm/pyvgpu-turns-v1``, if `pyvgpu setup` (run by
+  root) made it: owned by root, group ``pyvgpu``, mode 0660. Its group's
+  members take turns with each other; nobody else can open it;
+* else ``<runtime dir>/turns``, this user's own (0600): the user's groups take
+  turns with each other, and time-slice with other users'.
+
+A turn file must be a regular file (no link, no FIFO), owned by this user
+(only this user may write it) or by root (its group may write it, others may
+not); ``PYVGPU_TRUST_SHARED=1`` is the opt-in for any other. A file at the
+machine path that fails this (another user made it first, or it is mode 0666)
+is not used, with a warning. Every member can still hold the turn: waits for
+it are bounded (pyvgpu/jit/turn.py, MAX_WAIT_NS). ``PYVGPU_SM_TURN=0`` leaves
+turns out: groups then time-slice the GPU.
 """
 
 from __future__ import annotations
 
+import grp
 import os
 import secrets
 import stat
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from pyvgpu import layout as L
+from pyvgpu import safefile
 from pyvgpu.errors import PyvgpuError
-from pyvgpu.region import map_forever, runtime_dir
+from pyvgpu.region import map_forever, private_runtime_dir
 
 Header = L.SCHED_HEADER.ctypes_class()
 Entry = L.SCHED_ENTRY.ctypes_class()
-SHM_PATH = Path("/dev/shm/pyvgpu-turns-v2")
+SHM_PATH = Path("/dev/shm/pyvgpu-turns-v1")
+SETUP_GROUP = "pyvgpu"  # the Unix group whose members share the machine's turn file
+SETUP_MODE = 0o660
 
 
 def enabled(env: Mapping[str, str]) -> bool:
@@ -35,22 +50,56 @@ def enabled(env: Mapping[str, str]) -> bool:
     return text != "0"
 
 
-def path(env: Mapping[str, str]) -> Path:
+def machine_problem(p: Path = SHM_PATH, env: Mapping[str, str] = os.environ) -> str | None:
+    """Why this user cannot use the machine's turn file at p, or None if it can (lstat, owner, mode, access)."""
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return f"{p} does not exist (`pyvgpu setup`, run by root, makes it)"
+    except OSError as e:
+        return f"{p}: {e.strerror}"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+        return f"{p} is not a regular file"
+    bad = safefile.foreign_problem(st, root_group_ok=True)
+    if bad and not safefile.trust_shared(env):
+        return f"{p}: {bad}"
+    if not os.access(p, os.R_OK | os.W_OK):
+        try:
+            group = grp.getgrgid(st.st_gid).gr_name
+        except KeyError:
+            group = str(st.st_gid)
+        return f"{p} is for the members of group {group!r}, and you are not one"
+    return None
+
+
+def choose(env: Mapping[str, str]) -> tuple[Path, str | None]:
+    """The turn file this process uses, and a warning to show when the machine's is there but unusable."""
     if env.get("PYVGPU_SCHED"):
-        return Path(env["PYVGPU_SCHED"])
-    if SHM_PATH.parent.is_dir() and os.access(SHM_PATH.parent, os.W_OK):
-        return SHM_PATH
-    return runtime_dir() / "turns"
+        return Path(env["PYVGPU_SCHED"]), None
+    problem = machine_problem(SHM_PATH, env)
+    if problem is None:
+        return SHM_PATH, None
+    own = private_runtime_dir() / "turns"
+    note = None
+    if os.path.lexists(SHM_PATH):
+        note = (f"not using the machine's turn file: {problem}; your groups take turns with each other only "
+                f"({own}). Ask root to run `pyvgpu setup`")
+    return own, note
 
 
-def _create(p: Path) -> None:
-    """Link a complete, empty turn file into place unless one is there already."""
-    p.parent.mkdir(parents=True, exist_ok=True)
+def path(env: Mapping[str, str]) -> Path:
+    return choose(env)[0]
+
+
+def _write_new(p: Path, mode: int, gid: int | None = None) -> None:
+    """Link a complete, empty turn file into place unless one is there already (never a half-made one)."""
     head = Header(magic=L.SCHED_MAGIC, version=L.SCHED_VERSION, n_entries=L.SCHED_ENTRIES, size=L.SCHED_SIZE)
     tmp = p.parent / f".{p.name}.{os.getpid()}.{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.fchmod(fd, 0o666)  # every user's groups take turns on the same GPUs
+        if gid is not None:
+            os.fchown(fd, 0, gid)
+        os.fchmod(fd, mode)  # the umask does not decide who may take turns
         os.write(fd, bytes(head))
         os.ftruncate(fd, L.SCHED_SIZE)
         try:
@@ -62,22 +111,29 @@ def _create(p: Path) -> None:
         os.unlink(tmp)
 
 
-def open_fd(p: Path) -> int:
-    """Open (creating it if needed) and check the turn file; returns a read-write fd."""
-    fix = f"remove {p} when no pyvgpu program runs, or set PYVGPU_SM_TURN=0"
+def _fix(p: Path) -> str:
+    if p == SHM_PATH:
+        return "ask root to run `pyvgpu setup` (it recreates the file), or set PYVGPU_SM_TURN=0"
+    return f"remove {p} when no pyvgpu program runs, or set PYVGPU_SCHED to a file of your own, or PYVGPU_SM_TURN=0"
+
+
+def open_fd(p: Path, env: Mapping[str, str] = os.environ) -> int:
+    """Open (creating it if needed, not the machine's) and check the turn file; returns a read-write fd."""
+    fix = _fix(p)
     try:
-        if not p.exists():
-            _create(p)
-        fd = os.open(p, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        if not os.path.lexists(p) and p != SHM_PATH:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            _write_new(p, 0o600)
+        fd = safefile.open_regular(p, os.O_RDWR, "the turn file", fix)
+    except safefile.UntrustedFile:
+        raise
     except PermissionError:
-        raise PyvgpuError(f"the turn file {p}: permission denied (it should be mode 0666); {fix}") from None
+        raise PyvgpuError(f"the turn file {p}: permission denied; {fix}") from None
     except OSError as e:
-        raise PyvgpuError(f"the turn file {p}: {e.strerror}; {fix}, or set PYVGPU_SCHED to a writable "
-                          "path that every group uses") from None
+        raise PyvgpuError(f"the turn file {p}: {e.strerror}; {fix}") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PyvgpuError(f"the turn file {p} is not a regular file; {fix}")
+        safefile.check_trusted(st, p, "the turn file", fix, env, root_group_ok=True)
         head = Header.from_buffer_copy(os.pread(fd, L.SCHED_HEADER.size, 0).ljust(L.SCHED_HEADER.size, b"\0"))
         if head.magic != L.SCHED_MAGIC:
             raise PyvgpuError(f"the turn file {p} is not a pyvgpu turn file (bad magic); {fix}")
@@ -92,32 +148,53 @@ def open_fd(p: Path) -> int:
     return fd
 
 
+def setup(group: str = SETUP_GROUP, p: Path = SHM_PATH) -> str:
+    """Make the machine's turn file for the members of ``group`` (root only); what was done, in words.
+
+    A file already there that is root's, of that group, mode 0660 and whole is kept (running programs
+    have it mapped). Anything else at the path (a file another user made first, an old 0666 one, a
+    link) is removed and replaced.
+    """
+    if os.geteuid() != 0:
+        raise PyvgpuError("`pyvgpu setup` makes the machine's turn file for every user: run it as root")
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise PyvgpuError(f"there is no group {group!r}: create it (groupadd {group}) and add the users who share "
+                          f"the GPUs (usermod -aG {group} USER), then run `pyvgpu setup` again") from None
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        good = (stat.S_ISREG(st.st_mode) and st.st_uid == 0 and st.st_gid == gid
+                and stat.S_IMODE(st.st_mode) == SETUP_MODE)
+        if good:
+            try:
+                os.close(open_fd(p))
+                return f"{p} is in place (root:{group}, mode {SETUP_MODE:04o}); kept"
+            except PyvgpuError:
+                pass
+        os.unlink(p)
+    _write_new(p, SETUP_MODE, gid)
+    os.close(open_fd(p))
+    was = "replaced the file that was there" if st is not None else "made it"
+    return f"{p}: {was} (root:{group}, mode {SETUP_MODE:04o}); members of {group!r} take turns on the GPUs"
+
+
 def attach(env: Mapping[str, str] = os.environ) -> int:
     """Map the turn file for the callbacks (never unmapped); 0 when PYVGPU_SM_TURN=0."""
     if not enabled(env):
         return 0
-    fd = open_fd(path(env))
+    fd = open_fd(path(env), env)
     try:
-        return map_forever(fd, L.SCHED_SIZE)
+        return map_forever(fd, L.SCHED_SIZE, guard="turns")
     finally:
         os.close(fd)
 
 
-def attach_member(env: Mapping[str, str], has_share: bool) -> int:
-    """The turn file for a group's process. A group with a share cannot run without it (its share would
-    not hold). One without a share only takes part, best effort: if the file is broken it runs without
-    turns, with a warning, since the groups with a share refuse to start on the same file anyway."""
-    try:
-        return attach(env)
-    except PyvgpuError as e:
-        if has_share:
-            raise
-        print(f"pyvgpu: warning: {e}; this program does not take turns on the GPU", file=sys.stderr)
-        return 0
-
-
 def entries(p: Path) -> list[dict]:
-    """The GPUs in use in the turn file, for reports: key, holder id and the counters (layout SCHED_ENTRY)."""
+    """The GPUs in use in the turn file, for reports: key, holder id and the counters."""
     fd = open_fd(p)
     try:
         data = os.pread(fd, L.SCHED_SIZE, 0)

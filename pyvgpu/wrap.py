@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pyvgpu import cache, devices, pyinfo, region, sched
+from pyvgpu import cache, devices, mps, region, sched
 from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BOOT_DIR, shim_path
@@ -28,8 +28,12 @@ def _prepend(item: str, current: str | None, sep: str) -> str:
 def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: str | None = None,
               memory: str | None = None, sm: str | None = None, group: str | None = None,
               region_path: str | None = None, devices: str | None = None, allocator: str | None = None,
-              join: bool = True, priority: str | None = None, sm_borrow: bool | None = None) -> dict[str, str]:
-    """The wrapped program's environment: ``base`` plus the shim, the bootstrap and its group."""
+              join: bool = True, mode: str | None = None, callbacks: str | None = None,
+              priority: str | None = None, sm_borrow: bool | None = None) -> dict[str, str]:
+    """The wrapped program's environment: ``base`` plus the shim, its callbacks and its group.
+
+    ``callbacks``: the callback library to name (default: the one pyvgpu.cache chooses, compiling it
+    first if none fits, with progress on stderr)."""
     shim = shim_path()
     if not shim.exists():
         raise PyvgpuError(f"the shim {shim} is missing; reinstall pyvgpu (pip install builds it with gcc)")
@@ -39,14 +43,10 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
     # LD_PRELOAD may be separated by spaces or colons; keep the user's entries after ours.
     user_preload = " ".join(env.get("LD_PRELOAD", "").replace(":", " ").split())
     env["LD_PRELOAD"] = _prepend(str(shim), user_preload, " ")
-    env["PYTHONPATH"] = _prepend(str(BOOT_DIR), env.get("PYTHONPATH"), os.pathsep)
-    # What the shim needs to embed this interpreter into a non-Python program
-    # (a user's own setting wins: it is how to point at another libpython).
-    env["PYVGPU_PYTHON"] = sys.executable
-    env.setdefault("PYVGPU_LIBPYTHON", pyinfo.libpython())
-    env.setdefault("PYVGPU_PYTHON_HOME", pyinfo.python_home())
-    env["PYVGPU_SYSPATH"] = os.pathsep.join(pyinfo.import_path())
-    env["PYVGPU_CACHE_DIR"] = str(cache.cache_dir())
+    # The compiled callbacks this pyvgpu chose (the shim would choose alike, except in a source tree
+    # edited since its build, whose callbacks only the cache has). A user's own setting wins.
+    if not env.get("PYVGPU_CALLBACKS"):
+        env["PYVGPU_CALLBACKS"] = callbacks or cache.ensure(workers=cache.cli_workers())["library"]
     if stats:
         env["PYVGPU_STATS"] = stats
     if on_error:
@@ -57,15 +57,21 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
         if allocator not in ALLOCATORS:
             raise PyvgpuError(f"--allocator {allocator!r} is not one of {', '.join(ALLOCATORS)}")
         env["PYVGPU_ALLOCATOR"] = allocator
+    if env.get("PYVGPU_ALLOCATOR") == "vpmm":  # the startup hook makes VPMM PyTorch's allocator
+        env["PYTHONPATH"] = _prepend(str(BOOT_DIR), env.get("PYTHONPATH"), os.pathsep)
     lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
     lim.sm_batch_ns(env)
     sched.enabled(env)
     lim.priority_from_env(env)
     lim.sm_borrow_from_env(env)
+    if mode is not None:
+        mps.check_mode(mode)
     if join:
-        join_group(env, memory, group, region_path, sm, devices, priority, sm_borrow)
-    elif devices is not None or priority is not None or sm_borrow is not None:
-        raise PyvgpuError("--devices, --priority and --sm-borrow need a group region")
+        join_group(env, memory, group, region_path, sm, devices, mode, priority, sm_borrow)
+    elif devices is not None or mode is not None or priority is not None or sm_borrow is not None:
+        what = ("--devices" if devices is not None else "--mode" if mode is not None else
+                "--priority" if priority is not None else "--sm-borrow")
+        raise PyvgpuError(f"{what} needs a group region")
     return env
 
 
@@ -128,7 +134,11 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
             del env[k]
         return lim.SmLimits(), source
     if sched.enabled(env):  # a broken turn file is an error now, not in the program
-        os.close(sched.open_fd(sched.path(env)))
+        turns, note = sched.choose(env)
+        if note:
+            print(f"pyvgpu: warning: {note}", file=sys.stderr)
+        os.close(sched.open_fd(turns, env))
+        env["PYVGPU_SCHED"] = str(turns)  # the program uses the file checked here
     if lim.sm_policy(env) == 2:
         print(f"pyvgpu: warning: {source} is not enforced for this program: GPU_CORE_UTILIZATION_POLICY=disable",
               file=sys.stderr)
@@ -151,14 +161,21 @@ def _group_settings(env: dict[str, str], priority: str | None,
 
 
 def join_group(env: dict[str, str], memory: str | None, group: str | None, region_path: str | None,
-               sm: str | None = None, device_spec: str | None = None, priority: str | None = None,
-               sm_borrow: bool | None = None) -> Path:
+               sm: str | None = None, device_spec: str | None = None, mode: str | None = None,
+               priority: str | None = None, sm_borrow: bool | None = None) -> Path:
     """Create or join the group's region before the program starts; set the env contract for it."""
     if group and region_path:
         raise PyvgpuError("give --group or --region, not both")
     prio, prio_source, borrow, borrow_source = _group_settings(env, priority, sm_borrow)
     chosen = devices.select(device_spec, env) if device_spec is not None else []
-    shares, sm_source = sm_limits_for(env, sm, chosen)
+    if mode == "mps":  # MPS enforces the share (pyvgpu/mps.py): nothing of pyvgpu's limiter to check
+        shares, sm_source = (lim.parse_sm_option(sm), f"--sm {sm}") if sm is not None else \
+            (lim.sm_from_env(env), "CUDA_DEVICE_SM_LIMIT")
+        mps_shares, shares = shares, lim.SmLimits()
+        for k in [k for k in env if k.startswith("CUDA_DEVICE_SM_LIMIT")]:
+            del env[k]
+    else:
+        shares, sm_source = sm_limits_for(env, sm, chosen)
     if memory is not None:
         limits, source = lim.parse_memory_option(memory), f"--memory {memory}"
         for k in [k for k in env if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")]:
@@ -168,6 +185,9 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
     n_physical = check_physical(limits, source, chosen)
     if region_path:
         path = Path(region_path).absolute()
+        if path.is_dir():
+            raise PyvgpuError(f"--region {region_path} is a directory; give the path of a region file in it, "
+                              f"such as --region {Path(region_path) / 'NAME.region'}")
     elif group:
         path = region.group_path(group)
     elif env.get("CUDA_DEVICE_MEMORY_SHARED_CACHE"):
@@ -176,8 +196,22 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
         region.gc_private()
         path = region.new_private_path()
     name = group or path.stem
+    existed = path.exists()
     r = region.create_or_open(path, name, limits, source, n_physical, shares, sm_source, chosen,
                               f"--devices {device_spec}", prio, prio_source, borrow, borrow_source)
+    if mode is not None:
+        want = mps.check_mode(mode)
+        if not existed:
+            r.header.mode = want
+            if want == mps.MODES.index("mps"):
+                r.header.mps_active_threads = mps.one_share(mps_shares, sm_source)
+        elif r.header.mode != want:
+            raise PyvgpuError(f"--mode {mode}: the group {name} runs in mode {mps.mode_name(r.header.mode)}; "
+                              "join it without --mode, or start another group")
+    if not limits and any(r.limits()):  # caps read from the file (asked-for ones were checked above) are
+        # bounded by the devices' memory
+        phys = [g.total for g in chosen] if chosen else devices.physical_memory()
+        region.check_bounds(r, phys or [])
     if not limits:  # joining a group without asking: take its limits
         limits = lim.MemoryLimits(per_device={d: v for d, v in enumerate(r.limits()) if v})
     if not shares:
@@ -188,17 +222,38 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
     env["PYVGPU_SM_BORROW"] = "1" if r.header.sm_borrow else "0"
     if r.header.n_visible:  # the group's devices, also for a member that did not name them
         env["CUDA_VISIBLE_DEVICES"] = ",".join(u for _, u in r.visible())
+    if r.header.mode == mps.MODES.index("mps"):  # every member of an MPS group is a client, --mode or not
+        n = r.header.n_visible or n_physical or len(devices.physical_memory() or [])
+        mps.apply(env, region.runtime_dir(), limits, r.header.mps_active_threads, n)
     env["PYVGPU_REGION"] = str(path)
     return path
 
 
+def driver_problem(env: Mapping[str, str]) -> str | None:
+    """Why the CUDA driver does not load here, or None. Only loaded, never initialised (that is the program's)."""
+    import ctypes
+
+    name = env.get("PYVGPU_REAL_LIBCUDA") or "libcuda.so.1"
+    try:
+        ctypes.CDLL(name, mode=os.RTLD_LAZY | os.RTLD_LOCAL)
+    except OSError as e:
+        return f"{name} does not load: {e}"
+    return None
+
+
 def exec_wrapped(command: Sequence[str], env: Mapping[str, str]) -> None:
-    """Compile the callbacks if needed, then replace this process with ``command``."""
+    """Replace this process with ``command``; say so in one line first when there is no CUDA driver (the
+    program may not need a GPU, so it runs anyway)."""
     if not command:
         raise PyvgpuError("no program given: use `pyvgpu wrap [OPTIONS] -- PROGRAM [ARGS...]`")
     if shutil.which(command[0], path=env.get("PATH")) is None and not os.path.exists(command[0]):
         raise PyvgpuError(f"program not found: {command[0]!r} (not a file, and not on PATH)")
-    cache.ensure(workers=cache.cli_workers())  # a cold compile happens here, once, not in the program
+    problem = driver_problem(env)
+    if problem:
+        from pyvgpu.doctor import DRIVER_FIX
+
+        print(f"pyvgpu: no CUDA driver ({problem}); the program runs without a GPU. Fix: {DRIVER_FIX} "
+              "(`pyvgpu doctor` checks it)", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(command[0], list(command), dict(env))

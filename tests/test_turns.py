@@ -9,14 +9,17 @@ behaviour gave are in the docstrings).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
 import time
 
+import pytest
 from helpers import PYVGPU, run
 from simgpu import Load, sim_busy, sim_env, sim_switch_ns
 
-from pyvgpu import region, sched
+from pyvgpu import limits, region, sched, shim
+from pyvgpu.errors import PyvgpuError
 
 SMALL = "200"  # a 20 us kernel: with a host gap (and a sync per step of 4), a launch-bound training step
 GAP_US = 50
@@ -272,3 +275,37 @@ def test_priority_and_borrowing_options(env, tmp_path):
     for var, value in (("CUDA_TASK_PRIORITY", "7"), ("PYVGPU_SM_BORROW", "perhaps")):
         p = run([*PYVGPU, "wrap", "--", "true"], env=dict(env, **{var: value}))
         assert p.returncode == 2 and var in p.stderr and value in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("value,priority", [("high", 0), ("HIGH", 0), (" 0 ", 0), ("low", 1), ("1", 1), ("", None),
+                                            ("2", "not a priority"), ("urgent", "not a priority"),
+                                            ("hígh", "ASCII")])
+def test_cuda_task_priority_reads_alike_in_python_and_the_shim(value, priority):
+    """HAMi's CUDA_TASK_PRIORITY makes a new group's priority: read by `pyvgpu wrap` (limits.py) and by the
+    shim when it makes a private group itself (shim/src/pv_env.c), with the same answers and messages."""
+    _both_readers({"CUDA_TASK_PRIORITY": value}, lambda env: limits.priority_from_env(env), 0, priority)
+
+
+@pytest.mark.parametrize("value,borrow", [("1", 1), ("on", 1), ("Yes", 1), ("0", 0), ("off", 0), ("false", 0),
+                                          ("", None), ("perhaps", "neither on nor off")])
+def test_pyvgpu_sm_borrow_reads_alike_in_python_and_the_shim(value, borrow):
+    _both_readers({"PYVGPU_SM_BORROW": value}, lambda env: limits.sm_borrow_from_env(env), 1, borrow)
+
+
+def _both_readers(env: dict[str, str], python, index: int, expect) -> None:
+    lib = shim.open_shim()
+    items = [f"{k}={v}".encode() for k, v in env.items()]
+    envp = (ctypes.c_char_p * (len(items) + 1))(*items, None)
+    out, err = (ctypes.c_int32 * 2)(), ctypes.create_string_buffer(1024)
+    rc = lib.pyvgpu_read_group_env(envp, out, err, len(err))
+    if isinstance(expect, str):
+        with pytest.raises(PyvgpuError, match=expect) as e:
+            python(env)
+        c = err.value.decode()
+        assert rc != 0 and expect in c, c
+        if expect != "ASCII":  # C names the byte outside ASCII, Python the character: otherwise word for word
+            assert c == str(e.value), (c, str(e.value))
+    else:
+        got = python(env)
+        assert rc == 0 and (None if got is None else int(got)) == expect
+        assert out[index] == (-1 if expect is None else expect)

@@ -78,7 +78,8 @@ def launch(ctx, idx, args, notfound, key, stream):
         return call_real(ctx, idx, args, notfound)
     limit = limiter.share(region, dev) if limited else np.uint32(0)
     now = monotonic_ns()
-    if limit == 0 and not turn.active_on(ctx, dev, now):  # no group with a share takes turns here
+    e = turn.entry(ctx, dev)  # the device's turn entry (a load, once known): looked up here only
+    if limit == 0 and not turn.active_on(e, now):  # no group with a share takes turns here
         return call_real(ctx, idx, args, notfound)
     if limit != 0 and CTX.get_sm_nvml(ctx, dev) == 0:
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
@@ -87,7 +88,7 @@ def launch(ctx, idx, args, notfound, key, stream):
     slot = cost.cost_slot(ctx, key)
     c = cost.cost_of(ctx, slot)
     if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, dev, now)
-                           and not turn.share_waits(ctx, dev, now)):
+                           and not turn.share_waits(ctx, e, now)):
         rank = limiter.rank(region, True)
         wait = limiter.throttle(ctx, region, dev, c, limit, now)
         if wait > 0:
@@ -100,7 +101,7 @@ def launch(ctx, idx, args, notfound, key, stream):
         limiter.charge_slot(ctx, dev, c)
         if limit != 0:
             DEV.add_sm_borrow_ns(REGION.device(region, dev), c)
-    turn.take(ctx, region, dev, stream, now, c, rank, limit != 0)
+    turn.take(ctx, region, dev, e, stream, now, c, rank, limit != 0)
     s = -1
     if (n & np.uint64(SAMPLE_EVERY - 1)) == 0 or cost.new_kernel(ctx, slot):
         s = cost.sample_begin(ctx, key, stream)

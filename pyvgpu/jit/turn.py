@@ -55,6 +55,7 @@ from numba import njit
 from pyvgpu import abi
 from pyvgpu import layout as L
 from pyvgpu.jit import drain as D
+from pyvgpu.jit import events
 from pyvgpu.jit.context import HELPER
 from pyvgpu.jit.fields import CTX, DEV, REGION, SCHED, SCHED_AT, TURN
 from pyvgpu.jit.intrinsics import futex_wait, futex_wake, load_u64, monotonic_ns, sleep_ns, stack_buffer
@@ -71,6 +72,11 @@ RESERVE_NS = 2_000_000_000  # a reservation further ahead than this is ignored
 POLL_NS = 20_000  # a waiter's longest sleep between looks (plus the timer slack)
 HANDOFF_NS = 500_000  # a process that just handed the turn over leaves it this long to a waiter
 ACTIVE_NS = 1_000_000_000  # after its last launch, a group with a share keeps the others in turns this long
+# The longest a launch waits for the turn. A holder renews its lease only while it launches, and a lease
+# reaches at most MAX_LEASE_NS ahead, so a fair wait ends within about a second; a longer one means a holder
+# that does not play fair (any member of the turn file can write a turn word). Past it the process stops
+# taking turns on that device (it time-slices there) and logs a turn_timeout event (docs/security.md).
+MAX_WAIT_NS = 5_000_000_000
 UNIT_SHIFT = 10
 LOW32 = np.uint64(0xFFFFFFFF)
 NO_RESERVATION = np.int64(1 << 62)
@@ -174,7 +180,10 @@ def anyone_waits(e, me, now):
 
 @njit
 def entry(ctx, dev):
-    """The turn entry of CUDA device dev (claimed in the file if new), or 1 when this device takes no turns."""
+    """The turn entry of CUDA device dev (claimed in the file if new), or 1 when this device takes no turns.
+
+    A launch looks it up once and hands it on: a call with several call sites in one callback is not
+    inlined, and its status check would keep numba's exception path (the Python C API) in the callback."""
     a = CTX.get_turn_entry(ctx, dev)
     if a != 0:
         return a
@@ -196,6 +205,8 @@ def entry(ctx, dev):
             if k == key:
                 a = np.uint64(e)
                 break
+        if a == _NONE:  # every entry belongs to another GPU: this one time-slices, said once per process
+            events.record(CTX.get_region(ctx), L.EV_TURNS_FULL, dev, 0, 0, 0)
         if CTX.get_turn_id(ctx) == 0:
             pid = np.uint32(0)
             while pid == 0:  # 0 means nobody
@@ -234,19 +245,17 @@ def machine_active(ctx):
 
 
 @njit
-def share_waits(ctx, dev, now):
-    """Another process launching within its share waits for the turn on dev (a borrower must not take
+def share_waits(ctx, e, now):
+    """Another process launching within its share waits for the turn of entry e (a borrower must not take
     idle time then). Without turns nobody can tell: True, so nobody borrows."""
-    e = entry(ctx, dev)
     if e <= _NONE:
         return True
     return more_urgent_waits(e, L.RANK_HIGH_BEST_EFFORT, CTX.get_turn_id(ctx), now)
 
 
 @njit
-def active_on(ctx, dev, now):
-    """A group with a share takes turns on dev now: a launch without a share takes part."""
-    e = entry(ctx, dev)
+def active_on(e, now):
+    """A group with a share takes turns on entry e's GPU now: a launch without a share takes part."""
     return e > _NONE and np.int64(TURN.load_active(e)) > now
 
 
@@ -399,10 +408,9 @@ def keep(ctx, region, dev, stream, e, w, me, now, cost, rank):
 
 
 @njit
-def take(ctx, region, dev, stream, now, cost, rank, share):
-    """Before a launch of cost ns on dev at rank: hold the turn, or go beside its holder, or wait. ``share``:
-    the group has a share on dev (also while it borrows beyond it)."""
-    e = entry(ctx, dev)
+def take(ctx, region, dev, e, stream, now, cost, rank, share):
+    """Before a launch of cost ns on dev (turn entry e, from ``entry``) at rank: hold the turn, or go beside
+    its holder, or wait. ``share``: the group has a share on dev (also while it borrows beyond it)."""
     if e <= _NONE:
         return
     me = CTX.get_turn_id(ctx)
@@ -469,6 +477,11 @@ def take(ctx, region, dev, stream, now, cost, rank, share):
             TURN.add_coruns(e, 1)
             CTX.set_turn_qend(ctx, dev, np.uint64(queue_end(ctx, dev, now, cost)))
             count_wait(ctx, region, dev, e, rank, t0, now)
+            return
+        if now - t0 >= MAX_WAIT_NS:  # a holder that does not let go: stop taking turns here
+            CTX.set_turn_entry(ctx, dev, _NONE)
+            count_wait(ctx, region, dev, e, rank, t0, now)
+            events.record(CTX.get_region(ctx), L.EV_TURN_TIMEOUT, dev, 0, now - t0, holder(w))
             return
         TURN.store_want(e, rank, word(me, now))
         TURN.add_sleepers(e, 1)

@@ -124,11 +124,16 @@ _Static_assert(offsetof(pv_ctx_t, devices_refused) == 70504, "pv_ctx.devices_ref
 _Static_assert(offsetof(pv_ctx_t, devices_msg) == 70508, "pv_ctx.devices_msg");
 _Static_assert(sizeof(pv_ctx_t) == 70768, "sizeof pv_ctx");
 
-/* A group's region, as far as the shim reads it itself (pv_core.c: are limits set?). */
+/* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 5
+#define PV_REGION_VERSION 6
 #define PV_REGION_DEVICES_OFF 512
+#define PV_REGION_SLOTS_OFF 15872
+#define PV_REGION_SLOT_SIZE 704
+#define PV_REGION_DEFAULT_SLOTS 1024
 #define PV_MAX_DEVICES 16
+#define PV_GROUP_NAME_BYTES 64
+#define PV_MESSAGE_BYTES 256
 
 /* region header */
 typedef struct pv_region_header {
@@ -153,9 +158,11 @@ typedef struct pv_region_header {
     uint8_t visible_uuid[256];  /* its UUID, 16 raw bytes */
     uint8_t _pad1[4];
     uint64_t ev_next;  /* events written so far; the next goes to ring entry ev_next % N_EVENTS */
+    uint32_t mode;  /* device mode of the group: 0 hami-core (pyvgpu's limiter), 1 mps (pyvgpu/mps.py) */
+    uint32_t mps_active_threads;  /* mode mps: the clients' CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0 = none */
     uint32_t priority;  /* the group's priority, HAMi's CUDA_TASK_PRIORITY: 0 high, 1 low (default) */
     uint32_t sm_borrow;  /* 1: the group may use idle GPU time beyond its share (work-conserving) */
-    uint8_t _pad2[24];
+    uint8_t _pad2[16];
 } pv_region_header_t;
 _Static_assert(offsetof(pv_region_header_t, magic) == 0, "pv_region_header.magic");
 _Static_assert(offsetof(pv_region_header_t, version) == 8, "pv_region_header.version");
@@ -176,8 +183,10 @@ _Static_assert(offsetof(pv_region_header_t, n_visible) == 144, "pv_region_header
 _Static_assert(offsetof(pv_region_header_t, visible) == 148, "pv_region_header.visible");
 _Static_assert(offsetof(pv_region_header_t, visible_uuid) == 212, "pv_region_header.visible_uuid");
 _Static_assert(offsetof(pv_region_header_t, ev_next) == 472, "pv_region_header.ev_next");
-_Static_assert(offsetof(pv_region_header_t, priority) == 480, "pv_region_header.priority");
-_Static_assert(offsetof(pv_region_header_t, sm_borrow) == 484, "pv_region_header.sm_borrow");
+_Static_assert(offsetof(pv_region_header_t, mode) == 480, "pv_region_header.mode");
+_Static_assert(offsetof(pv_region_header_t, mps_active_threads) == 484, "pv_region_header.mps_active_threads");
+_Static_assert(offsetof(pv_region_header_t, priority) == 488, "pv_region_header.priority");
+_Static_assert(offsetof(pv_region_header_t, sm_borrow) == 492, "pv_region_header.sm_borrow");
 _Static_assert(sizeof(pv_region_header_t) == 512, "sizeof pv_region_header");
 
 /* per-device state of a group */
@@ -223,5 +232,62 @@ _Static_assert(offsetof(pv_region_device_t, sm_turn_wait_ns) == 112, "pv_region_
 _Static_assert(offsetof(pv_region_device_t, sm_borrow_ns) == 120, "pv_region_device.sm_borrow_ns");
 _Static_assert(offsetof(pv_region_device_t, sm_borrow_mark) == 128, "pv_region_device.sm_borrow_mark");
 _Static_assert(sizeof(pv_region_device_t) == 192, "sizeof pv_region_device");
+
+/* The machine's turn file (pyvgpu/sched.py). */
+#define PV_SCHED_MAGIC 0x31304e5255545650ULL
+#define PV_SCHED_VERSION 2
+#define PV_SCHED_ENTRIES 64
+#define PV_SCHED_SIZE 12352
+
+/* turn file header */
+typedef struct pv_sched_header {
+    uint64_t magic;  /* SCHED_MAGIC */
+    uint32_t version;  /* SCHED_VERSION */
+    uint32_t n_entries;  /* SCHED_ENTRIES */
+    uint64_t size;  /* file size in bytes */
+    uint32_t next_id;  /* the last process id handed out (ids are 1..2^32-1, then wrap) */
+    uint8_t _pad0[4];
+    uint64_t active;  /* CLOCK_MONOTONIC ns until which a group with a share takes turns on some GPU here: until then launches without a share look at the turns */
+    uint8_t _pad1[24];
+} pv_sched_header_t;
+_Static_assert(offsetof(pv_sched_header_t, magic) == 0, "pv_sched_header.magic");
+_Static_assert(offsetof(pv_sched_header_t, version) == 8, "pv_sched_header.version");
+_Static_assert(offsetof(pv_sched_header_t, n_entries) == 12, "pv_sched_header.n_entries");
+_Static_assert(offsetof(pv_sched_header_t, size) == 16, "pv_sched_header.size");
+_Static_assert(offsetof(pv_sched_header_t, next_id) == 24, "pv_sched_header.next_id");
+_Static_assert(offsetof(pv_sched_header_t, active) == 32, "pv_sched_header.active");
+_Static_assert(sizeof(pv_sched_header_t) == 64, "sizeof pv_sched_header");
+
+/* The callback library's table (pyvgpu/cblib.py), exported as PV_CBLIB_SYMBOL. */
+#define PV_CBLIB_SYMBOL "pyvgpu_callbacks"
+#define PV_CBLIB_MAGIC 0x3142494c42435650ULL
+#define PV_CBLIB_FORMAT 1
+
+/* the table a callback library exports (pyvgpu/cblib.py) */
+typedef struct pv_cblib {
+    uint64_t magic;  /* CBLIB_MAGIC */
+    uint32_t format;  /* CBLIB_FORMAT */
+    uint32_t n_entries;  /* hook entries it was compiled for (N_ENTRIES) */
+    uint32_t n_services;  /* services (hooks.SERVICES) */
+    uint32_t tuned;  /* 0: for any CPU of the architecture; 1: for the CPU cpu_id names only */
+    uint64_t cpu_id;  /* pyvgpu.cpuid.cpu_id() of the CPU it was tuned for; 0 when portable */
+    uint8_t table_hash[32];  /* hooks.table_hash(), NUL-terminated */
+    uint8_t key[32];  /* pyvgpu.cache.cache_key() of its sources, NUL-terminated */
+    uint8_t cpu[64];  /* the CPU LLVM compiled for, NUL-terminated */
+    uint64_t entries[77];  /* callback address per hook entry; 0 for entries implemented in C */
+    uint64_t services[3];  /* address per service, in hooks.SERVICES order */
+} pv_cblib_t;
+_Static_assert(offsetof(pv_cblib_t, magic) == 0, "pv_cblib.magic");
+_Static_assert(offsetof(pv_cblib_t, format) == 8, "pv_cblib.format");
+_Static_assert(offsetof(pv_cblib_t, n_entries) == 12, "pv_cblib.n_entries");
+_Static_assert(offsetof(pv_cblib_t, n_services) == 16, "pv_cblib.n_services");
+_Static_assert(offsetof(pv_cblib_t, tuned) == 20, "pv_cblib.tuned");
+_Static_assert(offsetof(pv_cblib_t, cpu_id) == 24, "pv_cblib.cpu_id");
+_Static_assert(offsetof(pv_cblib_t, table_hash) == 32, "pv_cblib.table_hash");
+_Static_assert(offsetof(pv_cblib_t, key) == 64, "pv_cblib.key");
+_Static_assert(offsetof(pv_cblib_t, cpu) == 96, "pv_cblib.cpu");
+_Static_assert(offsetof(pv_cblib_t, entries) == 160, "pv_cblib.entries");
+_Static_assert(offsetof(pv_cblib_t, services) == 776, "pv_cblib.services");
+_Static_assert(sizeof(pv_cblib_t) == 800, "sizeof pv_cblib");
 
 #endif

@@ -1,12 +1,12 @@
-/* The boot: the bootstrap state machine, the install API the Python side
- * calls, the watcher thread and fork.
+/* The boot: the bootstrap state machine, the watcher thread and fork.
  *
- * Callbacks arrive in two steps. pyvgpu_install() (called from Python,
- * possibly at interpreter start, before any CUDA use) only stages them.
- * The first hooked call runs pv_boot(): it resolves the real driver
- * functions, installs through Python if nothing was staged (first-call
- * fallback or embedded interpreter), then publishes the callbacks. So a
- * Python process that never touches CUDA never loads libcuda because of us.
+ * The first hooked call runs pv_boot(), once: it resolves the real driver
+ * functions, loads the compiled callbacks (pv_load.c), joins the process's
+ * group (pv_attach.c), claims a slot in it, then publishes the callbacks.
+ * No interpreter is involved, whatever the program is: a C program, a
+ * Python of any version with or without pyvgpu importable, a JVM. A process
+ * that never touches CUDA or NVML never loads libcuda or the callbacks
+ * because of us.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -36,27 +36,32 @@ static __thread int pv_in_boot;
 
 /* ---- bootstrap ----------------------------------------------------------- */
 
-/* True if the region file at path is one of ours with a memory cap or a
- * compute share on some device. Read with pread: a file someone truncates
- * cannot crash us. */
+/* Whether the region file at path asks for limits: 0 if it is one of ours
+ * with no memory cap and no compute share on any device, else 1 (also when
+ * it cannot be read: what it asks for is unknown, so it counts). Read with
+ * pread: a file someone truncates cannot crash us; O_NONBLOCK: a FIFO there
+ * cannot stall us. */
 static int region_has_limits(const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
-        return 0;
+        return 1;
     pv_region_header_t h;
     pv_region_device_t d[PV_MAX_DEVICES];
-    int found = 0;
+    int found = 1;
     if (pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && h.magic == PV_REGION_MAGIC &&
-        h.version == PV_REGION_VERSION && pread(fd, d, sizeof d, PV_REGION_DEVICES_OFF) == (ssize_t)sizeof d)
+        h.version == PV_REGION_VERSION && pread(fd, d, sizeof d, PV_REGION_DEVICES_OFF) == (ssize_t)sizeof d) {
+        found = 0;
         for (int i = 0; i < PV_MAX_DEVICES; i++)
             found |= d[i].limit != 0 || d[i].sm_limit != 0;
+    }
     close(fd);
     return found;
 }
 
-/* The variables that ask for limits, named for the fail-closed and fail-open
- * messages ("" when none is set). A group's region counts when it holds a
- * limit: a program may have removed CUDA_DEVICE_MEMORY_LIMIT from its own
+/* What was asked for, for the fail-closed and fail-open messages: each
+ * variable that asks for limits as NAME=value ("" when none is set). A
+ * group's region counts (PYVGPU_REGION, HAMi's CUDA_DEVICE_MEMORY_SHARED_CACHE):
+ * a program may have removed CUDA_DEVICE_MEMORY_LIMIT from its own
  * environment, but the group's limits live in the file. */
 static const char *limits_requested(char *out, size_t len) {
     static const char *const prefixes[] = {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
@@ -73,8 +78,8 @@ static const char *limits_requested(char *out, size_t len) {
                 continue;
             if (i >= 2 && !region_has_limits(eq + 1))
                 break; /* a group without limits asks for nothing to be enforced */
-            if (o + (size_t)(eq - *e) + 3 < len)
-                o += snprintf(out + o, len - o, "%s%.*s", o ? ", " : "", (int)(eq - *e), *e);
+            if (o + strlen(*e) + 3 < len)
+                o += snprintf(out + o, len - o, "%s%s", o ? ", " : "", *e);
             break;
         }
     }
@@ -83,7 +88,7 @@ static const char *limits_requested(char *out, size_t len) {
 
 /* ---- the watcher thread -------------------------------------------------
  * Calls the svc_tick callback ten times a second while this process is in a
- * group: the compute controller steps from it (pyvgpu/jit/compute.py) and
+ * group: the compute controller steps from it (pyvgpu/jit/controller.py) and
  * quota of dead members comes back within a second. It never takes the GIL
  * and never calls the CUDA driver. */
 
@@ -122,13 +127,42 @@ static void publish(void) {
     start_watcher();
 }
 
+/* Stage the library's callbacks and services; 0, or -1 with the reason in pv_err. */
+static int stage(const pv_cblib_t *lib) {
+    if (!pv_ctx.table) {
+        void *t = mmap(NULL, (size_t)PV_TABLE_ENTRIES * 16, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (t == MAP_FAILED) {
+            snprintf(pv_err, sizeof pv_err, "cannot map the allocation table (%s)", strerror(errno));
+            return -1;
+        }
+        pv_ctx.table = (uint64_t)(uintptr_t)t;
+        pv_ctx.table_mask = PV_TABLE_ENTRIES - 1;
+    }
+    for (int i = 0; i < PV_N_SERVICES; i++)
+        __atomic_store_n(&pv_services[i], (void *)(uintptr_t)lib->services[i], __ATOMIC_RELEASE);
+    for (int i = 0; i < PV_N_ENTRIES; i++)
+        pv_staged[i] = (void *)(uintptr_t)lib->entries[i];
+    __atomic_store_n(&pv_staged_ok, 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static void install(void) {
+    const pv_cblib_t *lib = pv_load_callbacks(pv_err, sizeof pv_err);
+    if (!lib)
+        return;
+    if (pv_attach(pv_err, sizeof pv_err) != 0)
+        return;
+    if (stage(lib) == 0)
+        pv_boot_mode = "native";
+}
+
 static void boot_once(void) {
     pv_in_boot = 1;
     pv_resolve_real();
-    if (!pv_staged_ok && !pv_err[0]) {
-        if (pv_python_install(pv_err, sizeof pv_err) != 0 && !pv_err[0])
-            snprintf(pv_err, sizeof pv_err, "the Python bootstrap did not install them");
-    }
+    install();
+    if (!pv_staged_ok && !pv_err[0])
+        snprintf(pv_err, sizeof pv_err, "the callbacks were not installed (no reason given: a bug)");
     if (pv_staged_ok && pv_ctx.region && !pv_ctx.slot) {
         /* join the group now, at the first GPU call (pyvgpu/jit/quota.py claim_slot) */
         pv_svc_claim_t claim = SERVICE(svc_claim);
@@ -142,7 +176,7 @@ static void boot_once(void) {
         publish();
         pv_boot_state = PV_BOOT_READY;
     } else {
-        char asked[512];
+        char asked[768];
         limits_requested(asked, sizeof asked);
         const char *oe = getenv("PYVGPU_ON_ERROR");
         int open = oe && !strcmp(oe, "open");
@@ -184,64 +218,14 @@ int pv_boot(void) {
     return pv_boot_state;
 }
 
-/* ---- the API the Python side calls (pyvgpu/shim.py) ---------------------- */
+/* ---- what Python tools and tests read (pyvgpu/shim.py) ------------------- */
 
 PV_EXPORT const char *pyvgpu_table_hash(void) { return PV_TABLE_HASH; }
 PV_EXPORT pv_ctx_t *pyvgpu_ctx(void) { return &pv_ctx; }
 PV_EXPORT int pyvgpu_installed(void) { return pv_staged_ok; }
 
 PV_EXPORT const char *pyvgpu_boot_mode(void) { return pv_boot_mode; }
-
-/* Stage the callback addresses, one per entry (0 for entries implemented
- * in C). Returns 0, or -1 with the reason in pyvgpu_last_error(). */
-PV_EXPORT int pyvgpu_install(const uint64_t *addrs, uint32_t n, const char *table_hash, const char *mode) {
-    if (n != PV_N_ENTRIES || !table_hash || strcmp(table_hash, PV_TABLE_HASH)) {
-        snprintf(pv_err, sizeof pv_err,
-                 "the shim (table %s, %d entries) and the pyvgpu package (table %s, %u entries) come from "
-                 "different builds; reinstall pyvgpu",
-                 PV_TABLE_HASH, PV_N_ENTRIES, table_hash ? table_hash : "?", n);
-        return -1;
-    }
-    if (!pv_ctx.table) {
-        void *t = mmap(NULL, (size_t)PV_TABLE_ENTRIES * 16, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (t == MAP_FAILED) {
-            snprintf(pv_err, sizeof pv_err, "cannot map the allocation table (%s)", strerror(errno));
-            return -1;
-        }
-        pv_ctx.table = (uint64_t)(uintptr_t)t;
-        pv_ctx.table_mask = PV_TABLE_ENTRIES - 1;
-    }
-    for (int i = 0; i < PV_N_ENTRIES; i++) {
-        if (pv_entry_infos[i].has_callback && !addrs[i]) {
-            snprintf(pv_err, sizeof pv_err, "no callback for %s", pv_entry_infos[i].name);
-            return -1;
-        }
-        pv_staged[i] = (void *)(uintptr_t)addrs[i];
-    }
-    (void)mode; /* informational; the shim knows whether it is inside pv_boot */
-    if (!pv_in_boot) /* installed before the first hooked call: the startup hook */
-        pv_boot_mode = "startup";
-    pv_err[0] = 0;
-    __atomic_store_n(&pv_staged_ok, 1, __ATOMIC_RELEASE);
-    return 0;
-}
-
-/* Services (pyvgpu.hooks.SERVICES), set by name before pyvgpu_install. */
-PV_EXPORT int pyvgpu_set_service(const char *name, uint64_t addr) {
-    for (int i = 0; i < PV_N_SERVICES; i++)
-        if (name && !strcmp(name, pv_service_names[i])) {
-            __atomic_store_n(&pv_services[i], (void *)(uintptr_t)addr, __ATOMIC_RELEASE);
-            return 0;
-        }
-    return -1;
-}
-
-/* The Python side reports why it could not install, so the fail-closed
- * line names the cause and the first hooked call does not retry. */
-PV_EXPORT void pyvgpu_set_error(const char *msg) {
-    snprintf(pv_err, sizeof pv_err, "%s", msg ? msg : "unknown error");
-}
+PV_EXPORT const char *pyvgpu_callbacks_path(void) { return pv_callbacks_path; }
 
 PV_EXPORT const char *pyvgpu_last_error(void) { return pv_err; }
 

@@ -4,9 +4,11 @@
  * PYVGPU_STATS. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "pv_shim.h"
@@ -56,6 +58,8 @@ static void write_text(FILE *f) {
     exe[n > 0 ? n : 0] = 0;
     fprintf(f, "pyvgpu stats: pid %d, %s, bootstrap %s, procaddr mismatches %llu\n", (int)getpid(), exe,
             pv_boot_mode, (unsigned long long)pv_mismatches);
+    if (pv_callbacks_path[0])
+        fprintf(f, "  callbacks %s\n", pv_callbacks_path);
     fprintf(f, "  %-32s %12s %8s %10s\n", "symbol", "calls", "dlsym", "procaddr");
     for (int i = 0; i < PV_N_ENTRIES; i++) {
         uint64_t c = pv_ctx.calls[i], d = pv_lookups[i][PV_VIA_DLSYM], p = pv_lookups[i][PV_VIA_PROCADDR];
@@ -66,8 +70,10 @@ static void write_text(FILE *f) {
 }
 
 static void write_json(FILE *f) {
-    fprintf(f, "{\"pid\": %d, \"bootstrap\": \"%s\", \"procaddr_mismatches\": %llu, \"symbols\": {", (int)getpid(),
-            pv_boot_mode, (unsigned long long)pv_mismatches);
+    fprintf(f, "{\"pid\": %d, \"bootstrap\": \"%s\", \"callbacks\": \"", (int)getpid(), pv_boot_mode);
+    for (const char *c = pv_callbacks_path; *c; c++) /* a path, as a JSON string */
+        fprintf(f, (unsigned char)*c < 0x20 || *c == '"' || *c == '\\' ? "\\u%04x" : "%c", (unsigned char)*c);
+    fprintf(f, "\", \"procaddr_mismatches\": %llu, \"symbols\": {", (unsigned long long)pv_mismatches);
     int first = 1;
     for (int i = 0; i < PV_N_ENTRIES; i++) {
         uint64_t c = pv_ctx.calls[i], d = pv_lookups[i][PV_VIA_DLSYM], p = pv_lookups[i][PV_VIA_PROCADDR];
@@ -101,10 +107,23 @@ static void print_stats(void) {
         }
     }
     path[o] = 0;
-    FILE *f = fopen(path, "a");
+    /* Appended to a file of this user only: a link planted at the path is not followed (O_NOFOLLOW), a
+     * FIFO does not block the exit (O_NONBLOCK, then refused), a file of another user is left alone. */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    struct stat st;
+    const char *why = NULL;
+    if (fd < 0)
+        why = errno == ELOOP ? "it is a symbolic link, which pyvgpu does not follow" : strerror(errno);
+    else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        why = "it is not a regular file";
+    else if (st.st_uid != geteuid())
+        why = "it belongs to another user";
+    FILE *f = why ? NULL : fdopen(fd, "a");
     if (!f) {
-        fprintf(stderr, "pyvgpu: cannot write stats to %s (%s); set PYVGPU_STATS to a writable path or 1\n",
-                path, strerror(errno));
+        fprintf(stderr, "pyvgpu: cannot write stats to %s (%s); set PYVGPU_STATS to a path of your own or 1\n",
+                path, why ? why : strerror(errno));
+        if (fd >= 0)
+            close(fd);
         return;
     }
     write_json(f);

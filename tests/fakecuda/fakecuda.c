@@ -679,14 +679,23 @@ EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) {
     return free_any(p);
 }
 
+/* FAKECUDA_MEMINFO_ONE_NULL=1 answers as driver 580 does (measured on an H100): one NULL pointer is
+ * accepted and the other gets its value; both NULL is still an error. Default: either NULL is an error. */
+static int one_null_ok(void) {
+    const char *s = getenv("FAKECUDA_MEMINFO_ONE_NULL");
+    return s && !strcmp(s, "1");
+}
+
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
     COUNT(cuMemGetInfo_v2);
     NEED_CTX();
-    if (!free_b || !total)
+    if (one_null_ok() ? !free_b && !total : !free_b || !total)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
-    *total = g_cap[t_cur->phys];
-    *free_b = g_cap[t_cur->phys] - g_used[t_cur->phys];
+    if (total)
+        *total = g_cap[t_cur->phys];
+    if (free_b)
+        *free_b = g_cap[t_cur->phys] - g_used[t_cur->phys];
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
@@ -694,11 +703,13 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
 EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total) {
     COUNT(cuMemGetInfo);
     NEED_CTX();
-    if (!free_b || !total)
+    if (one_null_ok() ? !free_b && !total : !free_b || !total)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t t = g_cap[t_cur->phys], f = t - g_used[t_cur->phys];
-    *total = t > 0xffffffffULL ? 0xffffffffU : (unsigned)t;
-    *free_b = f > 0xffffffffULL ? 0xffffffffU : (unsigned)f;
+    if (total)
+        *total = t > 0xffffffffULL ? 0xffffffffU : (unsigned)t;
+    if (free_b)
+        *free_b = f > 0xffffffffULL ? 0xffffffffU : (unsigned)f;
     return CUDA_SUCCESS;
 }
 
