@@ -252,25 +252,35 @@ static struct fake_event *g_start_event; /* a timing event recorded right before
 /* Streams: each created stream has its own end of queued work, so an event
  * recorded on one stream waits for that stream's work only, as on a GPU
  * (work of all streams still runs one kernel at a time on the simulated
- * device). The NULL, legacy and per-thread streams share one. A destroyed
- * stream is kept (never freed) and marked, so a later use is an error the
- * fake counts (stream_use_after_destroy in FAKECUDA_STATS), not a crash. */
+ * device). The NULL, legacy and per-thread streams share one, and so does any
+ * handle the fake did not make (callers that only compare stream ids pass
+ * made-up ones). A destroyed stream is kept (never freed) and marked, so a
+ * later use is an error the fake counts (stream_use_after_destroy in
+ * FAKECUDA_STATS), not a crash. */
 #define STREAM_MAGIC 0x5354524dU
+#define MAX_STREAMS 4096
 struct fake_stream {
     uint32_t magic, dead;
     uint64_t last_end;
 };
 static struct fake_stream g_default_stream = {STREAM_MAGIC, 0, 0};
+static struct fake_stream *g_streams[MAX_STREAMS]; /* every stream made, for the lookup below */
+static unsigned g_nstreams;
 
 static struct fake_stream *fake_stream_of(CUstream s) {
     if (!s || s == (CUstream)1 || s == (CUstream)2)
         return &g_default_stream;
-    struct fake_stream *x = (struct fake_stream *)s;
-    if (x->dead) {
-        __atomic_add_fetch(&g_stream_after_destroy, 1, __ATOMIC_RELAXED);
-        return NULL;
-    }
-    return x;
+    unsigned n = __atomic_load_n(&g_nstreams, __ATOMIC_ACQUIRE);
+    for (unsigned i = 0; i < n && i < MAX_STREAMS; i++)
+        if (__atomic_load_n(&g_streams[i], __ATOMIC_ACQUIRE) == (struct fake_stream *)s) {
+            struct fake_stream *x = (struct fake_stream *)s;
+            if (x->dead) {
+                __atomic_add_fetch(&g_stream_after_destroy, 1, __ATOMIC_RELAXED);
+                return NULL;
+            }
+            return x;
+        }
+    return &g_default_stream; /* not one of ours: as the fake always treated streams */
 }
 
 static void run_kernel(uint64_t d, CUstream stream) {
@@ -794,10 +804,8 @@ EXPORT CUresult cuModuleUnload(CUmodule m) {
 static CUresult launch(CUfunction f, void **params, CUstream s) {
     if (f != &g_function_token)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (s && s != (CUstream)1 && s != (CUstream)2 && ((struct fake_stream *)s)->dead) {
-        __atomic_add_fetch(&g_stream_after_destroy, 1, __ATOMIC_RELAXED);
-        return CUDA_ERROR_INVALID_HANDLE;
-    }
+    if (!fake_stream_of(s))
+        return CUDA_ERROR_INVALID_HANDLE; /* a destroyed stream */
     run_kernel(kernel_ns(params), s);
     return CUDA_SUCCESS;
 }
@@ -1034,9 +1042,11 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
     if (!s)
         return CUDA_ERROR_INVALID_VALUE;
     struct fake_stream *x = calloc(1, sizeof *x);
-    if (!x)
+    unsigned i = __atomic_fetch_add(&g_nstreams, 1, __ATOMIC_ACQ_REL);
+    if (!x || i >= MAX_STREAMS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     x->magic = STREAM_MAGIC;
+    __atomic_store_n(&g_streams[i], x, __ATOMIC_RELEASE);
     *s = x;
     return CUDA_SUCCESS;
 }
