@@ -1,9 +1,11 @@
 """Atomic operations on shared memory for Python tools (`limits set`, `status`).
 
 The callbacks update a region with atomic instructions (pyvgpu/jit/intrinsics.py).
-A Python tool that writes into the same region at the same time (an event in
-the ring, a limit) must use the same instructions, or a concurrent writer's
-update is lost. Python has no atomics on raw memory, so a handful of tiny
+A Python tool that updates a shared word by read-modify-write at the same time
+as they do (taking the next event index, a counter) must use the same
+instructions, or a concurrent writer's update is lost. Plain stores of a whole
+aligned word that only tools write (a limit set by `limits set`) are atomic on
+x86-64 and aarch64 as they are. Python has no atomics on raw memory, so a handful of tiny
 functions are compiled here with llvmlite (already a dependency) the first time
 a tool needs them: a few milliseconds, no numba, no compiled callbacks.
 """

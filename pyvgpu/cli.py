@@ -109,6 +109,12 @@ def wrap(
                                      help="What happens when the limits cannot be enforced: 'closed' refuses "
                                           "CUDA calls (the default when limits are set), 'open' runs the "
                                           "program unlimited with a warning."),
+    mode: str = typer.Option(None, "--mode", metavar="hami-core|mps",
+                             help="Who enforces the limits of a new group: 'hami-core' (default) pyvgpu's own "
+                                  "limiter; 'mps' NVIDIA's Multi-Process Service (a per-user control daemon is "
+                                  "started or joined; --sm becomes the clients' active-thread percentage, "
+                                  "--memory their pinned-memory limit, and pyvgpu still caps and shows memory). "
+                                  "Members joining a group follow its mode. MIG: give MIG UUIDs to --devices."),
 ) -> None:
     """Run PROGRAM in a vGPU. It keeps this process's pid, exit code and signals.
 
@@ -125,7 +131,7 @@ def wrap(
     try:
         env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None),
                           on_error=on_error.value if on_error else None, memory=memory, sm=sm, group=group,
-                          region_path=region, devices=devices, allocator=allocator)
+                          region_path=region, devices=devices, allocator=allocator, mode=mode)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     except OSError as e:  # preparing the vGPU, not running the program: say which file
@@ -228,6 +234,10 @@ def exporter(
                                      "or ::1 (this host only)."),
     group: str = typer.Option(None, "--group", "-g", metavar="NAME", help="Export only this named group."),
     region: str = typer.Option(None, "--region", metavar="PATH", help="Export only the group region at PATH."),
+    state_dir: str = typer.Option(None, "--state-dir", metavar="DIR",
+                                  help="Export the containers' regions of a Kubernetes node's state directory "
+                                       "(pyvgpu cluster device-plugin --state-dir, e.g. /run/pyvgpu) instead of "
+                                       "the runtime dir's groups."),
 ) -> None:
     """Serve Prometheus metrics for every group under the runtime dir, read afresh at each scrape.
 
@@ -239,8 +249,11 @@ def exporter(
     """
     from pyvgpu import exporter as ex
 
+    if state_dir is not None and not Path(state_dir).is_dir():
+        raise _fail(f"--state-dir {state_dir}: no such directory; give the node state directory the device plugin "
+                    "was given (--state-dir, default /run/pyvgpu)")
     try:
-        srv = ex.server(port, address, group, region)
+        srv = ex.server(port, address, group, region, state_dir)
     except OSError as e:
         raise _fail(ex.listen_error(address, port, e)) from None
     import signal

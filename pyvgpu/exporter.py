@@ -47,9 +47,10 @@ class RegionCollector(Collector):
     """Turns each scrape into a read of every group region."""
 
     def __init__(self, group: str | None = None, region_path: str | None = None,
-                 machine=devices.machine) -> None:
+                 machine=devices.machine, state_dir: str | None = None) -> None:
         self.group = group
         self.region_path = region_path
+        self.state_dir = state_dir
         self._machine_fn = machine
         self._machine: list[devices.Gpu] | None = None
         self._machine_at = -MACHINE_TTL_S
@@ -88,7 +89,8 @@ class RegionCollector(Collector):
     def collect(self) -> Iterator:
         with self._lock:
             skipped: list = []
-            groups = st.collect(group=self.group, region_path=self.region_path, skipped=skipped, strict=False)
+            groups = st.collect(group=self.group, region_path=self.region_path, skipped=skipped, strict=False,
+                                state_dir=self.state_dir)
             for path, why in skipped:
                 self._skip(path, why)
             yield from self._families(groups)
@@ -117,12 +119,19 @@ class RegionCollector(Collector):
         build = GaugeMetricFamily("pyvgpu_build_info", "The pyvgpu serving these metrics (always 1)",
                                   labels=["version", "python"])
         build.add_metric([__version__, platform.python_version()], 1)
+        mode = GaugeMetricFamily("pyvgpu_group_mode", "Who enforces the group's limits: hami-core (pyvgpu) or mps "
+                                 "(always 1; the share in pyvgpu_mps_active_threads_percent)", labels=["group", "mode"])
+        mps_threads = GaugeMetricFamily("pyvgpu_mps_active_threads_percent",
+                                        "Mode mps: the clients' active-thread percentage", labels=["group"])
         names = {x.uuid: x.name for x in self.machine() or []}
         for g in groups:
             if not _visible(g):
                 continue
             name = g["name"]
             where = self.gpu_of(g)
+            mode.add_metric([name, g["mode"]], 1)
+            if g["mps_active_threads"]:
+                mps_threads.add_metric([name], g["mps_active_threads"])
             for d in g["devices"]:
                 lab = _labels(name, where, d["index"])
                 if d["limit"]:
@@ -143,7 +152,7 @@ class RegionCollector(Collector):
                 for dev, kinds in p["devices"].items():
                     for kind, n in kinds.items():
                         used.add_metric([*_labels(name, where, int(dev)), pid, kind], n)
-        yield from (limit, used, group_used, sm_limit, sm_util, oom, held, launches, info, build)
+        yield from (limit, used, group_used, sm_limit, sm_util, oom, held, launches, info, build, mode, mps_threads)
 
 
 def _labels(name: str, where: dict[int, tuple[str, str]], d: int) -> list[str]:
@@ -169,14 +178,14 @@ class _Quiet(WSGIRequestHandler):
 
 
 def server(port: int, address: str = "0.0.0.0", group: str | None = None,
-           region_path: str | None = None) -> WSGIServer:
+           region_path: str | None = None, state_dir: str | None = None) -> WSGIServer:
     """A threaded server for /metrics on address:port (port 0: any free one; see ``server_port``).
 
     IPv4 or IPv6 by the address, as prometheus-client's start_http_server
     chooses. The caller runs ``serve_forever`` (on any thread) and ``shutdown``.
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RegionCollector(group, region_path))
+    registry.register(RegionCollector(group, region_path, state_dir=state_dir))
     family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
 
     class Server(ThreadingWSGIServer):

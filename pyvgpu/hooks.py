@@ -21,8 +21,8 @@ The model follows the driver's own structure, as measured on driver 580
   with other parameter types (the 32-bit ``cuMemAlloc``) carry their own
   parameter list.
 * A hook's ``callback`` names its policy as ``module.function`` inside
-  ``pyvgpu.jit``; the registry (pyvgpu/jit/policies.py) is derived from
-  these names. A policy learns whether its entry is a per-thread-stream
+  ``pyvgpu.jit``; ``pyvgpu.jit.policies.resolve`` finds it by that name
+  (there is no registry to keep in step). A policy learns whether its entry is a per-thread-stream
   variant from the table (``pyvgpu.jit.context.per_thread``), so one policy
   serves both flavours.
 """
@@ -215,7 +215,7 @@ HOOKS: tuple[Hook, ...] = (
         [V("cuGraphLaunch", 10000), V("cuGraphLaunch_ptsz", 10000, per_thread=True)],
         callback="launch.graph",
     ),
-    # --- CUDA driver: memory (pyvgpu/jit/memory.py) ------------------------------
+    # --- CUDA driver: memory (pyvgpu/jit/memory.py, mempools.py, measured.py) -------
     _hook("cuDevicePrimaryCtxRetain", "cuda", [P("CUcontext *", "pctx"), P("CUdevice", "dev")],
           [V("cuDevicePrimaryCtxRetain", 7000)], callback="measured.ctx_retain"),
     _hook(
@@ -319,7 +319,7 @@ HOOKS: tuple[Hook, ...] = (
           callback="memory.release"),
     _hook("cuMipmappedArrayDestroy", "cuda", [P("CUmipmappedArray", "hMipmappedArray")],
           [V("cuMipmappedArrayDestroy", 5000)], callback="memory.release"),
-    # modules and libraries: memory measured at load (pyvgpu/jit/memory.py)
+    # modules and libraries: memory measured at load (pyvgpu/jit/measured.py)
     _hook("cuModuleLoad", "cuda", [P("CUmodule *", "module"), P("const char *", "fname")],
           [V("cuModuleLoad", 2000)], callback="measured.module_load"),
     _hook("cuModuleLoadData", "cuda", [P("CUmodule *", "module"), P("const void *", "image")],
@@ -380,7 +380,7 @@ HOOKS: tuple[Hook, ...] = (
     _hook("nvmlDeviceGetUtilizationRates", "nvml",
           [P("nvmlDevice_t", "device"), P("nvmlUtilization_t *", "utilization")],
           [V("nvmlDeviceGetUtilizationRates")], callback="devices.nvml_utilization"),
-    # --- NVML: memory (pyvgpu/jit/memory.py) ------------------------------------------
+    # --- NVML: memory (pyvgpu/jit/memview.py) -----------------------------------------
     _hook(
         "nvmlDeviceGetMemoryInfo", "nvml",
         [P("nvmlDevice_t", "device"), P("nvmlMemory_t *", "memory")],

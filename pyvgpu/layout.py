@@ -60,7 +60,7 @@ CTX = Struct(
         Field("pool_dev", "i32", MAX_POOLS),
         Field("ctx_charged", "u64", MAX_DEVICES, doc="context bytes charged per device (1: measured, none)"),
         Field("nvml_state", "u32", doc="0 untried, 1 initialised by us, 2 unavailable"),
-        # compute share (pyvgpu/jit/compute.py)
+        # compute share (pyvgpu/jit/launch.py, limiter.py, cost.py, controller.py)
         Field("sm_policy", "u32", doc="GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
         Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share"),
         Field("sm_nvml", "u64", MAX_DEVICES, doc="NVML handle per CUDA device, 0 = not resolved yet"),
@@ -94,7 +94,8 @@ CTX = Struct(
 )
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
-REGION_VERSION = 4
+MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/mps.py MODES)
+REGION_VERSION = 5
 GROUP_NAME_BYTES = 64
 
 # The shared region: one file per group of processes that share a quota.
@@ -121,6 +122,8 @@ REGION_HEADER = Struct(
         Field("visible", "u32", MAX_DEVICES, doc="NVML (physical) index of each group device"),
         Field("visible_uuid", "u8", MAX_DEVICES * UUID_BYTES, doc="its UUID, 16 raw bytes"),
         Field("ev_next", "u64", doc="events written so far; the next goes to ring entry ev_next % N_EVENTS"),
+        Field("mode", "u32", doc="device mode of the group: 0 hami-core (pyvgpu's limiter), 1 mps (pyvgpu/mps.py)"),
+        Field("mps_active_threads", "u32", doc="mode mps: the clients' CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0 = none"),
     ],
     align=64,
     doc="region header",

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from pyvgpu import layout
 from pyvgpu.errors import PyvgpuError
 
 MAX_DEVICES = 16
@@ -211,7 +212,7 @@ def sm_to_env(lim: SmLimits) -> dict[str, str]:
     return out
 
 
-SM_POLICIES = ("default", "force", "disable")
+SM_POLICIES = layout.SM_POLICIES  # GPU_CORE_UTILIZATION_POLICY values, in the region's encoding
 
 
 def sm_policy(env: Mapping[str, str]) -> int:

@@ -84,6 +84,9 @@ def set_limits(path: Path, memory: str | None, sm: str | None) -> Change:
     shares = parse_sm(sm) if sm is not None else None
     r = region.open_region(path)
     try:
+        if shares is not None and r.header.mode == L.MODE_MPS:
+            raise PyvgpuError(f"--sm {sm}: group {r.name!r} runs in mode mps, where the share is MPS's active-thread "
+                              "percentage, fixed when each client starts; start a new group with the new --sm")
         gpus = _physical(r)
         n = len(gpus) if gpus is not None else L.MAX_DEVICES
         for spec, where in ((mem, f"--memory {memory}"), (shares, f"--sm {sm}")):

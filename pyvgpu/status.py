@@ -17,6 +17,7 @@ from pyvgpu import limits, services
 from pyvgpu import region as R
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import human
+from pyvgpu.mps import mode_name
 from pyvgpu.safefile import UntrustedFile
 
 
@@ -36,11 +37,17 @@ def is_private(path: Path) -> bool:
     return Path(path).parent == R.runtime_dir() / "private"
 
 
-def region_paths(group: str | None = None, region_path: str | None = None) -> list[Path]:
+def region_paths(group: str | None = None, region_path: str | None = None,
+                 state_dir: Path | None = None) -> list[Path]:
     if region_path:
         return [Path(region_path)]
     if group:
         return [R.group_path(group)]
+    if state_dir is not None:
+        # a Kubernetes node's state (pyvgpu.cluster.nodestate): one region per container
+        from pyvgpu.cluster.nodestate import NodeState
+
+        return [p / "vgpu.region" for _, _, p in NodeState(Path(state_dir)).container_dirs()]
     base = R.runtime_dir()
     out = sorted((base / "groups").glob("*.region")) + sorted((base / "private").glob("*.region"))
     shared = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
@@ -102,6 +109,7 @@ def describe(r: R.Region, reclaimed: int) -> dict:
                       "launches": s.launches, "launches_limited": sum(s.sm_launches)})
     visible = [{"index": g, "nvml_index": i, "uuid": u} for g, (i, u) in enumerate(r.visible())]
     return {"name": r.name, "path": str(r.path), "created_ns": r.header.created_ns,
+            "mode": mode_name(r.header.mode), "mps_active_threads": r.header.mps_active_threads or None,
             "sm_switch": bool(r.header.sm_switch), "reclaimed_now": reclaimed, "n_physical": r.header.n_physical,
             "gpus": visible or None, "devices": devices, "processes": procs, "events": r.events(EVENTS_SHOWN)}
 
@@ -138,7 +146,8 @@ def event_text(e: dict) -> str:
 
 
 def collect(group: str | None = None, region_path: str | None = None,
-            skipped: list[tuple[Path, str]] | None = None, strict: bool = True) -> list[dict]:
+            skipped: list[tuple[Path, str]] | None = None, strict: bool = True,
+            state_dir: Path | None = None) -> list[dict]:
     """Every group (or the one named), dead members reclaimed first.
 
     A file in the runtime dir that is not a readable region of ours (a stray
@@ -149,7 +158,7 @@ def collect(group: str | None = None, region_path: str | None = None,
     """
     out = []
     explicit = bool(group or region_path) and strict
-    for p in region_paths(group, region_path):
+    for p in region_paths(group, region_path, state_dir):
         try:
             if explicit:
                 check_exists(p, group, region_path)
@@ -185,7 +194,10 @@ def render(groups: list[dict]) -> str:
         return f"no groups under {R.runtime_dir()}"
     lines = []
     for g in groups:
-        lines.append(f"group {g['name']}  ({g['path']})")
+        mode = "" if g["mode"] == "hami-core" else f"  mode {g['mode']}"
+        if g["mps_active_threads"]:
+            mode += f", MPS active threads {g['mps_active_threads']}%"
+        lines.append(f"group {g['name']}  ({g['path']}){mode}")
         if g["reclaimed_now"]:
             lines.append(f"  reclaimed {human(g['reclaimed_now'])} from processes that died")
         if g["gpus"]:

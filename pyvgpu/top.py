@@ -93,13 +93,14 @@ def render(now: Snapshot, before: Snapshot | None) -> Group:
                          overflow="ellipsis")
     for g in groups:
         first = True
+        label = g["name"] if g["mode"] == "hami-core" else f"{g['name']} ({g['mode']})"
         for d in g["devices"]:
             sm = d["sm"]
             gpu = next((x for x in g["gpus"] or [] if x["index"] == d["index"]), None)
             dev = f"{d['index']}" + (f"=g{gpu['nvml_index']}" if gpu else "")
             limit = short(d["limit"]) if d["limit"] else "none"
             util = f"{sm['utilization_percent']:.0f}%" if sm["utilization_percent"] is not None else "-"
-            table.add_row(Text(g["name"], style="bold") if first else "", dev, "", f"{short(d['used'])}/{limit}",
+            table.add_row(Text(label, style="bold") if first else "", dev, "", f"{short(d['used'])}/{limit}",
                           _share(sm), util, "", _count(d["oom_refusals"]) if d["oom_refusals"] else "",
                           _seconds(sm["throttled_s"]) if sm["limit_percent"] else "")
             first = False
@@ -107,13 +108,13 @@ def render(now: Snapshot, before: Snapshot | None) -> Group:
             used = sum(sum(k.values()) for k in p["devices"].values())
             devs = ",".join(p["devices"]) or "-"
             rate = rates.get((g["path"], p["slot"], p["pid"]))
-            table.add_row(Text(g["name"], style="bold") if first else "", devs,
+            table.add_row(Text(label, style="bold") if first else "", devs,
                           str(p["pid"]) + ("" if p["alive"] else "!"), short(used), "", "",
                           _count(rate) if rate is not None else "…",
                           _count(p["oom_refusals"]) if p["oom_refusals"] else "", "")
             first = False
         if first:
-            table.add_row(g["name"], "", "", "", "", "", "", "", "")
+            table.add_row(label, "", "", "", "", "", "", "", "")
         table.add_section()
     parts: list = [table if groups else Text(f"no groups under {st.R.runtime_dir()}")]
     if groups:

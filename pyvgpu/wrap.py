@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pyvgpu import cache, devices, pyinfo, region, sched
+from pyvgpu import cache, devices, mps, pyinfo, region, sched
 from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BOOT_DIR, shim_path
@@ -28,7 +28,7 @@ def _prepend(item: str, current: str | None, sep: str) -> str:
 def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: str | None = None,
               memory: str | None = None, sm: str | None = None, group: str | None = None,
               region_path: str | None = None, devices: str | None = None, allocator: str | None = None,
-              join: bool = True) -> dict[str, str]:
+              join: bool = True, mode: str | None = None) -> dict[str, str]:
     """The wrapped program's environment: ``base`` plus the shim, the bootstrap and its group."""
     shim = shim_path()
     if not shim.exists():
@@ -60,10 +60,12 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
     lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
     lim.sm_batch_ns(env)
     sched.enabled(env)
+    if mode is not None:
+        mps.check_mode(mode)
     if join:
-        join_group(env, memory, group, region_path, sm, devices)
-    elif devices is not None:
-        raise PyvgpuError("--devices needs a group region")
+        join_group(env, memory, group, region_path, sm, devices, mode)
+    elif devices is not None or mode is not None:
+        raise PyvgpuError(f"{'--devices' if devices is not None else '--mode'} needs a group region")
     return env
 
 
@@ -138,12 +140,19 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
 
 
 def join_group(env: dict[str, str], memory: str | None, group: str | None, region_path: str | None,
-               sm: str | None = None, device_spec: str | None = None) -> Path:
+               sm: str | None = None, device_spec: str | None = None, mode: str | None = None) -> Path:
     """Create or join the group's region before the program starts; set the env contract for it."""
     if group and region_path:
         raise PyvgpuError("give --group or --region, not both")
     chosen = devices.select(device_spec, env) if device_spec is not None else []
-    shares, sm_source = sm_limits_for(env, sm, chosen)
+    if mode == "mps":  # MPS enforces the share (pyvgpu/mps.py): nothing of pyvgpu's limiter to check
+        shares, sm_source = (lim.parse_sm_option(sm), f"--sm {sm}") if sm is not None else \
+            (lim.sm_from_env(env), "CUDA_DEVICE_SM_LIMIT")
+        mps_shares, shares = shares, lim.SmLimits()
+        for k in [k for k in env if k.startswith("CUDA_DEVICE_SM_LIMIT")]:
+            del env[k]
+    else:
+        shares, sm_source = sm_limits_for(env, sm, chosen)
     if memory is not None:
         limits, source = lim.parse_memory_option(memory), f"--memory {memory}"
         for k in [k for k in env if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")]:
@@ -164,8 +173,18 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
         region.gc_private()
         path = region.new_private_path()
     name = group or path.stem
+    existed = path.exists()
     r = region.create_or_open(path, name, limits, source, n_physical, shares, sm_source, chosen,
                               f"--devices {device_spec}")
+    if mode is not None:
+        want = mps.check_mode(mode)
+        if not existed:
+            r.header.mode = want
+            if want == mps.MODES.index("mps"):
+                r.header.mps_active_threads = mps.one_share(mps_shares, sm_source)
+        elif r.header.mode != want:
+            raise PyvgpuError(f"--mode {mode}: the group {name} runs in mode {mps.mode_name(r.header.mode)}; "
+                              "join it without --mode, or start another group")
     if not limits and any(r.limits()):  # caps read from the file (asked-for ones were checked above) are
         # bounded by the devices' memory
         phys = [g.total for g in chosen] if chosen else devices.physical_memory()
@@ -178,6 +197,9 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
     env.update(lim.sm_to_env(shares))
     if r.header.n_visible:  # the group's devices, also for a member that did not name them
         env["CUDA_VISIBLE_DEVICES"] = ",".join(u for _, u in r.visible())
+    if r.header.mode == mps.MODES.index("mps"):  # every member of an MPS group is a client, --mode or not
+        n = r.header.n_visible or n_physical or len(devices.physical_memory() or [])
+        mps.apply(env, region.runtime_dir(), limits, r.header.mps_active_threads, n)
     env["PYVGPU_REGION"] = str(path)
     return path
 

@@ -46,7 +46,8 @@ def test_doctor_without_a_driver(env):
 
 def test_warmup_compiles_into_the_given_dir(env, tmp_path):
     env["PYVGPU_CACHE_DIR"] = str(tmp_path)
-    p = run([*PYVGPU, "warmup", "--json"], env=env)
+    # a cold compile: ~3 min on an idle 2-core box, several times that on a loaded one
+    p = run([*PYVGPU, "warmup", "--json"], env=env, timeout=1800)
     assert p.returncode == 0, p.stderr
     m = json.loads(p.stdout)
     assert m["object_path"].startswith(str(tmp_path))

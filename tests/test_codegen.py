@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,81 @@ def test_layout_offsets_are_natural_and_match_ctypes():
     import ctypes
 
     assert ctypes.sizeof(C) == layout.CTX.size
+
+
+SHIM_SRC = ROOT / "shim" / "src"
+
+
+def _shim_layers() -> tuple[list[str], dict[str, str]]:
+    """pv_shim.h lists the files of shim/src from the bottom layer up, each under a
+    `/* pv_X.c: ... */` comment followed by what it declares. Returns the files in
+    that order and, for every pv_ name declared there, the file that owns it."""
+    header = (SHIM_SRC / "pv_shim.h").read_text()
+    body = header.split("(tests/test_codegen.py checks it). */", 1)[1]
+    order: list[str] = []
+    owner: dict[str, str] = {}
+    for line in body.splitlines():
+        m = re.match(r"/\* (pv_\w+\.c)\b", line.strip())
+        if m:
+            order.append(m.group(1))
+            continue
+        if order:
+            for name in re.findall(r"\b(pv_\w+)\s*(?:\(|;|\[)", line):
+                owner.setdefault(name, order[-1])
+    return order, owner
+
+
+def _uses(text: str) -> set[str]:
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)  # comments may name anything
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    return set(re.findall(r"\bpv_\w+\b", text))
+
+
+def test_every_shim_source_has_its_layer():
+    order, _ = _shim_layers()
+    files = sorted(p.name for p in SHIM_SRC.glob("*.c"))
+    assert sorted(order) == files, "list every shim/src/*.c in pv_shim.h's layer order, and no other"
+
+
+def _upward_uses(order: list[str], owner: dict[str, str], texts: dict[str, str]) -> list[str]:
+    bad = []
+    for i, f in enumerate(order):
+        for name in sorted(_uses(texts[f])):
+            o = owner.get(name)
+            if o is not None and o != f and order.index(o) > i:
+                bad.append(f"{f} uses {name} of {o}, a later layer")
+    return bad
+
+
+def test_shim_layers_only_call_downwards():
+    """No cycles among the C files: each file uses only names of the files listed
+    before it in pv_shim.h (and its own). A cycle would show as a use of a later file."""
+    order, owner = _shim_layers()
+    assert len(owner) > 15, "the layer parser found too few declarations"
+    texts = {f: (SHIM_SRC / f).read_text() for f in order}
+    assert not _upward_uses(order, owner, texts)
+
+
+def test_layer_check_sees_an_upward_call():
+    order, owner = _shim_layers()
+    texts = {f: (SHIM_SRC / f).read_text() for f in order}
+    texts["pv_names.c"] += "\nstatic void f(void) { pv_boot(); }\n"
+    assert _upward_uses(order, owner, texts) == ["pv_names.c uses pv_boot of pv_core.c, a later layer"]
+    assert "pv_boot" not in _uses('/* pv_boot() */ static const char *s = "pv_boot";')
+
+
+def test_every_policy_in_the_table_resolves_without_compiling():
+    """Each hook's policy and each service name a real @njit function of pyvgpu.jit:
+    a typo in the table fails here in a second, not in a 3-minute warmup."""
+    from pyvgpu.jit import callbacks, policies
+
+    names = {e.policy for e in hooks.ENTRIES if e.policy}
+    assert len(names) > 10
+    for name in sorted(names):
+        fn = policies.resolve(name)
+        assert not fn.signatures, f"{name} was compiled just by resolving it"
+    assert set(callbacks._SERVICE_FUNCS) == {s.name for s in hooks.SERVICES}
+    for bad in ("memory.no_such_policy", "nosuchmodule.f", "forward", "context.PER_THREAD"):
+        with pytest.raises(ValueError, match="hook table: policy"):
+            policies.resolve(bad)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import typer
 
-cluster_app = typer.Typer(help="The cluster half (HAMi-compatible scheduling): answer 'why is my pod Pending?' "
+cluster_app = typer.Typer(help="The cluster half, HAMi-compatible: the scheduler extender and webhook, the device "
+                               "plugin and node agent (deploy/helm/pyvgpu runs them), and 'why is my pod Pending?' "
                                "offline, from kubectl dumps.", no_args_is_help=True)
 
 
@@ -98,3 +99,152 @@ def explain(
         raise typer.Exit(2) from None
     typer.echo(json.dumps(render.to_json(decision), indent=1) if as_json else render.to_text(decision))
 
+
+
+def _node_options(node_name: str | None, **kw):
+    import os
+
+    from pyvgpu.cluster.daemon import NodeOptions
+    from pyvgpu.errors import PyvgpuError
+
+    node = node_name or os.environ.get("NODE_NAME", "")
+    if not node:
+        raise PyvgpuError("--node-name: give this node's name (the DaemonSet passes spec.nodeName as NODE_NAME)")
+    if kw.get("split", 1) < 1 or kw.get("split", 1) > 1000:
+        raise PyvgpuError(f"--split {kw['split']}: give 1..1000 virtual devices per GPU (HAMi's default is 10)")
+    for opt in ("api_retry_s", "health_interval", "agent_interval"):
+        if opt in kw and not kw[opt] > 0:
+            raise PyvgpuError(f"--{opt.replace('_s', '').replace('_', '-')} {kw[opt]}: give a positive number of "
+                              "seconds")
+    from pathlib import Path
+
+    for opt in ("plugin_dir", "state_dir"):
+        if opt in kw:
+            kw[opt] = Path(kw[opt])
+    return NodeOptions(node=node, **kw)
+
+
+def _run_daemon(fn, opts_factory) -> None:
+    from pyvgpu.cluster import daemon
+    from pyvgpu.errors import PyvgpuError
+
+    daemon.setup_logging()
+    try:
+        fn(opts_factory())
+    except (PyvgpuError, FileNotFoundError) as e:
+        typer.echo(f"pyvgpu: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+@cluster_app.command("device-plugin")
+def device_plugin(
+    plugin_dir: str = typer.Option("/var/lib/kubelet/device-plugins", "--plugin-dir", metavar="DIR",
+                                   help="The kubelet's device-plugin directory (kubelet.sock is there)."),
+    split: int = typer.Option(10, "--split", metavar="N", help="Virtual devices per GPU: how many containers may "
+                                                                "share one (HAMi's deviceSplitCount)."),
+    node_name: str = typer.Option(None, "--node-name", metavar="NAME", help="This node's name (default: "
+                                                                             "$NODE_NAME)."),
+    resource: str = typer.Option("nvidia.com/gpu", "--resource", metavar="NAME", help="The resource to serve."),
+    kubeconfig: str = typer.Option(None, "--kubeconfig", metavar="PATH", help="Kubeconfig of the API server "
+                                                                              "(default: in-cluster, else "
+                                                                              "~/.kube/config)."),
+    state_dir: str = typer.Option("/run/pyvgpu", "--state-dir", metavar="DIR",
+                                  help="The node's shared state: turn file and per-container regions."),
+    runtime_dir: list[str] = typer.Option(None, "--runtime-dir", metavar="DIR",
+                                          help="A host directory of the pyvgpu runtime to mount read-only into "
+                                               "containers at the same path (repeatable; default: this "
+                                               "installation's Python, pyvgpu and callback cache)."),
+    api_retry: float = typer.Option(10.0, "--api-retry", metavar="SECONDS",
+                                    help="How long Allocate keeps trying an unreachable API server."),
+    health_interval: float = typer.Option(5.0, "--health-interval", metavar="SECONDS",
+                                          help="How often NVML is asked whether each GPU is healthy."),
+    with_agent: bool = typer.Option(False, "--node-agent", help="Run the node agent in this process too."),
+    agent_interval: float = typer.Option(30.0, "--agent-interval", metavar="SECONDS",
+                                         help="With --node-agent: how often it checks the node's registration "
+                                              "and reclaims regions."),
+) -> None:
+    """Serve the kubelet's device-plugin API (v1beta1): split x GPUs virtual devices with NVML health, and
+    Allocate, which gives each container its GPUs, limits, region and the shim (HAMi's environment)."""
+    from pyvgpu.cluster import daemon
+
+    _run_daemon(daemon.device_plugin, lambda: _node_options(
+        node_name, split=split, resource=resource, plugin_dir=plugin_dir, kubeconfig=kubeconfig,
+        state_dir=state_dir, runtime_dirs=list(runtime_dir or []), api_retry_s=api_retry,
+        health_interval=health_interval, agent_interval=agent_interval, with_agent=with_agent))
+
+
+@cluster_app.command("node-agent")
+def node_agent(
+    node_name: str = typer.Option(None, "--node-name", metavar="NAME", help="This node's name (default: "
+                                                                             "$NODE_NAME)."),
+    split: int = typer.Option(10, "--split", metavar="N", help="vGPU slots per GPU to register (count)."),
+    kubeconfig: str = typer.Option(None, "--kubeconfig", metavar="PATH", help="Kubeconfig of the API server."),
+    state_dir: str = typer.Option("/run/pyvgpu", "--state-dir", metavar="DIR",
+                                  help="The node's shared state: turn file and per-container regions."),
+    interval: float = typer.Option(30.0, "--interval", metavar="SECONDS",
+                                   help="How often the registration is checked and regions reclaimed."),
+    health_interval: float = typer.Option(5.0, "--health-interval", metavar="SECONDS",
+                                          help="How often NVML is asked whether each GPU is healthy."),
+) -> None:
+    """Register this node's GPUs (hami.io/node-nvidia-register, -score, -handshake), own the node's shared
+    state, and reclaim the regions of deleted pods."""
+    from pyvgpu.cluster import daemon
+
+    _run_daemon(daemon.node_agent, lambda: _node_options(
+        node_name, split=split, kubeconfig=kubeconfig, state_dir=state_dir, agent_interval=interval,
+        health_interval=health_interval))
+
+
+@cluster_app.command("scheduler")
+def scheduler(
+    port: int = typer.Option(..., "--port", metavar="P", help="HTTP port of the extender verbs (/filter, "
+                                                              "/prioritize, /bind), /webhook, /healthz, /readyz "
+                                                              "and /metrics."),
+    kubeconfig: str = typer.Option(None, "--kubeconfig", metavar="PATH", help="Kubeconfig of the API server "
+                                                                              "(default: in-cluster, else "
+                                                                              "~/.kube/config)."),
+    name: str = typer.Option("pyvgpu-scheduler", "--scheduler-name", metavar="NAME",
+                             help="The schedulerName the webhook gives GPU pods (kube-scheduler's profile)."),
+    node_policy: str = typer.Option("binpack", "--node-policy", metavar="binpack|spread",
+                                    help="Default node policy (a pod's hami.io/node-scheduler-policy wins)."),
+    gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="spread|binpack|topology-aware",
+                                   help="Default GPU policy (a pod's hami.io/gpu-scheduler-policy wins)."),
+    lock_expire: float = typer.Option(300.0, "--lock-expire", metavar="SECONDS",
+                                      help="Age after which a node lock (hami.io/mutex.lock) is taken over "
+                                           "(HAMi's default: 300)."),
+    webhook_port: int = typer.Option(None, "--webhook-port", metavar="P",
+                                     help="Also serve everything over HTTPS on this port (the API server calls "
+                                          "webhooks over TLS only); needs --tls-cert-file and --tls-key-file."),
+    tls_cert: str = typer.Option(None, "--tls-cert-file", metavar="PATH", help="PEM certificate for --webhook-port."),
+    tls_key: str = typer.Option(None, "--tls-key-file", metavar="PATH", help="PEM key for --webhook-port."),
+) -> None:
+    """Run the kube-scheduler extender (filter, prioritize, bind) and the mutating webhook that sends GPU pods
+    to it. kube-scheduler's KubeSchedulerConfiguration names it (deploy/helm/pyvgpu)."""
+    import os
+
+    from pyvgpu.cluster import daemon
+    from pyvgpu.cluster.config import ClusterConfig
+    from pyvgpu.errors import PyvgpuError
+
+    daemon.setup_logging()
+    try:
+        if not 0 < port < 65536:
+            raise PyvgpuError(f"--port {port}: give a TCP port 1..65535")
+        if node_policy not in ("binpack", "spread"):
+            raise PyvgpuError(f"--node-policy {node_policy!r}: use binpack or spread")
+        if gpu_policy not in ("binpack", "spread", "topology-aware"):
+            raise PyvgpuError(f"--gpu-policy {gpu_policy!r}: use spread, binpack or topology-aware")
+        if lock_expire <= 0:
+            raise PyvgpuError(f"--lock-expire {lock_expire}: give a positive number of seconds")
+        if webhook_port is not None and not (tls_cert and tls_key):
+            raise PyvgpuError("--webhook-port needs --tls-cert-file and --tls-key-file (webhooks are called over TLS)")
+        for opt, path in (("--tls-cert-file", tls_cert), ("--tls-key-file", tls_key)):
+            if path and not os.path.isfile(path):
+                raise PyvgpuError(f"{opt} {path}: no such file")
+        from pyvgpu.cluster import extender
+
+        extender.run(kubeconfig, port, name, ClusterConfig(node_policy=node_policy, gpu_policy=gpu_policy),
+                     lock_expire, webhook_port, tls_cert, tls_key)
+    except (PyvgpuError, OSError) as e:
+        typer.echo(f"pyvgpu: {e}", err=True)
+        raise typer.Exit(2) from None

@@ -9,6 +9,8 @@ InitNvidiaDevice (the two allocation annotations), pkg/device/devices.go (separa
 NODE_REGISTER = "hami.io/node-nvidia-register"
 NODE_PAIR_SCORE = "hami.io/node-nvidia-score"
 NODE_HANDSHAKE = "hami.io/node-handshake"
+# The per-node lock a bind holds (pkg/util/nodelock/nodelock.go): "<RFC 3339 time>,<namespace>,<pod>".
+NODE_LOCK = "hami.io/mutex.lock"
 # A live, per-GPU cordon: comma-separated UUIDs that take no new allocation (newer HAMi).
 NODE_DEVICE_CORDON = "hami.io/device-cordon"
 
@@ -20,6 +22,8 @@ POD_ALLOCATED = "hami.io/vgpu-devices-allocated"
 POD_BIND_PHASE = "hami.io/bind-phase"
 POD_BIND_TIME = "hami.io/bind-time"
 BIND_ALLOCATING = "allocating"
+BIND_SUCCESS = "success"
+BIND_FAILED = "failed"
 
 # Pod annotations a user writes.
 NODE_POLICY = "hami.io/node-scheduler-policy"

@@ -4,7 +4,7 @@
 # then the spin kernel unlimited and under --sm 50. Output: $OUT/clock.tgz.
 set -u
 W=$(mktemp -d)
-source scripts/gpu_setup.sh >"$W/setup.log" 2>&1
+bash scripts/gpu_check.sh none >"$W/setup.log" 2>&1  # install and warm up only
 cd "$W"
 B=$(python3 -c "from pyvgpu.shim import BENCH_BIN; print(BENCH_BIN)")
 run() {  # name, command...

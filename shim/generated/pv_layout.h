@@ -109,7 +109,7 @@ _Static_assert(sizeof(pv_ctx_t) == 69560, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads it itself (pv_core.c: are limits set?). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 4
+#define PV_REGION_VERSION 5
 #define PV_REGION_DEVICES_OFF 512
 #define PV_MAX_DEVICES 16
 
@@ -136,7 +136,9 @@ typedef struct pv_region_header {
     uint8_t visible_uuid[256];  /* its UUID, 16 raw bytes */
     uint8_t _pad1[4];
     uint64_t ev_next;  /* events written so far; the next goes to ring entry ev_next % N_EVENTS */
-    uint8_t _pad2[32];
+    uint32_t mode;  /* device mode of the group: 0 hami-core (pyvgpu's limiter), 1 mps (pyvgpu/mps.py) */
+    uint32_t mps_active_threads;  /* mode mps: the clients' CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0 = none */
+    uint8_t _pad2[24];
 } pv_region_header_t;
 _Static_assert(offsetof(pv_region_header_t, magic) == 0, "pv_region_header.magic");
 _Static_assert(offsetof(pv_region_header_t, version) == 8, "pv_region_header.version");
@@ -157,6 +159,8 @@ _Static_assert(offsetof(pv_region_header_t, n_visible) == 144, "pv_region_header
 _Static_assert(offsetof(pv_region_header_t, visible) == 148, "pv_region_header.visible");
 _Static_assert(offsetof(pv_region_header_t, visible_uuid) == 212, "pv_region_header.visible_uuid");
 _Static_assert(offsetof(pv_region_header_t, ev_next) == 472, "pv_region_header.ev_next");
+_Static_assert(offsetof(pv_region_header_t, mode) == 480, "pv_region_header.mode");
+_Static_assert(offsetof(pv_region_header_t, mps_active_threads) == 484, "pv_region_header.mps_active_threads");
 _Static_assert(sizeof(pv_region_header_t) == 512, "sizeof pv_region_header");
 
 /* per-device state of a group */

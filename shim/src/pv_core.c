@@ -88,7 +88,7 @@ static const char *limits_requested(char *out, size_t len) {
 
 /* ---- the watcher thread -------------------------------------------------
  * Calls the svc_tick callback ten times a second while this process is in a
- * group: the compute controller steps from it (pyvgpu/jit/compute.py) and
+ * group: the compute controller steps from it (pyvgpu/jit/controller.py) and
  * quota of dead members comes back within a second. It never takes the GIL
  * and never calls the CUDA driver. */
 

@@ -94,4 +94,6 @@ CUresult pv_impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVer
 
 /* pv_core.c: the boot (make the callbacks ready; PV_BOOT_*), the install API, fork */
 int pv_boot(void);
+
+/* pv_vpmm.c: VPMM's malloc/free for PyTorch's pluggable allocator (exported only) */
 #endif

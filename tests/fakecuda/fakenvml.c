@@ -9,6 +9,10 @@
  * Compute processes come from the simulated GPU's registry (fake_sim.h),
  * each reported with usedGpuMemory = FAKE_PROC_USED, a value a test can
  * tell from anything the shim computes.
+ * FAKENVML_LOST_FILE names a file of comma-separated device indices, read
+ * at every nvmlInit: those devices have "fallen off the bus" (their handle
+ * lookups and memory queries answer NVML_ERROR_GPU_IS_LOST), so a test can
+ * make a GPU fail under a running process.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -44,6 +48,7 @@ enum {
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_GPU_IS_LOST = 15,
 };
 
 static int g_init, g_ndev;
@@ -58,8 +63,27 @@ __attribute__((constructor)) static void config(void) {
     g_used = u ? parse_size(u) : 0;
 }
 
-EXPORT nvmlReturn_t nvmlInit_v2(void) { g_init = 1; return NVML_SUCCESS; }
-EXPORT nvmlReturn_t nvmlInit(void) { g_init = 1; return NVML_SUCCESS; }
+static int g_lost[MAX_DEV];
+
+static void read_lost(void) {
+    const char *path = getenv("FAKENVML_LOST_FILE");
+    char buf[256] = {0};
+    memset(g_lost, 0, sizeof g_lost);
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f)
+        return;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    for (char *tok = strtok(buf, ", \n"); tok; tok = strtok(NULL, ", \n")) {
+        int i = atoi(tok);
+        if (i >= 0 && i < MAX_DEV)
+            g_lost[i] = 1;
+    }
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void) { g_init = 1; read_lost(); return NVML_SUCCESS; }
+EXPORT nvmlReturn_t nvmlInit(void) { g_init = 1; read_lost(); return NVML_SUCCESS; }
 EXPORT nvmlReturn_t nvmlShutdown(void) { g_init = 0; return NVML_SUCCESS; }
 
 EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
@@ -76,6 +100,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *
         return NVML_ERROR_UNINITIALIZED;
     if (!d || i >= (unsigned)g_ndev)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (g_lost[i])
+        return NVML_ERROR_GPU_IS_LOST;
     *d = &g_dev[i];
     return NVML_SUCCESS;
 }
@@ -126,6 +152,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
         char u[FAKE_UUID_LEN + 1];
         fake_uuid_text(i, u);
         if (!strcmp(u, uuid)) {
+            if (g_lost[i])
+                return NVML_ERROR_GPU_IS_LOST;
             *d = &g_dev[i];
             return NVML_SUCCESS;
         }
@@ -175,6 +203,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
         return NVML_ERROR_UNINITIALIZED;
     if (!m || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (g_lost[d->index])
+        return NVML_ERROR_GPU_IS_LOST;
     m->total = g_cap[d->index];
     uint64_t u = used_of(d->index);
     m->used = u < m->total ? u : m->total;

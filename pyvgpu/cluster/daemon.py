@@ -1,0 +1,130 @@
+"""The long-running node processes: the device plugin (optionally with the node agent) and the node agent.
+
+Each runs until SIGTERM or SIGINT, then stops its threads and exits 0. Bad options or a node where NVML
+cannot be read exit 2 with a message naming the problem.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("pyvgpu.cluster")
+
+
+def setup_logging(level: str = "info") -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+@dataclass
+class NodeOptions:
+    node: str
+    split: int = 10
+    resource: str = "nvidia.com/gpu"
+    plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    kubeconfig: str | None = None
+    state_dir: Path = Path("/run/pyvgpu")
+    runtime_dirs: list[str] = field(default_factory=list)
+    api_retry_s: float = 10.0
+    api_timeout_s: float = 10.0
+    health_interval: float = 5.0
+    agent_interval: float = 30.0
+    poll: float = 0.5
+    with_agent: bool = False
+
+
+def _devices(opts: NodeOptions):
+    from pyvgpu.cluster import gpus
+    from pyvgpu.cluster.plugin import Devices
+
+    found = gpus.inventory()
+    if not found:
+        raise SystemExit("pyvgpu: NVML sees no GPU on this node; nothing to offer")
+    for g in found:
+        log.info("GPU %d %s: %s, %d MiB, NUMA node %d", g.index, g.uuid, g.name, g.memory_mib, g.numa)
+    return Devices(found)
+
+
+def _health_loop(devices, interval: float, stop: threading.Event) -> None:
+    while not stop.wait(interval):
+        try:
+            devices.refresh()
+        except Exception as e:  # keep watching: a failed probe is logged, not fatal
+            log.error("health probe failed: %s", e)
+
+
+def _agent(opts: NodeOptions, kube, devices):
+    from pyvgpu.cluster import agent, nodestate
+
+    return agent.NodeAgent(kube, opts.node, devices, nodestate.NodeState(opts.state_dir), opts.split,
+                           opts.agent_interval, agent.pair_scores(devices.gpus))
+
+
+def device_plugin(opts: NodeOptions) -> None:
+    from pyvgpu import cache
+    from pyvgpu.cluster import nodestate, runtime
+    from pyvgpu.cluster.allocate import AllocateConfig, Allocator
+    from pyvgpu.cluster.kube import Kube
+    from pyvgpu.cluster.plugin import DevicePluginService, PluginServer
+
+    stop = _stop_on_signals()
+    state = nodestate.NodeState(opts.state_dir)
+    state.ensure()
+    cache.ensure()  # containers load the callbacks from a read-only mount: the cache must be warm
+    rt = runtime.current(opts.runtime_dirs or None)
+    rt.check()
+    devices = _devices(opts)
+    kube = Kube(opts.kubeconfig, timeout=opts.api_timeout_s)
+    allocator = Allocator(AllocateConfig(opts.node, state, rt, opts.api_retry_s), kube,
+                          lambda: devices.snapshot()[1])
+    service = DevicePluginService(devices, opts.split, allocator, threading.Event())
+    server = PluginServer(opts.plugin_dir, opts.resource, service, poll=opts.poll)
+    threads = [threading.Thread(target=_health_loop, args=(devices, opts.health_interval, stop), daemon=True,
+                                name="health")]
+    if opts.with_agent:
+        threads.append(threading.Thread(target=_agent(opts, kube, devices).run, args=(stop,), daemon=True,
+                                        name="agent"))
+    for t in threads:
+        t.start()
+    try:
+        server.run(stop)
+    finally:
+        stop.set()
+        with devices.cond:
+            devices.cond.notify_all()
+        for t in threads:
+            t.join(timeout=5)
+
+
+def node_agent(opts: NodeOptions) -> None:
+    from pyvgpu import cache
+    from pyvgpu.cluster.kube import Kube
+
+    stop = _stop_on_signals()
+    cache.ensure()
+    devices = _devices(opts)
+    kube = Kube(opts.kubeconfig, timeout=opts.api_timeout_s)
+    a = _agent(opts, kube, devices)
+    t = threading.Thread(target=_health_loop, args=(devices, opts.health_interval, stop), daemon=True)
+    t.start()
+    try:
+        a.run(stop)
+    finally:
+        stop.set()

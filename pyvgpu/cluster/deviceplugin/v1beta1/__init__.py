@@ -1,0 +1,1 @@
+"""v1beta1: api.proto (written from the published API) and its generated stubs."""

@@ -1,0 +1,197 @@
+"""The scheduler's cache of nodes and pods: list, then watch, through the official client.
+
+Each kind is listed, then watched from the list's resourceVersion for at most `watch_s` seconds at a
+time; a watch that ends is resumed from the last version seen, one that the API server refuses as too old
+(410 Gone) or that breaks is followed by a fresh list. While the API server is unreachable the cache keeps
+what it has and lists again every `retry_s` seconds; `ready` stays set once both kinds were listed once.
+
+Usage per node (pyvgpu.cluster.usage) is kept per node and recomputed only for the nodes an event touched.
+`assume(pod)` puts the scheduler's own write in the cache at once, so the next decision counts it before
+the watch brings it back.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Iterable
+
+from pyvgpu.cluster import usage
+from pyvgpu.cluster.config import ClusterConfig
+from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
+from pyvgpu.cluster.model import NodeInfo
+
+log = logging.getLogger("pyvgpu.cluster.informer")
+
+
+def _pod_key(p: dict) -> tuple[str, str]:
+    m = p.get("metadata") or {}
+    return m.get("namespace") or "default", m.get("name") or ""
+
+
+def _rv(obj: dict) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+class Informer:
+    def __init__(self, kube: Kube, cfg: ClusterConfig | None = None, watch_s: int = 60, retry_s: float = 1.0):
+        self.kube = kube
+        self.cfg = cfg or ClusterConfig()
+        self.watch_s = watch_s
+        self.retry_s = retry_s
+        self.lock = threading.RLock()
+        self.nodes: dict[str, dict] = {}
+        self.pods: dict[tuple[str, str], dict] = {}
+        self._pod_node: dict[tuple[str, str], str | None] = {}
+        self._by_node: dict[str, set[tuple[str, str]]] = {}
+        self._infos: dict[str, NodeInfo] = {}
+        self._dirty: set[str] = set()
+        self._listed = {"node": threading.Event(), "pod": threading.Event()}
+        self.ready = threading.Event()
+        self.changed = threading.Condition(self.lock)
+        self.generation = 0
+        self.seen = {"node": 0, "pod": 0}  # the latest resourceVersion each kind's cache reflects
+
+    # -- the loops -----------------------------------------------------------------------------------------
+
+    def start(self, stop: threading.Event) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._loop, args=(kind, stop), daemon=True, name=f"informer-{kind}")
+                   for kind in ("node", "pod")]
+        for t in threads:
+            t.start()
+        return threads
+
+    def _loop(self, kind: str, stop: threading.Event) -> None:
+        rv = None
+        while not stop.is_set():
+            try:
+                if rv is None:
+                    listing = self.kube.list_nodes() if kind == "node" else self.kube.list_pods()
+                    rv = (listing.get("metadata") or {}).get("resourceVersion") or "0"
+                    self._replace(kind, listing.get("items") or [], rv)
+                    self._listed[kind].set()
+                    if all(e.is_set() for e in self._listed.values()):
+                        self.ready.set()
+                for event in self.kube.watch(kind, rv, self.watch_s):
+                    if stop.is_set():
+                        return
+                    obj = event.get("object") or {}
+                    if event.get("type") == "BOOKMARK":
+                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        continue
+                    self.apply(kind, event.get("type", ""), obj)
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+            except KubeError as e:
+                if e.status != 410:
+                    log.warning("%s; listing %ss again", e, kind)
+                    stop.wait(self.retry_s)
+                rv = None
+            except KubeUnreachable as e:
+                log.warning("%s; the cache keeps what it has, listing again in %g s", e, self.retry_s)
+                stop.wait(self.retry_s)
+                rv = None
+
+    # -- the cache -----------------------------------------------------------------------------------------
+
+    def _replace(self, kind: str, objs: list[dict], rv: str = "0") -> None:
+        with self.lock:
+            self.seen[kind] = int(rv) if str(rv).isdigit() else 0
+            if kind == "node":
+                self.nodes = {o["metadata"]["name"]: o for o in objs}
+                self._dirty |= set(self.nodes) | set(self._infos)
+            else:
+                self.pods = {}
+                self._pod_node, self._by_node = {}, {}
+                self._dirty |= set(self._infos)
+                for o in objs:
+                    self._set_pod(o)
+            self._bump()
+
+    def _bump(self) -> None:
+        self.generation += 1
+        self.changed.notify_all()
+
+    def _set_pod(self, pod: dict | None, key: tuple[str, str] | None = None) -> None:
+        key = key or _pod_key(pod)
+        old = self._pod_node.pop(key, None)
+        if old is not None:
+            self._by_node.get(old, set()).discard(key)
+            self._dirty.add(old)
+        if pod is None:
+            self.pods.pop(key, None)
+            return
+        self.pods[key] = pod
+        node = usage.pod_node(pod)
+        self._pod_node[key] = node
+        if node:
+            self._by_node.setdefault(node, set()).add(key)
+            self._dirty.add(node)
+
+    def apply(self, kind: str, typ: str, obj: dict) -> None:
+        with self.lock:
+            self.seen[kind] = max(self.seen[kind], _rv(obj))
+            if kind == "node":
+                name = obj["metadata"]["name"]
+                if typ == "DELETED":
+                    self.nodes.pop(name, None)
+                    self._infos.pop(name, None)
+                else:
+                    self.nodes[name] = obj
+                self._dirty.add(name)
+            else:
+                key = _pod_key(obj)
+                have = self.pods.get(key)
+                if typ == "DELETED":
+                    self._set_pod(None, key)
+                elif have is None or _rv(obj) >= _rv(have) or _rv(obj) == 0:
+                    self._set_pod(obj)
+            self._bump()
+
+    def assume(self, pod: dict) -> None:
+        """The scheduler's own write, counted now (the watch brings the API server's copy later)."""
+        with self.lock:
+            self._set_pod(copy.deepcopy(pod))
+            self._bump()
+
+    def pod(self, namespace: str, name: str) -> dict | None:
+        with self.lock:
+            return self.pods.get((namespace, name))
+
+    def node_infos(self, names: Iterable[str], exclude: tuple[str, str] | None = None,
+                   extra_nodes: dict[str, dict] | None = None) -> list[NodeInfo]:
+        """NodeInfos (with usage) of the named nodes; a name the cache lacks is taken from `extra_nodes`
+        (kube-scheduler sends whole nodes when the extender is not node-cache-capable), else it is a node
+        without a registration."""
+        out = []
+        with self.lock:
+            for name in names:
+                node = self.nodes.get(name) or (extra_nodes or {}).get(name)
+                if node is None:
+                    out.append(NodeInfo(name, error="the scheduler's cache does not have this node yet"))
+                    continue
+                keys_ = self._by_node.get(name, set())
+                if exclude is not None and exclude in keys_:
+                    out.append(self._build(node, [self.pods[k] for k in keys_ if k != exclude]))
+                    continue
+                if name in self._dirty or name not in self._infos or name not in self.nodes:
+                    info = self._build(node, [self.pods[k] for k in keys_])
+                    if name in self.nodes:
+                        self._infos[name] = info
+                        self._dirty.discard(name)
+                    out.append(info)
+                else:
+                    out.append(self._infos[name])
+        return out
+
+    def _build(self, node: dict, pods: list[dict]) -> NodeInfo:
+        return usage.node_infos([node], pods, self.cfg)[0]
+
+    def in_flight(self, node: str, exclude: tuple[str, str]) -> list[dict]:
+        """Pods the cache has on `node` by annotation only (bound by a bind whose Binding is not seen yet)."""
+        with self.lock:
+            return [copy.deepcopy(self.pods[k]) for k in self._by_node.get(node, set())
+                    if k != exclude and not (self.pods[k].get("spec") or {}).get("nodeName")]

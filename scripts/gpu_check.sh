@@ -1,0 +1,95 @@
+#!/bin/bash
+# The one GPU check: install this tree on a GPU machine, then run the parts asked for, and write
+# $OUT/summary.md (pasteable into docs/ and the note: machine, commit, every figure) plus
+# $OUT/raw.tgz (logs, JSON, PNGs). Device time is scarce: ask for every part you need in one call.
+#
+#   bash scripts/gpu_check.sh [PART...]     (default: tests compute vpmm)
+#
+# Parts:
+#   tests     every GPU test (pytest -m gpu tests/gpu)
+#   compute   bench sm: spin and matmul alone 10-90%, the 30/70 pair, taking turns and time-sliced;
+#             launch overhead without and with a share, paired in one run
+#   scenarios bench sm: the small-kernel MLP pair (turns and time-sliced), a share beside an
+#             unlimited wrapped neighbour (spin, MLP), borrow/give-back, priorities (issue 17)
+#   vpmm      bench vpmm (mapped/live, ops/s against expandable_segments and the default allocator)
+#   startup   bench startup (time to the first CUDA call, raw and wrapped)
+#   none      install and warm up only
+# Extra pyvgpu warmup arguments: WARMUP_ARGS. Without a share of the GPU for matplotlib, no PNGs.
+set -u
+OUT=${OUT:-/tmp/pyvgpu-gpu}
+mkdir -p "$OUT"
+PARTS=${*:-tests compute vpmm}
+ROOT=$PWD
+W=$(mktemp -d)
+S="$OUT/summary.md"
+export PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=$(mktemp -d)
+PY=python3
+pack() { tar czf "$OUT/raw.tgz" -C "$W" .; }
+say() { echo "$@" | tee -a "$S"; }
+block() { echo '```' >> "$S"; tee -a "$S"; echo '```' >> "$S"; }
+png() { $PY -c "import matplotlib" 2>/dev/null && echo "$W/$1" || echo ""; }
+
+# --- setup: dependencies from the carried .wheels (the device has no network), the tree, the callbacks
+$PY -c "import prometheus_client, rich, typer, yaml" 2>/dev/null ||
+  $PY -m pip install -q --no-index --find-links .wheels prometheus-client rich typer pyyaml 2>&1 | grep -v -i warning | tail -2
+$PY -m pip install --no-build-isolation --no-deps -q . 2>&1 | grep -v -i warning | tail -3
+$PY scripts/build_native.py >/dev/null
+{
+  echo "# GPU check: $PARTS"
+  echo
+  echo "- machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | paste -sd';')"
+  echo "- CPU: $(nproc) cores; Python $($PY -c 'import sys; print(sys.version.split()[0])');" \
+       "torch $($PY -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none);" \
+       "numba $($PY -c 'import numba; print(numba.__version__)')"
+  echo "- tree: $(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+       "$(git status --porcelain 2>/dev/null | grep -q . && echo '(with uncommitted changes)')"
+  echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo
+} > "$S"
+cat "$S"
+/usr/bin/time -f "warmup (cold compile on this machine) %e s" $PY -m pyvgpu warmup ${WARMUP_ARGS:-} 2>&1 | tail -1 | block
+cd "$W"  # from here on the installed pyvgpu, not the tree's
+
+for part in $PARTS; do
+  case $part in
+  tests)
+    say "## GPU tests"
+    (cd "$ROOT/tests" && timeout 420 $PY -m pytest -p no:cacheprovider -m gpu gpu -v -s -rA > "$W/gpu-tests.log" 2>&1)
+    # pytest's short summary (-rA): one line per test, whatever the tests printed
+    grep -E "^(PASSED|FAILED|ERROR|SKIPPED) |^=+ .*[0-9]+ (passed|failed)" "$W/gpu-tests.log" | tail -60 | block
+    pack ;;
+  compute)
+    say "## Compute shares"
+    $PY -m pyvgpu bench sm --workload spin --png "$(png sm-spin.png)" --output "$W/sm-spin.json" 2>&1 | tail -16 | block; pack
+    PYVGPU_SM_TURN=0 $PY -m pyvgpu bench sm --workload spin --targets "" --png "" \
+      --output "$W/sm-spin-pair-timesliced.json" 2>&1 | tail -6 | block; pack
+    $PY -m pyvgpu bench sm --workload matmul --png "$(png sm-matmul.png)" --output "$W/sm-matmul.json" 2>&1 | tail -16 | block; pack
+    $PY -m pyvgpu bench sm --workload graph --targets 30,70 --png "" --output "$W/sm-graph.json" 2>&1 | tail -8 | block; pack
+    say "## Launch overhead (no share, then --sm 99)"
+    $PY -m pyvgpu bench overhead --rounds 5 --output "$W/overhead.json" 2>&1 | tail -4 | block
+    $PY -m pyvgpu bench overhead --rounds 5 --sm 99 --output "$W/overhead-sm99.json" 2>&1 | tail -4 | block; pack ;;
+  scenarios)
+    say "## Issue 17 scenarios"
+    for args in "--workload mlp --targets 50 --pair 50,50" "--workload mlp --targets 50 --neighbour unlimited" \
+                "--workload spin --targets 50 --neighbour unlimited"; do
+      say "### bench sm $args"
+      # shellcheck disable=SC2086
+      $PY -m pyvgpu bench sm $args --png "" --output "$W/sm-$(echo $args | tr -cd 'a-z0-9-' | cut -c1-60).json" 2>&1 |
+        tail -10 | block; pack
+    done
+    say "### the MLP pair time-sliced"
+    PYVGPU_SM_TURN=0 $PY -m pyvgpu bench sm --workload mlp --targets "" --pair 50,50 --png "" \
+      --output "$W/sm-mlp-pair-timesliced.json" 2>&1 | tail -6 | block; pack ;;
+  vpmm)
+    say "## VPMM"
+    $PY -m pyvgpu bench vpmm --output "$W/bench-vpmm.json" 2>&1 | tail -10 | block; pack ;;
+  startup)
+    say "## Start-up"
+    $PY -m pyvgpu bench startup --runs 5 --output "$W/startup.json" 2>&1 | tail -10 | block; pack ;;
+  none) ;;  # install and warm up only (for the probes in scripts/probe)
+  *)
+    say "unknown part: $part (tests, compute, scenarios, vpmm, startup)" ;;
+  esac
+done
+cp "$S" "$W/"; pack
+echo "== summary: $S"

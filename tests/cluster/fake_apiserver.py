@@ -1,0 +1,366 @@
+"""A small Kubernetes API server for the tests: only what pyvgpu's cluster components call.
+
+    GET    /api/v1/nodes[?watch=true&resourceVersion=R&timeoutSeconds=T]     list or watch nodes
+    GET    /api/v1/nodes/NAME
+    PATCH  /api/v1/nodes/NAME                                                 JSON merge patch only
+    GET    /api/v1/pods[?fieldSelector=spec.nodeName=N][&watch=true...]      list or watch pods
+    GET    /api/v1/namespaces/NS/pods/NAME
+    PATCH  /api/v1/namespaces/NS/pods/NAME                                    JSON merge patch only
+    POST   /api/v1/namespaces/NS/pods/NAME/binding
+
+It keeps objects with resourceVersions, honours metadata.resourceVersion in a patch (409 Conflict on a
+mismatch, as the real one does), refuses a binding of a bound pod, and streams watch events as the real
+one does (chunked JSON lines). Any other request is answered 404 and recorded in `unexpected`, which the
+tests check is empty: the client code under test is the production one, and this is all it uses.
+
+`stop()` closes the listening socket and every open connection (the API server is down);
+`start()` on the same port brings it back.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import threading
+import uuid as uuidlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+
+def merge_patch(target, patch):
+    """RFC 7386."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def node(name: str, annotations: dict | None = None, allocatable: dict | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": str(uuidlib.uuid4()), "annotations": dict(annotations or {}),
+                         "labels": {"kubernetes.io/hostname": name}},
+            "status": {"allocatable": dict(allocatable or {}), "capacity": dict(allocatable or {})}}
+
+
+def pod(name: str, containers: list[dict], namespace: str = "default", annotations: dict | None = None,
+        node_name: str | None = None, phase: str = "Pending", init_containers: list[dict] | None = None,
+        scheduler: str = "pyvgpu-scheduler", uid: str | None = None) -> dict:
+    spec = {"containers": containers, "schedulerName": scheduler}
+    if init_containers:
+        spec["initContainers"] = init_containers
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuidlib.uuid4()),
+                         "annotations": dict(annotations or {}), "creationTimestamp": "2025-01-01T00:00:00Z"},
+            "spec": spec, "status": {"phase": phase}}
+
+
+def gpu_container(name: str = "main", gpus: int = 1, mem: int | None = None, cores: int | None = None) -> dict:
+    limits = {"nvidia.com/gpu": str(gpus)}
+    if mem is not None:
+        limits["nvidia.com/gpumem"] = str(mem)
+    if cores is not None:
+        limits["nvidia.com/gpucores"] = str(cores)
+    return {"name": name, "image": "busybox", "resources": {"limits": limits}}
+
+
+class FakeApiServer:
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.rv = 0
+        self.nodes: dict[str, dict] = {}
+        self.pods: dict[tuple[str, str], dict] = {}
+        self.events: list[tuple[int, str, str, dict]] = []  # (rv, kind, type, object)
+        self.requests: list[tuple[str, str]] = []
+        self.unexpected: list[str] = []
+        self.patches: list[tuple[str, dict]] = []  # (path, patch) in order
+        self.bindings: list[tuple[str, str, str]] = []  # (namespace, name, node)
+        self.hooks: list = []  # callables (method, path) -> (status, body) | None, for failure injection
+        self.port = 0
+        self._httpd: ThreadingHTTPServer | None = None
+        self._conns: set[socket.socket] = set()
+        self.stopping = False
+
+    # -- life ----------------------------------------------------------------------------------------------
+
+    def start(self) -> FakeApiServer:
+        owner = self
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+            def process_request(self, request, client_address):
+                with owner.cond:
+                    owner._conns.add(request)
+                super().process_request(request, client_address)
+
+            def shutdown_request(self, request):
+                with owner.cond:
+                    owner._conns.discard(request)
+                super().shutdown_request(request)
+
+        self.stopping = False
+        self._httpd = Server(("127.0.0.1", self.port), _handler(self))
+        self.port = self._httpd.server_address[1]
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """The API server goes down: no new connection is accepted, open ones are cut."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+            conns = list(self._conns)
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        }))
+        return path
+
+    # -- the store (tests call these directly) --------------------------------------------------------------
+
+    def _bump(self, kind: str, typ: str, obj: dict) -> None:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.events.append((self.rv, kind, typ, copy.deepcopy(obj)))
+        self.cond.notify_all()
+
+    def put_node(self, obj: dict) -> dict:
+        with self.cond:
+            typ = "MODIFIED" if obj["metadata"]["name"] in self.nodes else "ADDED"
+            obj = copy.deepcopy(obj)
+            self.nodes[obj["metadata"]["name"]] = obj
+            self._bump("node", typ, obj)
+            return copy.deepcopy(obj)
+
+    def put_pod(self, obj: dict) -> dict:
+        with self.cond:
+            m = obj["metadata"]
+            key = (m.get("namespace", "default"), m["name"])
+            typ = "MODIFIED" if key in self.pods else "ADDED"
+            obj = copy.deepcopy(obj)
+            self.pods[key] = obj
+            self._bump("pod", typ, obj)
+            return copy.deepcopy(obj)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        with self.cond:
+            obj = self.pods.pop((namespace, name))
+            self._bump("pod", "DELETED", obj)
+
+    def get_node(self, name: str) -> dict:
+        with self.cond:
+            return copy.deepcopy(self.nodes[name])
+
+    def get_pod(self, namespace: str, name: str) -> dict | None:
+        with self.cond:
+            p = self.pods.get((namespace, name))
+            return copy.deepcopy(p) if p else None
+
+    def wait_for(self, pred, timeout: float = 20.0, what: str = "a condition") -> None:
+        """Wait until pred() (called under the store's lock) is true; fail after `timeout` seconds."""
+        import time
+
+        end = time.monotonic() + timeout
+        with self.cond:
+            while not pred():
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+                self.cond.wait(min(left, 0.1))
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason,
+            "message": message}
+
+
+def _handler(api: FakeApiServer):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # else each answer waits ~40 ms for the client's delayed ACK
+
+        def log_message(self, *args):  # quiet
+            pass
+
+        def _send(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> dict:
+            n = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(n) or b"{}")
+
+        def _route(self, method: str) -> None:
+            u = urlparse(self.path)
+            q = {k: v[-1] for k, v in parse_qs(u.query).items()}
+            parts = [p for p in u.path.split("/") if p]
+            with api.cond:
+                api.requests.append((method, u.path))
+            for hook in list(api.hooks):
+                r = hook(method, u.path)
+                if r is not None:
+                    if method in ("PATCH", "POST"):
+                        self._body()
+                    return self._send(r[0], r[1])
+            if parts[:2] != ["api", "v1"]:
+                return self._unexpected(method)
+            rest = parts[2:]
+            if method == "GET" and rest == ["nodes"]:
+                return self._list_or_watch("node", q)
+            if method == "GET" and rest == ["pods"]:
+                return self._list_or_watch("pod", q)
+            if len(rest) == 2 and rest[0] == "nodes" and method in ("GET", "PATCH"):
+                return self._object("node", rest[1], None, method)
+            if len(rest) == 4 and rest[0] == "namespaces" and rest[2] == "pods" and method in ("GET", "PATCH"):
+                return self._object("pod", rest[3], rest[1], method)
+            if len(rest) == 5 and rest[0] == "namespaces" and rest[2] == "pods" and rest[4] == "binding" \
+                    and method == "POST":
+                return self._binding(rest[1], rest[3])
+            return self._unexpected(method)
+
+        def _unexpected(self, method: str) -> None:
+            with api.cond:
+                api.unexpected.append(f"{method} {self.path}")
+            self._send(404, _status(404, "NotFound", f"the test API server does not serve {method} {self.path}"))
+
+        do_GET = lambda self: self._route("GET")  # noqa: E731
+        do_PATCH = lambda self: self._route("PATCH")  # noqa: E731
+        do_POST = lambda self: self._route("POST")  # noqa: E731
+        do_PUT = lambda self: self._route("PUT")  # noqa: E731
+        do_DELETE = lambda self: self._route("DELETE")  # noqa: E731
+
+        def _select(self, kind: str, q: dict) -> list[dict]:
+            store = api.nodes if kind == "node" else api.pods
+            out = list(store.values())
+            sel = q.get("fieldSelector")
+            if sel:
+                field, _, value = sel.partition("=")
+                if kind != "pod" or field != "spec.nodeName":
+                    raise ValueError(sel)
+                out = [p for p in out if (p.get("spec") or {}).get("nodeName", "") == value]
+            return out
+
+        def _list_or_watch(self, kind: str, q: dict) -> None:
+            if q.get("watch") in ("true", "1", "True"):
+                return self._watch(kind, q)
+            with api.cond:
+                try:
+                    objs = copy.deepcopy(self._select(kind, q))
+                except ValueError:
+                    return self._send(400, _status(400, "BadRequest", f"unsupported field selector {q}"))
+                body = {"apiVersion": "v1", "kind": "NodeList" if kind == "node" else "PodList",
+                        "metadata": {"resourceVersion": str(api.rv)}, "items": objs}
+            self._send(200, body)
+
+        def _watch(self, kind: str, q: dict) -> None:
+            import time
+
+            since = int(q.get("resourceVersion") or 0)
+            end = time.monotonic() + float(q.get("timeoutSeconds") or 30)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                while True:
+                    with api.cond:
+                        batch = [e for e in api.events if e[0] > since and e[1] == kind]
+                        if not batch:
+                            left = end - time.monotonic()
+                            if left <= 0 or api.stopping:
+                                break
+                            api.cond.wait(min(left, 0.1))
+                            continue
+                    for rv, _, typ, obj in batch:
+                        line = (json.dumps({"type": typ, "object": obj}) + "\n").encode()
+                        self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                        since = rv
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except OSError:
+                pass
+            self.close_connection = True
+
+        def _object(self, kind: str, name: str, namespace: str | None, method: str) -> None:
+            key = name if kind == "node" else (namespace, name)
+            if method == "PATCH":
+                ctype = self.headers.get("Content-Type", "")
+                patch = self._body()
+                if ctype != "application/merge-patch+json":
+                    return self._send(415, _status(415, "UnsupportedMediaType", f"the test server takes JSON "
+                                                                                f"merge patches, got {ctype}"))
+            with api.cond:
+                store = api.nodes if kind == "node" else api.pods
+                obj = store.get(key)
+                if obj is None:
+                    return self._send(404, _status(404, "NotFound", f'{kind}s "{name}" not found'))
+                if method == "GET":
+                    return self._send(200, copy.deepcopy(obj))
+                want = ((patch.get("metadata") or {}).get("resourceVersion"))
+                if want is not None and want != obj["metadata"]["resourceVersion"]:
+                    return self._send(409, _status(409, "Conflict", f'Operation cannot be fulfilled on {kind}s '
+                                                                    f'"{name}": the object has been modified; '
+                                                                    "please apply your changes to the latest "
+                                                                    "version and try again"))
+                if isinstance(patch.get("metadata"), dict):
+                    patch["metadata"].pop("resourceVersion", None)
+                api.patches.append((self.path, copy.deepcopy(patch)))
+                new = merge_patch(obj, patch)
+                store[key] = new
+                api._bump(kind, "MODIFIED", new)
+                out = copy.deepcopy(new)
+            self._send(200, out)
+
+        def _binding(self, namespace: str, name: str) -> None:
+            body = self._body()
+            with api.cond:
+                obj = api.pods.get((namespace, name))
+                if obj is None:
+                    return self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
+                uid = (body.get("metadata") or {}).get("uid")
+                if uid and uid != obj["metadata"]["uid"]:
+                    return self._send(409, _status(409, "Conflict", f"Precondition failed: UID in precondition: "
+                                                                    f"{uid}, UID in object meta: "
+                                                                    f"{obj['metadata']['uid']}"))
+                if (obj.get("spec") or {}).get("nodeName"):
+                    return self._send(409, _status(409, "Conflict", f"pod {name} is already assigned to node "
+                                                                    f"\"{obj['spec']['nodeName']}\""))
+                target = (body.get("target") or {}).get("name")
+                obj.setdefault("spec", {})["nodeName"] = target
+                api.bindings.append((namespace, name, target))
+                api._bump("pod", "MODIFIED", obj)
+            self._send(201, _status(201, "", "") | {"status": "Success"})
+
+    return Handler

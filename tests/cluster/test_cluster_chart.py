@@ -1,0 +1,428 @@
+"""The Helm chart (deploy/helm/pyvgpu) and the image's runtime installer (deploy/docker).
+
+The chart is rendered by tests/cluster/helm_lite.py (no `helm` on CI) with several value sets; every
+object is validated against the Kubernetes API schema (kubernetes-validate, strict: an unknown field
+fails), and what the chart says is checked against what the code does: the flags it passes parse with
+the real CLI, the extender's verbs and the webhook's path are served, the RBAC rules cover every API call
+pyvgpu.cluster.kube makes, the hostPaths are mounted where Allocate names them. Where `helm` is on PATH
+(or PYVGPU_HELM names it), `helm lint --strict` runs and its rendering must equal helm_lite's.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import urllib.request
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from helm_lite import ChartError, Renderer, value_paths
+
+from pyvgpu.cluster.config import ClusterConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "pyvgpu"
+DOCKER = ROOT / "deploy" / "docker"
+KUBE_VERSION = ("1", "32")
+NS = "gpu-system"
+
+VALUE_SETS = {
+    "defaults": {},
+    "everything": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+                   "node": {"runtimeClassName": "nvidia", "resources": {"limits": {"memory": "512Mi"}}},
+                   "scheduler": {"resources": {"requests": {"cpu": "100m"}}, "nodeSelector": {"role": "infra"},
+                                 "tolerations": [{"operator": "Exists"}], "priorityClassName": "high",
+                                 "affinity": {"nodeAffinity": {}}, "kubeScheduler": {"tag": "v1.30.4"}},
+                   "exporter": {"resources": {"requests": {"cpu": "10m"}}},
+                   "imagePullSecrets": [{"name": "regcred"}], "image": {"tag": "dev"}},
+    "own-certificate": {"webhook": {"tls": {"mode": "secret", "secretName": "my-tls",
+                                            "caBundle": base64.b64encode(b"PEM").decode()}}},
+    "no-exporter": {"exporter": {"enabled": False}, "serviceMonitor": {"enabled": True}},
+}
+
+
+def render(values: dict | None = None, chart: Path = CHART) -> list[dict]:
+    return Renderer(chart, values, namespace=NS, kube_version=KUBE_VERSION).manifests()
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict], kind: str, component: str | None = None) -> dict:
+    found = [d for d in by_kind(docs, kind)
+             if component is None or d["metadata"]["labels"].get("app.kubernetes.io/component") == component]
+    assert len(found) == 1, f"{len(found)} {kind} objects for component {component}"
+    return found[0]
+
+
+def container(obj: dict, name: str) -> dict:
+    spec = obj["spec"]["template"]["spec"]
+    return next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name)
+
+
+# -- the chart as a chart ------------------------------------------------------------------------------------
+
+def test_every_values_reference_exists_and_every_value_is_used():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    known = value_paths(values)
+    refs = set()
+    for p in (CHART / "templates").iterdir():
+        refs |= set(re.findall(r"\.Values\.([A-Za-z0-9_.]+)", p.read_text()))
+    missing = sorted(r for r in refs if r.rstrip(".") not in known)
+    assert missing == [], f"templates read values that values.yaml lacks: {missing}"
+    leaves = {p for p in known if not isinstance(_get(values, p), dict) or not _get(values, p)}
+    unused = sorted(p for p in leaves if not any(r == p or r.startswith(p + ".") or p.startswith(r + ".")
+                                                for r in refs))
+    assert unused == [], f"values.yaml has values no template reads: {unused}"
+
+
+def _get(tree: dict, path: str):
+    for part in path.split("."):
+        tree = tree[part]
+    return tree
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_renders_objects_the_api_server_accepts(name):
+    docs = render(VALUE_SETS[name])
+    assert docs
+    for d in docs:
+        if d["kind"] == "ServiceMonitor":  # a CRD: no schema in the API's; its fields are checked below
+            continue
+        kubernetes_validate.validate(d, ".".join(KUBE_VERSION) + ".0", strict=True)
+        m = d["metadata"]
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", m["name"]) and len(m["name"]) <= 63, m["name"]
+    names = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
+    assert len(names) == len(set(names)), "two objects of one kind and name"
+
+
+def test_a_broken_chart_fails_the_check(tmp_path):
+    """The checks above are real: each breakage below is caught."""
+    def broken(edit) -> Path:
+        c = tmp_path / f"c{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(CHART, c)
+        edit(c)
+        return c
+
+    def sub(path: str, old: str, new: str):
+        def edit(c: Path):
+            p = c / path
+            text = p.read_text()
+            assert old in text
+            p.write_text(text.replace(old, new, 1))
+        return edit
+
+    with pytest.raises(ChartError, match=r"\.Values\.node\.splitt does not exist"):
+        render(chart=broken(sub("templates/node.yaml", ".Values.node.split", ".Values.node.splitt")))
+    with pytest.raises(ChartError, match="not YAML"):
+        render(chart=broken(sub("templates/node.yaml", "      volumes:\n", "     volumes:\n")))
+    with pytest.raises(ChartError, match="no end"):
+        render(chart=broken(sub("templates/node.yaml", "{{- end }}\n      volumes:", "\n      volumes:")))
+    with pytest.raises(ChartError, match="not supported"):
+        render(chart=broken(sub("templates/node.yaml", "toYaml .", "toJson .")))
+    docs = render(chart=broken(sub("templates/node.yaml", "updateStrategy:", "updateStrategyy:")))
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(one(docs, "DaemonSet"), "1.32.0", strict=True)
+    with pytest.raises(ChartError, match="needs webhook.tls.caBundle"):
+        render({"webhook": {"tls": {"mode": "secret", "secretName": "mine"}}})
+    with pytest.raises(ChartError, match="needs webhook.tls.secretName"):
+        render({"webhook": {"tls": {"mode": "secret", "caBundle": "UEVN"}}})
+    with pytest.raises(ChartError, match="use helm or secret"):
+        render({"webhook": {"tls": {"mode": "cert-manager"}}})
+
+
+def _helm() -> str | None:
+    return os.environ.get("PYVGPU_HELM") or shutil.which("helm")
+
+
+def _normalize(docs: list[dict]) -> dict:
+    """Objects by (kind, name), with the generated certificate's bytes blanked (Helm makes real ones)."""
+    out = {}
+    for d in copy.deepcopy(docs):
+        if d["kind"] == "Secret":
+            d["data"] = dict.fromkeys(d["data"], "")
+        for w in d.get("webhooks", []):
+            w["clientConfig"]["caBundle"] = ""
+        if d["kind"] == "Deployment":
+            d["spec"]["template"]["metadata"]["annotations"]["pyvgpu.io/tls"] = ""
+        out[(d["kind"], d["metadata"]["name"])] = d
+    return out
+
+
+@pytest.mark.skipif(not _helm(), reason="helm is not installed (PYVGPU_HELM or PATH): helm_lite's rendering "
+                                        "is checked against Helm's only where Helm is")
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_helm_lint_and_helm_render_the_same(name, tmp_path):
+    helm = _helm()
+    vals = tmp_path / "values.yaml"
+    vals.write_text(yaml.safe_dump(VALUE_SETS[name]))
+    lint = subprocess.run([helm, "lint", "--strict", str(CHART), "-f", str(vals)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    out = subprocess.run([helm, "template", "rel", str(CHART), "-n", NS, "-f", str(vals), "--kube-version",
+                          ".".join(KUBE_VERSION) + ".0"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    theirs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert _normalize(render(VALUE_SETS[name])) == _normalize(theirs)
+
+
+# -- what the chart says, against what the code does ---------------------------------------------------------
+
+def _cli_params(args: list[str]) -> dict:
+    import typer
+
+    from pyvgpu.cli import app
+
+    cmd = typer.main.get_command(app)
+    path, rest = [], list(args)
+    group = cmd
+    while rest and not rest[0].startswith("-") and hasattr(group, "commands") and rest[0] in group.commands:
+        path.append(rest[0])
+        group = group.commands[rest.pop(0)]
+    ctx = group.make_context(" ".join(["pyvgpu", *path]), rest)
+    return ctx.params
+
+
+def test_the_containers_flags_parse_with_the_real_cli():
+    docs = render(VALUE_SETS["everything"])
+    ext = container(one(docs, "Deployment", "scheduler"), "extender")
+    p = _cli_params(ext["args"])
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    want = (values["scheduler"]["port"], values["scheduler"]["webhookPort"], values["schedulerName"])
+    assert (p["port"], p["webhook_port"], p["name"]) == want
+    assert (p["node_policy"], p["gpu_policy"], p["lock_expire"]) == ("binpack", "spread", 300.0)
+    ds = one(docs, "DaemonSet", "node")
+    p = _cli_params(container(ds, "device-plugin")["args"])
+    assert p["with_agent"] is True and p["split"] == 10 and p["state_dir"] == "/run/pyvgpu"
+    assert p["plugin_dir"] == "/var/lib/kubelet/device-plugins" and p["runtime_dir"] in (None, [], ())
+    p = _cli_params(container(ds, "exporter")["args"])
+    assert p["port"] == 9433 and p["state_dir"] == "/run/pyvgpu"
+    init = container(ds, "install-runtime")
+    assert init["command"][0] == "/usr/local/bin/pyvgpu-install-runtime"
+    assert "COPY deploy/docker/install-runtime.sh /usr/local/bin/pyvgpu-install-runtime" in \
+        (DOCKER / "Dockerfile").read_text()
+
+
+def test_kube_scheduler_is_configured_with_the_extender_and_the_gpu_resources():
+    docs = render()
+    cm = one(docs, "ConfigMap")
+    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1" and cfg["kind"] == "KubeSchedulerConfiguration"
+    assert [p["schedulerName"] for p in cfg["profiles"]] == ["pyvgpu-scheduler"]
+    (e,) = cfg["extenders"]
+    ext = container(one(docs, "Deployment", "scheduler"), "extender")
+    port = _cli_params(ext["args"])["port"]
+    assert e["urlPrefix"] == f"http://127.0.0.1:{port}"
+    assert (e["filterVerb"], e["prioritizeVerb"], e["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert e["nodeCacheCapable"] is True and e["enableHTTPS"] is False
+    names = ClusterConfig().resources
+    assert {r["name"] for r in e["managedResources"]} == {names.count, names.memory, names.memory_percentage,
+                                                          names.cores}
+    assert all(r["ignoredByScheduler"] for r in e["managedResources"])
+    ks = container(one(docs, "Deployment", "scheduler"), "kube-scheduler")
+    mount = next(m for m in ks["volumeMounts"] if m["name"] == "config")
+    assert f"--config={mount['mountPath']}/config.yaml" in ks["command"]
+    assert ks["image"] == "registry.k8s.io/kube-scheduler:v1.32.0"
+
+
+def test_the_extender_serves_the_verbs_probes_and_webhook_the_chart_names(kube, api):
+    """kube-scheduler's verbs (urlPrefix/verb), the probes, and the webhook's path, on a real extender."""
+    from pyvgpu.cluster.extender import Scheduler, Server
+
+    docs = render()
+    cfg = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])
+    (e,) = cfg["extenders"]
+    ext = container(one(docs, "Deployment", "scheduler"), "extender")
+    hook = by_kind(docs, "MutatingWebhookConfiguration")[0]["webhooks"][0]
+    s = Scheduler(kube)
+    stop = threading.Event()
+    s.start(stop)
+    assert s.informer.ready.wait(10)
+    srv = Server(s, 0, host="127.0.0.1")
+    srv.start()
+    base = f"http://127.0.0.1:{srv.port}"
+    try:
+        pod = {"metadata": {"name": "p", "namespace": "default", "uid": "u1"},
+               "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": "1024"}}}]}}
+        for verb, body in ((e["filterVerb"], {"Pod": pod, "NodeNames": []}),
+                           (e["prioritizeVerb"], {"Pod": pod, "NodeNames": []}),
+                           (e["bindVerb"], {"PodName": "p", "PodNamespace": "default", "PodUID": "u1",
+                                            "Node": "nowhere"})):
+            req = urllib.request.Request(f"{base}/{verb}", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 200
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                  "request": {"uid": "r1", "operation": "CREATE", "object": pod}}
+        req = urllib.request.Request(base + hook["clientConfig"]["service"]["path"], json.dumps(review).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            answer = json.loads(r.read())
+        patch = json.loads(base64.b64decode(answer["response"]["patch"]))
+        assert {"op": "add", "path": "/spec/schedulerName", "value": cfg["profiles"][0]["schedulerName"]} in patch
+        for probe in ("livenessProbe", "readinessProbe"):
+            with urllib.request.urlopen(base + ext[probe]["httpGet"]["path"], timeout=10) as r:
+                assert r.status == 200
+    finally:
+        srv.stop()
+        stop.set()
+
+
+def test_the_webhook_reaches_the_extender_over_tls():
+    docs = render()
+    hook = by_kind(docs, "MutatingWebhookConfiguration")[0]["webhooks"][0]
+    svc = next(d for d in by_kind(docs, "Service") if d["metadata"]["name"] == hook["clientConfig"]["service"]["name"])
+    assert svc["metadata"]["namespace"] == hook["clientConfig"]["service"]["namespace"] == NS
+    port = next(p for p in svc["spec"]["ports"] if p["port"] == hook["clientConfig"]["service"]["port"])
+    dep = one(docs, "Deployment", "scheduler")
+    ext = container(dep, "extender")
+    target = next(p for p in ext["ports"] if p["name"] == port["targetPort"])
+    assert target["containerPort"] == _cli_params(ext["args"])["webhook_port"]
+    assert all(dep["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in svc["spec"]["selector"].items())
+    # the Secret the pod mounts is the one whose certificate names the Service, signed by the caBundle
+    secret = one(docs, "Secret")
+    vol = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+    assert vol["secret"]["secretName"] == secret["metadata"]["name"]
+    cert = base64.b64decode(secret["data"]["tls.crt"]).decode()
+    ca = base64.b64decode(hook["clientConfig"]["caBundle"]).decode()
+    assert f"{svc['metadata']['name']}.{NS}.svc" in cert and ca in cert
+    assert hook["rules"][0]["resources"] == ["pods"] and hook["rules"][0]["operations"] == ["CREATE"]
+    excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert NS in excluded and "kube-system" in excluded  # the scheduler's own pods never wait for it
+    own = render(VALUE_SETS["own-certificate"])
+    assert by_kind(own, "Secret") == []
+    assert one(own, "Deployment", "scheduler")["spec"]["template"]["spec"]["volumes"][1]["secret"]["secretName"] == \
+        "my-tls"
+
+
+# pyvgpu.cluster.kube's calls -> the (resource, verb) each needs
+KUBE_CALLS = {"get_node": [("nodes", "get")], "list_nodes": [("nodes", "list")], "patch_node": [("nodes", "patch")],
+              "list_pods": [("pods", "list")], "get_pod": [("pods", "get")], "patch_pod": [("pods", "patch")],
+              "bind": [("pods/binding", "create")], "watch": [("nodes", "watch"), ("pods", "watch")]}
+# which calls each component makes (grep of pyvgpu/cluster: extender, informer, nodelock / allocate, agent)
+USES = {"scheduler": ["get_node", "list_nodes", "patch_node", "list_pods", "get_pod", "patch_pod", "bind", "watch"],
+        "node": ["get_node", "patch_node", "list_pods", "patch_pod"]}
+
+
+def test_rbac_grants_every_call_each_component_makes():
+    from pyvgpu.cluster.kube import Kube
+
+    public = {n for n in vars(Kube) if not n.startswith("_") and callable(getattr(Kube, n))}
+    assert public == set(KUBE_CALLS), "a Kube call was added or removed: update KUBE_CALLS and USES (and the chart)"
+    for component, modules in (("scheduler", ["extender", "informer", "nodelock"]),
+                               ("node", ["allocate", "agent", "plugin", "daemon"])):
+        used = set()
+        for m in modules:
+            src = (ROOT / "pyvgpu" / "cluster" / f"{m}.py").read_text()
+            used |= {c for c in KUBE_CALLS if re.search(rf"\.{c}\(", src)}
+        assert used <= set(USES[component]), f"{component} calls {used - set(USES[component])}: update USES"
+    docs = render()
+    roles = {d["metadata"]["name"]: d for d in by_kind(docs, "ClusterRole")}
+    bindings = by_kind(docs, "ClusterRoleBinding")
+    sa_of = {"scheduler": one(docs, "Deployment", "scheduler")["spec"]["template"]["spec"]["serviceAccountName"],
+             "node": one(docs, "DaemonSet", "node")["spec"]["template"]["spec"]["serviceAccountName"]}
+    for component, calls in USES.items():
+        granted = set()
+        for b in bindings:
+            if any(s["kind"] == "ServiceAccount" and s["name"] == sa_of[component] and s["namespace"] == NS
+                   for s in b["subjects"]) and b["roleRef"]["name"] in roles:
+                for rule in roles[b["roleRef"]["name"]]["rules"]:
+                    granted |= {(r, v) for r in rule["resources"] for v in rule["verbs"] if "" in rule["apiGroups"]}
+        needed = {rv for c in calls for rv in KUBE_CALLS[c] if component == "scheduler" or c != "watch"}
+        assert needed <= granted, f"{component} lacks {needed - granted}"
+        assert not any(v in ("*", "delete", "update") for _, v in granted), f"{component} is granted too much"
+    kube_sched = {b["roleRef"]["name"] for b in bindings if any(s["name"] == sa_of["scheduler"] for s in b["subjects"])}
+    assert {"system:kube-scheduler", "system:volume-scheduler"} <= kube_sched
+
+
+def test_the_node_daemonset_mounts_what_allocate_hands_out():
+    from pyvgpu.cluster.nodestate import DEFAULT_ROOT
+    from pyvgpu.cluster.plugin import DEFAULT_DIR
+
+    docs = render()
+    ds = one(docs, "DaemonSet", "node")
+    spec = ds["spec"]["template"]["spec"]
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    plugin = container(ds, "device-plugin")
+    mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+    # Allocate names region dirs and the turn file by the plugin's own paths; the kubelet mounts host paths
+    assert host["state"] == mounts["state"] == str(DEFAULT_ROOT)
+    assert host["device-plugins"] == mounts["device-plugins"] == str(DEFAULT_DIR)
+    # the runtime: the host's /opt/pyvgpu is where the plugin runs from, and where the init container installs
+    assert host["runtime"] == mounts["runtime"] == "/opt/pyvgpu"
+    init = container(ds, "install-runtime")
+    assert init["command"][1] == next(m["mountPath"] for m in init["volumeMounts"] if m["name"] == "runtime")
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    assert "ENV PYVGPU_HOME=/opt/pyvgpu/${RELEASE}" in dockerfile and "PYVGPU_CACHE_DIR=${PYVGPU_HOME}/cache" in \
+        dockerfile
+    env = {e["name"]: e for e in plugin["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert plugin["securityContext"]["runAsUser"] == 0
+    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert spec["nodeSelector"] == {"gpu": "on"}  # HAMi's label for GPU nodes
+
+
+def test_the_service_monitor_scrapes_the_exporter_on_every_node():
+    docs = render(VALUE_SETS["everything"])
+    sm = one(docs, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1" and sm["metadata"]["labels"]["release"] == "prom"
+    svc = one(docs, "Service", "exporter")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [NS]
+    (ep,) = sm["spec"]["endpoints"]
+    port = next(p for p in svc["spec"]["ports"] if p["name"] == ep["port"])
+    exporter = container(one(docs, "DaemonSet", "node"), "exporter")
+    assert next(p for p in exporter["ports"] if p["name"] == port["targetPort"])["containerPort"] == \
+        _cli_params(exporter["args"])["port"]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"].items() <= one(docs, "DaemonSet", "node")["spec"]["template"]["metadata"][
+        "labels"].items()
+    assert by_kind(render(), "ServiceMonitor") == []  # off by default: the CRD may be absent
+    assert by_kind(render(VALUE_SETS["no-exporter"]), "ServiceMonitor") == []
+
+
+# -- the image's runtime installer ---------------------------------------------------------------------------
+
+def _install(src: Path, host: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", str(DOCKER / "install-runtime.sh"), str(host)], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], "PYVGPU_HOME": str(src)})
+
+
+def test_runtime_installer_copies_once_and_never_rewrites_a_file_in_place(tmp_path):
+    src = tmp_path / "image" / "0.1.0"
+    (src / "python" / "lib").mkdir(parents=True)
+    (src / "python" / "lib" / "libpyvgpu.so").write_text("v1")
+    (src / "STAMP").write_text("aaaa\n")
+    host = tmp_path / "host"
+    host.mkdir()
+    p = _install(src, host)
+    assert p.returncode == 0 and "installed" in p.stdout, p.stderr
+    lib = host / "0.1.0" / "python" / "lib" / "libpyvgpu.so"
+    assert lib.read_text() == "v1"
+    ino = lib.stat().st_ino
+    p = _install(src, host)
+    assert "up to date" in p.stdout and lib.stat().st_ino == ino
+    # a new build of the same release: a new tree beside; the old one (which running containers mounted) kept
+    (src / "python" / "lib" / "libpyvgpu.so").write_text("v2")
+    (src / "STAMP").write_text("bbbb\n")
+    held = os.open(lib, os.O_RDONLY)
+    try:
+        p = _install(src, host)
+        assert p.returncode == 0, p.stderr
+        assert os.pread(held, 10, 0) == b"v1"  # the file a running process holds is untouched
+    finally:
+        os.close(held)
+    assert lib.read_text() == "v2"
+    old = [d for d in host.iterdir() if d.name.startswith(".0.1.0.old.")]
+    assert len(old) == 1 and (old[0] / "python" / "lib" / "libpyvgpu.so").read_text() == "v1"
+    assert not [d for d in host.iterdir() if ".new." in d.name]
+    p = _install(src, tmp_path / "nowhere")
+    assert p.returncode == 2 and "not a directory" in p.stderr
