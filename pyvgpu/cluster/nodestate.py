@@ -26,7 +26,9 @@ and the device plugin does not always know which uid they run as:
 
 Either way a process inside the container can change its own region (its limits too): enforcement in
 the process's own address space cannot defend against the process itself. What this layout does is keep
-every other tenant out of it. The security issue (14) may tighten these choices; they live only here.
+every other tenant out of it. A file of root's with mode 0666 is one that pyvgpu refuses unless told to
+trust it (pyvgpu.safefile, docs/security.md): the containers get PYVGPU_TRUST_SHARED=1 from Allocate, and
+the agent trusts its own turn file when it checks it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyvgpu import layout as L
-from pyvgpu import region
+from pyvgpu import region, safefile
 from pyvgpu.errors import PyvgpuError
 
 DEFAULT_ROOT = Path("/run/pyvgpu")
@@ -113,7 +115,9 @@ class NodeState:
             self.root.mkdir(parents=True, exist_ok=True)
             _chmod_dir(self.root, MODE_ROOT)
             _chmod_dir(self.containers, MODE_CONTAINERS)
-            os.close(sched.open_fd(self.turn_path))  # creates it (0666) if missing, checks it otherwise
+            # creates it if missing, checks it otherwise; the agent's own 0666 file, trusted by design (the
+            # containers' uids are not known, so all may write it; docs/security.md, Kubernetes)
+            os.close(sched.open_fd(self.turn_path, {**os.environ, safefile.TRUST_ENV: "1"}))
             if stat.S_IMODE(self.turn_path.stat().st_mode) != MODE_TURNS:
                 os.chmod(self.turn_path, MODE_TURNS)
         except PermissionError as e:
