@@ -1,9 +1,14 @@
-"""Builds the native parts (shim and bench) into the wheel; see scripts/build_native.py."""
+"""Builds the native parts (the shim, the compiled callbacks, the bench) into the wheel; see scripts/build_native.py.
+
+The wheel is tagged py3-none-<platform>: its shared objects are plain C and numba code that no Python
+version's ABI touches. `auditwheel repair` gives it a manylinux tag (scripts/build_wheel.py).
+"""
 
 import importlib.util
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
@@ -31,4 +36,9 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildPyWithNative}, distclass=BinaryDistribution)
+class AnyPythonWheel(bdist_wheel):
+    def get_tag(self):
+        return ("py3", "none", super().get_tag()[2])  # one platform, any Python 3
+
+
+setup(cmdclass={"build_py": BuildPyWithNative, "bdist_wheel": AnyPythonWheel}, distclass=BinaryDistribution)

@@ -1,17 +1,25 @@
-"""The compiled-callbacks cache.
+"""Which compiled callbacks a process uses, and compiling them when none fits.
 
-numba compiles the callbacks once (cold: 10-20 s, the only place numba is
-imported); the linked machine code is kept as one object file plus a JSON
-manifest. Every later process loads that object with llvmlite's JIT
-linker in a few milliseconds, without importing numba. That is what keeps
-startup cheap, where numba's own cache would cost an `import numba`
-(0.7-1.0 s measured on the GPU machine) in every process.
+The callbacks are compiled ahead of time by numba into a shared object
+(pyvgpu/cblib.py) that a process loads in about a millisecond, with no
+interpreter and no JIT linker:
 
-The key covers everything the machine code depends on: the pyvgpu
-version, the sources of the hook table, layouts and jit package, and the
-machine architecture. The code is compiled for a generic CPU of that
-architecture, so a cache in a home directory shared by different CPUs
-stays valid.
+* the package carries one for the baseline CPU of the architecture, built
+  by ``pip install`` (setup.py), so nothing is compiled at run time;
+* ``pyvgpu warmup`` compiles one tuned for this host's CPU into the user's
+  cache (PYVGPU_CACHE_DIR, else $XDG_CACHE_HOME/pyvgpu, else
+  ~/.cache/pyvgpu). It is used when present, on a CPU with the same id
+  (pyvgpu/cpuid.py): a home directory may be shared by different CPUs.
+
+A library serves only the sources it was compiled from: its key covers the
+pyvgpu version, the hook table, the layouts, the jit package and the
+architecture. A source tree edited since its package was built has no
+library that fits; its first ``wrap`` compiles a tuned one (with progress
+and an estimate).
+
+The shim makes the same choice by itself (shim/src/pv_load.c) when
+``pyvgpu wrap`` did not name the library (PYVGPU_CALLBACKS), as in a
+container the device plugin starts.
 """
 
 from __future__ import annotations
@@ -23,16 +31,19 @@ import json
 import os
 import platform
 import stat
-import tempfile
+import sys
 import time
 from pathlib import Path
 
 import pyvgpu
-from pyvgpu import hooks, safefile
+from pyvgpu import cblib, cpuid, hooks, safefile
 from pyvgpu.errors import PyvgpuError
 
-FORMAT = 1
+FORMAT = 2
 _SOURCES = ("abi.py", "structs.py", "hooks.py", "layout.py", "jit/*.py")  # what the machine code is compiled from
+# CPU-seconds one compile took on the 2-core development box (numba 0.68): the estimate when nothing better is known
+DEFAULT_CPU_SECONDS = 200.0
+LOCK_WAIT_S = 1800  # the longest a process waits for another one's compile (minutes on a loaded 2-core box)
 
 
 def cache_dir() -> Path:
@@ -54,86 +65,84 @@ def cache_key() -> str:
     return h.hexdigest()[:20]
 
 
-def paths(directory: Path, key: str) -> tuple[Path, Path]:
-    return directory / f"callbacks-{key}.o", directory / f"callbacks-{key}.json"
+def packaged_path() -> Path:
+    """The library the package carries, beside the shim."""
+    return Path(pyvgpu.__file__).resolve().parent / cblib.FILE_NAME
 
 
-class CorruptObject(PyvgpuError):
-    """The callback object does not match its manifest's hash."""
+def tuned_path(directory: Path, key: str, cpu: int) -> Path:
+    """Where `pyvgpu warmup` puts the library tuned for CPU ``cpu`` (the shim looks for the same name)."""
+    return Path(directory) / f"callbacks-{key}-{cpu:016x}.so"
 
 
-_VERIFIED: dict[str, bytes] = {}  # object path -> the bytes read() checked: what load() runs, read once
+def _describe(lib: cblib.Library, origin: str) -> dict:
+    return {"format": FORMAT, "library": str(lib.path), "origin": origin, "key": lib.key, "cpu": lib.cpu,
+            "tuned": lib.tuned, "cpu_id": f"{lib.cpu_id:016x}" if lib.tuned else "",
+            "table_hash": hooks.table_hash(), "callbacks": sum(1 for a in lib.entries if a),
+            "services": sorted(lib.services)}
 
 
-def trust_problem(path: Path) -> str | None:
-    """Why machine code at path (a cache file or its directory) must not be loaded into this process, or
-    None: it must be this user's or root's, and nobody else may write it (the code runs in every wrapped
-    program, so whoever can write it can run code as its user)."""
-    st = os.lstat(path)
+def dir_problem(directory: Path) -> str | None:
+    """Why code must not be taken from (or put into) this cache directory, or None: it must be this user's
+    or root's, not a link, and nobody else may write it (whoever can could put code into every program).
+    Our own directory made under umask 002 is repaired (chmod go-w)."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return None
     if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o022:
-        os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)  # our own directory, made under umask 002: repaired
-        st = os.lstat(path)
+        os.chmod(directory, stat.S_IMODE(st.st_mode) & ~0o022)
+        st = os.lstat(directory)
     if stat.S_ISLNK(st.st_mode):
-        return f"{path} is a symbolic link"
+        return f"{directory} is a symbolic link"
     if st.st_uid not in (os.geteuid(), 0):
-        return f"{path} belongs to {safefile.who(st.st_uid)}"
+        return f"{directory} belongs to {safefile.who(st.st_uid)}"
     if stat.S_IMODE(st.st_mode) & 0o022:
-        return f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+        return f"{directory} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
 
-def _read_private(path: Path) -> bytes:
-    """The bytes of a cache file, read once through one fd (O_NOFOLLOW; a regular file; trusted owner/mode)."""
-    for p in (path.parent, path):
-        problem = trust_problem(p)
-        if problem:
-            raise PyvgpuError(f"the callback cache: {problem}, so another user could put code into your programs; "
-                              "refusing it. Set PYVGPU_CACHE_DIR to a directory of your own (or chmod go-w it)")
-    fd = safefile.open_regular(path, os.O_RDONLY, "the callback cache file", "run `pyvgpu warmup --force`")
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+def _tuned(directory: Path, key: str) -> dict | None:
+    cpu = cpuid.cpu_id()
+    path = tuned_path(directory, key, cpu)
+    if not cpu or not path.exists():
+        return None
+    problem = dir_problem(directory)
+    if problem:
+        print(f"pyvgpu: warning: not using the callbacks in {directory}: {problem}, so another user could put "
+              "code into your programs; using the packaged ones. Set PYVGPU_CACHE_DIR to a directory of your "
+              "own (or chmod go-w it)", file=sys.stderr)
+        return None
+    try:
+        lib = cblib.load(path)
+    except PyvgpuError as e:
+        print(f"pyvgpu: warning: {e}; using the packaged callbacks", file=sys.stderr)
+        return None
+    if lib.key != key or not lib.tuned or lib.cpu_id != cpu:
+        return None
+    return _describe(lib, "cache")
 
 
-def object_bytes(manifest: dict) -> bytes:
-    """The callback object to load, checked against the manifest's sha256: the loader's one call.
-
-    The bytes hashed are the bytes returned (no second read a file swap could slip into). A mismatch
-    raises CorruptObject, which names the fix."""
-    path = manifest["object_path"]
-    data = _VERIFIED.pop(path, None)
-    if data is None:
-        data = _read_private(Path(path))
-    if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
-        raise CorruptObject(f"the callback object {path} does not match the hash in its manifest (corrupt or "
-                            "changed); run `pyvgpu warmup --force` to rebuild it")
-    return data
+def _packaged(key: str) -> dict | None:
+    path = packaged_path()
+    if not path.exists():
+        return None
+    lib = cblib.load(path)
+    return _describe(lib, "package") if lib.key == key else None
 
 
 def read(directory: Path | None = None, key: str | None = None) -> dict | None:
-    """The manifest of a complete, intact cache entry, or None (missing, stale, or corrupt: then rebuilt).
-
-    Raises PyvgpuError for a cache that others can write: rebuilding there would not help."""
-    directory = directory or cache_dir()
+    """The library a process of this installation uses: this CPU's tuned one in the cache when there is
+    one, else the packaged one; None when none was compiled from these sources."""
+    directory = Path(directory or cache_dir())
     key = key or cache_key()
-    obj, man = paths(directory, key)
-    try:
-        m = json.loads(man.read_text())
-        if m.get("format") != FORMAT or m.get("key") != key or m.get("table_hash") != hooks.table_hash():
-            return None
-        data = _read_private(obj)
-        if m.get("sha256") != hashlib.sha256(data).hexdigest():
-            return None
-    except (OSError, ValueError):
-        return None
-    m["object_path"] = str(obj)
-    _VERIFIED[str(obj)] = data
-    return m
+    return _tuned(directory, key) or _packaged(key)
 
 
 def writable_problem(directory: Path) -> str | None:
     """Why the cache cannot be written there, or None if it can."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as e:
         return f"cannot create {directory}: {e.strerror}"
     if not os.access(directory, os.W_OK | os.X_OK):
@@ -141,117 +150,115 @@ def writable_problem(directory: Path) -> str | None:
     return None
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def ensure(directory: Path | None = None, force: bool = False, workers: int = 1) -> dict:
-    """Return the manifest of the compiled callbacks, compiling them if needed.
-
-    Concurrent processes serialise on a lock file, so a cold start of many
-    wrapped processes compiles once. ``workers`` > 1 compiles in that many
-    processes (the CLI does; a wrapped program compiles in its own process).
-    """
-    directory = directory or cache_dir()
-    key = cache_key()
-    if not force:
-        m = read(directory, key)
-        if m is not None:
-            return m
-    problem = writable_problem(directory)
-    if problem:
-        raise PyvgpuError(
-            f"the callback cache is missing and cannot be written ({problem}); set PYVGPU_CACHE_DIR to a "
-            "writable directory, or run `pyvgpu warmup` once as a user who can write it"
-        )
-    lock_path = directory / ".lock"
-    fd = safefile.open_regular(lock_path, os.O_RDWR | os.O_CREAT, "the callback cache lock",
-                               f"remove {lock_path}", 0o600)
-    with os.fdopen(fd, "a+") as lock:
-        _lock(lock, lock_path)
-        if not force:
-            m = read(directory, key)
-            if m is not None:
-                return m
-        return _build(directory, key, workers)
-
-
-LOCK_WAIT_S = 900.0  # a cold compile takes 10-20 s (2-3 min on 2 cores): a holder past this is stuck
-
-
-def _lock(lock, path: Path, wait_s: float = LOCK_WAIT_S) -> None:
-    """Take the compile lock, waiting at most wait_s (whoever holds it could hold it for ever)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise PyvgpuError(f"the callback cache lock {path} has been held for {wait_s:.0f} s by another "
-                                  "process (a compile takes a few minutes at most); stop it, or set PYVGPU_CACHE_DIR "
-                                  "to a directory of your own") from None
-            time.sleep(0.2)
-        except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP):  # NFS without locks: just build
-                raise
-            return
-
-
 def cli_workers() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
-def _build(directory: Path, key: str, workers: int = 1) -> dict:
-    # numba's own optimisation of each callback is redundant: aot.py optimises the
-    # linked module once (the same machine code, a third less compile time).
-    saved = os.environ.get("NUMBA_OPT")
-    os.environ["NUMBA_OPT"] = "0"  # read by numba at import, here or in the worker processes
+def estimate_seconds(workers: int) -> float:
+    """How long a compile should take here: the package's own build time scaled to ``workers``."""
     try:
-        return _build_now(directory, key, workers)
-    finally:
-        if saved is None:
-            os.environ.pop("NUMBA_OPT", None)
-        else:
-            os.environ["NUMBA_OPT"] = saved
+        facts = json.loads(cblib.info_path(packaged_path()).read_text())
+        cpu_seconds = float(facts["build_seconds"]) * max(1, int(facts["build_workers"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        cpu_seconds = DEFAULT_CPU_SECONDS
+    return cpu_seconds / max(1, workers)
 
 
-def _build_now(directory: Path, key: str, workers: int) -> dict:
-    from pyvgpu.jit import aot  # imports numba: the cold path only
+class _Progress:
+    """Progress of a compile on stderr, with an estimate of the time left."""
 
-    t0 = time.perf_counter()
-    if workers > 1:
-        import sys
+    def __init__(self, workers: int, why: str) -> None:
+        self.t0 = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.shown = 0
+        est = estimate_seconds(workers)
+        print(f"pyvgpu: compiling the callbacks for this CPU ({why}); about {est:.0f} s on {workers} "
+              f"process{'es' if workers > 1 else ''}, once", file=sys.stderr, flush=True)
 
-        print(f"pyvgpu: compiling the callbacks once for this version ({workers} processes)...", file=sys.stderr)
-    obj_bytes, symbols, entries = aot.compile_object(workers)
-    obj, man = paths(directory, key)
-    _atomic_write(obj, obj_bytes)
-    import llvmlite
-    import numba
+    def __call__(self, done: int, total: int) -> None:
+        spent = time.monotonic() - self.t0
+        left = spent / done * (total - done) * 1.15 if done else 0.0  # + linking, about a seventh
+        line = f"pyvgpu: {done}/{total} callbacks compiled, {spent:.0f} s, about {left:.0f} s left"
+        if self.tty:
+            print("\r" + line, end="\n" if done == total else "", file=sys.stderr, flush=True)
+        elif done == total or done * 4 // total > self.shown:  # quarters, when stderr is a log
+            self.shown = done * 4 // total
+            print(line, file=sys.stderr, flush=True)
 
-    m = {
-        "format": FORMAT,
-        "key": key,
-        "table_hash": hooks.table_hash(),
-        "sha256": hashlib.sha256(obj_bytes).hexdigest(),
-        "symbols": symbols,  # callback name -> object symbol
-        "entries": entries,  # ABI name -> callback name
-        "built_with": {"pyvgpu": pyvgpu.__version__, "numba": numba.__version__,
-                       "llvmlite": llvmlite.__version__},
-        "build_seconds": round(time.perf_counter() - t0, 3),
-        "build_workers": workers,
-    }
-    _atomic_write(man, json.dumps(m, indent=1, sort_keys=True).encode())
-    m["object_path"] = str(obj)
-    return m
+
+def _lock(directory: Path):
+    """An exclusive lock on the cache, so that concurrent starts compile once; waits at most LOCK_WAIT_S."""
+    lock_path = directory / ".lock"
+    fd = safefile.open_regular(lock_path, os.O_RDWR | os.O_CREAT, "the callback cache lock", f"remove {lock_path}",
+                               0o600)
+    f = os.fdopen(fd, "a+")
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except OSError as e:
+            if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP):  # NFS without locks: just build
+                return f
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                f.close()
+                raise
+        if time.monotonic() > deadline:
+            f.close()
+            raise PyvgpuError(f"another process has held the callback cache lock {directory / '.lock'} for "
+                              f"{LOCK_WAIT_S} s; if no pyvgpu compile runs, remove that file and try again")
+        time.sleep(0.2)
+
+
+def _compile(directory: Path, key: str, workers: int, why: str, again: bool) -> dict:
+    """Compile the library tuned for this CPU into ``directory`` (unless, with ``again`` False, another
+    process did while this one waited for the lock)."""
+    problem = writable_problem(directory)
+    if problem:
+        raise PyvgpuError(
+            f"no compiled callbacks fit this pyvgpu and the cache cannot be written ({problem}); set "
+            "PYVGPU_CACHE_DIR to a writable directory, or run `pyvgpu warmup` once as a user who can write it"
+        )
+    problem = dir_problem(directory)
+    if problem:
+        raise PyvgpuError(f"the callback cache: {problem}, so another user could put code into your programs; "
+                          "refusing it. Set PYVGPU_CACHE_DIR to a directory of your own (or chmod go-w it)")
+    with _lock(directory):
+        if not again:
+            m = _tuned(directory, key)
+            if m is not None:
+                return m
+        cpu = cpuid.cpu_id()
+        if not cpu:
+            raise PyvgpuError(f"cannot tell this CPU ({cpuid.CPUINFO} is not readable), so a library tuned for "
+                              "it could not be told apart from another CPU's; reinstall pyvgpu, whose package "
+                              "carries callbacks for every CPU of the architecture")
+        cblib.build(tuned_path(directory, key, cpu), key=key, tuned=True, cpu_id=cpu, workers=workers,
+                    progress=_Progress(workers, why))
+        m = _tuned(directory, key)
+        if m is None:
+            raise PyvgpuError(f"the callbacks compiled into {directory} do not load; see the warning above")
+        return m
+
+
+def ensure(directory: Path | None = None, workers: int = 1) -> dict:
+    """The library to use (``read``); when none fits these sources, compile one tuned for this CPU into
+    the cache first. Concurrent processes compile once (a lock on the cache)."""
+    directory = Path(directory or cache_dir())
+    key = cache_key()
+    m = read(directory, key)
+    if m is not None:
+        return m
+    return _compile(directory, key, workers, "none was compiled from these sources", again=False)
+
+
+def warmup(directory: Path | None = None, force: bool = False, workers: int = 1) -> dict:
+    """`pyvgpu warmup`: compile the library tuned for this CPU into the cache, unless it is there already
+    (``force``: compile it again)."""
+    directory = Path(directory or cache_dir())
+    key = cache_key()
+    if not force:
+        m = _tuned(directory, key)
+        if m is not None:
+            return m
+    return _compile(directory, key, workers, "`pyvgpu warmup`", again=force)

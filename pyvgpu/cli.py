@@ -276,14 +276,15 @@ def exporter(
 
 @app.command()
 def warmup(
-    force: bool = typer.Option(False, "--force", help="Compile again even if the cache is valid."),
-    as_json: bool = typer.Option(False, "--json", help="Print the cache manifest as JSON."),
+    force: bool = typer.Option(False, "--force", help="Compile again even if the cache holds a library."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was compiled as JSON."),
     vpmm: bool = typer.Option(False, "--vpmm", help="Also compile VPMM's allocator (numba's cache), which "
                               "`wrap --allocator vpmm` would otherwise compile at its first use (15-25 s)."),
 ) -> None:
-    """Compile the callbacks into the cache now (PYVGPU_CACHE_DIR, else ~/.cache/pyvgpu).
+    """Compile the callbacks tuned for this CPU into the cache (PYVGPU_CACHE_DIR, else ~/.cache/pyvgpu).
 
-    The first wrapped program would otherwise do it (10-20 s, once per pyvgpu version and user).
+    Optional: the package carries callbacks compiled for every CPU of the architecture. A tuned library
+    is used instead when present, by every process on a CPU like this one.
     """
     import time
 
@@ -292,14 +293,14 @@ def warmup(
 
     t0 = time.perf_counter()
     try:
-        m = cache.ensure(force=force, workers=cache.cli_workers())
+        m = cache.warmup(force=force, workers=cache.cli_workers())
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     if as_json:
         typer.echo(json.dumps(m, indent=1, sort_keys=True))
     else:
         took = time.perf_counter() - t0
-        typer.echo(f"callbacks ready: {m['object_path']} ({len(m['symbols'])} callbacks, {took:.2f} s)")
+        typer.echo(f"callbacks ready: {m['library']} ({m['callbacks']} entries, for {m['cpu']}, {took:.2f} s)")
     if vpmm:
         from pyvgpu.jit import vpmm as jit_vpmm
 
@@ -390,15 +391,17 @@ def bench_overhead(
 @bench_app.command("startup")
 def bench_startup(
     runs: int = typer.Option(5, min=1, metavar="N", help="Runs per case."),
+    python: list[str] = typer.Option(None, "--python", metavar="PATH",
+                                     help="Another interpreter to time as a host (repeat the option for more)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
-    """Time to the first CUDA call, raw and wrapped, warm and cold cache, Python and C hosts."""
+    """Time to the first CUDA call per host kind: raw, wrapped, started as a container, with an empty cache."""
     from pyvgpu.bench import startup
     from pyvgpu.errors import PyvgpuError
 
     try:
-        result = startup.run(runs=runs)
+        result = startup.run(runs=runs, pythons=python or [])
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, startup.table(result), as_json, output)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 from dataclasses import asdict, dataclass
 
-from pyvgpu import cache, hooks, pyinfo, shim
+from pyvgpu import cache, hooks, shim
+
+DRIVER_FIX = "install the NVIDIA driver, or put its directory on LD_LIBRARY_PATH"
 
 
 @dataclass
@@ -38,8 +39,7 @@ def _driver() -> Check:
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError as e:
-        return Check("CUDA driver found", False, f"libcuda.so.1 does not load: {e}",
-                     "install the NVIDIA driver, or put its directory on LD_LIBRARY_PATH")
+        return Check("CUDA driver found", False, f"libcuda.so.1 does not load: {e}", DRIVER_FIX)
     v = ctypes.c_int(0)
     rc = lib.cuDriverGetVersion(ctypes.byref(v))
     if rc != 0:
@@ -60,36 +60,25 @@ def _nvml() -> Check:
     return Check("NVML found", True, "libnvidia-ml.so.1 initialises")
 
 
-def _libpython() -> Check:
-    lib = pyinfo.libpython()
-    if not lib:
-        return Check("libpython embeddable", False, "this Python has no shared libpython",
-                     "use a Python built with --enable-shared (distribution Pythons are), else non-Python "
-                     "programs cannot be wrapped (PYVGPU_ON_ERROR=open runs them unlimited)")
-    m = re.match(r"libpython(\d+)\.(\d+)", os.path.basename(lib))
-    home = pyinfo.python_home()
-    stdlib = os.path.join(home, "lib", f"python{m.group(1)}.{m.group(2)}", "os.py") if m else ""
-    if not m or not os.path.exists(stdlib):
-        return Check("libpython embeddable", False, f"{lib}: no standard library at {stdlib or home}",
-                     "reinstall Python, or set PYVGPU_PYTHON_HOME to its sys.base_prefix")
-    return Check("libpython embeddable", True, f"{lib}, home {home}")
-
-
 def _cache() -> Check:
     from pyvgpu.errors import PyvgpuError
 
     d = cache.cache_dir()
     try:
-        warm = cache.read(d) is not None
-    except PyvgpuError as e:  # a cache other users can write
-        return Check("callback cache", False, str(e), "set PYVGPU_CACHE_DIR to a directory of your own")
+        m = cache.read(d)
+    except PyvgpuError as e:
+        return Check("compiled callbacks", False, str(e), "reinstall pyvgpu (pip install compiles them)")
+    if m is not None:
+        kind = f"tuned for this CPU ({m['cpu']})" if m["tuned"] else f"for any {m['cpu']} CPU"
+        return Check("compiled callbacks", True, f"{m['library']}, {kind}")
     problem = cache.writable_problem(d)
-    if problem and not warm:
-        return Check("callback cache", False, problem,
-                     "set PYVGPU_CACHE_DIR to a writable directory, or run `pyvgpu warmup` as a user who can")
-    state = "compiled" if warm else "empty (the first wrap compiles, 10-20 s once; `pyvgpu warmup` does it now)"
-    ro = ", read-only" if problem else ", writable"
-    return Check("callback cache", True, f"{d}{ro}, {state}")
+    if problem:
+        return Check("compiled callbacks", False, f"none fits this pyvgpu's sources, and {problem}",
+                     "reinstall pyvgpu (pip install compiles them), or set PYVGPU_CACHE_DIR to a writable "
+                     "directory")
+    est = cache.estimate_seconds(cache.cli_workers())
+    return Check("compiled callbacks", True, f"none fits this pyvgpu's sources: the first wrap compiles them "
+                 f"into {d} (about {est:.0f} s, once); `pyvgpu warmup` does it now")
 
 
 def _runtime() -> Check:
@@ -125,7 +114,7 @@ def _turns() -> Check:
 
 
 def run_checks() -> list[Check]:
-    return [_shim(), _driver(), _nvml(), _libpython(), _cache(), _runtime(), _turns()]
+    return [_shim(), _driver(), _nvml(), _cache(), _runtime(), _turns()]
 
 
 def as_json(checks: list[Check]) -> list[dict]:

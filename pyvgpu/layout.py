@@ -233,3 +233,29 @@ DEFAULT_SLOTS = 1024
 
 def region_size(n_slots: int) -> int:
     return REGION_SLOTS_OFF + n_slots * REGION_SLOT.size
+
+
+# The callback library (pyvgpu/cblib.py): numba's compiled callbacks linked into a shared object that
+# exports one symbol, CBLIB_SYMBOL, of this layout. The shim dlopens the library and takes every
+# callback and service address from it, with no interpreter in the process.
+CBLIB_SYMBOL = "pyvgpu_callbacks"
+CBLIB_MAGIC = int.from_bytes(b"PVCBLIB1", "little")
+CBLIB_FORMAT = 1
+CBLIB_TEXT_BYTES = 32
+CBLIB = Struct(
+    "pv_cblib",
+    [
+        Field("magic", "u64", doc="CBLIB_MAGIC"),
+        Field("format", "u32", doc="CBLIB_FORMAT"),
+        Field("n_entries", "u32", doc="hook entries it was compiled for (N_ENTRIES)"),
+        Field("n_services", "u32", doc="services (hooks.SERVICES)"),
+        Field("tuned", "u32", doc="0: for any CPU of the architecture; 1: for the CPU cpu_id names only"),
+        Field("cpu_id", "u64", doc="pyvgpu.cpuid.cpu_id() of the CPU it was tuned for; 0 when portable"),
+        Field("table_hash", "u8", CBLIB_TEXT_BYTES, doc="hooks.table_hash(), NUL-terminated"),
+        Field("key", "u8", CBLIB_TEXT_BYTES, doc="pyvgpu.cache.cache_key() of its sources, NUL-terminated"),
+        Field("cpu", "u8", 64, doc="the CPU LLVM compiled for, NUL-terminated"),
+        Field("entries", "u64", N_ENTRIES, doc="callback address per hook entry; 0 for entries implemented in C"),
+        Field("services", "u64", len(hooks.SERVICES), doc="address per service, in hooks.SERVICES order"),
+    ],
+    doc="the table a callback library exports (pyvgpu/cblib.py)",
+)

@@ -24,10 +24,17 @@ def prototype(service: hooks.Service) -> type:
 
 
 @functools.cache
-def _services() -> dict[str, ctypes._CFuncPtr]:
-    from pyvgpu import bootstrap, cache
+def _library():
+    """The callback library (kept loaded: the services' code lives in it)."""
+    from pathlib import Path
 
-    addrs = bootstrap.load(cache.ensure())[1]
+    from pyvgpu import cache, cblib
+
+    return cblib.load(Path(cache.ensure()["library"]))
+
+
+def _services() -> dict[str, ctypes._CFuncPtr]:
+    addrs = _library().services
     return {s.name: prototype(s)(addrs[s.name]) for s in hooks.SERVICES}
 
 

@@ -17,21 +17,24 @@ def shim_path() -> Path:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    lib.pyvgpu_install.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint32, ctypes.c_char_p,
-                                   ctypes.c_char_p]
-    lib.pyvgpu_install.restype = ctypes.c_int
     lib.pyvgpu_installed.restype = ctypes.c_int
-    lib.pyvgpu_booting.restype = ctypes.c_int
     lib.pyvgpu_table_hash.restype = ctypes.c_char_p
     lib.pyvgpu_boot_mode.restype = ctypes.c_char_p
+    lib.pyvgpu_callbacks_path.restype = ctypes.c_char_p
     lib.pyvgpu_last_error.restype = ctypes.c_char_p
-    lib.pyvgpu_set_error.argtypes = [ctypes.c_char_p]
-    lib.pyvgpu_set_error.restype = None
     lib.pyvgpu_ctx.restype = ctypes.c_void_p
-    lib.pyvgpu_set_service.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
-    lib.pyvgpu_set_service.restype = ctypes.c_int
     lib.pyvgpu_lookups.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.pyvgpu_lookups.restype = ctypes.c_uint64
+    # the environment grammar in C (shim/src/pv_env.c), for tests/test_sizes.py
+    lib.pyvgpu_parse_size.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64),
+                                      ctypes.c_char_p, ctypes.c_size_t]
+    lib.pyvgpu_parse_percent.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint32),
+                                         ctypes.c_char_p, ctypes.c_size_t]
+    lib.pyvgpu_read_env.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_uint64),
+                                    ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                                    ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_size_t]
+    lib.pyvgpu_cpu_id_of.argtypes = [ctypes.c_char_p]
+    lib.pyvgpu_cpu_id_of.restype = ctypes.c_uint64
     return lib
 
 
@@ -39,7 +42,7 @@ def loaded() -> ctypes.CDLL | None:
     """The shim preloaded into this process, or None when it is not there."""
     lib = ctypes.CDLL(None)
     try:
-        lib.pyvgpu_install  # noqa: B018
+        lib.pyvgpu_ctx  # noqa: B018
     except AttributeError:
         return None
     return _declare(lib)
@@ -58,7 +61,7 @@ def loaded_path() -> Path | None:
         return None
     libc = ctypes.CDLL(None)
     info = _DlInfo()
-    if not libc.dladdr(ctypes.cast(lib.pyvgpu_install, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
+    if not libc.dladdr(ctypes.cast(lib.pyvgpu_ctx, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
         return None
     return Path(os.fsdecode(info.dli_fname))
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pyvgpu import cache, devices, mps, pyinfo, region, sched
+from pyvgpu import cache, devices, mps, region, sched
 from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BOOT_DIR, shim_path
@@ -28,8 +28,11 @@ def _prepend(item: str, current: str | None, sep: str) -> str:
 def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: str | None = None,
               memory: str | None = None, sm: str | None = None, group: str | None = None,
               region_path: str | None = None, devices: str | None = None, allocator: str | None = None,
-              join: bool = True, mode: str | None = None) -> dict[str, str]:
-    """The wrapped program's environment: ``base`` plus the shim, the bootstrap and its group."""
+              join: bool = True, mode: str | None = None, callbacks: str | None = None) -> dict[str, str]:
+    """The wrapped program's environment: ``base`` plus the shim, its callbacks and its group.
+
+    ``callbacks``: the callback library to name (default: the one pyvgpu.cache chooses, compiling it
+    first if none fits, with progress on stderr)."""
     shim = shim_path()
     if not shim.exists():
         raise PyvgpuError(f"the shim {shim} is missing; reinstall pyvgpu (pip install builds it with gcc)")
@@ -39,14 +42,10 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
     # LD_PRELOAD may be separated by spaces or colons; keep the user's entries after ours.
     user_preload = " ".join(env.get("LD_PRELOAD", "").replace(":", " ").split())
     env["LD_PRELOAD"] = _prepend(str(shim), user_preload, " ")
-    env["PYTHONPATH"] = _prepend(str(BOOT_DIR), env.get("PYTHONPATH"), os.pathsep)
-    # What the shim needs to embed this interpreter into a non-Python program
-    # (a user's own setting wins: it is how to point at another libpython).
-    env["PYVGPU_PYTHON"] = sys.executable
-    env.setdefault("PYVGPU_LIBPYTHON", pyinfo.libpython())
-    env.setdefault("PYVGPU_PYTHON_HOME", pyinfo.python_home())
-    env["PYVGPU_SYSPATH"] = os.pathsep.join(pyinfo.import_path())
-    env["PYVGPU_CACHE_DIR"] = str(cache.cache_dir())
+    # The compiled callbacks this pyvgpu chose (the shim would choose alike, except in a source tree
+    # edited since its build, whose callbacks only the cache has). A user's own setting wins.
+    if not env.get("PYVGPU_CALLBACKS"):
+        env["PYVGPU_CALLBACKS"] = callbacks or cache.ensure(workers=cache.cli_workers())["library"]
     if stats:
         env["PYVGPU_STATS"] = stats
     if on_error:
@@ -57,6 +56,8 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
         if allocator not in ALLOCATORS:
             raise PyvgpuError(f"--allocator {allocator!r} is not one of {', '.join(ALLOCATORS)}")
         env["PYVGPU_ALLOCATOR"] = allocator
+    if env.get("PYVGPU_ALLOCATOR") == "vpmm":  # the startup hook makes VPMM PyTorch's allocator
+        env["PYTHONPATH"] = _prepend(str(BOOT_DIR), env.get("PYTHONPATH"), os.pathsep)
     lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
     lim.sm_batch_ns(env)
     sched.enabled(env)
@@ -204,13 +205,31 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
     return path
 
 
+def driver_problem(env: Mapping[str, str]) -> str | None:
+    """Why the CUDA driver does not load here, or None. Only loaded, never initialised (that is the program's)."""
+    import ctypes
+
+    name = env.get("PYVGPU_REAL_LIBCUDA") or "libcuda.so.1"
+    try:
+        ctypes.CDLL(name, mode=os.RTLD_LAZY | os.RTLD_LOCAL)
+    except OSError as e:
+        return f"{name} does not load: {e}"
+    return None
+
+
 def exec_wrapped(command: Sequence[str], env: Mapping[str, str]) -> None:
-    """Compile the callbacks if needed, then replace this process with ``command``."""
+    """Replace this process with ``command``; say so in one line first when there is no CUDA driver (the
+    program may not need a GPU, so it runs anyway)."""
     if not command:
         raise PyvgpuError("no program given: use `pyvgpu wrap [OPTIONS] -- PROGRAM [ARGS...]`")
     if shutil.which(command[0], path=env.get("PATH")) is None and not os.path.exists(command[0]):
         raise PyvgpuError(f"program not found: {command[0]!r} (not a file, and not on PATH)")
-    cache.ensure(workers=cache.cli_workers())  # a cold compile happens here, once, not in the program
+    problem = driver_problem(env)
+    if problem:
+        from pyvgpu.doctor import DRIVER_FIX
+
+        print(f"pyvgpu: no CUDA driver ({problem}); the program runs without a GPU. Fix: {DRIVER_FIX} "
+              "(`pyvgpu doctor` checks it)", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(command[0], list(command), dict(env))

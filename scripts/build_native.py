@@ -2,13 +2,22 @@
 
     python scripts/build_native.py [OUT_PACKAGE_DIR]
 
-Writes OUT/libpyvgpu.so (the LD_PRELOAD shim) and OUT/bin/pv_bench (the
-benchmark and startup probe). OUT defaults to ./pyvgpu, for working in
-the source tree; setup.py calls build() with the wheel's package dir.
+Writes into OUT (default ./pyvgpu, for working in the source tree; setup.py
+calls build() with the wheel's package dir):
 
-The shim records the Python it was built with (libpython, sys.base_prefix,
-sys.executable) so that a non-Python program can embed that interpreter
-when it runs under LD_PRELOAD without `pyvgpu wrap`.
+* libpyvgpu.so, the LD_PRELOAD shim;
+* libpyvgpu_callbacks.so (+ .so.sha256, its hash; + .json, its build facts), the callbacks compiled
+  by numba for the baseline CPU of this architecture (pyvgpu/cblib.py), which
+  the shim loads with no interpreter;
+* bin/pv_bench, the benchmark and startup probe.
+
+Nothing of this machine goes into them: sources are compiled by relative
+name with debug paths mapped to ".", and no interpreter path is recorded.
+
+A compile of the callbacks takes minutes on a small machine. When the user's
+cache (pyvgpu.cache.cache_dir()/build) holds a library compiled from the same
+sources by the same numba and llvmlite, it is copied instead; PYVGPU_BUILD_CACHE=0
+turns that off.
 """
 
 from __future__ import annotations
@@ -21,43 +30,90 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pyvgpu.pyinfo import libpython  # noqa: E402
 
 SHIM_SOURCES = sorted((ROOT / "shim" / "src").glob("*.c")) + [ROOT / "shim" / "generated" / "pv_hooks.c"]
 BENCH_SOURCE = ROOT / "pyvgpu" / "bench" / "pv_bench.c"
 
 
-def _c_string(value: str, what: str) -> str:
-    if any(c in value for c in '"\\\n'):
-        raise SystemExit(f"build_native: {what} {value!r} contains a quote, backslash or newline; "
-                         "install pyvgpu from a path without them")
-    return f'"{value}"'
+def _rel(p: Path) -> str:
+    return str(p.relative_to(ROOT))
 
 
-def _cc() -> str:
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        raise SystemExit("build_native: no C compiler found; install gcc (the shim is C) and retry")
-    return cc
+def build_shim(out: Path, cc: str) -> list[Path]:
+    (out / "bin").mkdir(parents=True, exist_ok=True)
+    shim = out / "libpyvgpu.so"
+    # relative source names and the prefix map keep the build directory out of __FILE__ and debug info
+    common = ["-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter", "-std=gnu11", f"-ffile-prefix-map={ROOT}=."]
+    cmd = [cc, *common, "-fPIC", "-fexceptions", "-shared", "-fvisibility=hidden",
+           "-Wl,-Bsymbolic-functions", "-Wl,-z,noexecstack", "-o", str(shim), *map(_rel, SHIM_SOURCES), "-ldl",
+           "-lpthread"]
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    bench = out / "bin" / "pv_bench"
+    subprocess.run([cc, *common, "-o", str(bench), _rel(BENCH_SOURCE), "-ldl", "-lpthread"], check=True, cwd=ROOT)
+    return [shim, bench]
+
+
+def _build_cache_path(key: str) -> Path | None:
+    if os.environ.get("PYVGPU_BUILD_CACHE", "1") == "0":
+        return None
+    import llvmlite
+    import numba
+
+    from pyvgpu import cache
+
+    versions = f"numba{numba.__version__}-llvmlite{llvmlite.__version__}"
+    return cache.cache_dir() / "build" / f"callbacks-{key}-portable-{versions}.so"
+
+
+def build_callbacks(out: Path) -> Path:
+    """The callbacks for this architecture's baseline CPU, as out/libpyvgpu_callbacks.so."""
+    from pyvgpu import cache, cblib
+    from pyvgpu.errors import PyvgpuError
+
+    lib = out / cblib.FILE_NAME
+    key = cache.cache_key()
+    saved = _build_cache_path(key)
+    if saved is not None and saved.exists() and cblib.info_path(saved).exists():
+        try:
+            got = cblib.load(saved)
+            if got.key == key and not got.tuned:
+                for src, dst, mode in ((saved, lib, 0o755), (cblib.info_path(saved), cblib.info_path(lib), 0o644),
+                                       (cblib.hash_path(saved), cblib.hash_path(lib), 0o644)):
+                    shutil.copyfile(src, dst)
+                    os.chmod(dst, mode)
+                print(f"build_native: callbacks {key} from the build cache {saved}", file=sys.stderr)
+                return lib
+        except PyvgpuError as e:
+            print(f"build_native: not using {saved}: {e}", file=sys.stderr)
+    workers = cache.cli_workers()
+    print(f"build_native: compiling the callbacks {key} for any {os.uname().machine} CPU "
+          f"({workers} processes; minutes on a small machine)", file=sys.stderr, flush=True)
+
+    def progress(done: int, total: int) -> None:
+        print(f"build_native: {done}/{total} callbacks compiled", file=sys.stderr, flush=True)
+
+    facts = cblib.build(lib, key=key, tuned=False, workers=workers, progress=progress)
+    print(f"build_native: callbacks compiled in {facts['build_seconds']:.1f} s", file=sys.stderr)
+    if saved is not None:
+        try:  # best effort: a later build of the same sources copies it
+            saved.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for src, dst, mode in ((cblib.info_path(lib), cblib.info_path(saved), 0o600),
+                                   (cblib.hash_path(lib), cblib.hash_path(saved), 0o600), (lib, saved, 0o700)):
+                part = dst.with_name(f".{dst.name}.{os.getpid()}")
+                shutil.copyfile(src, part)
+                os.chmod(part, mode)
+                os.replace(part, dst)
+        except OSError as e:
+            print(f"build_native: cannot keep the callbacks in {saved.parent} ({e.strerror})", file=sys.stderr)
+    return lib
 
 
 def build(out: Path) -> list[Path]:
+    from pyvgpu import cblib
+
     out = Path(out)
-    (out / "bin").mkdir(parents=True, exist_ok=True)
-    cc = _cc()
-    shim = out / "libpyvgpu.so"
-    defines = [
-        f"-DPV_BUILD_LIBPYTHON={_c_string(libpython(), 'libpython path')}",
-        f"-DPV_BUILD_PYTHON_HOME={_c_string(sys.base_prefix, 'sys.base_prefix')}",
-        f"-DPV_BUILD_PYTHON={_c_string(sys.executable, 'sys.executable')}",
-    ]
-    common = ["-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter", "-std=gnu11"]
-    cmd = [cc, *common, "-fPIC", "-fexceptions", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions",
-           *defines, "-o", str(shim), *map(str, SHIM_SOURCES), "-ldl", "-lpthread"]
-    subprocess.run(cmd, check=True)
-    bench = out / "bin" / "pv_bench"
-    subprocess.run([cc, *common, "-o", str(bench), str(BENCH_SOURCE), "-ldl", "-lpthread"], check=True)
-    return [shim, bench]
+    cc = cblib.compiler()
+    return [*build_shim(out, cc), build_callbacks(out)]
 
 
 if __name__ == "__main__":

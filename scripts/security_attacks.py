@@ -313,18 +313,20 @@ def other_attacks(lab: Lab) -> dict:
     out["--stats-file through a link"] = r
 
     d = lab.sticky()
-    shutil.copytree(cache.cache_dir(), d / "c")
-    m = cache.read(d / "c")
-    obj = Path(m["object_path"])
-    data = bytearray(obj.read_bytes())
+    from pyvgpu import cblib
+
+    lib = d / "c" / cblib.FILE_NAME
+    lib.parent.mkdir()
+    shutil.copy(cache.packaged_path(), lib)
+    shutil.copy(cblib.hash_path(cache.packaged_path()), cblib.hash_path(lib))
+    data = bytearray(lib.read_bytes())
     for i in range(64, len(data), 97):
         data[i] ^= 0x5A
-    obj.write_bytes(bytes(data))
-    code = (f"import json\nfrom pyvgpu import bootstrap\nbootstrap.load(json.loads({json.dumps(json.dumps(m))}))\n"
-            "print('loaded')")
-    p = subprocess.run([sys.executable, "-c", code], env=lab.env, capture_output=True, text=True, timeout=120,
+    lib.write_bytes(bytes(data))
+    p = subprocess.run([*PY, "wrap", "--memory", "64M", "--", str(lab.fake / "host_linked")],
+                       env=dict(lab.env, PYVGPU_CALLBACKS=str(lib)), capture_output=True, text=True, timeout=120,
                        cwd=str(d))
-    out["corrupt callback object, manifest unchanged"] = {
+    out["corrupt callback library, hash file unchanged"] = {
         "exit": p.returncode, "says": (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or [""])[-1]}
 
     view = ("import ctypes\nc=ctypes.CDLL('libcuda.so.1')\nc.cuInit(0)\nd,x=ctypes.c_int(),ctypes.c_void_p()\n"

@@ -58,3 +58,20 @@ def env(fake, cache_dir, tmp_path) -> dict[str, str]:
     checks the floor itself)."""
     return clean_env(LD_LIBRARY_PATH=str(fake), PYVGPU_CACHE_DIR=str(cache_dir),
                      PYVGPU_SCHED=str(tmp_path / "turns"), PYVGPU_MIN_MEMORY="1M")
+
+
+@pytest.fixture(scope="session")
+def tuned_cache(tmp_path_factory, fake) -> Path:
+    """A cache holding a library tuned for this CPU, compiled once per session by `pyvgpu warmup` (minutes on
+    a 2-core machine: the only compile of the suite). Tests copy it before changing anything."""
+    import json
+
+    from helpers import PYVGPU, run
+
+    d = tmp_path_factory.mktemp("tuned") / "cache"
+    p = run([*PYVGPU, "warmup", "--json"], env=clean_env(PYVGPU_CACHE_DIR=str(d)), timeout=1800)
+    assert p.returncode == 0, p.stderr
+    (d.parent / "warmup.json").write_text(p.stdout)  # what it printed, for tests/test_cli.py
+    (d.parent / "warmup.stderr").write_text(p.stderr)
+    assert json.loads(p.stdout)["library"].startswith(str(d))
+    return d

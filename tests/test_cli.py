@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import PYVGPU, run
@@ -32,8 +33,8 @@ def test_doctor_on_the_fake_driver(env):
     assert checks["shim built"]["ok"]
     assert checks["CUDA driver found"]["ok"] and "CUDA 13.0" in checks["CUDA driver found"]["detail"]
     assert checks["NVML found"]["ok"]
-    assert checks["libpython embeddable"]["ok"]
-    assert checks["callback cache"]["ok"] and "compiled" in checks["callback cache"]["detail"]
+    assert "libpython embeddable" not in checks  # nothing embeds an interpreter any more
+    assert checks["compiled callbacks"]["ok"] and "libpyvgpu_callbacks.so" in checks["compiled callbacks"]["detail"]
     assert p.returncode == 0
 
 
@@ -44,14 +45,44 @@ def test_doctor_without_a_driver(env):
     assert "[FAIL] CUDA driver found" in p.stdout and "fix:" in p.stdout
 
 
-def test_warmup_compiles_into_the_given_dir(env, tmp_path):
-    env["PYVGPU_CACHE_DIR"] = str(tmp_path)
-    # a cold compile: ~3 min on an idle 2-core box, several times that on a loaded one
-    p = run([*PYVGPU, "warmup", "--json"], env=env, timeout=1800)
-    assert p.returncode == 0, p.stderr
-    m = json.loads(p.stdout)
-    assert m["object_path"].startswith(str(tmp_path))
-    assert set(m["entries"]) == {e.abi for e in hooks.ENTRIES if e.policy}
+def test_wrap_without_a_driver_says_so_in_one_line_and_runs_the_program(env):
+    env["LD_LIBRARY_PATH"] = "/nonexistent"
+    p = run([*PYVGPU, "wrap", "--", sys.executable, "-c", "print('ran')"], env=env)
+    assert p.returncode == 0 and p.stdout == "ran\n", p.stderr
+    (line,) = p.stderr.splitlines()
+    assert line.startswith("pyvgpu: no CUDA driver (libcuda.so.1 does not load")
+    assert "the program runs without a GPU. Fix: install the NVIDIA driver, or put its directory on " \
+           "LD_LIBRARY_PATH (`pyvgpu doctor` checks it)" in line
+    env["LD_LIBRARY_PATH"] = str(Path(env["PYVGPU_SCHED"]).parent)  # a directory without a driver, not missing
+    p = run([*PYVGPU, "wrap", "--", sys.executable, "-c", "print('ran')"], env=env)
+    assert p.returncode == 0 and p.stdout == "ran\n" and len(p.stderr.splitlines()) == 1
+
+
+def test_the_first_wrap_compiles_nothing(env, tmp_path):
+    """An empty user cache: the packaged callbacks serve the first program at once."""
+    env["PYVGPU_CACHE_DIR"] = str(tmp_path / "new-user-cache")
+    p = run([*PYVGPU, "wrap", "--memory", "4M", "--", sys.executable, "-c", "print('ran')"], env=env)
+    assert p.returncode == 0 and p.stdout == "ran\n", p.stderr
+    assert p.stderr == ""
+    assert not (tmp_path / "new-user-cache").exists()
+
+
+def test_warmup_compiles_for_this_cpu_into_the_given_dir(env, tuned_cache):
+    """`pyvgpu warmup` (run once by the tuned_cache fixture) compiles with progress and an estimate."""
+    import llvmlite.binding as llvm
+
+    from pyvgpu import cpuid
+
+    m = json.loads((tuned_cache.parent / "warmup.json").read_text())
+    assert m["library"].startswith(str(tuned_cache)) and m["origin"] == "cache"
+    assert m["tuned"] and m["cpu"] == llvm.get_host_cpu_name() and m["cpu_id"] == f"{cpuid.cpu_id():016x}"
+    assert m["callbacks"] == sum(1 for e in hooks.ENTRIES if e.policy)
+    err = (tuned_cache.parent / "warmup.stderr").read_text()
+    assert "compiling the callbacks for this CPU (`pyvgpu warmup`); about" in err
+    assert "callbacks compiled" in err and "s left" in err
+    env["PYVGPU_CACHE_DIR"] = str(tuned_cache)
+    p = run([*PYVGPU, "warmup", "--json"], env=env)  # there already: nothing compiled
+    assert p.returncode == 0 and json.loads(p.stdout) == m and "compiling" not in p.stderr
 
 
 def test_bench_overhead_runs_on_the_fake(env, tmp_path):

@@ -8,7 +8,7 @@ import textwrap
 
 from helpers import PYVGPU, calls, lookups, run, wrapped
 
-from pyvgpu import hooks
+from pyvgpu import cache, hooks
 from pyvgpu.shim import shim_path
 
 PY_HOST = textwrap.dedent("""
@@ -35,13 +35,13 @@ def fake_calls(tmp_path, pattern="fake.*"):
     return out
 
 
-def test_python_host_installs_at_startup_and_counts(env, tmp_path):
+def test_python_host_loads_the_callbacks_natively_and_counts(env, tmp_path):
     env["FAKECUDA_STATS"] = str(tmp_path / "fake")
     p, stats = wrapped([sys.executable, "-c", PY_HOST], env, tmp_path / "s")
     assert p.returncode == 0, p.stderr
     assert "PYOK" in p.stdout
     (s,) = stats
-    assert s["bootstrap"] == "startup"
+    assert s["bootstrap"] == "native" and s["callbacks"] == cache.read()["library"]
     assert calls(s, "cuInit") == 1
     assert calls(s, "cuMemAlloc_v2") == 7 and calls(s, "cuMemFree_v2") == 7
     assert lookups(s, "cuMemAlloc_v2", "dlsym") == 1  # ctypes resolves through dlsym
@@ -49,22 +49,24 @@ def test_python_host_installs_at_startup_and_counts(env, tmp_path):
     assert fk["cuMemAlloc_v2"] == 7 and fk["cuMemFree_v2"] == 7  # and the calls reached the driver
 
 
-def test_python_without_startup_hook_uses_first_call_fallback(env, tmp_path):
-    # -I ignores PYTHONPATH, so the startup hook does not run; the shim installs under the GIL.
-    p, stats = wrapped([sys.executable, "-I", "-c", PY_HOST], env, tmp_path)
+def test_python_in_isolated_mode_is_served_alike(env, tmp_path):
+    # -I ignores PYTHONPATH and the user's site: nothing of pyvgpu's Python is there to help, none is needed.
+    code = "import sys\ntry:\n    import pyvgpu\nexcept ImportError:\n    print('NO-PYVGPU')\n" + PY_HOST
+    p, stats = wrapped([sys.executable, "-I", "-S", "-c", code], env, tmp_path)
     assert p.returncode == 0, p.stderr
+    assert "NO-PYVGPU" in p.stdout and "PYOK" in p.stdout
     (s,) = stats
-    assert s["bootstrap"] == "first-call"
+    assert s["bootstrap"] == "native"
     assert calls(s, "cuMemAlloc_v2") == 7
 
 
-def test_c_host_linked_embeds_python(env, fake, tmp_path):
+def test_c_host_linked_loads_the_callbacks_natively(env, fake, tmp_path):
     env["FAKECUDA_STATS"] = str(tmp_path / "fake")
     p, stats = wrapped([str(fake / "host_linked")], env, tmp_path / "s")
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.startswith("OK")
     (s,) = stats
-    assert s["bootstrap"] == "embedded"
+    assert s["bootstrap"] == "native"
     expect = {"cuInit": 1, "cuDeviceGetCount": 1, "cuDeviceTotalMem_v2": 1, "cuMemAlloc_v2": 3,
               "cuMemFree_v2": 3, "cuMemGetInfo_v2": 1, "cuLaunchKernel": 5, "cuLaunchKernel_ptsz": 2,
               "cuLaunchKernelEx": 1, "cuLaunchKernelEx_ptsz": 1, "nvmlInit_v2": 1, "nvmlDeviceGetMemoryInfo": 1}
@@ -79,7 +81,7 @@ def test_c_host_through_cuGetProcAddress(env, fake, tmp_path):
     # hooked names come back as hooks, others untouched
     assert "alloc=libpyvgpu.so launch=libpyvgpu.so launch_pt=libpyvgpu.so setcur=libcuda.so.1" in p.stdout
     (s,) = stats
-    assert s["bootstrap"] == "embedded" and s["procaddr_mismatches"] == 0
+    assert s["bootstrap"] == "native" and s["procaddr_mismatches"] == 0
     assert lookups(s, "cuGetProcAddress_v2", "dlsym") == 1
     assert calls(s, "cuMemAlloc_v2") == 4 and lookups(s, "cuMemAlloc_v2", "procaddr") == 1
     assert calls(s, "cuLaunchKernel") == 6 and calls(s, "cuLaunchKernel_ptsz") == 3
@@ -161,21 +163,23 @@ def test_forked_child_counts_its_own_calls(env, tmp_path):
 def test_stats_on_stderr(env):
     p = run([*PYVGPU, "wrap", "--stats", "--", sys.executable, "-c", PY_HOST], env=env)
     assert p.returncode == 0
-    assert "pyvgpu stats: pid" in p.stderr and "bootstrap startup" in p.stderr
+    assert "pyvgpu stats: pid" in p.stderr and "bootstrap native" in p.stderr
     line = next(x for x in p.stderr.splitlines() if x.strip().startswith("cuMemAlloc_v2"))
     assert line.split()[1] == "7"
 
 
 def test_bare_ld_preload_without_wrap(env, fake, tmp_path):
-    """HAMi's device plugin sets LD_PRELOAD itself: the shim finds its Python alone."""
+    """HAMi's device plugin sets LD_PRELOAD itself: the shim finds its callbacks alone."""
     bare = {k: v for k, v in env.items()}
     bare["LD_PRELOAD"] = str(shim_path())
     bare["PYVGPU_STATS"] = str(tmp_path / "stats-%p.json")
+    bare["PYVGPU_CACHE_DIR"] = str(tmp_path / "empty-cache")  # no tuned library: the packaged one
     p = run([str(fake / "host_linked")], env=bare)
     assert p.returncode == 0, p.stdout + p.stderr
     p = run([sys.executable, "-c", PY_HOST], env=bare)
     assert p.returncode == 0, p.stderr
     from helpers import read_stats
 
-    modes = sorted(s["bootstrap"] for s in read_stats(tmp_path))
-    assert modes == ["embedded", "first-call"]
+    stats = read_stats(tmp_path)
+    assert [s["bootstrap"] for s in stats] == ["native", "native"]
+    assert {s["callbacks"] for s in stats} == {str(shim_path().parent / "libpyvgpu_callbacks.so")}

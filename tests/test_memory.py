@@ -445,7 +445,8 @@ def test_status_json_schema(env, fake, tmp_path):
     try:
         g = status(env, reg)
         assert set(g) == {"name", "path", "created_ns", "sm_switch", "reclaimed_now", "n_physical", "gpus", "devices",
-                          "processes", "events"}
+                          "processes", "events", "mode", "mps_active_threads"}
+        assert g["mode"] == "hami-core" and g["mps_active_threads"] is None
         assert g["n_physical"] == 2  # the fake machine's devices, as NVML told `pyvgpu wrap`
         dev = g["devices"][0]
         sm = dev.pop("sm")

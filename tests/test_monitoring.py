@@ -214,8 +214,9 @@ def test_status_json_has_events_launches_and_group_devices(env, tmp_path):
     try:
         m("alloc 100000000")  # refused: an OOM event
         g = status(env, reg)
-        assert set(g) == {"name", "path", "created_ns", "sm_switch", "reclaimed_now", "n_physical", "gpus",
-                          "devices", "processes", "events"}
+        assert set(g) == {"name", "path", "created_ns", "mode", "mps_active_threads", "sm_switch", "reclaimed_now",
+                          "n_physical", "gpus", "devices", "processes", "events"}
+        assert g["mode"] == "hami-core" and g["mps_active_threads"] is None
         assert g["gpus"] is None  # no --devices: as CUDA sees them
         (pr,) = g["processes"]
         assert pr["launches"] == 0 and pr["oom_refusals"] == 1
@@ -494,7 +495,8 @@ def test_top_fits_80_columns():
         return {"limit_percent": limit, "enforced": True, "utilization_percent": 97.0,
                 "group_utilization_percent": 31.0, "controller": "x", "scale": 1.0, "throttled_s": 12345.6}
 
-    g = {"name": "team-a", "path": "/x", "gpus": [{"index": 0, "nvml_index": 15, "uuid": fake_uuid(15)}],
+    g = {"name": "team-a", "path": "/x", "mode": "hami-core",
+         "gpus": [{"index": 0, "nvml_index": 15, "uuid": fake_uuid(15)}],
          "devices": [{"index": 0, "limit": 15 << 30, "used": 1023 << 20, "oom_refusals": 12345, "sm": sm(30)},
                      {"index": 1, "limit": None, "used": 3 << 20, "oom_refusals": 0, "sm": sm(None)}],
          "processes": [{"slot": 0, "pid": 4194304, "alive": False, "launches": 10**9, "oom_refusals": 3,

@@ -266,51 +266,60 @@ def test_stats_file_at_a_fifo_or_of_another_user_is_not_written(env, fake, stick
     assert "another user" in p.stderr and theirs.read_text() == "", p.stderr
 
 
-def _copy_cache(cache_dir: Path, to: Path) -> dict:
-    shutil.copytree(cache_dir, to)
-    m = cache.read(to)
-    assert m is not None
-    return m
+def _copy_library(to: Path, name: str = "libpyvgpu_callbacks.so") -> Path:
+    """A copy of the packaged callback library and its hash file."""
+    from pyvgpu import cblib
+
+    to.mkdir(parents=True, exist_ok=True)
+    lib = to / name
+    shutil.copy(cache.packaged_path(), lib)
+    shutil.copy(cblib.hash_path(cache.packaged_path()), cblib.hash_path(lib))
+    return lib
 
 
-def test_a_corrupt_callback_object_is_refused_by_the_loader_with_a_message(cache_dir, tmp_path):
-    """The loader checks the bytes it loads against the manifest's hash: a corrupt object never runs."""
-    m = _copy_cache(cache_dir, tmp_path / "c")
-    obj = Path(m["object_path"])
-    data = bytearray(obj.read_bytes())
+def test_a_corrupt_callback_library_is_refused_by_both_loaders_with_a_message(env, fake, tmp_path):
+    """The loaders check the bytes they load against the hash beside them: a corrupt library never runs."""
+    from pyvgpu import cblib
+
+    lib = _copy_library(tmp_path / "c")
+    data = bytearray(lib.read_bytes())
     for i in range(64, len(data), 97):  # the ELF header survives, the code and tables do not
         data[i] ^= 0x5A
-    obj.write_bytes(bytes(data))
-    cache._VERIFIED.clear()
-    with pytest.raises(cache.CorruptObject, match="warmup --force"):
-        cache.object_bytes(m)
-    code = ("import json, sys\nfrom pyvgpu import bootstrap\nfrom pyvgpu.errors import PyvgpuError\n"
-            f"m = json.loads({json.dumps(json.dumps(m))})\n"
-            "try:\n    bootstrap.load(m)\nexcept PyvgpuError as e:\n    print('refused:', e)\n")
-    p = run([sys.executable, "-c", code])
-    assert p.returncode == 0, (p.returncode, p.stderr)  # not a crash
-    assert "refused:" in p.stdout and "does not match the hash" in p.stdout, p.stdout
+    lib.write_bytes(bytes(data))
+    with pytest.raises(cblib.CorruptLibrary, match="does not match the hash"):
+        cblib.load(lib)
+    p = wrap(dict(env, PYVGPU_CALLBACKS=str(lib)), "--memory", "64M", "--", str(fake / "host_linked"))
+    assert p.returncode == 1 and "-> 800" in p.stdout, (p.returncode, p.stdout, p.stderr)  # refused, not a crash
+    assert "does not match the hash beside it" in p.stderr, p.stderr
 
 
-def test_a_callback_cache_other_users_can_write_is_refused(cache_dir, sticky):
+def test_a_callback_cache_other_users_can_write_is_not_loaded(env, fake, sticky, capfd):
+    """A library in the cache is code for every wrapped program: one another user owns or can write is left
+    alone (with a warning naming it), and the packaged callbacks serve."""
+    from pyvgpu import cpuid
+
     d = sticky / "c"
-    m = _copy_cache(cache_dir, d)
-    os.chown(m["object_path"], NOBODY, NOBODY)  # another user's code would run in every wrapped program
-    cache._VERIFIED.clear()
-    with pytest.raises(PyvgpuError, match="belongs to uid 65534"):
-        cache.read(d)
-    os.chown(m["object_path"], 0, 0)
+    lib = _copy_library(d, f"callbacks-{cache.cache_key()}-{cpuid.cpu_id():016x}.so")
+    os.chown(lib, NOBODY, NOBODY)
+    assert cache.read(d)["origin"] == "package"
+    assert "belongs to uid 65534" in capfd.readouterr().err
+    e = dict(env, LD_PRELOAD=str(shim_path()), PYVGPU_CACHE_DIR=str(d), CUDA_DEVICE_MEMORY_LIMIT="64M")
+    p = run([str(fake / "host_linked")], env=e)
+    assert p.returncode == 0 and p.stdout.startswith("OK"), (p.stdout, p.stderr)
+    assert f"not using {lib}: another user owns it or can write it" in p.stderr, p.stderr
+    os.chown(lib, 0, 0)
     os.chown(d, NOBODY, NOBODY)
-    with pytest.raises(PyvgpuError, match="another user could put code"):
-        cache.read(d)
+    assert cache.read(d)["origin"] == "package"
+    assert "another user could put code" in capfd.readouterr().err
     os.chown(d, 0, 0)
-    d.chmod(0o777)  # our own directory, made under umask 000: repaired, then used
-    assert cache.read(d) is not None and stat.S_IMODE(d.stat().st_mode) == 0o755
+    d.chmod(0o777)  # our own directory, made under umask 000: repaired, then read
+    cache.read(d)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o755
 
 
 # --- honest fail-open -----------------------------------------------------------------------
 
-BROKEN = {"PYVGPU_LIBPYTHON": "/nonexistent/libpython3.99.so"}
+BROKEN = {"PYVGPU_CALLBACKS": "/nonexistent/libpyvgpu_callbacks.so"}
 
 
 def test_fail_open_names_what_was_requested(env, fake):
@@ -588,11 +597,13 @@ def _shim_verify():
     return lib
 
 
-def test_the_shims_object_check_for_a_c_loader(cache_dir, tmp_path):
-    """pyvgpu_verify_object (shim/src/pv_verify.c) applies cache.object_bytes's rules in C: SHA-256 of the
-    bytes it returns, a regular file of this user or root that nobody else can write, no link."""
+def test_the_shims_object_check_for_a_c_loader(tmp_path):
+    """pyvgpu_verify_object (shim/src/pv_verify.c) applies the loader's rules in C: SHA-256 of the bytes it
+    returns, a regular file of this user or root that nobody else can write, no link."""
     import ctypes
     import hashlib
+
+    from pyvgpu import cblib
 
     lib = _shim_verify()
     out = ctypes.create_string_buffer(65)
@@ -600,22 +611,23 @@ def test_the_shims_object_check_for_a_c_loader(cache_dir, tmp_path):
         data = bytes((i * 7 + n) & 0xFF for i in range(n))
         assert lib.pyvgpu_sha256_hex(data, n, out) == 0
         assert out.value.decode() == hashlib.sha256(data).hexdigest(), n
-    m = _copy_cache(cache_dir, tmp_path / "c")
-    obj = m["object_path"].encode()
+    path = _copy_library(tmp_path / "c")
+    digest = cblib.hash_path(path).read_text().strip().encode()
+    obj = str(path).encode()
     buf, n, err = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.create_string_buffer(512)
-    assert lib.pyvgpu_verify_object(obj, m["sha256"].encode(), buf, n, err, 512) == 0, err.value
-    assert ctypes.string_at(buf, n.value) == Path(m["object_path"]).read_bytes()
+    assert lib.pyvgpu_verify_object(obj, digest, buf, n, err, 512) == 0, err.value
+    assert ctypes.string_at(buf, n.value) == path.read_bytes()
     libc = ctypes.CDLL(None)
     libc.free.argtypes = [ctypes.c_void_p]
     libc.free(buf)
     assert lib.pyvgpu_verify_object(obj, b"0" * 64, buf, n, err, 512) == -1
     assert b"does not match the hash" in err.value and not buf.value
-    link = tmp_path / "link.o"
-    link.symlink_to(m["object_path"])
-    assert lib.pyvgpu_verify_object(str(link).encode(), m["sha256"].encode(), buf, n, err, 512) == -1
+    link = tmp_path / "link.so"
+    link.symlink_to(path)
+    assert lib.pyvgpu_verify_object(str(link).encode(), digest, buf, n, err, 512) == -1
     assert b"symbolic link" in err.value
-    os.chmod(m["object_path"], 0o666)
-    assert lib.pyvgpu_verify_object(obj, m["sha256"].encode(), buf, n, err, 512) == -1
+    os.chmod(path, 0o666)
+    assert lib.pyvgpu_verify_object(obj, digest, buf, n, err, 512) == -1
     assert b"can write it" in err.value
 
 

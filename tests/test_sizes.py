@@ -1,18 +1,78 @@
-"""The size, share and device grammar (pyvgpu/limits.py, pyvgpu/devices.py), in-process: every form, both ways.
+"""The size, share and device grammar, in-process: every form, both ways, in both of its readers.
 
-The same parser reads --memory, `limits set --memory` and HAMi's variables, so
+The same grammar reads --memory, `limits set --memory` and HAMi's variables, so
 what HAMi's device plugin writes (``CUDA_DEVICE_MEMORY_LIMIT_0=8192m``) is here too.
+It has two readers: pyvgpu/limits.py (options, `pyvgpu wrap`, the device plugin)
+and shim/src/pv_env.c (the variables, read inside a program that has no
+interpreter). Every case below runs through both (the ``grammar`` fixture); where
+the messages differ (C names no Unicode characters), each reader's own is checked.
 """
 
 from __future__ import annotations
 
+import ctypes
+from fractions import Fraction
+
 import pytest
 
-from pyvgpu import devices
+from pyvgpu import devices, sched, shim
 from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+
+
+class PythonGrammar:
+    name = "python"
+
+    def size(self, text: str, where: str) -> int:
+        return lim.parse_size(text, where)
+
+    def percent(self, text: str, where: str) -> int:
+        return lim.parse_percent(text, where)
+
+    def env(self, env: dict[str, str]) -> tuple[list[int], list[int], int, int, bool]:
+        """(memory per device, share per device, policy, batch ns, turns) as a process reads its variables."""
+        return (lim.memory_from_env(env).as_list(), lim.sm_from_env(env).as_list(), lim.sm_policy(env),
+                lim.sm_batch_ns(env), sched.enabled(env))
+
+
+class CGrammar:
+    name = "c"
+
+    def __init__(self) -> None:
+        self.lib = shim.open_shim()
+
+    @staticmethod
+    def _raise(err: ctypes.Array) -> None:
+        raise PyvgpuError(err.value.decode())
+
+    def size(self, text: str, where: str) -> int:
+        out, err = ctypes.c_uint64(), ctypes.create_string_buffer(1024)
+        if self.lib.pyvgpu_parse_size(text.encode(), where.encode(), ctypes.byref(out), err, len(err)):
+            self._raise(err)
+        return out.value
+
+    def percent(self, text: str, where: str) -> int:
+        out, err = ctypes.c_uint32(), ctypes.create_string_buffer(1024)
+        if self.lib.pyvgpu_parse_percent(text.encode(), where.encode(), ctypes.byref(out), err, len(err)):
+            self._raise(err)
+        return out.value
+
+    def env(self, env: dict[str, str]) -> tuple[list[int], list[int], int, int, bool]:
+        items = [f"{k}={v}".encode() for k, v in env.items()]
+        envp = (ctypes.c_char_p * (len(items) + 1))(*items, None)
+        memory, sm = (ctypes.c_uint64 * 16)(), (ctypes.c_uint32 * 16)()
+        policy_turns, batch = (ctypes.c_uint32 * 2)(), ctypes.c_uint64()
+        err = ctypes.create_string_buffer(1024)
+        if self.lib.pyvgpu_read_env(envp, memory, sm, policy_turns, ctypes.byref(batch), err, len(err)):
+            self._raise(err)
+        return list(memory), list(sm), policy_turns[0], batch.value, bool(policy_turns[1])
+
+
+@pytest.fixture(params=["python", "c"])
+def grammar(request):
+    return PythonGrammar() if request.param == "python" else CGrammar()
 
 
 @pytest.mark.parametrize("text,expect", [
@@ -27,45 +87,58 @@ KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
     # decimals, rounded down to a whole byte
     ("4.5G", 4 * GiB + 512 * MiB), ("4.5Gi", 4 * GiB + 512 * MiB), ("0.5G", 512 * MiB), (".5G", 512 * MiB),
     ("4.", 4), ("1.5", 1), ("0.1K", 102), ("2730.6666666666665m", 2863311530),
-    # spaces around and between
-    (" 4G ", 4 * GiB), ("4 G", 4 * GiB), ("4 GiB", 4 * GiB),
+    # spaces around and between, as Python's str.strip() and regex \\s see them (ASCII separators too)
+    (" 4G ", 4 * GiB), ("4 G", 4 * GiB), ("4 GiB", 4 * GiB), ("\t4G\n", 4 * GiB), ("\x1c4G\x1f", 4 * GiB),
+    ("4\x0bG", 4 * GiB),
+    # 30 digits on each side of the point, exactly rounded down
+    ("0." + "9" * 30 + "K", 1023), ("1" + "0" * 18, 10 ** 18), ("1.0009765625K", 1025),
 ])
-def test_every_size_form(text, expect):
-    assert lim.parse_size(text, "--memory") == expect
+def test_every_size_form(grammar, text, expect):
+    assert grammar.size(text, "--memory") == expect
 
 
 @pytest.mark.parametrize("text,message", [
     ("4GB", "'4GB' is ambiguous"), ("4gb", "write 4G or 4Gi"), ("512MB", "or 512000000 (bytes)"),
     ("4kB", "write 4K or 4Ki"), ("1TB", "1000000000000 (bytes) for decimal"), ("4.5GB", "or 4500000000 (bytes)"),
 ])
-def test_decimal_units_are_refused_with_what_to_write(text, message):
+def test_decimal_units_are_refused_with_what_to_write(grammar, text, message):
     with pytest.raises(PyvgpuError, match="ambiguous") as e:
-        lim.parse_size(text, "--memory")
-    assert message in str(e.value) and str(e.value).startswith("--memory: ")
+        grammar.size(text, "--memory")
+    assert str(e.value).startswith(f"--memory: '{text}' is ambiguous (Kubernetes reads")
+    if grammar.name == "python":
+        assert message in str(e.value)
+    else:  # C gives the rule, not the decimal figure
+        assert "write K, M, G or T (or Ki, Mi, Gi, Ti) for binary units" in str(e.value)
 
 
 @pytest.mark.parametrize("text", ["", " ", "G", "Gi", "4X", "4P", "4Gx", "-1", "+4G", "4e9", "1e+06m", "0x10",
                                   "4_000", "4,5G", "4..5G", "4.5.1G", "1" * 31, "1." + "0" * 31, "4 G B"])
-def test_what_is_not_a_size(text):
+def test_what_is_not_a_size(grammar, text):
     with pytest.raises(PyvgpuError, match="is not a size; give a number of bytes, or a number with a binary unit"):
-        lim.parse_size(text, "--memory")
+        grammar.size(text, "--memory")
 
 
 @pytest.mark.parametrize("text,char", [("４G", "FULLWIDTH DIGIT FOUR"), ("²", "SUPERSCRIPT TWO"), ("4Ｇ", "FULLWIDTH"),
                                        ("٤G", "ARABIC-INDIC DIGIT FOUR"), ("4\u00a0G", "NO-BREAK SPACE")])
-def test_non_ascii_is_refused_with_the_character_named(text, char):
+def test_non_ascii_is_refused_with_the_character_named(grammar, text, char):
     with pytest.raises(PyvgpuError, match="write sizes with ASCII digits") as e:
-        lim.parse_size(text, "--memory")
-    assert char in str(e.value)
+        grammar.size(text, "--memory")
+    if grammar.name == "python":
+        assert char in str(e.value)
+    else:  # C names the first byte outside ASCII
+        assert f"a byte 0x{text.encode()[[b >= 0x80 for b in text.encode()].index(True)]:02X}" in str(e.value)
 
 
-def test_zero_and_too_large():
+def test_zero_and_too_large(grammar):
     for text in ("0", "0G", "0.0001", "0.4"):
         with pytest.raises(PyvgpuError, match="would refuse every allocation"):
-            lim.parse_size(text, "--memory")
-    assert lim.parse_size("8388607T", "x") == 8388607 * TiB
-    with pytest.raises(PyvgpuError, match="too large"):
-        lim.parse_size("8388608T", "x")
+            grammar.size(text, "--memory")
+    assert grammar.size("8388607T", "x") == 8388607 * TiB
+    assert grammar.size("8388607.999999999999T", "x") == int(Fraction("8388607.999999999999") * TiB)
+    assert grammar.size("9223372036854775807", "x") == (1 << 63) - 1
+    for text in ("8388608T", "9223372036854775808", "9" * 30, "8388608.0T"):
+        with pytest.raises(PyvgpuError, match="too large"):
+            grammar.size(text, "x")
 
 
 def test_a_cap_below_the_floor_is_refused_with_the_reason():
@@ -112,20 +185,87 @@ def test_memory_option_and_hami_env_use_the_same_rules():
         assert str(e.value).startswith(where), str(e.value)
 
 
-@pytest.mark.parametrize("text,expect", [("30", 30), ("30%", 30), (" 30 ", 30), ("1", 1), ("100", 100), ("030", 30)])
-def test_sm_percent_forms(text, expect):
-    assert lim.parse_percent(text, "--sm") == expect
+NONE = [0] * 16
+
+
+@pytest.mark.parametrize("env,memory,sm", [
+    ({}, NONE, NONE),
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "4G"}, [4 * GiB] * 16, NONE),
+    # what HAMi's device plugin writes: MiB with a lower-case m, one variable per device, and the cores
+    ({"CUDA_DEVICE_MEMORY_LIMIT_0": "8192m", "CUDA_DEVICE_MEMORY_LIMIT_1": "3000m", "CUDA_DEVICE_SM_LIMIT": "30"},
+     [8 * GiB, 3000 * MiB] + [0] * 14, [30] * 16),
+    # a device's own variable over the one for all
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "1G", "CUDA_DEVICE_MEMORY_LIMIT_2": "2G"}, [GiB] * 2 + [2 * GiB] + [GiB] * 13,
+     NONE),
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "2730.5m"}, [2730 * MiB + 512 * KiB] * 16, NONE),
+    # what `pyvgpu wrap` writes for its members: bytes
+    (lim.memory_to_env(lim.MemoryLimits(4 * GiB, {1: 64 * MiB})), [4 * GiB, 64 * MiB] + [4 * GiB] * 14, NONE),
+    # 0 is no share, as in HAMi; an empty variable is no variable
+    ({"CUDA_DEVICE_SM_LIMIT": "0", "CUDA_DEVICE_SM_LIMIT_1": "50%", "CUDA_DEVICE_MEMORY_LIMIT": ""}, NONE,
+     [0, 50] + [0] * 14),
+    ({"CUDA_DEVICE_SM_LIMIT": " 40 ", "CUDA_DEVICE_SM_LIMIT_3": "0"}, NONE, [40] * 16),
+    # a simulated driver (the test suite's) lowers the floor
+    ({"CUDA_DEVICE_MEMORY_LIMIT_15": "4M", "PYVGPU_MIN_MEMORY": "1M"}, [0] * 15 + [4 * MiB], NONE),
+])
+def test_the_environment_reads_alike(grammar, env, memory, sm):
+    got = grammar.env(env)
+    assert got[:2] == (memory, sm)
+
+
+@pytest.mark.parametrize("env,start", [
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "4GB"}, "CUDA_DEVICE_MEMORY_LIMIT: '4GB' is ambiguous"),
+    ({"CUDA_DEVICE_MEMORY_LIMIT_0": "512"}, "CUDA_DEVICE_MEMORY_LIMIT_0: 512 B is below the smallest memory cap, "
+                                            "64 MiB"),
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "4096"}, "CUDA_DEVICE_MEMORY_LIMIT: 4 KiB is below the smallest memory cap"),
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "63M"}, "CUDA_DEVICE_MEMORY_LIMIT: 63 MiB is below the smallest memory cap"),
+    ({"CUDA_DEVICE_MEMORY_LIMIT_²": "1G"}, "CUDA_DEVICE_MEMORY_LIMIT_²: '²' has"),
+    ({"CUDA_DEVICE_MEMORY_LIMIT_16": "1G"}, "CUDA_DEVICE_MEMORY_LIMIT_16: '16' is not a device index 0..15"),
+    ({"CUDA_DEVICE_MEMORY_LIMIT_x": "1G"}, "CUDA_DEVICE_MEMORY_LIMIT_x: 'x' is not a device index"),
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "4M", "PYVGPU_MIN_MEMORY": "x"}, "PYVGPU_MIN_MEMORY: 'x' is not a size"),
+    ({"CUDA_DEVICE_SM_LIMIT": "101"}, "CUDA_DEVICE_SM_LIMIT: '101' is not a compute share"),
+    ({"CUDA_DEVICE_SM_LIMIT_1": "٣٠"}, "CUDA_DEVICE_SM_LIMIT_1: '٣٠' has"),
+    ({"GPU_CORE_UTILIZATION_POLICY": "sometimes"}, "GPU_CORE_UTILIZATION_POLICY='sometimes' is not one of default, "
+                                                   "force, disable"),
+    ({"PYVGPU_SM_BATCH_MS": "2000"}, "PYVGPU_SM_BATCH_MS='2000': give whole milliseconds from 0 to 1000"),
+    ({"PYVGPU_SM_BATCH_MS": "²"}, "PYVGPU_SM_BATCH_MS='²'"),
+    ({"PYVGPU_SM_TURN": "yes"}, "PYVGPU_SM_TURN='yes': give 1"),
+])
+def test_the_environment_is_refused_alike(grammar, env, start):
+    with pytest.raises(PyvgpuError) as e:
+        grammar.env(env)
+    assert str(e.value).startswith(start), str(e.value)
+
+
+@pytest.mark.parametrize("env,policy,batch_ns,turns", [
+    ({}, 0, 10_000_000, True),
+    ({"GPU_CORE_UTILIZATION_POLICY": " FORCE ", "PYVGPU_SM_BATCH_MS": "0", "PYVGPU_SM_TURN": "0"}, 1, 0, False),
+    ({"GPU_CORE_UTILIZATION_POLICY": "disable", "PYVGPU_SM_BATCH_MS": " 250 ", "PYVGPU_SM_TURN": "1"}, 2,
+     250_000_000, True),
+    ({"GPU_CORE_UTILIZATION_POLICY": "", "PYVGPU_SM_BATCH_MS": "", "PYVGPU_SM_TURN": " "}, 0, 10_000_000, True),
+])
+def test_the_compute_variables_read_alike(grammar, env, policy, batch_ns, turns):
+    assert grammar.env(env)[2:] == (policy, batch_ns, turns)
+
+
+@pytest.mark.parametrize("text,expect", [("30", 30), ("30%", 30), (" 30 ", 30), ("1", 1), ("100", 100), ("030", 30),
+                                         ("30 %", 30)])
+def test_sm_percent_forms(grammar, text, expect):
+    assert grammar.percent(text, "--sm") == expect
 
 
 @pytest.mark.parametrize("text,message", [
     ("0", "is not a compute share"), ("101", "is not a compute share"), ("30.5", "give a whole percent"),
     ("-5", "is not a compute share"), ("", "is not a compute share"), ("x", "is not a compute share"),
-    ("²", "'²' has the character '²' (SUPERSCRIPT TWO"), ("３0", "FULLWIDTH DIGIT THREE"),
+    ("²", "'²' has the character '²' (SUPERSCRIPT TWO"), ("３0", "FULLWIDTH DIGIT THREE"), ("30%%", "is not a"),
 ])
-def test_sm_percent_refusals(text, message):
+def test_sm_percent_refusals(grammar, text, message):
     with pytest.raises(PyvgpuError) as e:
-        lim.parse_percent(text, "--sm")
-    assert message in str(e.value)
+        grammar.percent(text, "--sm")
+    assert str(e.value).startswith(f"--sm: '{text}'")
+    if grammar.name == "python" or text.isascii():
+        assert message in str(e.value)
+    else:
+        assert "write a compute share with ASCII digits" in str(e.value)
 
 
 def test_sm_option_and_env():

@@ -1,33 +1,20 @@
-# pyvgpu startup hook. `pyvgpu wrap` puts this directory first on PYTHONPATH
-# so the callbacks are installed on the main thread before user code runs
-# (see pyvgpu/bootstrap.py). Then the next sitecustomize on sys.path, if
-# any, runs as it would have without pyvgpu.
+# pyvgpu startup hook. `pyvgpu wrap --allocator vpmm` puts this directory
+# first on PYTHONPATH so that VPMM becomes PyTorch's allocator before user
+# code runs (see pyvgpu/bootstrap.py). Then the next sitecustomize on
+# sys.path, if any, runs as it would have without pyvgpu.
 
 
 def _pyvgpu_startup():
-    import ctypes
     import os
     import sys
 
     try:
-        shim = ctypes.CDLL(None)
-        booting = shim.pyvgpu_booting  # absent: the shim is not preloaded here
-    except (OSError, AttributeError):
-        booting = None
-    # In a non-Python host the shim is starting this interpreter itself and
-    # installs once sys.path is set up; it asks us to stay out of the way.
-    if booting is not None and not booting():
-        try:
-            from pyvgpu import bootstrap
-        except Exception as e:  # another interpreter or venv: the shim reports it at the first CUDA call
-            want = os.environ.get("PYVGPU_PYTHON", "the Python pyvgpu was installed for")
-            msg = (f"this Python ({sys.executable}, {sys.version.split()[0]}) cannot import pyvgpu "
-                   f"({type(e).__name__}: {e}); pyvgpu is installed for {want}: install pyvgpu into this "
-                   "environment, or run the program with that Python")
-            shim.pyvgpu_set_error.argtypes = [ctypes.c_char_p]
-            shim.pyvgpu_set_error(msg.encode())
-        else:
-            bootstrap.startup()
+        from pyvgpu import bootstrap
+    except Exception as e:  # another interpreter or venv: VPMM needs pyvgpu importable here
+        print(f"pyvgpu: warning: --allocator vpmm is not set up: this Python ({sys.executable}) cannot import "
+              f"pyvgpu ({type(e).__name__}: {e}); install pyvgpu into this environment", file=sys.stderr)
+    else:
+        bootstrap.startup()
 
     # Chain to the sitecustomize this one shadows.
     here = os.path.dirname(os.path.abspath(__file__))

@@ -14,10 +14,7 @@ Each container gets (HAMi's formats, pkg/device-plugin/nvidiadevice/nvinternal/p
     CUDA_DEVICE_SM_LIMIT                           the first GPU's cores, percent ("0": no limit)
     CUDA_DEVICE_MEMORY_SHARED_CACHE                the region file, in the container's region directory
     PYVGPU_SCHED                                   the node's turn file
-    PYVGPU_TRUST_SHARED=1                          the region (root's, 0666, when the container's uid is not
-                                                   known) and the turn file (0666) are the node agent's: the
-                                                   opt-in of docs/security.md, since the directory layout,
-                                                   not the file mode, keeps other tenants out
+    PYVGPU_TRUST_SHARED=1                          the node's files are root's and shared (nodestate.py)
     LD_PRELOAD, PYTHONPATH, PYVGPU_*               the shim and what it needs (pyvgpu.cluster.runtime)
 
 and mounts: its region directory (read-write), the turn file (read-write), the runtime (read-only).
@@ -40,7 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyvgpu import limits as lim
-from pyvgpu import safefile
 from pyvgpu.cluster import codec, keys, nodelock, nodestate
 from pyvgpu.cluster.errors import ClusterInputError
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
@@ -118,7 +114,7 @@ def container_env(cfg: AllocateConfig, devs: tuple[ContainerDevice, ...]) -> dic
     env["CUDA_DEVICE_SM_LIMIT"] = str(devs[0].usedcores)
     env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{cfg.region_mount}/{nodestate.REGION_FILE}"
     env["PYVGPU_SCHED"] = cfg.turns_mount
-    env[safefile.TRUST_ENV] = "1"  # files of the node agent's, other users' by their owner or mode
+    env.update(nodestate.TRUST_ENV)  # the node's files are shared by layout, not by mode (nodestate.py)
     return env
 
 

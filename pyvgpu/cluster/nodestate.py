@@ -26,9 +26,13 @@ and the device plugin does not always know which uid they run as:
 
 Either way a process inside the container can change its own region (its limits too): enforcement in
 the process's own address space cannot defend against the process itself. What this layout does is keep
-every other tenant out of it. A file of root's with mode 0666 is one that pyvgpu refuses unless told to
-trust it (pyvgpu.safefile, docs/security.md): the containers get PYVGPU_TRUST_SHARED=1 from Allocate, and
-the agent trusts its own turn file when it checks it.
+every other tenant out of it.
+
+pyvgpu refuses a region or turn file that another user owns or every user can write (pyvgpu.safefile),
+unless PYVGPU_TRUST_SHARED=1. Here the directory layout, not the file mode, keeps other tenants out, so
+Allocate sets that opt-in in every container's environment (docs/security.md, "Kubernetes"): the turn
+file is root's 0666 for every container, and a region is root's 0666 when the container's uid is not
+known. The node agent, which made these files, trusts them the same way when it checks them.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ MODE_CONTAINER_DIR = 0o755
 MODE_REGION_OWNED = 0o600  # the container's uid is known and owns the file
 MODE_REGION_SHARED = 0o666  # the uid is not known: root owns the file, the directory keeps others out
 MODE_TURNS = 0o666
+TRUST_ENV = {safefile.TRUST_ENV: "1"}  # what every container's environment gets (see the docstring)
 RECLAIM_MARGIN_S = 2.0  # file times come from a coarse clock: a directory this much older is surely older
 
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
@@ -115,9 +120,8 @@ class NodeState:
             self.root.mkdir(parents=True, exist_ok=True)
             _chmod_dir(self.root, MODE_ROOT)
             _chmod_dir(self.containers, MODE_CONTAINERS)
-            # creates it if missing, checks it otherwise; the agent's own 0666 file, trusted by design (the
-            # containers' uids are not known, so all may write it; docs/security.md, Kubernetes)
-            os.close(sched.open_fd(self.turn_path, {**os.environ, safefile.TRUST_ENV: "1"}))
+            # created if missing, checked otherwise; root's 0666 by design (the module's docstring), so trusted
+            os.close(sched.open_fd(self.turn_path, env={**os.environ, safefile.TRUST_ENV: "1"}))
             if stat.S_IMODE(self.turn_path.stat().st_mode) != MODE_TURNS:
                 os.chmod(self.turn_path, MODE_TURNS)
         except PermissionError as e:

@@ -3,8 +3,11 @@
 numba compiles each callback into its own LLVM module. Here the modules
 are linked into one, everything but the callback entry points is made
 internal (so helpers compiled into several modules do not clash), the
-result is optimised once more across the callbacks, and code is emitted
-for a generic CPU of this architecture, position-independent.
+result is optimised once more across the callbacks, and code is emitted,
+position-independent, for the baseline CPU of this architecture (what the
+package ships: it runs on any CPU of the architecture) or for this host's
+CPU (`pyvgpu warmup`). pyvgpu/cblib.py links the object into the library
+the shim loads.
 
 Only libc functions may stay undefined: the loader resolves them from the
 process. A callback that needs anything else (a numba runtime helper, the
@@ -13,7 +16,9 @@ Python C API) is a bug, reported here rather than at load time.
 
 from __future__ import annotations
 
+import platform
 import re
+from collections.abc import Callable
 
 import llvmlite.binding as llvm
 
@@ -27,6 +32,18 @@ ALLOWED_EXTERNALS = frozenset({
 
 
 _NOINLINE = re.compile(r"(?<=[{ ])noinline(?=[ }])")  # replaced by the no-op "nounwind"
+# LLVM's name of each architecture's baseline CPU: what every CPU of it runs (x86-64: SSE2, no AVX).
+BASELINE_CPU = {"x86_64": "x86-64", "AMD64": "x86-64"}
+
+Progress = Callable[[int, int], None]  # (callbacks compiled so far, callbacks in all)
+
+
+def target_cpu(tuned: bool) -> tuple[str, str]:
+    """(LLVM CPU name, feature string) to compile for: this host's, or the architecture's baseline."""
+    _init_llvm()
+    if tuned:
+        return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    return BASELINE_CPU.get(platform.machine(), "generic"), ""
 
 
 def _init_llvm() -> None:
@@ -45,31 +62,48 @@ def compile_ir(names: list[str]) -> list[tuple[str, str, str, list[str]]]:
             for cb in built]
 
 
-def _compile_all(workers: int) -> list[tuple[str, str, str, list[str]]]:
+def _chunks(names: list[str], n: int) -> list[list[str]]:
+    return [names[i::n] for i in range(n) if names[i::n]]
+
+
+def _compile_all(workers: int, progress: Progress | None) -> list[tuple[str, str, str, list[str]]]:
     names = callbacks.all_names()
+    done: list[tuple[str, str, str, list[str]]] = []
+    # several chunks per worker, so progress moves while they compile
+    parts = _chunks(names, max(1, workers) * 4)
     if workers <= 1:
-        return compile_ir(names)
+        for part in parts:
+            done += compile_ir(part)
+            if progress:
+                progress(len(done), len(names))
+        return done
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    parts = [names[i::workers] for i in range(workers)]
     # spawn, not fork: the caller may have threads (and numba's own state should not be forked)
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-        return [item for part in ex.map(compile_ir, parts) for item in part]
+        for fut in cf.as_completed([ex.submit(compile_ir, part) for part in parts]):
+            done += fut.result()
+            if progress:
+                progress(len(done), len(names))
+    return done
 
 
-def compile_object(workers: int = 1) -> tuple[bytes, dict[str, str], dict[str, str]]:
-    """Returns (object bytes, {callback name: symbol}, {ABI name: callback name})."""
+def compile_object(workers: int = 1, tuned: bool = False,
+                   progress: Progress | None = None) -> tuple[bytes, dict[str, str], dict[str, str], str]:
+    """Returns (object bytes, {callback name: symbol}, {ABI name: callback name}, the CPU compiled for)."""
     _init_llvm()
+    cpu, features = target_cpu(tuned)
     try:
-        compiled = _compile_all(workers)
+        compiled = _compile_all(workers, progress)
     except (OSError, RuntimeError, ImportError) as e:  # no worker processes here: compile in this one
         if workers <= 1:
             raise
         import sys
 
         print(f"pyvgpu: parallel compile failed ({e}); compiling in this process", file=sys.stderr)
-        compiled = compile_ir(callbacks.all_names())
+        compiled = _compile_all(1, progress)
+    compiled.sort(key=lambda c: c[0])  # the same object whatever order the workers finished in
     modules = []
     symbols: dict[str, str] = {}
     entries: dict[str, str] = {}
@@ -92,7 +126,7 @@ def compile_object(workers: int = 1) -> tuple[bytes, dict[str, str], dict[str, s
         main.link_in(mod)
 
     target = llvm.Target.from_triple(llvm.get_process_triple())
-    tm = target.create_target_machine(cpu="", features="", opt=2, reloc="pic", codemodel="default")
+    tm = target.create_target_machine(cpu=cpu, features=features, opt=2, reloc="pic", codemodel="default")
     main.triple = tm.triple
     main.data_layout = str(tm.target_data)
     pto = llvm.create_pipeline_tuning_options(speed_level=2)
@@ -110,4 +144,4 @@ def compile_object(workers: int = 1) -> tuple[bytes, dict[str, str], dict[str, s
             "pyvgpu callbacks reference symbols outside libc: " + ", ".join(undefined)
             + " (a callback used something that needs the numba runtime or the Python C API)"
         )
-    return tm.emit_object(main), symbols, entries
+    return tm.emit_object(main), symbols, entries, cpu

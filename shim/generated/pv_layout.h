@@ -107,11 +107,16 @@ _Static_assert(offsetof(pv_ctx_t, devices_refused) == 69296, "pv_ctx.devices_ref
 _Static_assert(offsetof(pv_ctx_t, devices_msg) == 69300, "pv_ctx.devices_msg");
 _Static_assert(sizeof(pv_ctx_t) == 69560, "sizeof pv_ctx");
 
-/* A group's region, as far as the shim reads it itself (pv_core.c: are limits set?). */
+/* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
 #define PV_REGION_VERSION 5
 #define PV_REGION_DEVICES_OFF 512
+#define PV_REGION_SLOTS_OFF 14848
+#define PV_REGION_SLOT_SIZE 704
+#define PV_REGION_DEFAULT_SLOTS 1024
 #define PV_MAX_DEVICES 16
+#define PV_GROUP_NAME_BYTES 64
+#define PV_MESSAGE_BYTES 256
 
 /* region header */
 typedef struct pv_region_header {
@@ -198,5 +203,59 @@ _Static_assert(offsetof(pv_region_device_t, sm_state) == 88, "pv_region_device.s
 _Static_assert(offsetof(pv_region_device_t, sm_group_util) == 92, "pv_region_device.sm_group_util");
 _Static_assert(offsetof(pv_region_device_t, sm_cost_mark) == 96, "pv_region_device.sm_cost_mark");
 _Static_assert(sizeof(pv_region_device_t) == 128, "sizeof pv_region_device");
+
+/* The machine's turn file (pyvgpu/sched.py). */
+#define PV_SCHED_MAGIC 0x31304e5255545650ULL
+#define PV_SCHED_VERSION 1
+#define PV_SCHED_ENTRIES 64
+#define PV_SCHED_SIZE 4160
+
+/* turn file header */
+typedef struct pv_sched_header {
+    uint64_t magic;  /* SCHED_MAGIC */
+    uint32_t version;  /* SCHED_VERSION */
+    uint32_t n_entries;  /* SCHED_ENTRIES */
+    uint64_t size;  /* file size in bytes */
+    uint32_t next_id;  /* the last process id handed out (ids are 1..2^32-1, then wrap) */
+    uint8_t _pad0[36];
+} pv_sched_header_t;
+_Static_assert(offsetof(pv_sched_header_t, magic) == 0, "pv_sched_header.magic");
+_Static_assert(offsetof(pv_sched_header_t, version) == 8, "pv_sched_header.version");
+_Static_assert(offsetof(pv_sched_header_t, n_entries) == 12, "pv_sched_header.n_entries");
+_Static_assert(offsetof(pv_sched_header_t, size) == 16, "pv_sched_header.size");
+_Static_assert(offsetof(pv_sched_header_t, next_id) == 24, "pv_sched_header.next_id");
+_Static_assert(sizeof(pv_sched_header_t) == 64, "sizeof pv_sched_header");
+
+/* The callback library's table (pyvgpu/cblib.py), exported as PV_CBLIB_SYMBOL. */
+#define PV_CBLIB_SYMBOL "pyvgpu_callbacks"
+#define PV_CBLIB_MAGIC 0x3142494c42435650ULL
+#define PV_CBLIB_FORMAT 1
+
+/* the table a callback library exports (pyvgpu/cblib.py) */
+typedef struct pv_cblib {
+    uint64_t magic;  /* CBLIB_MAGIC */
+    uint32_t format;  /* CBLIB_FORMAT */
+    uint32_t n_entries;  /* hook entries it was compiled for (N_ENTRIES) */
+    uint32_t n_services;  /* services (hooks.SERVICES) */
+    uint32_t tuned;  /* 0: for any CPU of the architecture; 1: for the CPU cpu_id names only */
+    uint64_t cpu_id;  /* pyvgpu.cpuid.cpu_id() of the CPU it was tuned for; 0 when portable */
+    uint8_t table_hash[32];  /* hooks.table_hash(), NUL-terminated */
+    uint8_t key[32];  /* pyvgpu.cache.cache_key() of its sources, NUL-terminated */
+    uint8_t cpu[64];  /* the CPU LLVM compiled for, NUL-terminated */
+    uint64_t entries[75];  /* callback address per hook entry; 0 for entries implemented in C */
+    uint64_t services[3];  /* address per service, in hooks.SERVICES order */
+} pv_cblib_t;
+_Static_assert(offsetof(pv_cblib_t, magic) == 0, "pv_cblib.magic");
+_Static_assert(offsetof(pv_cblib_t, format) == 8, "pv_cblib.format");
+_Static_assert(offsetof(pv_cblib_t, n_entries) == 12, "pv_cblib.n_entries");
+_Static_assert(offsetof(pv_cblib_t, n_services) == 16, "pv_cblib.n_services");
+_Static_assert(offsetof(pv_cblib_t, tuned) == 20, "pv_cblib.tuned");
+_Static_assert(offsetof(pv_cblib_t, cpu_id) == 24, "pv_cblib.cpu_id");
+_Static_assert(offsetof(pv_cblib_t, table_hash) == 32, "pv_cblib.table_hash");
+_Static_assert(offsetof(pv_cblib_t, key) == 64, "pv_cblib.key");
+_Static_assert(offsetof(pv_cblib_t, cpu) == 96, "pv_cblib.cpu");
+_Static_assert(offsetof(pv_cblib_t, entries) == 160, "pv_cblib.entries");
+_Static_assert(offsetof(pv_cblib_t, services) == 760, "pv_cblib.services");
+_Static_assert(sizeof(pv_cblib_t) == 784, "sizeof pv_cblib");
 
 #endif

@@ -1,12 +1,12 @@
-/* The boot: the bootstrap state machine, the install API the Python side
- * calls, the watcher thread and fork.
+/* The boot: the bootstrap state machine, the watcher thread and fork.
  *
- * Callbacks arrive in two steps. pyvgpu_install() (called from Python,
- * possibly at interpreter start, before any CUDA use) only stages them.
- * The first hooked call runs pv_boot(): it resolves the real driver
- * functions, installs through Python if nothing was staged (first-call
- * fallback or embedded interpreter), then publishes the callbacks. So a
- * Python process that never touches CUDA never loads libcuda because of us.
+ * The first hooked call runs pv_boot(), once: it resolves the real driver
+ * functions, loads the compiled callbacks (pv_load.c), joins the process's
+ * group (pv_attach.c), claims a slot in it, then publishes the callbacks.
+ * No interpreter is involved, whatever the program is: a C program, a
+ * Python of any version with or without pyvgpu importable, a JVM. A process
+ * that never touches CUDA or NVML never loads libcuda or the callbacks
+ * because of us.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -134,13 +134,42 @@ static void publish(void) {
     start_watcher();
 }
 
+/* Stage the library's callbacks and services; 0, or -1 with the reason in pv_err. */
+static int stage(const pv_cblib_t *lib) {
+    if (!pv_ctx.table) {
+        void *t = mmap(NULL, (size_t)PV_TABLE_ENTRIES * 16, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (t == MAP_FAILED) {
+            snprintf(pv_err, sizeof pv_err, "cannot map the allocation table (%s)", strerror(errno));
+            return -1;
+        }
+        pv_ctx.table = (uint64_t)(uintptr_t)t;
+        pv_ctx.table_mask = PV_TABLE_ENTRIES - 1;
+    }
+    for (int i = 0; i < PV_N_SERVICES; i++)
+        __atomic_store_n(&pv_services[i], (void *)(uintptr_t)lib->services[i], __ATOMIC_RELEASE);
+    for (int i = 0; i < PV_N_ENTRIES; i++)
+        pv_staged[i] = (void *)(uintptr_t)lib->entries[i];
+    __atomic_store_n(&pv_staged_ok, 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static void install(void) {
+    const pv_cblib_t *lib = pv_load_callbacks(pv_err, sizeof pv_err);
+    if (!lib)
+        return;
+    if (pv_attach(pv_err, sizeof pv_err) != 0)
+        return;
+    if (stage(lib) == 0)
+        pv_boot_mode = "native";
+}
+
 static void boot_once(void) {
     pv_in_boot = 1;
     pv_resolve_real();
-    if (!pv_staged_ok && !pv_err[0]) {
-        if (pv_python_install(pv_err, sizeof pv_err) != 0 && !pv_err[0])
-            snprintf(pv_err, sizeof pv_err, "the Python bootstrap did not install them");
-    }
+    install();
+    if (!pv_staged_ok && !pv_err[0])
+        snprintf(pv_err, sizeof pv_err, "the callbacks were not installed (no reason given: a bug)");
     if (pv_staged_ok && pv_ctx.region && !pv_ctx.slot) {
         /* join the group now, at the first GPU call (pyvgpu/jit/quota.py claim_slot) */
         pv_svc_claim_t claim = SERVICE(svc_claim);
@@ -196,64 +225,14 @@ int pv_boot(void) {
     return pv_boot_state;
 }
 
-/* ---- the API the Python side calls (pyvgpu/shim.py) ---------------------- */
+/* ---- what Python tools and tests read (pyvgpu/shim.py) ------------------- */
 
 PV_EXPORT const char *pyvgpu_table_hash(void) { return PV_TABLE_HASH; }
 PV_EXPORT pv_ctx_t *pyvgpu_ctx(void) { return &pv_ctx; }
 PV_EXPORT int pyvgpu_installed(void) { return pv_staged_ok; }
 
 PV_EXPORT const char *pyvgpu_boot_mode(void) { return pv_boot_mode; }
-
-/* Stage the callback addresses, one per entry (0 for entries implemented
- * in C). Returns 0, or -1 with the reason in pyvgpu_last_error(). */
-PV_EXPORT int pyvgpu_install(const uint64_t *addrs, uint32_t n, const char *table_hash, const char *mode) {
-    if (n != PV_N_ENTRIES || !table_hash || strcmp(table_hash, PV_TABLE_HASH)) {
-        snprintf(pv_err, sizeof pv_err,
-                 "the shim (table %s, %d entries) and the pyvgpu package (table %s, %u entries) come from "
-                 "different builds; reinstall pyvgpu",
-                 PV_TABLE_HASH, PV_N_ENTRIES, table_hash ? table_hash : "?", n);
-        return -1;
-    }
-    if (!pv_ctx.table) {
-        void *t = mmap(NULL, (size_t)PV_TABLE_ENTRIES * 16, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (t == MAP_FAILED) {
-            snprintf(pv_err, sizeof pv_err, "cannot map the allocation table (%s)", strerror(errno));
-            return -1;
-        }
-        pv_ctx.table = (uint64_t)(uintptr_t)t;
-        pv_ctx.table_mask = PV_TABLE_ENTRIES - 1;
-    }
-    for (int i = 0; i < PV_N_ENTRIES; i++) {
-        if (pv_entry_infos[i].has_callback && !addrs[i]) {
-            snprintf(pv_err, sizeof pv_err, "no callback for %s", pv_entry_infos[i].name);
-            return -1;
-        }
-        pv_staged[i] = (void *)(uintptr_t)addrs[i];
-    }
-    (void)mode; /* informational; the shim knows whether it is inside pv_boot */
-    if (!pv_in_boot) /* installed before the first hooked call: the startup hook */
-        pv_boot_mode = "startup";
-    pv_err[0] = 0;
-    __atomic_store_n(&pv_staged_ok, 1, __ATOMIC_RELEASE);
-    return 0;
-}
-
-/* Services (pyvgpu.hooks.SERVICES), set by name before pyvgpu_install. */
-PV_EXPORT int pyvgpu_set_service(const char *name, uint64_t addr) {
-    for (int i = 0; i < PV_N_SERVICES; i++)
-        if (name && !strcmp(name, pv_service_names[i])) {
-            __atomic_store_n(&pv_services[i], (void *)(uintptr_t)addr, __ATOMIC_RELEASE);
-            return 0;
-        }
-    return -1;
-}
-
-/* The Python side reports why it could not install, so the fail-closed
- * line names the cause and the first hooked call does not retry. */
-PV_EXPORT void pyvgpu_set_error(const char *msg) {
-    snprintf(pv_err, sizeof pv_err, "%s", msg ? msg : "unknown error");
-}
+PV_EXPORT const char *pyvgpu_callbacks_path(void) { return pv_callbacks_path; }
 
 PV_EXPORT const char *pyvgpu_last_error(void) { return pv_err; }
 

@@ -64,12 +64,15 @@ static inline void *pv_real(int entry) {
     return (void *)(uintptr_t)pv_ctx.real[entry];
 }
 
-extern const char *pv_boot_mode; /* "none", "startup", "first-call" or "embedded" */
+extern const char *pv_boot_mode; /* "none", or "native" once the callbacks are installed */
+extern char pv_callbacks_path[1024]; /* the callback library loaded */
 
 /* pv_guard.c: a SIGBUS in a registered mapping (a shared file someone truncated) never kills the process */
 enum { PV_GUARD_REGION = 0, PV_GUARD_TURNS = 1 };
+int pyvgpu_guard(uint64_t addr, uint64_t size, int kind); /* register a mapping; 0 or -1 */
 
-/* pv_verify.c: pyvgpu_verify_object, the callback object's hash and owner check for a loader in C */
+/* pv_verify.c: the callback library's owner, mode and hash checks, for the loader (pv_load.c) */
+int pv_verified_fd(const char *path, int nofollow, char *why, size_t n); /* a read-only fd, or -1 with why */
 
 /* pv_stats.c: call and lookup counts, printed at exit */
 void pv_count_lookup(int entry, int via);
@@ -83,8 +86,25 @@ void *pv_real_dlsym(void *handle, const char *name);
 /* pv_real.c: the driver's functions */
 void pv_resolve_real(void);             /* fill pv_ctx.real and pv_ctx.helper (idempotent) */
 
-/* pv_python.c: install the callbacks through Python; 0 on success */
-int pv_python_install(char *err, size_t errlen);
+/* pv_env.c: the environment contract, read as pyvgpu/limits.py reads it */
+typedef struct {
+    uint64_t memory[PV_MAX_DEVICES]; /* bytes per device, 0 = none */
+    uint32_t sm[PV_MAX_DEVICES];     /* compute share in percent per device, 0 = none */
+    int any_memory, any_sm;          /* some variable asked for a limit */
+    uint32_t sm_policy;              /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
+    uint64_t sm_batch_ns;            /* PYVGPU_SM_BATCH_MS */
+    int turns;                       /* PYVGPU_SM_TURN */
+    int trust_shared;                /* PYVGPU_TRUST_SHARED (pyvgpu/safefile.py) */
+    const char *region, *region_var; /* PYVGPU_REGION, else CUDA_DEVICE_MEMORY_SHARED_CACHE; NULL if neither */
+} pv_env_t;
+int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n); /* 0, or -1 naming the variable */
+void pv_human(uint64_t bytes, char *out, size_t n);                       /* "4 GiB", as limits.human */
+
+/* pv_load.c: the compiled callbacks, loaded without an interpreter; NULL with the reason in err */
+const pv_cblib_t *pv_load_callbacks(char *err, size_t n);
+
+/* pv_attach.c: join the group named by the environment (region, turn file, the context); 0 or -1 */
+int pv_attach(char *err, size_t n);
 
 /* pv_procaddr.c */
 int pv_select_variant(int hook, int cuda_version, cuuint64_t flags);
@@ -92,7 +112,7 @@ CUresult pv_impl_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersio
 CUresult pv_impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                      int *symbolStatus);
 
-/* pv_core.c: the boot (make the callbacks ready; PV_BOOT_*), the install API, fork */
+/* pv_core.c: the boot (make the callbacks ready; PV_BOOT_*), fork */
 int pv_boot(void);
 
 /* pv_vpmm.c: VPMM's malloc/free for PyTorch's pluggable allocator (exported only) */

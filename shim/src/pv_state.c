@@ -6,4 +6,5 @@
 pv_ctx_t pv_ctx = {.magic = PV_CTX_MAGIC, .n_entries = PV_N_ENTRIES};
 void *pv_callbacks[PV_N_ENTRIES];
 int pv_boot_state = -1; /* PV_BOOT_* once booted */
-const char *pv_boot_mode = "none"; /* how the callbacks were installed: startup, first-call, embedded */
+const char *pv_boot_mode = "none"; /* "native" once the callbacks are installed (pv_core.c) */
+char pv_callbacks_path[1024]; /* the callback library loaded (pv_load.c), for the stats */

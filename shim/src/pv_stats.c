@@ -58,6 +58,8 @@ static void write_text(FILE *f) {
     exe[n > 0 ? n : 0] = 0;
     fprintf(f, "pyvgpu stats: pid %d, %s, bootstrap %s, procaddr mismatches %llu\n", (int)getpid(), exe,
             pv_boot_mode, (unsigned long long)pv_mismatches);
+    if (pv_callbacks_path[0])
+        fprintf(f, "  callbacks %s\n", pv_callbacks_path);
     fprintf(f, "  %-32s %12s %8s %10s\n", "symbol", "calls", "dlsym", "procaddr");
     for (int i = 0; i < PV_N_ENTRIES; i++) {
         uint64_t c = pv_ctx.calls[i], d = pv_lookups[i][PV_VIA_DLSYM], p = pv_lookups[i][PV_VIA_PROCADDR];
@@ -68,8 +70,10 @@ static void write_text(FILE *f) {
 }
 
 static void write_json(FILE *f) {
-    fprintf(f, "{\"pid\": %d, \"bootstrap\": \"%s\", \"procaddr_mismatches\": %llu, \"symbols\": {", (int)getpid(),
-            pv_boot_mode, (unsigned long long)pv_mismatches);
+    fprintf(f, "{\"pid\": %d, \"bootstrap\": \"%s\", \"callbacks\": \"", (int)getpid(), pv_boot_mode);
+    for (const char *c = pv_callbacks_path; *c; c++) /* a path, as a JSON string */
+        fprintf(f, (unsigned char)*c < 0x20 || *c == '"' || *c == '\\' ? "\\u%04x" : "%c", (unsigned char)*c);
+    fprintf(f, "\", \"procaddr_mismatches\": %llu, \"symbols\": {", (unsigned long long)pv_mismatches);
     int first = 1;
     for (int i = 0; i < PV_N_ENTRIES; i++) {
         uint64_t c = pv_ctx.calls[i], d = pv_lookups[i][PV_VIA_DLSYM], p = pv_lookups[i][PV_VIA_PROCADDR];

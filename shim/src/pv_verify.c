@@ -124,3 +124,62 @@ PV_EXPORT int pyvgpu_verify_object(const char *path, const char *sha256, void **
     *len = got;
     return 0;
 }
+
+/* For the loader (pv_load.c): open the callback library at path (O_NOFOLLOW with nofollow), check that it
+ * is a regular file of this user or root that nobody else can write, and that its bytes hash to the 64 hex
+ * digits of path + ".sha256" (written beside it by pyvgpu/cblib.py; checked the same way). Returns the fd
+ * the bytes were read through: the loader loads through it, so the code that runs is the code hashed (only
+ * its owner could change it meanwhile). -1 with the reason in why; errno is ENOENT when path is missing. */
+int pv_verified_fd(const char *path, int nofollow, char *why, size_t n) {
+    int flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0);
+    int fd = open(path, flags);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(why, n, "%s", e == ELOOP ? "it is a symbolic link" : strerror(e));
+        errno = e;
+        return -1;
+    }
+    char sidecar[1100], want[65] = "", hex[65];
+    struct stat st, sst;
+    unsigned char *buf = NULL;
+    const char *bad = NULL;
+    size_t got = 0;
+    snprintf(sidecar, sizeof sidecar, "%s.sha256", path);
+    int sfd = open(sidecar, flags);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        bad = "it is not a regular file";
+    else if (!trusted(&st))
+        bad = "another user owns it or can write it, so it could put code into your programs";
+    else if (st.st_size > (256 << 20) || !(buf = malloc(st.st_size ? (size_t)st.st_size : 1)))
+        bad = "it is too large to be a callback library";
+    else if (sfd < 0)
+        bad = "its hash file (.sha256 beside it) cannot be opened";
+    else if (fstat(sfd, &sst) != 0 || !S_ISREG(sst.st_mode) || !trusted(&sst) || read(sfd, want, 64) != 64)
+        bad = "its hash file (.sha256 beside it) is not a 64-digit hash of this user or root";
+    while (!bad && got < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+        if (r <= 0)
+            bad = r < 0 ? "it cannot be read" : "it shrank while being read";
+        else
+            got += (size_t)r;
+    }
+    if (!bad) {
+        want[64] = 0;
+        sha256_hex(buf, got, hex);
+        if (strcmp(hex, want))
+            bad = "it does not match the hash beside it (corrupt or changed)";
+    }
+    free(buf);
+    if (sfd >= 0)
+        close(sfd);
+    if (bad) {
+        snprintf(why, n, "%s", bad);
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}

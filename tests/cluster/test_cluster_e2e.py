@@ -85,10 +85,10 @@ class PluginProcess:
         self.state = tmp_path / "state"
         self.lost = tmp_path / "lost-gpus"
         self.log = tmp_path / "plugin.log"
-        libpython_dir = Path(json.loads(subprocess.run(
-            [sys.executable, "-c", "import json; from pyvgpu import pyinfo; print(json.dumps(pyinfo.libpython()))"],
-            capture_output=True, text=True).stdout)).parent
-        runtime = [sys.prefix, sys.base_prefix, str(cache_dir), str(libpython_dir)]
+        # the runtime a container gets: the package directory with the shim and its callbacks, nothing else
+        runtime = [str(Path(json.loads(subprocess.run(
+            [sys.executable, "-c", "import json; from pyvgpu import shim; print(json.dumps(str(shim.shim_path())))"],
+            capture_output=True, text=True, cwd=str(tmp_path)).stdout)).resolve().parent)]
         self.env = clean_env(LD_LIBRARY_PATH=str(fake), PYVGPU_CACHE_DIR=str(cache_dir), FAKECUDA_DEVICES="8G,8G",
                              FAKENVML_LOST_FILE=str(self.lost))
         self.env.pop("PYTHONPATH", None)  # the installed pyvgpu, as on a node
@@ -182,6 +182,11 @@ def test_a_pod_from_scheduler_to_container_gets_exactly_its_cap_and_share(cluste
     v = json.loads(view.stdout)
     assert v["cuda_count"] == 1 and v["cuda"][0]["uuid"] == chosen
     assert v["cuda"][0]["total"] == 4096 * MiB  # cuMemGetInfo: the cap, not the GPU's 8 GiB
+    # without the trust opt-in the shim refuses the root-owned 0666 region (pyvgpu.safefile): Allocate must give it
+    no_trust = pb.ContainerAllocateResponse(envs={k: v for k, v in answer.envs.items() if k != "PYVGPU_TRUST_SHARED"},
+                                            mounts=answer.mounts)
+    refused = run_container(no_trust, [str(fake / "host_devices")], machine)
+    assert "refusing it" in refused.stderr and "calls are refused" in refused.stderr, refused.stderr
     edge = run_container(answer, [str(fake / "host_mem_linked"), "boundary", str(4096 * MiB)], machine)
     assert edge.returncode == 0, edge.stdout + edge.stderr
     assert edge.stdout.strip() == "first=0 one_more=2 free=0 after_free=0"  # one byte past the cap: refused

@@ -6,6 +6,7 @@ import os
 import stat
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from fake_apiserver import gpu_container, node, pod
@@ -140,23 +141,21 @@ def test_numa_from_sysfs(tmp_path):
     assert numa_of("", tmp_path) == 0 and numa_of("00000000:01:00.0", tmp_path) == 0
 
 
-def test_runtime_dirs_must_hold_every_part_of_the_runtime(tmp_path, cache_dir, monkeypatch):
-    from pyvgpu import pyinfo
+def test_the_runtime_is_the_shim_and_its_callbacks_and_nothing_of_python(tmp_path):
+    from pyvgpu import cache, cblib
+    from pyvgpu.shim import shim_path
 
-    monkeypatch.setenv("PYVGPU_CACHE_DIR", str(cache_dir))
     with pytest.raises(PyvgpuError, match="under none of the runtime directories"):
         current([str(tmp_path)])
     with pytest.raises(PyvgpuError, match="whole host"):
         current(["/"])
-    dirs = [sys.prefix, sys.base_prefix, str(cache_dir), os.path.dirname(pyinfo.libpython())]
-    rt = current(dirs)
-    assert set(rt.mounts) <= {os.path.abspath(d) for d in dirs}
-    assert rt.env["PYVGPU_CACHE_DIR"] == str(cache_dir.resolve())
-    assert rt.env["LD_PRELOAD"].endswith("libpyvgpu.so")
+    pkg = str(shim_path().resolve().parent)
+    rt = current()
+    assert rt.mounts == (pkg,)
+    assert rt.env == {"LD_PRELOAD": str(shim_path().resolve())}  # no PYTHONPATH, no interpreter
+    assert (Path(pkg) / cblib.FILE_NAME).resolve() == Path(cache.packaged_path())
     rt.check()
-    monkeypatch.setenv("PYVGPU_CACHE_DIR", str(tmp_path / "cold"))
-    with pytest.raises(PyvgpuError, match="not warm"):
-        current(dirs)
+    assert current([sys.prefix]).mounts == (os.path.abspath(sys.prefix),)  # a directory above it is fine
 
 
 def test_cli_errors_name_the_option():

@@ -150,6 +150,7 @@ def test_allocate_pops_containers_in_order_with_hamis_env_and_marks_success(node
     assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
     assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == "/run/pyvgpu/region/vgpu.region"
     assert env["PYVGPU_SCHED"] == "/run/pyvgpu/turns"
+    assert env["PYVGPU_TRUST_SHARED"] == "1"  # root's shared files, kept apart by the layout (nodestate.py)
     assert env["LD_PRELOAD"] == "/opt/pyvgpu/lib/libpyvgpu.so"
     mounts = {(m.container_path, m.host_path, m.read_only) for m in c.mounts}
     ctr_dir = node.state.container_dir(uid, "a")

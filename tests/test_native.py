@@ -1,0 +1,154 @@
+"""What the shim does with no interpreter: pick the callback library, tell CPUs apart, make and join regions.
+
+shim/src/pv_load.c, pv_attach.c and pv_env.c do in C what pyvgpu/cache.py, cpuid.py, region.py and limits.py
+do in Python; these tests hold the two to the same results. (The grammar of the variables is in
+tests/test_sizes.py, through both readers.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+from helpers import read_stats, run
+
+from pyvgpu import cache, cpuid, region, shim
+from pyvgpu import layout as L
+from pyvgpu import limits as lim
+
+MiB = 1 << 20
+
+ARM = b"""processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x3
+CPU part\t: 0xd0c
+CPU revision\t: 1
+
+processor\t: 1
+Features\t: fp asimd
+"""
+
+
+@pytest.mark.parametrize("text", [
+    b"", b"processor : 0\nbogomips : 1\n", ARM, ARM.replace(b"\n", b"\r\n"),
+    b"\n\nvendor_id : GenuineIntel \nflags\t\t: fpu sse2 avx2\nmodel name\t: X\n\nflags : other\n",
+    b"flags:a:b\nmodel\t:  \t7\t\n", b"cpu MHz : 2445.406\nflags : a\n",
+])
+def test_the_cpu_id_is_computed_alike_in_c_and_python(text):
+    assert shim.open_shim().pyvgpu_cpu_id_of(text) == cpuid.cpu_id_of(text)
+
+
+def test_the_cpu_id_ignores_what_changes_while_a_cpu_runs():
+    with open(cpuid.CPUINFO, "rb") as f:
+        mine = f.read()
+    assert cpuid.cpu_id() == cpuid.cpu_id_of(mine) != 0
+    assert shim.open_shim().pyvgpu_cpu_id_of(mine) == cpuid.cpu_id()
+    assert cpuid.cpu_id_of(b"model name : A\ncpu MHz : 1\n") == cpuid.cpu_id_of(b"model name : A\ncpu MHz : 2\n")
+    assert cpuid.cpu_id_of(b"flags : sse2\n") != cpuid.cpu_id_of(b"flags : sse2 avx2\n")
+    assert cpuid.cpu_id_of(ARM) != cpuid.cpu_id_of(ARM.replace(b"0xd0c", b"0xd40"))
+    assert cpuid.cpu_id_of(b"processor : 0\n") == 0  # nothing that says what it can do: unknown
+
+
+def bare(env: dict[str, str], tmp_path: Path, **extra: str) -> dict[str, str]:
+    """A program started with the shim preloaded and no `pyvgpu wrap`, as a device plugin starts it."""
+    out = dict(env, LD_PRELOAD=str(shim.shim_path()), PYVGPU_STATS=str(tmp_path / "stats-%p.json"),
+               XDG_RUNTIME_DIR=str(tmp_path / "run"), PYVGPU_CACHE_DIR=str(tmp_path / "cache"))
+    out.pop("PYTHONPATH", None)
+    (tmp_path / "run").mkdir(mode=0o700, exist_ok=True)
+    out.update(extra)
+    return out
+
+
+def test_the_shim_makes_the_region_pyvgpu_would(env, fake, tmp_path):
+    """HAMi's device plugin names a region file that does not exist yet: the shim makes it, as region.py would."""
+    path = tmp_path / "vgpu" / "pod-a.cache"
+    e = bare(env, tmp_path, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(path), CUDA_DEVICE_MEMORY_LIMIT_0="8m",
+             CUDA_DEVICE_MEMORY_LIMIT_1="3.5m", CUDA_DEVICE_SM_LIMIT="30")
+    p = run([str(fake / "host_mem_linked"), "boundary", str(8 * MiB)], env=e)
+    assert "first=0 one_more=2 free=0 after_free=0" in p.stdout, p.stdout + p.stderr
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    mine = region.open_region(path, writable=False)
+    theirs_path = tmp_path / "python" / "pod-a.cache"
+    region.create(theirs_path, "pod-a", lim.memory_from_env({"CUDA_DEVICE_MEMORY_LIMIT_0": "8m",
+                                                            "CUDA_DEVICE_MEMORY_LIMIT_1": "3.5m",
+                                                            "PYVGPU_MIN_MEMORY": "1M"}).as_list(),
+                  sm=lim.sm_from_env({"CUDA_DEVICE_SM_LIMIT": "30"}).as_list())
+    theirs = region.open_region(theirs_path, writable=False)
+    volatile = {"created_ns", "ev_next"}  # when it was made; the events the run wrote
+
+    def value(x):
+        return bytes(x) if isinstance(x, ctypes.Array) else x
+
+    for f in L.REGION_HEADER.fields:
+        if f.name not in volatile:
+            assert value(getattr(mine.header, f.name)) == value(getattr(theirs.header, f.name)), f.name
+    assert mine.limits() == theirs.limits() == [8 * MiB, 3 * MiB + MiB // 2] + [0] * 14
+    assert mine.sm_limits() == theirs.sm_limits() == [30] * 16
+    assert os.path.getsize(path) == os.path.getsize(theirs_path)
+
+
+def test_limits_without_a_region_make_a_private_group(env, fake, tmp_path):
+    e = bare(env, tmp_path, CUDA_DEVICE_MEMORY_LIMIT="4M")
+    p = run([str(fake / "host_mem_linked"), "boundary", str(4 * MiB)], env=e)
+    assert "first=0 one_more=2 free=0 after_free=0" in p.stdout, p.stdout + p.stderr
+    (made,) = (tmp_path / "run" / "pyvgpu" / "private").glob("*.region")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o600
+    assert region.open_region(made, writable=False).limits() == [4 * MiB] * 16
+
+
+def test_a_program_that_disagrees_with_its_group_is_refused(env, fake, tmp_path):
+    path = tmp_path / "g.region"
+    region.create(path, "g", [4 * MiB] * 16)
+    e = bare(env, tmp_path, PYVGPU_REGION=str(path), CUDA_DEVICE_MEMORY_LIMIT="8M")
+    p = run([str(fake / "host_mem_linked"), "boundary", str(MiB)], env=e)
+    assert "-> 800" in p.stdout, p.stdout + p.stderr  # CUDA_ERROR_NOT_PERMITTED at cuInit: fail closed
+    assert f"group 'g' ({path}) has 4 MiB on device 0, but CUDA_DEVICE_MEMORY_LIMIT asks for 8 MiB" in p.stderr
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"x" * 100, "is 100 bytes, too short to be a pyvgpu region"),
+    (b"\0" * L.REGION_SLOTS_OFF, "is not a pyvgpu region (bad magic)"),
+])
+def test_a_region_that_is_not_one_is_refused_with_the_reason(env, fake, tmp_path, content, message):
+    path = tmp_path / "bad.region"
+    path.write_bytes(content)
+    e = bare(env, tmp_path, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(path), CUDA_DEVICE_MEMORY_LIMIT="4M")
+    p = run([str(fake / "host_mem_linked"), "boundary", str(MiB)], env=e)
+    assert "-> 800" in p.stdout, p.stdout + p.stderr
+    assert f"(CUDA_DEVICE_MEMORY_SHARED_CACHE: region {path} {message}" in p.stderr
+
+
+def boundary(fake: Path, env: dict[str, str], tmp_path: Path, nbytes: int):
+    """host_mem boundary under ``env``: (process, the library its stats name)."""
+    for f in tmp_path.glob("stats-*.json"):
+        f.unlink()
+    p = run([str(fake / "host_mem_linked"), "boundary", str(nbytes)], env=env)
+    (s,) = read_stats(tmp_path)
+    return p, os.path.realpath(s["callbacks"])
+
+
+def test_the_shim_takes_the_library_tuned_for_this_cpu(env, fake, tmp_path, tuned_cache):
+    d = tmp_path / "cache"
+    shutil.copytree(tuned_cache, d)
+    (tuned,) = d.glob("callbacks-*.so")
+    packaged = os.path.realpath(cache.packaged_path())
+    e = bare(env, tmp_path, CUDA_DEVICE_MEMORY_LIMIT="4M")
+    p, lib = boundary(fake, e, tmp_path, 4 * MiB)
+    assert "first=0 one_more=2" in p.stdout and lib == str(tuned), p.stdout + p.stderr
+    # another CPU's (or one another user may write) is not taken; the packaged one is
+    other = d / f"callbacks-{cache.cache_key()}-{cpuid.cpu_id() ^ 2:016x}.so"
+    tuned.rename(other)
+    p, lib = boundary(fake, e, tmp_path, 4 * MiB)
+    assert "first=0 one_more=2" in p.stdout and lib == packaged, p.stdout + p.stderr
+    shutil.copy(other, tuned)
+    tuned.chmod(0o766)
+    p, lib = boundary(fake, e, tmp_path, 4 * MiB)
+    assert "first=0 one_more=2" in p.stdout and lib == packaged, p.stdout + p.stderr
+    assert f"not using {tuned}: another user owns it or can write it" in p.stderr
