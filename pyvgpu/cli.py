@@ -419,6 +419,8 @@ def bench_sm(
                                       "as a CUDA graph of 10 launches."),
     pair: str = typer.Option("30,70", metavar="PCT,PCT", help="Shares of the two groups run at once ('' to skip)."),
     png: str = typer.Option("bench-sm.png", "--png", metavar="PATH", help="Where to write the plot ('' for none)."),
+    mode: str = typer.Option("hami-core", "--mode", metavar="hami-core|mps",
+                             help="Who enforces the shares: pyvgpu (hami-core) or NVIDIA MPS (wrap --mode mps)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
@@ -432,7 +434,7 @@ def bench_sm(
 
     try:
         result = bench.run(targets=targets, seconds=seconds, workload=workload, pair=pair,
-                           png=Path(png) if png else None)
+                           png=Path(png) if png else None, mode=mode)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, bench.table(result), as_json, output)

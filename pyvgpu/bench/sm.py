@@ -117,13 +117,14 @@ class _Run:
                 "throttled_s": r.device(0).sm_throttle_ns / 1e9}
 
 
-def _wrapped(base: dict[str, str], share: int, tmp: Path, name: str) -> tuple[dict[str, str], Path]:
+def _wrapped(base: dict[str, str], share: int, tmp: Path, name: str,
+             mode: str = "hami-core") -> tuple[dict[str, str], Path]:
     path = tmp / f"{name}.region"
-    return wrap.build_env(base, sm=str(share), region_path=str(path)), path
+    return wrap.build_env(base, sm=str(share), region_path=str(path), mode=mode), path
 
 
 def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "spin", pair: str = "30,70",
-        png: Path | None = Path("bench-sm.png")) -> dict:
+        png: Path | None = Path("bench-sm.png"), mode: str = "hami-core") -> dict:
     if workload not in WORKLOADS:
         raise PyvgpuError(f"--workload {workload!r} is not one of {', '.join(WORKLOADS)}")
     shares = [parse_percent(t, "--targets") for t in targets.split(",") if t.strip()]
@@ -143,7 +144,7 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
     iters, kernel_ns = _calibrate(raw) if workload != "matmul" else (0, 0.0)
     cmd = _command(workload, seconds, iters)
     limit = seconds * 4 + 120
-    result: dict = {"bench": "sm", "machine": machine(), "workload": workload, "seconds": seconds,
+    result: dict = {"bench": "sm", "machine": machine(), "workload": workload, "seconds": seconds, "mode": mode,
                     "spin_iters": iters, "spin_kernel_ns": kernel_ns, "runs": []}
     with tempfile.TemporaryDirectory(prefix="pyvgpu-bench-sm-") as tmpdir:
         tmp = Path(tmpdir)
@@ -153,14 +154,14 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
         base = _Run(cmd, raw, None).finish(limit)
         result["unlimited_kernels_per_s"] = base["kernels_per_s"]
         for s in shares:
-            env, path = _wrapped(raw, s, tmp, f"single-{s}")
+            env, path = _wrapped(raw, s, tmp, f"single-{s}", mode)
             r = _Run(cmd, env, path).finish(limit)
             result["runs"].append({"kind": "single", "target": s, **r,
                                    "achieved": 100 * r["kernels_per_s"] / base["kernels_per_s"]})
         if pair_shares:
             runs = []
             for i, s in enumerate(pair_shares):
-                env, path = _wrapped(raw, s, tmp, f"pair{i}-{s}")
+                env, path = _wrapped(raw, s, tmp, f"pair{i}-{s}", mode)
                 runs.append((s, _Run(cmd, env, path)))
             for s, run_ in runs:
                 r = run_.finish(limit)
@@ -180,7 +181,8 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
 
 def table(result: dict) -> str:
     lines = [f"pyvgpu bench sm on {result['machine']['gpu']}: workload {result['workload']}, "
-             f"{result['seconds']:.0f} s per run (first third left out)",
+             f"{result['seconds']:.0f} s per run (first third left out)"
+             + (", shares enforced by NVIDIA MPS (--mode mps)" if result.get("mode") == "mps" else ""),
              f"  unlimited: {result['unlimited_kernels_per_s']:.1f} kernels/s"
              + (f" (spin kernel {result['spin_kernel_ns'] / 1000:.0f} us)" if result["spin_kernel_ns"] else ""),
              f"  {'run':<7} {'target':>6} {'achieved':>9} {'error':>7} {'util':>6} {'scale':>6} {'cost us':>8}"]
