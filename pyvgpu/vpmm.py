@@ -36,7 +36,6 @@ DEFAULT_VA = 8 << 40
 DEFAULT_GAP = 1 << 30
 MAX_REGIONS = 1 << 14
 PAGE_SLOTS = 1 << 18  # mapped page addresses the pool can track (half of them in use at most: 256 GiB at 2 MiB)
-SCRATCH = 3 * MAX_REGIONS + 2 * PAGE_SLOTS
 STATE_MARK = {T.MALLOC: "+", T.FREE: "-", T.HOLE: "*", T.ZOMBIE: "z"}
 VMM_FUNCS = (T.F_RESERVE, T.F_CREATE, T.F_MAP, T.F_SET_ACCESS, T.F_UNMAP, T.F_RELEASE, T.F_ADDR_FREE)
 
@@ -46,7 +45,7 @@ class _Entries(NamedTuple):
     free: Callable[[int, int, int, int], int]
     trim: Callable[[int, int], int]
     preallocate: Callable[[int, int], int]
-    record_stream: Callable[[int, int, int], int]
+    record_stream: Callable[[int, int, int, int], int]
     capture: Callable[[int, int, int], int]
     cfuncs: tuple  # numba's objects, in the same order: they own the code (and know its .address)
 
@@ -58,7 +57,7 @@ def _entries() -> _Entries:
     c = V.compile_entries()
     i64, u64 = ctypes.c_int64, ctypes.c_uint64
     types = ((i64, u64, i64, u64), (i64, u64, i64, u64, i64), (i64, u64, i64), (i64, u64, i64),
-             (i64, u64, i64, u64), (i64, u64, u64, i64))
+             (i64, u64, i64, u64, i64), (i64, u64, u64, i64))
     fns = [ctypes.CFUNCTYPE(*t)(f.address) for t, f in zip(types, c, strict=True)]
     return _Entries(*fns, c)
 
@@ -117,7 +116,8 @@ class VirtualMemoryPool:
     """A pool of device pages mapped into reserved address space; see the module docstring."""
 
     def __init__(self, device: int = 0, page_size: int | None = None, va_size: int | None = None,
-                 pages: int | None = None, gap: int | None = None, env: Mapping[str, str] = os.environ) -> None:
+                 pages: int | None = None, gap: int | None = None, max_regions: int | None = None,
+                 env: Mapping[str, str] = os.environ) -> None:
         self.device = device
         self.page_size = _config(page_size, env, "VPMM_PAGE_SIZE", DEFAULT_PAGE)
         self.va_size = _config(va_size, env, "VPMM_VA_SIZE", DEFAULT_VA)
@@ -141,10 +141,14 @@ class VirtualMemoryPool:
         if self.va_size % self.page_size:
             raise PyvgpuError(f"VPMM_VA_SIZE={self.va_size}: give a multiple of the page size {self.page_size}")
         self.gap = -(-self.gap // self.page_size) * self.page_size
-        self.reg = np.zeros((MAX_REGIONS, T.NCOL), dtype=np.int64)
+        rows = MAX_REGIONS if max_regions is None else max_regions
+        if not 4 <= rows <= MAX_REGIONS:
+            raise PyvgpuError(f"VPMM max_regions={rows}: give 4 to {MAX_REGIONS}")
+        self.max_regions = rows
+        self.reg = np.zeros((rows, T.NCOL), dtype=np.int64)
         self.pg = np.zeros((PAGE_SLOTS, 2), dtype=np.int64)
         self.hd = np.zeros(T.HD_SIZE, dtype=np.int64)
-        self.scr = np.zeros(SCRATCH, dtype=np.int64)
+        self.scr = np.zeros(3 * rows + 2 * PAGE_SLOTS, dtype=np.int64)
         hd = self.hd
         hd[T.H_PAGE], hd[T.H_VA], hd[T.H_DEV], hd[T.H_GAP] = self.page_size, self.va_size, device, self.gap
         hd[T.H_PROP], hd[T.H_ACCESS] = ctypes.addressof(self._prop), ctypes.addressof(self._access)
@@ -161,9 +165,9 @@ class VirtualMemoryPool:
             hd[T.H_SEEN_LIMIT] = ctypes.c_int64.from_address(limit).value
         self._small: dict[int, int] = {}
         # the block the C entry points take (pyvgpu.jit.vpmm.S_*): this pool's tables, by address
-        self.state = (ctypes.c_int64 * V.N_STATE)(self.reg.ctypes.data, MAX_REGIONS, self.pg.ctypes.data,
-                                                  PAGE_SLOTS, self.hd.ctypes.data, T.HD_SIZE,
-                                                  self.scr.ctypes.data, SCRATCH)
+        self.state = (ctypes.c_int64 * V.N_STATE)(self.reg.ctypes.data, rows, self.pg.ctypes.data, PAGE_SLOTS,
+                                                  self.hd.ctypes.data, T.HD_SIZE, self.scr.ctypes.data,
+                                                  self.scr.size)
         self._e = _entries()
         self._check(self._e.preallocate(self._addr, n_pages), f"VPMM_PAGES={n_pages}")
 
@@ -184,17 +188,17 @@ class VirtualMemoryPool:
         if rc != 0 or cu.cuCtxSetCurrent(ctx) != 0:
             raise PyvgpuError(f"VPMM: no context on device {device} (cuDevicePrimaryCtxRetain -> {rc})")
 
-    def _check(self, rc: int, what: str) -> int:
+    def _check(self, rc: int, what: str, after: str = "the pool is unchanged") -> int:
         if rc >= 0:
             return rc
         if rc == T.ERR_TABLE_FULL:
-            raise PyvgpuError(f"VPMM {what}: the pool's tables are full ({MAX_REGIONS} regions, {T.MAX_EVENTS} "
+            raise PyvgpuError(f"VPMM {what}: the pool's tables are full ({self.max_regions} regions, {T.MAX_EVENTS} "
                               f"events, {PAGE_SLOTS // 2} page addresses, {T.MAX_SIDE} record_stream pairs); "
                               "pool.trim() gives rows back, a larger VPMM_PAGE_SIZE needs fewer")
         cu_rc = -rc + T.ERR_DRIVER
         if cu_rc == abi.CUDA_ERROR_OUT_OF_MEMORY:
             raise MemoryError(f"VPMM {what}: out of device memory (or over the vGPU's cap); {self._brief()}")
-        raise PyvgpuError(f"VPMM {what}: the driver returned CUresult {cu_rc}; the pool is unchanged")
+        raise PyvgpuError(f"VPMM {what}: the driver returned CUresult {cu_rc}; {after}")
 
     def malloc(self, size: int, stream: int = 0) -> int:
         """Device memory for ``size`` bytes, usable on ``stream``; raises MemoryError when none can be had."""
@@ -223,10 +227,11 @@ class VirtualMemoryPool:
                               "never allocated here)")
         self._check(rc if rc < 0 else T.ERR_DRIVER - rc, f"free({ptr:#x})")
 
-    def record_stream(self, ptr: int, stream: int) -> None:
-        """``ptr`` (a live allocation) is also used on ``stream``: its free waits for that stream's work too
-        (what Tensor.record_stream asks of PyTorch's allocator)."""
-        rc = self._e.record_stream(self._addr, ptr, stream)
+    def record_stream(self, ptr: int, stream: int, size: int | None = None) -> None:
+        """``ptr`` (a live allocation; ``size`` bytes if it is a small one this object did not make) is also
+        used on ``stream``: its free waits for that stream's work too (what Tensor.record_stream asks of
+        PyTorch's allocator)."""
+        rc = self._e.record_stream(self._addr, ptr, stream, self._small.get(ptr, size or 0))
         if rc == abi.CUDA_ERROR_INVALID_VALUE:
             raise PyvgpuError(f"VPMM record_stream({ptr:#x}): not a live allocation of this pool")
         self._check(rc, f"record_stream({ptr:#x})")
@@ -234,7 +239,8 @@ class VirtualMemoryPool:
     def trim(self, release: bool = True) -> int:
         """Unmap the old addresses of moved pages whose work is done and, with ``release``, give every free
         page nobody can still be using back to the driver (and the vGPU's cap). Returns the pages released."""
-        return self._check(self._e.trim(self._addr, int(release)), "trim")
+        return self._check(self._e.trim(self._addr, int(release)), "trim", "the pages released before it stay "
+                           "released, the rest of the pool is as it was")
 
     def capture_begin(self, stream: int) -> int:
         """A CUDA graph capture is about to begin on ``stream`` (pyvgpu.vpmm_torch calls this for PyTorch);

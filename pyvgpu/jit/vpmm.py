@@ -66,7 +66,7 @@ from pyvgpu.jit.vpmm_tables import (
     stat_alloc,
     stat_pages,
 )
-from pyvgpu.jit.vpmm_trim import pressure, release_free, settle, tight, unmap_stale
+from pyvgpu.jit.vpmm_trim import absorb_refusals, pressure, release_free, settle, tight, unmap_stale
 
 OOM = ERR_DRIVER - CUDA_ERROR_OUT_OF_MEMORY
 
@@ -182,6 +182,7 @@ def small_alloc(reg, hd, pg, scr, size, stream):
     if rc != CUDA_SUCCESS:
         if rc == CUDA_ERROR_OUT_OF_MEMORY:
             hd[H_OOMS] += 1
+        absorb_refusals(hd)
         return driver_error(rc)
     hd[H_SMALL] += n
     stat_alloc(hd, False, n, size, 1)
@@ -224,7 +225,9 @@ def malloc(reg, hd, pg, scr, size, stream):
             a = defragment(reg, hd, pg, scr, size, req, stream, quiet, tag)
         if a == OOM:
             hd[H_OOMS] += 1
-    if not quiet and (pressure(hd) or hd[H_PRESSURE] != 0):
+            absorb_refusals(hd)  # our own refusal is no reason to give our pages away
+            return a
+    if a >= 0 and not quiet and (pressure(hd) or hd[H_PRESSURE] != 0):
         hd[H_PRESSURE] = 0
         release_free(reg, hd, pg, scr)
     return a
@@ -233,14 +236,16 @@ def malloc(reg, hd, pg, scr, size, stream):
 # --- free and record_stream ------------------------------------------------------------------------
 
 @njit
-def record_stream(reg, hd, ptr, stream):
-    """Tensor.record_stream: the live allocation at ptr is also used on stream; its free then waits for
-    that stream's work too. 0, CUDA_ERROR_INVALID_VALUE, or ERR_TABLE_FULL (MAX_SIDE pairs)."""
+def record_stream(reg, hd, ptr, stream, size):
+    """Tensor.record_stream: the live allocation at ptr (size bytes asked) is also used on stream; its free
+    then waits for that stream's work too. A small request (under a page: cuMemAllocAsync memory the pool
+    does not track) is taken on the caller's word. 0, CUDA_ERROR_INVALID_VALUE, or ERR_TABLE_FULL."""
     i = find(reg, hd, ptr)
-    if i < 0 or reg[i, STATE] != MALLOC:
+    if i >= 0 and reg[i, STATE] == MALLOC:
+        if stream == reg[i, STREAM]:
+            return np.int64(0)
+    elif not 0 < size < hd[H_PAGE]:
         return np.int64(CUDA_ERROR_INVALID_VALUE)
-    if stream == reg[i, STREAM]:
-        return np.int64(0)
     n = hd[H_NSIDE]
     for k in range(n):
         if hd[H_SIDE + 2 * k] == ptr and hd[H_SIDE + 2 * k + 1] == stream:
@@ -250,7 +255,8 @@ def record_stream(reg, hd, ptr, stream):
     hd[H_SIDE + 2 * n] = ptr
     hd[H_SIDE + 2 * n + 1] = stream
     hd[H_NSIDE] = n + 1
-    reg[i, XEV] += 1
+    if i >= 0 and reg[i, STATE] == MALLOC:
+        reg[i, XEV] += 1
     return np.int64(0)
 
 
@@ -354,8 +360,21 @@ def free(reg, hd, pg, scr, ptr, stream):
 
 @njit
 def small_free(hd, ptr, stream, size):
+    """cuMemFreeAsync on stream: the driver's pool reuses the memory in that stream's order, so the work of
+    record_stream's side streams is made to come first (GPU-side waits)."""
+    for k in range(hd[H_NSIDE]):
+        if hd[H_SIDE + 2 * k] != ptr:
+            continue
+        ev = D.event_new(hd, hd[H_SIDE + 2 * k + 1])
+        if ev < 0:
+            return ev
+        rc = D.wait_event(hd, stream, ev)
+        event_unref(hd, ev)
+        if rc != CUDA_SUCCESS:
+            return driver_error(rc)
     rc = D.free_async(hd, ptr, stream)
     if rc == CUDA_SUCCESS:
+        _drop_side(hd, ptr)
         hd[H_FREES] += 1
         hd[H_SMALL] -= size
         stat_alloc(hd, False, size, size, -1)
@@ -498,10 +517,10 @@ def entry_preallocate(state, n):
 
 
 @njit
-def entry_record_stream(state, ptr, stream):
+def entry_record_stream(state, ptr, stream, size):
     reg, pg, hd, scr, hd_addr = views(state)
     lock(hd_addr)
-    r = record_stream(reg, hd, ptr, stream)
+    r = record_stream(reg, hd, ptr, stream, size)
     unlock(hd_addr)
     return r
 
@@ -535,8 +554,8 @@ def _c_preallocate(state, n):
     return entry_preallocate(state, n)
 
 
-def _c_record_stream(state, ptr, stream):
-    return entry_record_stream(state, ptr, stream)
+def _c_record_stream(state, ptr, stream, size):
+    return entry_record_stream(state, ptr, stream, size)
 
 
 def _c_capture(state, stream, what):
@@ -546,7 +565,8 @@ def _c_capture(state, stream, what):
 def compile_entries():
     """The cfuncs behind the pool, in this order: int64 malloc(u64 state, i64 size, u64 stream),
     free(u64 state, i64 ptr, u64 stream, i64 size), trim(u64 state, i64 release), preallocate(u64 state,
-    i64 pages), record_stream(u64 state, i64 ptr, u64 stream), capture(u64 state, u64 stream, i64 what).
+    i64 pages), record_stream(u64 state, i64 ptr, u64 stream,
+    i64 size), capture(u64 state, u64 stream, i64 what).
     Compiling them takes tens of seconds, so numba caches them on disk (`pyvgpu warmup --vpmm` does it
     ahead); with nowhere to write the cache they are compiled each time, and stderr says so. Python calls
     nothing else of this module: that would compile too."""
@@ -556,7 +576,7 @@ def compile_entries():
 
     i64, u64 = types.int64, types.uint64
     sigs = ((i64(u64, i64, u64), _c_malloc), (i64(u64, i64, u64, i64), _c_free), (i64(u64, i64), _c_trim),
-            (i64(u64, i64), _c_preallocate), (i64(u64, i64, u64), _c_record_stream),
+            (i64(u64, i64), _c_preallocate), (i64(u64, i64, u64, i64), _c_record_stream),
             (i64(u64, u64, i64), _c_capture))
     try:
         return tuple(cfunc(sig, nopython=True, error_model="numpy", cache=True)(f) for sig, f in sigs)

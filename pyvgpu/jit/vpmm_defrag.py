@@ -276,11 +276,16 @@ def _try(reg, hd, pg, scr, size, req, stream, quiet, tag):
         out = stack_u64()
         chunk = max(hd[H_VA], size + 2 * gap)
         rc = D.reserve(hd, out, chunk)
-        if rc != CUDA_SUCCESS:
-            return driver_error(rc)
-        reserved_row_addr = np.int64(load_u64(out))
-        hole = _add_chunk(reg, hd, reserved_row_addr, chunk)
-        span = reserved_row_addr + gap
+        if rc == CUDA_SUCCESS:
+            reserved_row_addr = np.int64(load_u64(out))
+            hole = _add_chunk(reg, hd, reserved_row_addr, chunk)
+            span = reserved_row_addr + gap
+        else:  # no more address space: pack the span into a hole that just holds it
+            gap = np.int64(0)
+            hole = choose_hole(reg, hd, size, gap)
+            if hole < 0:
+                return driver_error(rc)
+            span = reg[hole, ADDR]
     # waits: the run's rows the span covers, and the sources
     if not quiet:
         covered = np.int64(0)

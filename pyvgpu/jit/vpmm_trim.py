@@ -48,8 +48,8 @@ from pyvgpu.jit.vpmm_tables import (
     insert_after,
     merge_all,
     pg_del,
-    rows_free,
     pg_get,
+    rows_free,
     stat_pages,
 )
 
@@ -254,3 +254,11 @@ def pressure(hd):
                 hit = True
             hd[H_SEEN_LIMIT] = lim
     return hit
+
+
+@njit
+def absorb_refusals(hd):
+    """The pool was refused itself: the refusals counted so far are its own (or of the same moment), not a
+    reason to give its free pages away at its next operation."""
+    if hd[H_WATCH_REFUSALS] != 0:
+        hd[H_SEEN_REFUSALS] = np.int64(atomic_load_u64(np.uint64(hd[H_WATCH_REFUSALS])))
