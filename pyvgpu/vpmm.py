@@ -168,12 +168,10 @@ class VirtualMemoryPool:
         self.state = (ctypes.c_int64 * V.N_STATE)(self.reg.ctypes.data, rows, self.pg.ctypes.data, PAGE_SLOTS,
                                                   self.hd.ctypes.data, T.HD_SIZE, self.scr.ctypes.data,
                                                   self.scr.size)
+        self._addr = ctypes.addressof(self.state)  # what the entry points take
         self._e = _entries()
         self._check(self._e.preallocate(self._addr, n_pages), f"VPMM_PAGES={n_pages}")
 
-    @property
-    def _addr(self) -> int:
-        return ctypes.addressof(self.state)
 
     @staticmethod
     def _context(cu: ctypes.CDLL, device: int) -> None:
