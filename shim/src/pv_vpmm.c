@@ -78,8 +78,15 @@ static void pv_throw_oom(const char *msg) {
     pv_error_ctor_t ctor = (pv_error_ctor_t)pv_sym(c10, "_ZN3c105ErrorC1ENS_14SourceLocationE" PV_STRING_ABI);
     if (!ctor)
         ctor = (pv_error_ctor_t)pv_sym(c10, "_ZN3c105ErrorC2ENS_14SourceLocationE" PV_STRING_ABI);
+    void *c10_cuda = dlopen("libc10_cuda.so", RTLD_LAZY | RTLD_NOLOAD); /* its allocator throws the class too */
     void *tinfo = pv_sym(c10, "_ZTIN3c1016OutOfMemoryErrorE");
     char *vtable = pv_sym(c10, "_ZTVN3c1016OutOfMemoryErrorE");
+    if (!tinfo || !vtable) {
+        tinfo = pv_sym(c10_cuda, "_ZTIN3c1016OutOfMemoryErrorE");
+        vtable = pv_sym(c10_cuda, "_ZTVN3c1016OutOfMemoryErrorE");
+    }
+    if (c10_cuda)
+        dlclose(c10_cuda);
     void (*dtor)(void *) = (void (*)(void *))pv_sym(c10, "_ZN3c105ErrorD1Ev");
     pv_alloc_exc_t alloc_exc = (pv_alloc_exc_t)pv_sym(cxx, "__cxa_allocate_exception");
     pv_throw_t throw_fn = (pv_throw_t)pv_sym(cxx, "__cxa_throw");
