@@ -104,10 +104,16 @@ def test_record_stream_makes_the_free_wait_for_the_side_stream(env):
 
 
 def test_graph_capture_queries_nothing_and_keeps_its_memory(env):
-    """On the fake, a capturing stream makes event queries, waits and records on it fail (as a real driver
-    in global capture mode, which would also invalidate the capture), and counts them."""
+    """On the fake, while a stream captures, event queries, waits and records on it, and VMM calls from a
+    thread not in relaxed mode fail (as on a real driver in global capture mode, PyTorch's default, which
+    would also invalidate the capture), and are counted."""
     r = case(env, "capture")
     assert r["violations"] == 0
+    # it did create and map a page during the capture, in relaxed mode (set and restored around each
+    # malloc), and queried and recorded nothing
+    d = r["during"]
+    assert d["cuMemCreate"] >= 1 and d["cuMemMap"] >= 1 and d["cuEventQuery"] == 0 and d["cuEventRecord"] == 0
+    assert d["cuThreadExchangeStreamCaptureMode"] == 2 * 3  # three mallocs during the capture
     assert r["epoch"] == 1 and r["reuse_inside"] and r["small_is_page"]
     assert r["graph_frees_record_nothing"]  # the graph's memory needs no event: only its capture reuses it
     # the ordinary allocation freed during the capture gets its event at the first operation after it, and

@@ -365,9 +365,10 @@ def _try(reg, hd, pg, scr, size, req, stream, quiet, tag):
             h += 1
         split(reg, hd, h, size)
     else:
-        if left > 0:  # the hole right before the run gives its last left bytes
+        if left > 0:  # the hole right before the run gives its last left bytes (all of it: no cut)
             h = find(reg, hd, span + left) - 1
-            split(reg, hd, h, reg[h, SIZE] - left)
+            if reg[h, SIZE] > left:
+                split(reg, hd, h, reg[h, SIZE] - left)
         if right > 0:
             split(reg, hd, find(reg, hd, right_start), right)
     i = find(reg, hd, span)

@@ -13,11 +13,12 @@ import numpy as np
 from numba import njit
 
 from pyvgpu.abi import CU_EVENT_DISABLE_TIMING, CUDA_SUCCESS
-from pyvgpu.jit.intrinsics import call_i32, load_u64, stack_u64
+from pyvgpu.jit.intrinsics import call_i32, load_u64, stack_u64, store_u32
 from pyvgpu.jit.vpmm_tables import (
     ERR_TABLE_FULL,
     F_ADDR_FREE,
     F_ALLOC_ASYNC,
+    F_CAPTURE_MODE,
     F_CREATE,
     F_CTX_SYNC,
     F_EV_CREATE,
@@ -133,6 +134,23 @@ def is_capturing(hd, stream):
     if rc != CUDA_SUCCESS:
         return driver_error(rc)
     return np.int64(1) if (load_u64(out) & np.uint64(0xFFFFFFFF)) != 0 else np.int64(0)
+
+
+CAPTURE_MODE_RELAXED = 2
+
+
+@njit
+def capture_mode(hd, mode):
+    """Set the calling thread's stream-capture interaction mode (cuThreadExchangeStreamCaptureMode); returns
+    the previous one, or -1000 - CUresult. In relaxed mode the thread may create and map pages while a
+    capture runs (the global mode, PyTorch's default, refuses them as it refuses cudaMalloc)."""
+    _count(hd, F_CAPTURE_MODE)
+    out = stack_u64()
+    store_u32(out, np.uint32(mode))
+    rc = call_i32(fn(hd, F_CAPTURE_MODE), (out,))
+    if rc != CUDA_SUCCESS:
+        return driver_error(rc)
+    return np.int64(load_u64(out) & np.uint64(0xFFFFFFFF))
 
 
 @njit

@@ -37,10 +37,12 @@ EV_DEFERRED = -2  # freed on a capturing stream: its event is recorded once the 
  H_CAPTURE_ACTIVE, H_UNSETTLED, H_PRESSURE, H_INPLACE, H_MOVED, H_MALLOCS, H_FREES) = range(36)
 # driver functions, from H_FN on
 (F_RESERVE, F_CREATE, F_MAP, F_SET_ACCESS, F_UNMAP, F_EV_CREATE, F_EV_RECORD, F_EV_QUERY, F_WAIT,
- F_ALLOC_ASYNC, F_FREE_ASYNC, F_RELEASE, F_ADDR_FREE, F_IS_CAPTURING, F_POOL_TRIM, F_CTX_SYNC, N_FN) = range(17)
+ F_ALLOC_ASYNC, F_FREE_ASYNC, F_RELEASE, F_ADDR_FREE, F_IS_CAPTURING, F_POOL_TRIM, F_CTX_SYNC, F_CAPTURE_MODE,
+ N_FN) = range(18)
 FN_NAMES = ("cuMemAddressReserve", "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuEventCreate",
             "cuEventRecord", "cuEventQuery", "cuStreamWaitEvent", "cuMemAllocAsync", "cuMemFreeAsync",
-            "cuMemRelease", "cuMemAddressFree", "cuStreamIsCapturing", "cuMemPoolTrimTo", "cuCtxSynchronize")
+            "cuMemRelease", "cuMemAddressFree", "cuStreamIsCapturing", "cuMemPoolTrimTo", "cuCtxSynchronize",
+            "cuThreadExchangeStreamCaptureMode")
 H_FN = 48
 H_CALLS = H_FN + 32  # calls made, per driver function (same order)
 H_ACCESS_PAGES = H_CALLS + 32  # pages covered by cuMemSetAccess calls
@@ -203,10 +205,12 @@ def remove(reg, hd, i):
 
 @njit
 def split(reg, hd, i, size):
-    """Cut row i after size bytes; the tail (same state, stream, events: one more reference each) is row
-    i + 1. False when the table is full."""
+    """Cut row i after size bytes (0 < size); the tail (same state, stream, events: one more reference each)
+    is row i + 1. Nothing to cut when size is the whole row. False when the table is full."""
     if reg[i, SIZE] == size:
         return True
+    if size <= 0:  # a row of no bytes would break the table's order (two rows at one address)
+        return False
     if not insert_after(reg, hd, i):
         return False
     reg[i + 1, :] = reg[i, :]

@@ -99,7 +99,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
     X(cuLaunchCooperativeKernelMultiDevice) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)                      \
     X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy_v2) X(cuStreamIsCapturing) X(cuGraphCreate)       \
     X(cuGraphAddKernelNode) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)                 \
-    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuStreamWaitEvent)
+    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuStreamWaitEvent) X(cuThreadExchangeStreamCaptureMode)
 
 #define X(name) FK_##name,
 enum { FAKE_FUNCS(X) FK_N };
@@ -326,6 +326,23 @@ EXPORT int fakecuda_capture(CUstream s, int on) {
 }
 
 EXPORT uint64_t fakecuda_capture_violations(void) { return __atomic_load_n(&g_capture_violations, __ATOMIC_ACQUIRE); }
+
+/* The calling thread's capture interaction mode: 0 global (the default), 1 thread-local, 2 relaxed. While
+ * a stream captures, a thread not in relaxed mode may not make the potentially unsafe calls (the VMM
+ * calls that change mappings and memory: cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
+ * cuMemAddressReserve), as a real driver in global capture mode refuses cudaMalloc. */
+static __thread int t_capture_mode;
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    COUNT(cuThreadExchangeStreamCaptureMode);
+    if (!mode || *mode < 0 || *mode > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    int old = t_capture_mode;
+    t_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+#define CAPTURE_UNSAFE() CAPTURE_SAFE(__atomic_load_n(&g_ncapturing, __ATOMIC_ACQUIRE) && t_capture_mode != 2)
 
 static int capturing(CUstream s) {
     if (!__atomic_load_n(&g_ncapturing, __ATOMIC_ACQUIRE))
@@ -1394,6 +1411,7 @@ EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int o
 EXPORT CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop, unsigned long long flags) {
     COUNT(cuMemCreate);
     FAULT(cuMemCreate);
+    CAPTURE_UNSAFE();
     NEED_INIT();
     if (!h || !prop || !size || size % VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1424,6 +1442,7 @@ EXPORT CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop
 EXPORT CUresult cuMemRelease(unsigned long long h) {
     COUNT(cuMemRelease);
     FAULT(cuMemRelease);
+    CAPTURE_UNSAFE();
     pthread_mutex_lock(&g_mu);
     struct alloc *a = tab_find(h);
     int deferred = a && a->pool < 0 && a->maps > 0 && !a->released;
@@ -1450,6 +1469,7 @@ EXPORT uint64_t fakecuda_released_mapped_bytes(void) {
 EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long f) {
     COUNT(cuMemAddressReserve);
     FAULT(cuMemAddressReserve);
+    CAPTURE_UNSAFE();
     if (!p || !size)
         return CUDA_ERROR_INVALID_VALUE;
     static uint64_t next_va = 0x600000000000ULL; /* apart from every device's allocation range */
@@ -1490,6 +1510,7 @@ static uint64_t *map_find(uint64_t va, int insert) {
 EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long long h, unsigned long long f) {
     COUNT(cuMemMap);
     FAULT(cuMemMap);
+    CAPTURE_UNSAFE();
     if (!p || !size || !h || p % VMM_GRANULARITY || size % VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
@@ -1517,6 +1538,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long l
 EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
     COUNT(cuMemUnmap);
     FAULT(cuMemUnmap);
+    CAPTURE_UNSAFE();
     if (!p || !size || p % VMM_GRANULARITY || size % VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
@@ -1561,6 +1583,7 @@ EXPORT CUresult cuStreamWaitEvent(CUstream s, struct fake_event *e, unsigned fla
 EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t count) {
     COUNT(cuMemSetAccess);
     FAULT(cuMemSetAccess);
+    CAPTURE_UNSAFE();
     if (!p || !size || !desc)
         return CUDA_ERROR_INVALID_VALUE;
     if (p % VMM_GRANULARITY || size % VMM_GRANULARITY)

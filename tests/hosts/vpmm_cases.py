@@ -176,11 +176,11 @@ def prop(n: int) -> dict:
     from hypothesis import strategies as st
 
     ops = st.lists(st.tuples(st.sampled_from(["alloc", "alloc", "free", "trim"]), st.integers(1, 9 * 2 * MiB),
-                             st.sampled_from([0, 0x1000]), st.integers(0, 1000)), max_size=60)
+                             st.sampled_from([0, 0x1000]), st.integers(0, 1000)), max_size=80)
     runs = []
 
     @settings(max_examples=n, deadline=None, database=None)
-    @given(ops, st.sampled_from([0, 2 * MiB, 8 * MiB]))
+    @given(ops, st.sampled_from([0, 2 * MiB, 4 * MiB, 8 * MiB]))
     def check(seq, gap):
         base = cu.fakecuda_mapped_pages()  # earlier examples' pools stay mapped
         pool = VirtualMemoryPool(page_size=2 * MiB, va_size=32 * MiB, pages=3, gap=gap)
@@ -229,12 +229,47 @@ def cexports() -> dict:
     return out
 
 
-def trace_run(steps: int) -> dict:
-    """pyvgpu bench vpmm's fragmenting trace on a pool (no PyTorch here), with the pool's defaults."""
+def trace_run(steps: int, gap: int | None = None) -> dict:
+    """pyvgpu bench vpmm's fragmenting trace on a pool (no PyTorch here), with the pool's defaults or the
+    given VPMM_GAP; the region table is checked every 25 operations (sorted, no empty or overlapping row,
+    the live set as the trace holds it)."""
     from pyvgpu.bench import vpmm as bench
 
-    pool = VirtualMemoryPool(page_size=2 * MiB, va_size=4 * G)
-    out = bench.run_pool(bench.trace(steps), pool)
+    pool = VirtualMemoryPool(page_size=2 * MiB, va_size=4 * G, gap=gap)
+    ops = bench.trace(steps)
+    live: dict[int, int] = {}
+    count = [0]
+
+    class Checked:
+        page_size = pool.page_size
+        _cu = pool._cu
+
+        @staticmethod
+        def malloc(n: int) -> int:
+            p = pool.malloc(n)
+            if n >= pool.page_size:
+                live[p] = n
+            tick()
+            return p
+
+        @staticmethod
+        def free(p: int) -> None:
+            pool.free(p)
+            live.pop(p, None)
+            tick()
+
+        stats = staticmethod(pool.stats)
+
+    def tick() -> None:
+        count[0] += 1
+        if count[0] % 25:
+            return
+        rows = pool.regions()
+        assert all(s > 0 for _, s, _, _ in rows), "an empty row"
+        assert all(a + s <= b for (a, s, _, _), (b, _, _, _) in zip(rows, rows[1:], strict=False)), "order"
+        assert {a for a, _, m, _ in rows if m == "+"} == set(live), "the live set"
+
+    out = bench.run_pool(ops, Checked)
     out["stats"] = pool.stats()
     return out
 
@@ -485,13 +520,16 @@ def capture_case() -> dict:
     epoch = pool.capture_begin(cap)
     cu.fakecuda_capture(cap, 1)
     v0 = cu.fakecuda_capture_violations()
+    c_cap = pool.calls()
     t1 = pool.malloc(4 * MiB, cap)
     small = pool.malloc(1000, cap)  # a page, not cuMemAllocAsync (a graph would own that memory)
     pool.free(t1, cap)
     t2 = pool.malloc(4 * MiB, cap)  # the capture's own freed memory, reused in stream order
     pool.free(eager, cap)  # an ordinary allocation freed on the capturing stream: its event must wait
     out = {"epoch": epoch, "reuse_inside": t2 == t1, "small_is_page": pool.stats()["small_live"] == 0,
-           "violations": cu.fakecuda_capture_violations() - v0}
+           "violations": cu.fakecuda_capture_violations() - v0,
+           "during": delta(pool, c_cap, "cuMemCreate", "cuMemMap", "cuEventQuery", "cuEventRecord",
+                           "cuThreadExchangeStreamCaptureMode")}
     cu.fakecuda_capture(cap, 0)
     pool.capture_end(cap)
     c0 = pool.calls()
@@ -531,7 +569,8 @@ def stats_case() -> dict:
 if __name__ == "__main__":
     what = sys.argv[1]
     result = {"walk": lambda: walk(int(sys.argv[2])), "streams": streams, "cap": cap, "refusal": refusal,
-              "cexports": cexports, "trace": lambda: trace_run(int(sys.argv[2])),
+              "cexports": cexports,
+              "trace": lambda: trace_run(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None),
               "property": lambda: prop(int(sys.argv[2])), "faults": faults, "trim": trim_case,
               "pressure": pressure, "record_stream": record_stream_case, "capture": capture_case,
               "stats": stats_case}[what]()
