@@ -141,7 +141,7 @@ def test_fragmenting_trace_maps_only_its_live_pages_and_is_never_refused_with_ro
     (This trace found a defragmentation that overran a small hole; the fake's strict VMM refused the map.)"""
     free = case(env, "trace", "600")
     assert free["refused"] == 0 and free["stats"]["defragmentations"] > 100
-    assert free["peak_reserved"] == free["peak_live_pages"]  # nothing beyond the live pages
+    assert free["peak_mapped"] == free["peak_live_pages"]  # nothing beyond the live pages
     assert 0 <= free["peak_live_pages"] - free["peak_live"] < 8 * 2 * MiB  # page rounding of the live buffers
     # every byte the pool took (pages and the small requests' bytes) stays within 1% of the trace's peak
     assert free["stats"]["peak_taken"] <= 1.01 * free["peak_live"]
@@ -151,7 +151,7 @@ def test_fragmenting_trace_maps_only_its_live_pages_and_is_never_refused_with_ro
     p = run([sys.executable, str(CASES), "trace", "600"], env=dict(env, FAKECUDA_DEVICES=str(snug)), timeout=600)
     assert p.returncode == 0, p.stderr
     tight = json.loads(p.stdout.strip().splitlines()[-1])
-    assert tight["refused_with_room"] == [] and tight["peak_reserved"] <= snug
+    assert tight["refused_with_room"] == [] and tight["peak_mapped"] <= snug
 
 
 # The trace's driver calls before this design (commit 4979ae7, the same trace on the fake): 822 cuMemCreate,
