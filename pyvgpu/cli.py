@@ -447,16 +447,22 @@ def bench_vpmm(
                                                                  "refused requests."),
     page_size: str = typer.Option(None, "--page-size", metavar="SIZE", help="VPMM's page (VPMM_PAGE_SIZE; "
                                   "default 2M): larger pages defragment less often, round up more."),
+    direct: bool = typer.Option(False, "--direct", help="Replay the trace on a VPMM pool in this process, "
+                                "without PyTorch (also on a fake driver): the allocator's own ops/s and calls."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
     """A fragmenting trace (inference with growing sequences) under PyTorch's caching allocator,
-    expandable_segments and VPMM: peak live, peak reserved, refused requests, ops/s (needs PyTorch and a GPU)."""
+    expandable_segments and VPMM: peak live, peak reserved, refused requests, ops/s, VPMM's driver calls per
+    operation (needs PyTorch and a GPU; --direct needs neither)."""
     from pyvgpu.bench import vpmm as bench
     from pyvgpu.errors import PyvgpuError
 
     try:
-        result = bench.run(steps=steps, cap=cap, page_size=page_size)
+        if direct:
+            result = bench.run_direct(steps=steps, page_size=page_size)
+        else:
+            result = bench.run(steps=steps, cap=cap, page_size=page_size)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, bench.table(result), as_json, output)
