@@ -1,6 +1,12 @@
 """Start-up per host kind, main (5ecb7ee) against this branch, on the fake driver: seconds from exec to the
 first cuInit returning, median of N runs, each mode interleaved."""
-import json, os, statistics, subprocess, sys, tempfile, time
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 7
@@ -28,6 +34,7 @@ main_bench, new_bench = f"{main_pkg}/bin/pv_bench", f"{new_pkg}/bin/pv_bench"
 # a region made first, as a device plugin does: 1 GiB and 30% on device 0
 sys.path.insert(0, str(Path(new_pkg).parent))
 from pyvgpu import region
+
 reg = tmp / "vgpu.region"
 region.create(reg, "bench", [1 << 30] + [0] * 15, sm=[30] * 16)
 cont = dict(base, CUDA_DEVICE_MEMORY_LIMIT_0="1024m", CUDA_DEVICE_SM_LIMIT="30", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(reg), PYVGPU_SCHED=str(tmp / "turns"))
