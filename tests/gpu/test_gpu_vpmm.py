@@ -16,6 +16,10 @@ from test_vpmm_torch import CORE, COUNTERS
 
 HERE = Path(__file__).resolve().parent
 MiB, GiB = 1 << 20, 1 << 30
+# Failed on the H100 at commit ba196df (the merge of issue 18's VPMM work); kept as strict xfails so a fix shows.
+OOM_CLASS = "known to fail on a GPU: a refusal reaches PyTorch as RuntimeError, not torch.OutOfMemoryError"
+GRAPH = "known to fail on a GPU: CUDA graph capture and replay on VPMM failed its checks; not diagnosed"
+RECORD_STREAM = "known to fail on a GPU: record_stream did not hold the block for the side stream; not diagnosed"
 
 
 def last_json(p):
@@ -42,7 +46,7 @@ def test_walkthrough_on_real_memory_keeps_the_data(pages):
     assert r["defragmentations"] == (0 if pages == 22 else 1)
 
 
-@pytest.mark.xfail(strict=True, reason="known to fail on a GPU: a refusal reaches PyTorch as RuntimeError, not torch.OutOfMemoryError (H100, commit ba196df)")
+@pytest.mark.xfail(strict=True, reason=OOM_CLASS)
 def test_torch_on_vpmm_under_a_cap():
     r = last_json(run([*PYVGPU, "wrap", "--allocator", "vpmm", "--memory", "4G", "--", sys.executable,
                        str(HERE / "torch_vpmm.py")], env=clean_env()))
@@ -68,7 +72,7 @@ def test_torch_memory_stats_and_snapshot_come_from_the_pool():
     assert r["max_allocated_after_reset"] == r["allocated_now"]  # reset_peak_memory_stats
 
 
-@pytest.mark.xfail(strict=True, reason="known to fail on a GPU: a refusal reaches PyTorch as RuntimeError, not torch.OutOfMemoryError (H100, commit ba196df)")
+@pytest.mark.xfail(strict=True, reason=OOM_CLASS)
 def test_a_refusal_is_torch_out_of_memory_error():
     r = torch_part("oom")
     assert r["raised"] == "OutOfMemoryError", r
@@ -76,7 +80,7 @@ def test_a_refusal_is_torch_out_of_memory_error():
     assert r["num_ooms"] >= 1 and r["after_ok"]
 
 
-@pytest.mark.xfail(strict=True, reason="known to fail on a GPU: capture and replay on VPMM failed its checks on the H100 (commit ba196df); not diagnosed")
+@pytest.mark.xfail(strict=True, reason=GRAPH)
 def test_cuda_graph_capture_and_replay_on_vpmm():
     r = torch_part("graph")
     assert r["captured"] and r["replays_ok"] and r["others_intact"]
@@ -84,7 +88,7 @@ def test_cuda_graph_capture_and_replay_on_vpmm():
     assert r["graph_regions_after_reset"] == 0  # CUDAGraph.reset gives it back to the pool
 
 
-@pytest.mark.xfail(strict=True, reason="known to fail on a GPU: record_stream did not hold the block for the side stream on the H100 (commit ba196df); not diagnosed")
+@pytest.mark.xfail(strict=True, reason=RECORD_STREAM)
 def test_record_stream_holds_memory_for_the_side_stream():
     r = torch_part("record_stream")
     assert r["side_read_ok"], r  # the side stream read the values it was given, not the next tensor's
