@@ -11,7 +11,8 @@ address space per reserved chunk, default 8 TiB), VPMM_PAGES (pages mapped at
 start, default 0), VPMM_GAP (address space left free on each side of a span
 placed in a fresh hole, so that it can grow in place; default 1 GiB, 0 packs
 spans as the seed's pictures do). The allocator core is ``pyvgpu.jit.vpmm``;
-PyTorch's side is ``pyvgpu.vpmm_torch``.
+PyTorch's side is ``pyvgpu.vpmm_torch`` (``enable()`` makes VPMM PyTorch's allocator); it imports this
+module, never the other way round.
 """
 
 from __future__ import annotations
@@ -354,11 +355,3 @@ def install(lib: ctypes.CDLL, pool: VirtualMemoryPool) -> None:
     lib.pyvgpu_vpmm_install.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
     if lib.pyvgpu_vpmm_install(pool.device, m_addr, f_addr, ctypes.addressof(pool.state)) != 0:
         raise PyvgpuError(f"VPMM: the shim refused a pool for device {pool.device}")
-
-
-def enable_for_torch(**pool_options: int) -> list[VirtualMemoryPool]:
-    """Make VPMM PyTorch's CUDA allocator (pyvgpu.vpmm_torch.enable: one pool per visible device, and
-    torch.cuda's memory statistics, snapshot, record_stream and graph captures answered by the pools)."""
-    from pyvgpu import vpmm_torch
-
-    return vpmm_torch.enable(**pool_options)

@@ -45,7 +45,7 @@ def _pool(device: Any) -> VirtualMemoryPool:
     for p in _TORCH_POOLS:
         if p.device == idx:
             return p
-    raise PyvgpuError(f"VPMM: no pool for CUDA device {idx} (pyvgpu.vpmm.enable_for_torch made pools for "
+    raise PyvgpuError(f"VPMM: no pool for CUDA device {idx} (pyvgpu.vpmm_torch.enable made pools for "
                       f"{[p.device for p in _TORCH_POOLS]})")
 
 
