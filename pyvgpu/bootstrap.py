@@ -34,9 +34,9 @@ def torch_allocator_hook() -> None:
 
             def exec_module(module):
                 run(module)
-                from pyvgpu import vpmm
+                from pyvgpu import vpmm_torch
 
-                vpmm.enable_for_torch()
+                vpmm_torch.enable()
 
             spec.loader.exec_module = exec_module
             return spec

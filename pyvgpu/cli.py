@@ -453,6 +453,8 @@ def bench_sm(
     burst_share: int = typer.Option(30, "--burst-share", min=1, max=99, metavar="PCT",
                                     help="The share of the borrowing group in --burst."),
     png: str = typer.Option("bench-sm.png", "--png", metavar="PATH", help="Where to write the plot ('' for none)."),
+    mode: str = typer.Option("hami-core", "--mode", metavar="hami-core|mps",
+                             help="Who enforces the shares: pyvgpu (hami-core) or NVIDIA MPS (wrap --mode mps)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
@@ -468,7 +470,7 @@ def bench_sm(
     try:
         result = bench.run(targets=targets, seconds=seconds, workload=workload, pair=pair,
                            png=Path(png) if png else None, neighbour=neighbour, neighbour_share=neighbour_share,
-                           sliced=sliced, priorities=priorities, burst=burst, burst_share=burst_share)
+                           sliced=sliced, priorities=priorities, burst=burst, burst_share=burst_share, mode=mode)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, bench.table(result), as_json, output)
@@ -481,16 +483,22 @@ def bench_vpmm(
                                                                  "refused requests."),
     page_size: str = typer.Option(None, "--page-size", metavar="SIZE", help="VPMM's page (VPMM_PAGE_SIZE; "
                                   "default 2M): larger pages defragment less often, round up more."),
+    direct: bool = typer.Option(False, "--direct", help="Replay the trace on a VPMM pool in this process, "
+                                "without PyTorch (also on a fake driver): the allocator's own ops/s and calls."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
     """A fragmenting trace (inference with growing sequences) under PyTorch's caching allocator,
-    expandable_segments and VPMM: peak live, peak reserved, refused requests, ops/s (needs PyTorch and a GPU)."""
+    expandable_segments and VPMM: peak live, peak reserved, refused requests, ops/s, VPMM's driver calls per
+    operation (needs PyTorch and a GPU; --direct needs neither)."""
     from pyvgpu.bench import vpmm as bench
     from pyvgpu.errors import PyvgpuError
 
     try:
-        result = bench.run(steps=steps, cap=cap, page_size=page_size)
+        if direct:
+            result = bench.run_direct(steps=steps, page_size=page_size)
+        else:
+            result = bench.run(steps=steps, cap=cap, page_size=page_size)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     _emit(result, bench.table(result), as_json, output)

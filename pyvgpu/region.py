@@ -521,15 +521,11 @@ def gc_private() -> int:
         except PyvgpuError:
             continue
         try:
-            busy = False
-            for i in range(r.header.n_slots):
-                if r.slot(i).state != L.SLOT_LIVE:
-                    continue
-                lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF + i * L.REGION_SLOT.size, 1, 0)
-                got = struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))
-                if got[0] != fcntl.F_UNLCK:
-                    busy = True
-                    break
+            # Every member holds a lock on its slot's bytes: one query over all the slots tells whether any
+            # member lives (a loop over 1024 slots in Python cost `pyvgpu wrap` ~3 ms per region).
+            lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF, r.header.n_slots * L.REGION_SLOT.size,
+                             0)
+            busy = struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))[0] != fcntl.F_UNLCK
             # a region nobody ever joined is young: keep it for a minute (its wrap may still be starting)
             young = time.time_ns() - r.header.created_ns < 60 * 10**9
             if not busy and not young:

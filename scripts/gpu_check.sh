@@ -11,10 +11,11 @@
 #             launch overhead without and with a share, paired in one run
 #   scenarios bench sm: the small-kernel MLP pair (turns and time-sliced), a share beside an
 #             unlimited wrapped neighbour (spin, MLP), borrow/give-back, priorities (issue 17)
+#   mps       bench sm under --mode mps (MPS alone), the memory view and OOM under MPS with and without pyvgpu
 #   vpmm      bench vpmm (mapped/live, ops/s against expandable_segments and the default allocator)
 #   startup   bench startup (time to the first CUDA call, raw and wrapped)
 #   none      install and warm up only
-# Extra pyvgpu warmup arguments: WARMUP_ARGS. Without a share of the GPU for matplotlib, no PNGs.
+# WARMUP=1: use host-tuned callbacks (pyvgpu warmup) instead of the packaged portable ones. No matplotlib: no PNGs.
 set -u
 OUT=${OUT:-/tmp/pyvgpu-gpu}
 mkdir -p "$OUT"
@@ -32,7 +33,9 @@ png() { $PY -c "import matplotlib" 2>/dev/null && echo "$W/$1" || echo ""; }
 # --- setup: dependencies from the carried .wheels (the device has no network), the tree, the callbacks
 $PY -c "import prometheus_client, rich, typer, yaml" 2>/dev/null ||
   $PY -m pip install -q --no-index --find-links .wheels prometheus-client rich typer pyyaml 2>&1 | grep -v -i warning | tail -2
+T0=$(date +%s)
 $PY -m pip install --no-build-isolation --no-deps -q . 2>&1 | grep -v -i warning | tail -3
+T1=$(date +%s)
 $PY scripts/build_native.py >/dev/null
 {
   echo "# GPU check: $PARTS"
@@ -47,7 +50,12 @@ $PY scripts/build_native.py >/dev/null
   echo
 } > "$S"
 cat "$S"
-/usr/bin/time -f "warmup (cold compile on this machine) %e s" $PY -m pyvgpu warmup ${WARMUP_ARGS:-} 2>&1 | tail -1 | block
+# The packaged callbacks (portable x86-64, compiled by the package build) are what users get: they are
+# measured. WARMUP=1 compiles the host-tuned ones into the cache first (then used instead).
+echo "pip install (the package build compiles the callbacks): $((T1 - T0)) s" | block
+if [ -n "${WARMUP:-}" ]; then
+  /usr/bin/time -f "warmup (host-tuned compile) %e s" $PY -m pyvgpu warmup 2>&1 | tail -1 | block
+fi
 cd "$W"  # from here on the installed pyvgpu, not the tree's
 
 for part in $PARTS; do
@@ -80,6 +88,22 @@ for part in $PARTS; do
     say "### the MLP pair time-sliced"
     PYVGPU_SM_TURN=0 $PY -m pyvgpu bench sm --workload mlp --targets "" --pair 50,50 --png "" \
       --output "$W/sm-mlp-pair-timesliced.json" 2>&1 | tail -6 | block; pack ;;
+  mps)
+    say "## MPS mode against MPS alone and pyvgpu's turns (spin kernel)"
+    $PY -m pyvgpu bench sm --workload spin --targets 30,70 --pair 30,70 --mode mps --png "" \
+      --output "$W/sm-spin-mps.json" 2>&1 | tail -8 | block; pack
+    MEM='import torch; f, t = torch.cuda.mem_get_info(); print(f"total {t / 2**30:.2f} GiB, free {f / 2**30:.2f} GiB")'
+    OOM='import torch\ntry:\n    x = torch.empty(5 << 30, dtype=torch.uint8, device="cuda"); print("5 GiB: allocated")\nexcept torch.OutOfMemoryError as e:\n    print("5 GiB: OutOfMemoryError")'
+    say "### memory view under a 4 GiB cap"
+    {
+      echo "pyvgpu wrap --mode mps --memory 4G: $($PY -m pyvgpu wrap --mode mps --memory 4G -- $PY -c "$MEM" 2>&1 | tail -1); $($PY -m pyvgpu wrap --mode mps --memory 4G -- $PY -c "$(printf "$OOM")" 2>&1 | tail -1)"
+      D=$(mktemp -d); export CUDA_MPS_PIPE_DIRECTORY=$D/pipe CUDA_MPS_LOG_DIRECTORY=$D/log; mkdir -p $D/pipe $D/log
+      nvidia-cuda-mps-control -d
+      echo "MPS alone, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M: $(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M $PY -c "$MEM" 2>&1 | tail -1); $(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M $PY -c "$(printf "$OOM")" 2>&1 | tail -1)"
+      echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    } 2>&1 | block
+    for d in "$XDG_RUNTIME_DIR/pyvgpu/mps/pipe"; do [ -e "$d/control" ] && echo quit | CUDA_MPS_PIPE_DIRECTORY=$d nvidia-cuda-mps-control; done
+    pack ;;
   vpmm)
     say "## VPMM"
     $PY -m pyvgpu bench vpmm --output "$W/bench-vpmm.json" 2>&1 | tail -10 | block; pack ;;

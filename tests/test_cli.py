@@ -94,6 +94,9 @@ def test_bench_overhead_runs_on_the_fake(env, tmp_path):
         s = r["ops"][op]
         assert s["raw_ns"] > 0 and s["hook_ns"] > 0 and s["ratio"] > 0
     assert "ratio" in p.stdout and f"wrote {out}" in p.stderr
+    from pyvgpu import cache
+
+    assert r["callbacks"] == cache.read()["library"] and f"callbacks: {r['callbacks']}" in p.stdout
     # --json: the same result on stdout, and nothing else there
     p = run([*PYVGPU, "bench", "overhead", "--rounds", "1", "--samples", "20", "--json"], env=env)
     assert p.returncode == 0, p.stderr

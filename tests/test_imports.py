@@ -26,7 +26,11 @@ def import_graph(root: Path = PKG) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in files}
     for mod, path in files.items():
         pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):  # imports only for type checkers are not dependencies at run time
+            if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+                node.body = []
+        for node in ast.walk(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]

@@ -152,3 +152,30 @@ def test_the_shim_takes_the_library_tuned_for_this_cpu(env, fake, tmp_path, tune
     p, lib = boundary(fake, e, tmp_path, 4 * MiB)
     assert "first=0 one_more=2" in p.stdout and lib == packaged, p.stdout + p.stderr
     assert f"not using {tuned}: another user owns it or can write it" in p.stderr
+
+
+def test_wrap_collects_dead_private_groups_only(env, fake, tmp_path, monkeypatch):
+    """region.gc_private (run by every `pyvgpu wrap`): a group no process holds a slot in, older than a minute,
+    goes; one with a live member, or a young one, stays."""
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run_dir))
+    private = region.private_runtime_dir("private")
+    live, dead, young = (private / f"{n}.region" for n in ("live", "dead", "young"))
+    for p in (live, dead, young):
+        region.create(p, p.stem, [64 * MiB] * 16)
+    for p in (live, dead):  # created two minutes ago
+        r = region.open_region(p)
+        r.header.created_ns -= 120 * 10**9
+        r.close()
+    member = subprocess.Popen([str(fake / "host_mem_linked"), "hold", str(MiB)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=dict(bare(env, tmp_path), PYVGPU_REGION=str(live)))
+    try:
+        assert member.stdout.readline().startswith("HELD rc=0")
+        assert region.gc_private() == 1
+        assert live.exists() and young.exists() and not dead.exists()
+    finally:
+        member.communicate("", timeout=60)
+    assert region.gc_private() == 1 and not live.exists()  # its member is gone now

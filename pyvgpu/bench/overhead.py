@@ -75,7 +75,8 @@ def run(rounds: int = 5, samples: int = 1000, launch_batch: int = 100, alloc_bat
         os.close(r.fd)
         throttled = r.device(0).sm_throttle_ns / 1e9
     return {"bench": "overhead", "machine": machine(), "rounds": rounds, "samples": samples, "throttled_s": throttled,
-            "alloc_size": size, "memory_limit": memory, "sm_limit": sm, "ops": summary}
+            "alloc_size": size, "memory_limit": memory, "sm_limit": sm, "callbacks": wrapped["PYVGPU_CALLBACKS"],
+            "ops": summary}
 
 
 def table(result: dict) -> str:
@@ -84,6 +85,7 @@ def table(result: dict) -> str:
         cap += f", wrapped under --sm {result['sm_limit']} (launches held back: {result['throttled_s']:.3f} s)"
     lines = [f"pyvgpu bench overhead on {result['machine']['gpu']}: median host ns per call, "
              f"{result['rounds']} rounds{cap}",
+             f"  callbacks: {result.get('callbacks', '?')}",
              f"  {'op':<11} {'raw':>8} {'hook':>8} {'+paired':>8} {'ratio':>7} {'goal':>7} | separate processes: "
              f"{'raw':>8} {'wrapped':>8} {'ratio':>7}"]
     for op, s in result["ops"].items():

@@ -173,9 +173,13 @@ def _shares(text: str, where: str, n: int | None = None) -> list[int]:
 
 def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "spin", pair: str = "30,70",
         png: Path | None = Path("bench-sm.png"), neighbour: str = "none", neighbour_share: int = 50,
-        sliced: bool = False, priorities: str | None = None, burst: bool = False, burst_share: int = 30) -> dict:
+        sliced: bool = False, priorities: str | None = None, burst: bool = False, burst_share: int = 30,
+        mode: str = "hami-core") -> dict:
     if workload not in WORKLOADS:
         raise PyvgpuError(f"--workload {workload!r} is not one of {', '.join(WORKLOADS)}")
+    if mode == "mps" and (neighbour != "none" or burst or sliced or priorities):
+        raise PyvgpuError("--neighbour, --burst, --sliced and --priorities measure pyvgpu's turns; "
+                          "with --mode mps give only --targets and --pair")
     if neighbour not in NEIGHBOURS:
         raise PyvgpuError(f"--neighbour {neighbour!r} is not one of {', '.join(NEIGHBOURS)}")
     shares = _shares(targets, "--targets")
@@ -202,7 +206,7 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
     iters, kernel_ns = _calibrate(raw) if workload in ("spin", "graph") else (0, 0.0)
     cmd = _command(workload, seconds, iters)
     limit = seconds * 4 + 120
-    result: dict = {"bench": "sm", "machine": machine(), "workload": workload, "seconds": seconds,
+    result: dict = {"bench": "sm", "machine": machine(), "workload": workload, "seconds": seconds, "mode": mode,
                     "spin_iters": iters, "spin_kernel_ns": kernel_ns, "runs": [], "scenarios": {}}
     result["turns"] = sched.enabled(raw)
     util = UtilSampler()
@@ -225,14 +229,14 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                                        "achieved": 100 * r["kernels_per_s"] / rate})
 
             for s in shares:
-                env, path = _wrapped(scenario(f"single-{s}"), s, tmp, f"single-{s}")
+                env, path = _wrapped(scenario(f"single-{s}"), s, tmp, f"single-{s}", mode=mode)
                 record("single", s, _Run(cmd, env, path).finish(limit, util))
             pairs = [("pair", False)] + ([("pair-sliced", True)] if sliced else [])
             for kind, sl in pairs if pair_shares else []:
                 env0 = scenario(kind, sl)
                 runs = []
                 for i, s in enumerate(pair_shares):
-                    env, path = _wrapped(env0, s, tmp, f"{kind}{i}-{s}", priority=prios[i])
+                    env, path = _wrapped(env0, s, tmp, f"{kind}{i}-{s}", priority=prios[i], mode=mode)
                     runs.append((s, prios[i], _Run(cmd, env, path)))
                 for s, p, run_ in runs:
                     record(kind, s, run_.finish(limit, util), priority=p)
@@ -294,7 +298,8 @@ def _pct(x: float | None, width: int = 6) -> str:
 
 def table(result: dict) -> str:
     lines = [f"pyvgpu bench sm on {result['machine']['gpu']}: workload {result['workload']}, "
-             f"{result['seconds']:.0f} s per run (first third left out)",
+             f"{result['seconds']:.0f} s per run (first third left out)"
+             + (", shares enforced by NVIDIA MPS (--mode mps)" if result.get("mode") == "mps" else ""),
              f"  unlimited: {result['unlimited_kernels_per_s']:.1f} {_unit(result)}/s"
              + (f" (spin kernel {result['spin_kernel_ns'] / 1000:.0f} us)" if result["spin_kernel_ns"] else "")
              + (f", NVML {result['unlimited_time_share_nvml']:.0f}% busy"

@@ -6,8 +6,14 @@ activations around it; requests start and end at different times, so freed
 buffers are never quite the size the next one needs. The same trace runs
 under PyTorch's default caching allocator, under expandable_segments, and
 under VPMM (`pyvgpu wrap --allocator vpmm`), each in its own process. Each
-run reports peak live bytes, peak reserved (mapped) bytes, refused requests
-and allocations per second.
+run reports peak live bytes, peak reserved bytes (for VPMM every byte the pool
+took: its pages and the small requests it passed to cuMemAllocAsync), refused
+requests, operations per second, and for VPMM the driver's VMM calls per
+operation (cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
+cuMemAddressReserve/Free) and the pages cuMemSetAccess and cuMemUnmap covered:
+on an H100 each such call costs ~100 us plus ~15-28 us a page (docs/vpmm.md).
+``--direct`` replays the trace on a VirtualMemoryPool in this process, without
+PyTorch: it also runs on the test suite's fake driver.
 """
 
 from __future__ import annotations
@@ -85,30 +91,37 @@ def replay(ops: list[tuple[str, int, int]], alloc, free) -> dict:
     return {"refused": refused, "ops_per_s": len(ops) / took if took > 0 else 0.0}
 
 
+def pool_costs(before: dict, after: dict, ops: int) -> dict:
+    """What a run cost a pool, from two pool.stats(): VMM calls per operation, by function, and pages."""
+    calls = {k: after["calls"][k] - before["calls"][k] for k in after["calls"]}
+    vmm = after["vmm_calls"] - before["vmm_calls"]
+    return {"vmm_calls": vmm, "calls_per_op": vmm / ops if ops else 0.0, "calls": calls,
+            "defragmentations": after["defragmentations"] - before["defragmentations"],
+            "moved_pages": after["moved_pages"] - before["moved_pages"]}
+
+
 def run_pool(ops: list[tuple[str, int, int]], pool) -> dict:
     """The trace on a VirtualMemoryPool directly (no PyTorch): what VPMM maps for it."""
     import ctypes
 
-    peak_pages_live = 0
+    before = pool.stats()
     unfair = []  # refusals while the device had room for the request and a page more (the goal: none)
 
     def alloc(n: int):
-        nonlocal peak_pages_live
         try:
-            p = pool.malloc(n)
+            return pool.malloc(n)
         except MemoryError:
             free, total = ctypes.c_size_t(), ctypes.c_size_t()
             pool._cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
             if free.value >= n + pool.page_size:
                 unfair.append((n, free.value))
             return None
-        peak_pages_live = max(peak_pages_live, pool.stats()["live"])
-        return p
 
     out = replay(ops, alloc, pool.free)
     st = pool.stats()
-    out.update(peak_live=peak_live(ops), peak_live_pages=peak_pages_live, peak_reserved=st["mapped"],
-               page_size=st["page_size"], refused_with_room=unfair)
+    out.update(peak_live=peak_live(ops), peak_live_pages=st["peak_live"], peak_reserved=st["peak_taken"],
+               peak_mapped=st["peak_mapped"], page_size=st["page_size"], refused_with_room=unfair,
+               **pool_costs(before, st, len(ops)))
     return out
 
 
@@ -130,24 +143,42 @@ def worker(mode: str, steps: int) -> dict:
             raise PyvgpuError(f"bench vpmm: the {mode} allocator returned NULL for {n} bytes")
         return t
 
+    pools: list = []
     if mode == "vpmm":
         from pyvgpu import vpmm
 
-        if not vpmm._TORCH_POOLS:
+        pools = vpmm._TORCH_POOLS
+        if not pools:
             raise PyvgpuError("bench vpmm: no VPMM pool is serving PyTorch (was it run under --allocator vpmm?)")
     torch.empty(1, device=dev)  # the context, before timing
+    before = pools[0].stats() if pools else None
     out = replay(ops, alloc, lambda t: None)  # dropping the tensor frees it
     torch.cuda.synchronize()
     out["peak_live"] = peak_live(ops)
-    if mode == "vpmm":
-        from pyvgpu import vpmm
-
-        out["peak_reserved"] = sum(p.stats()["mapped"] for p in vpmm._TORCH_POOLS)
+    if pools:
+        st = pools[0].stats()
+        out["peak_reserved"] = st["peak_taken"]  # its pages and the small requests' bytes, at their most
+        out["peak_mapped"] = st["peak_mapped"]
+        out.update(pool_costs(before, st, len(ops)))
         if not out["peak_reserved"]:
             raise PyvgpuError("bench vpmm: the VPMM pool mapped nothing: PyTorch did not allocate through it")
     else:
         out["peak_reserved"] = torch.cuda.max_memory_reserved(dev)
     return out
+
+
+def run_direct(steps: int = 600, page_size: str | None = None) -> dict:
+    """The trace on a VirtualMemoryPool in this process (no PyTorch, no wrap): the allocator alone, with
+    VPMM's environment (VPMM_PAGE_SIZE, VPMM_GAP, ...); on a GPU or the test suite's fake driver."""
+    from pyvgpu.limits import parse_size
+    from pyvgpu.vpmm import VirtualMemoryPool
+
+    pool = VirtualMemoryPool(page_size=parse_size(page_size, "--page-size") if page_size else None)
+    ops = trace(steps)
+    r = run_pool(ops, pool)
+    r.pop("refused_with_room")
+    return {"bench": "vpmm", "steps": steps, "cap": None, "page_size": page_size or "2M", "ops": len(ops),
+            "direct": True, "results": {"vpmm (direct)": r}}
 
 
 def run(steps: int = 600, cap: str | None = None, page_size: str | None = None) -> dict:
@@ -183,14 +214,23 @@ def run(steps: int = 600, cap: str | None = None, page_size: str | None = None) 
 
 
 def table(result: dict) -> str:
-    lines = [f"  VPMM page {result.get('page_size', '2M')}",
+    lines = [f"  VPMM page {result.get('page_size', '2M')}; {result.get('ops', 0)} operations; VMM calls/op: "
+             "cuMemCreate+Map+SetAccess+Unmap+Release+AddressReserve/Free per malloc or free (VPMM only)",
              f"  {'allocator':<20} {'peak live':>12} {'peak reserved':>14} {'over live':>11} {'ratio':>7} "
-             f"{'refused':>8} {'ops/s':>10}"]
+             f"{'refused':>8} {'ops/s':>10} {'calls/op':>9} {'access':>13} {'unmap':>11}"]
     for mode, r in result["results"].items():
         ratio = r["peak_reserved"] / r["peak_live"] if r["peak_live"] else 0.0
+        if "calls" in r:
+            c = r["calls"]
+            costs = (f"{r['calls_per_op']:>9.3f} {c['cuMemSetAccess']:>5}/{c['cuMemSetAccess_pages']:<6}p "
+                     f"{c['cuMemUnmap']:>4}/{c['cuMemUnmap_pages']:<5}p")
+        else:
+            costs = f"{'-':>9} {'-':>13} {'-':>11}"
         lines.append(f"  {mode:<20} {human(r['peak_live']):>12} {human(r['peak_reserved']):>14} "
                      f"{human(r['peak_reserved'] - r['peak_live']):>11} {ratio:>7.3f} {r['refused']:>8} "
-                     f"{r['ops_per_s']:>10.0f}")
+                     f"{r['ops_per_s']:>10.0f} {costs}")
+    lines.append("  access, unmap: calls/pages they covered. VPMM's peak reserved counts its pages and the small "
+                 "requests' bytes.")
     return "\n".join(lines)
 
 if __name__ == "__main__":

@@ -78,7 +78,6 @@ def _agent(opts: NodeOptions, kube, devices):
 
 
 def device_plugin(opts: NodeOptions) -> None:
-    from pyvgpu import cache
     from pyvgpu.cluster import nodestate, runtime
     from pyvgpu.cluster.allocate import AllocateConfig, Allocator
     from pyvgpu.cluster.kube import Kube
@@ -87,8 +86,7 @@ def device_plugin(opts: NodeOptions) -> None:
     stop = _stop_on_signals()
     state = nodestate.NodeState(opts.state_dir)
     state.ensure()
-    cache.ensure()  # containers load the callbacks from a read-only mount: the cache must be warm
-    rt = runtime.current(opts.runtime_dirs or None)
+    rt = runtime.current(opts.runtime_dirs or None)  # the shim and the callbacks the package carries
     rt.check()
     devices = _devices(opts)
     kube = Kube(opts.kubeconfig, timeout=opts.api_timeout_s)
@@ -114,11 +112,9 @@ def device_plugin(opts: NodeOptions) -> None:
 
 
 def node_agent(opts: NodeOptions) -> None:
-    from pyvgpu import cache
     from pyvgpu.cluster.kube import Kube
 
     stop = _stop_on_signals()
-    cache.ensure()
     devices = _devices(opts)
     kube = Kube(opts.kubeconfig, timeout=opts.api_timeout_s)
     a = _agent(opts, kube, devices)

@@ -1,11 +1,12 @@
 """VPMM's allocator core: a virtual-memory pool in numba (design: docs/vpmm.md, seed 5).
 
-malloc, free, defragmentation and preallocation over the tables of
-pyvgpu/jit/vpmm_tables.py, and the C entry points (cfuncs) the shim and
-``pyvgpu.vpmm`` call. Driver calls go through function pointers (``call_i32``),
-resolved in the process, so a pool under `pyvgpu wrap` creates its pages
-through the shim's cuMemCreate hook and is charged against the group's cap
-like any allocation.
+malloc, free, record_stream, CUDA graph captures and preallocation over the
+tables of pyvgpu/jit/vpmm_tables.py, with the defragmentation of
+pyvgpu/jit/vpmm_defrag.py and the housekeeping of pyvgpu/jit/vpmm_trim.py; and
+the C entry points (cfuncs) the shim and ``pyvgpu.vpmm`` call. Driver calls go
+through function pointers resolved in the process (pyvgpu/jit/vpmm_driver.py),
+so a pool under `pyvgpu wrap` creates its pages through the shim's cuMemCreate
+hook and is charged against the group's cap like any allocation.
 """
 
 from __future__ import annotations
@@ -13,332 +14,456 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from pyvgpu.abi import (
-    CUDA_ERROR_INVALID_VALUE,
-    CUDA_ERROR_OUT_OF_MEMORY,
-    CUDA_SUCCESS,
-)
-from pyvgpu.jit.intrinsics import atomic_cas_u64, atomic_store_u64, call_i32, i64_ptr, load_u64, stack_u64, yield_cpu
+from pyvgpu.abi import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS
+from pyvgpu.jit import vpmm_driver as D
+from pyvgpu.jit.intrinsics import atomic_cas_u64, atomic_store_u64, i64_ptr, load_u64, stack_u64, yield_cpu
+from pyvgpu.jit.vpmm_defrag import READY, defragment, reserve_chunk, usability
 from pyvgpu.jit.vpmm_tables import (
     ADDR,
+    ERR_DRIVER,
     ERR_TABLE_FULL,
+    EV_DEFERRED,
     EVENT,
-    F_ALLOC_ASYNC,
-    F_FREE_ASYNC,
-    F_UNMAP,
-    F_WAIT,
     FREE,
-    H_DEFRAGS,
+    GRAPH,
+    H_CAP_STREAM,
+    H_CAPTURE_ACTIVE,
+    H_EPOCH,
     H_EVENTS,
+    H_FREES,
     H_LIVE,
     H_LOCK,
+    H_MALLOCS,
+    H_NEV,
     H_NEXT_ID,
     H_NREG,
+    H_NSIDE,
+    H_OOMS,
     H_PAGE,
+    H_PRESSURE,
+    H_RETRIES,
+    H_SIDE,
     H_SMALL,
+    H_UNSETTLED,
     HOLE,
     ID,
     MALLOC,
+    MAX_SIDE,
     NCOL,
     NO_EVENT,
-    ROOT,
+    REQ,
     SIZE,
     STATE,
     STREAM,
-    ZOMBIE,
-    event_done,
-    event_new,
+    XEV,
+    driver_error,
     event_unref,
     find,
-    fn,
-    map_range,
     merge_around,
-    new_pages,
-    page_move,
-    reserve,
-    set_access,
+    pg_put,
+    pg_room,
     split,
+    stat_alloc,
+    stat_pages,
 )
+from pyvgpu.jit.vpmm_trim import absorb_refusals, pressure, release_free, settle, tight, unmap_stale
 
-# --- malloc -------------------------------------------------------------------------------
+OOM = ERR_DRIVER - CUDA_ERROR_OUT_OF_MEMORY
+
+
+# --- CUDA graph captures -----------------------------------------------------------------------
 
 @njit
-def cleanup_zombies(reg, hd):
-    """Phase 0: unmap old addresses whose event completed; they become holes. Adjacent ones go in one
-    cuMemUnmap (each call costs ~70 us on an H100, on top of its pages)."""
+def capture_tag(hd, stream, capturing):
+    """The capture an operation of stream belongs to (its epoch), 0 for none. An epoch starts at the first
+    operation seen on a capturing stream, or at `notify_capture`; a capture's memory is reused only inside it."""
+    if capturing:
+        if hd[H_CAP_STREAM] != stream:
+            hd[H_EPOCH] += 1
+            hd[H_CAP_STREAM] = stream
+        return hd[H_EPOCH]
+    if hd[H_CAP_STREAM] == stream:  # that stream no longer captures: its capture has ended
+        hd[H_CAP_STREAM] = 0
+    return np.int64(0)
+
+
+@njit
+def notify_capture(hd, stream, begin):
+    """PyTorch is about to begin (or has ended) a capture on stream (pyvgpu.vpmm's torch hooks call this).
+    Before it begins, every event is queried once: regions freed before the capture are then known to be
+    done, and usable in it without the queries a capture forbids. Returns the capture's epoch."""
+    if begin:
+        for ev in range(hd[H_NEV]):
+            if hd[H_EVENTS + 3 * ev + 1] > 0:
+                D.event_done(hd, ev)
+        hd[H_CAPTURE_ACTIVE] += 1
+        hd[H_EPOCH] += 1
+        hd[H_CAP_STREAM] = stream
+        return hd[H_EPOCH]
+    if hd[H_CAPTURE_ACTIVE] > 0:
+        hd[H_CAPTURE_ACTIVE] -= 1
+    if hd[H_CAP_STREAM] == stream:
+        hd[H_CAP_STREAM] = 0
+    return np.int64(0)
+
+
+@njit
+def release_graph(reg, hd, tag):
+    """The graphs of capture tag (0: every capture) are gone: their memory becomes ordinary pool memory.
+    Replays may still run, so the context is synchronised first."""
+    rc = D.ctx_sync(hd)
+    if rc != CUDA_SUCCESS:
+        return driver_error(rc)
+    n = 0
+    for i in range(hd[H_NREG]):
+        g = reg[i, GRAPH]
+        if g != 0 and (tag == 0 or g == tag):
+            reg[i, GRAPH] = 0
+            if reg[i, STATE] == FREE:
+                reg[i, EVENT] = NO_EVENT
+            n += 1
     i = 0
-    changed = False
     while i < hd[H_NREG]:
-        if reg[i, STATE] == ZOMBIE and event_done(hd, reg[i, EVENT]):
-            j = i
-            while (j + 1 < hd[H_NREG] and reg[j + 1, STATE] == ZOMBIE and reg[j + 1, ROOT] == reg[i, ROOT]
-                   and reg[j + 1, ADDR] == reg[j, ADDR] + reg[j, SIZE] and event_done(hd, reg[j + 1, EVENT])):
-                j += 1
-            rc = call_i32(fn(hd, F_UNMAP), (np.uint64(reg[i, ADDR]), np.uint64(reg[j, ADDR] + reg[j, SIZE]
-                                                                                 - reg[i, ADDR])))
-            if rc != CUDA_SUCCESS:
-                return rc
-            for k in range(i, j + 1):
-                event_unref(hd, reg[k, EVENT])
-                reg[k, STATE] = HOLE
-                reg[k, EVENT] = NO_EVENT
-                reg[k, STREAM] = 0
-            changed = True
-            i = j
+        if reg[i, STATE] == FREE:
+            i = merge_around(reg, hd, i)
         i += 1
-    if changed:
-        merge_holes(reg, hd)
-    return CUDA_SUCCESS
+    return np.int64(n)
 
+
+# --- malloc ------------------------------------------------------------------------------------
 
 @njit
-def best_fit(reg, hd, size, stream, same):
-    """Phase 1: the smallest free region that fits: of the caller's stream (same), or of another stream
-    whose event has completed (no waiting either way)."""
+def best_fit(reg, hd, size, stream, same, quiet, tag):
+    """Phase 1: the smallest free region that fits and needs no wait: of the caller's stream (same), or of
+    another stream whose work is done."""
     best = -1
     for i in range(hd[H_NREG]):
         if reg[i, STATE] != FREE or reg[i, SIZE] < size or (reg[i, STREAM] == stream) != same:
             continue
         if best >= 0 and reg[i, SIZE] >= reg[best, SIZE]:
             continue
-        if not same and not event_done(hd, reg[i, EVENT]):
+        if usability(reg, hd, i, stream, quiet, tag) != READY:
             continue
         best = i
     return best
 
 
 @njit
-def take(reg, hd, i, size):
+def take(reg, hd, i, size, req, stream, tag):
     """Row i (free) gives its first size bytes to a new allocation; returns the address."""
     if not split(reg, hd, i, size):
         return np.int64(ERR_TABLE_FULL)
     event_unref(hd, reg[i, EVENT])
+    event_unref(hd, reg[i, XEV])
     reg[i, STATE] = MALLOC
+    reg[i, STREAM] = stream
     reg[i, EVENT] = NO_EVENT
+    reg[i, XEV] = 0
+    reg[i, REQ] = req
+    reg[i, GRAPH] = tag
+    reg[i, ID] = hd[H_NEXT_ID]
+    hd[H_NEXT_ID] += 1
     hd[H_LIVE] += size
+    stat_alloc(hd, True, size, req, 1)
     return reg[i, ADDR]
 
 
 @njit
-def harvest_next(reg, hd, stream, skip_addr):
-    """The next free region to move in a defragmentation: the caller's stream first, then others;
-    oldest (lowest id) first within each; never the region at skip_addr (it stays in place)."""
-    best = -1
-    for pass_same in (True, False):
-        for i in range(hd[H_NREG]):
-            if reg[i, STATE] != FREE or reg[i, ADDR] == skip_addr or (reg[i, STREAM] == stream) != pass_same:
-                continue
-            if best < 0 or reg[i, ID] < reg[best, ID]:
-                best = i
-        if best >= 0:
-            return best
-    return best
+def small_alloc(reg, hd, pg, scr, size, stream):
+    """Under a page: cuMemAllocAsync (the pool never splits a page). A refusal is retried once after the
+    pool gave its free pages and the small requests' cache back (num_alloc_retries)."""
+    n = max(size, 1)
+    out = stack_u64()
+    rc = D.alloc_async(hd, out, n, stream)
+    if rc == CUDA_ERROR_OUT_OF_MEMORY:
+        hd[H_RETRIES] += 1
+        release_free(reg, hd, pg, scr)
+        rc = D.alloc_async(hd, out, n, stream)
+    if rc != CUDA_SUCCESS:
+        if rc == CUDA_ERROR_OUT_OF_MEMORY:
+            hd[H_OOMS] += 1
+        absorb_refusals(hd)
+        return driver_error(rc)
+    hd[H_SMALL] += n
+    stat_alloc(hd, False, n, size, 1)
+    return np.int64(load_u64(out))
 
 
 @njit
-def defragment(reg, hd, pg, size, stream):
-    """Phase 2: build a free span of size bytes in a hole, from moved free pages and new ones.
+def malloc(reg, hd, pg, scr, size, stream):
+    """Allocate size bytes (rounded up to pages) for stream; the address, or a negative error:
+    -1000 - CUresult for a driver error (CUDA_ERROR_OUT_OF_MEMORY at the cap), ERR_TABLE_FULL when the
+    pool's tables are full. A failed malloc leaves the pool as it was."""
+    c = D.is_capturing(hd, stream)
+    if c < 0:
+        return c
+    tag = capture_tag(hd, stream, c == 1)
+    quiet = c == 1 or hd[H_CAPTURE_ACTIVE] > 0
+    if not quiet:
+        return _malloc(reg, hd, pg, scr, size, stream, quiet, tag)
+    # during a capture this thread may map pages only in relaxed mode (the capture itself is unaffected)
+    prev = D.capture_mode(hd, D.CAPTURE_MODE_RELAXED)
+    if prev < 0:
+        return prev
+    a = _malloc(reg, hd, pg, scr, size, stream, quiet, tag)
+    D.capture_mode(hd, prev)
+    return a
 
-    The hole is the smallest unmapped interval that, together with a free region of the
-    caller's stream right before it (used in place), holds size bytes; with none, a new VA
-    chunk. The shortfall (size - free bytes) is created as new pages. Free regions are then
-    moved into the hole - caller's stream first, then other streams, oldest first - each
-    as much as remains of size - shortfall: their pages are mapped at the new address,
-    and the old address becomes a zombie, unmapped once its event completes. Regions of
-    other streams whose event has not completed make the caller's stream wait for it
-    on the GPU (cuStreamWaitEvent); the CPU never waits.
-    Returns the address of the span (its row is FREE, of the caller's stream), or < 0.
-    """
+
+@njit
+def _malloc(reg, hd, pg, scr, size, stream, quiet, tag):
+    hd[H_MALLOCS] += 1
     page = hd[H_PAGE]
-    hole = -1
-    in_place = 0
-    for i in range(hd[H_NREG]):
-        if reg[i, STATE] != HOLE:
-            continue
-        before = 0
-        if (i > 0 and reg[i - 1, STATE] == FREE and reg[i - 1, STREAM] == stream and reg[i - 1, ROOT] == reg[i, ROOT]
-                and reg[i - 1, ADDR] + reg[i - 1, SIZE] == reg[i, ADDR]):
-            before = reg[i - 1, SIZE]
-        if reg[i, SIZE] + before < size:
-            continue
-        if hole < 0 or reg[i, SIZE] < reg[hole, SIZE]:
-            hole, in_place = i, before
-    if hole < 0:
-        hole = reserve(reg, hd, size)
-        if hole < 0:
-            return hole
-        in_place = 0
-    start = reg[hole, ADDR] - in_place
-    skip = start if in_place > 0 else np.int64(-1)
-    free_total = 0
-    for i in range(hd[H_NREG]):
-        if reg[i, STATE] == FREE:
-            free_total += reg[i, SIZE]
-    shortfall = max(0, size - free_total)
-    dst = reg[hole, ADDR]
-    # The shortfall first, as new pages where they end up (after the moved ones: every free byte but
-    # the in-place part moves when there is a shortfall): if the cap refuses them nothing has moved yet.
-    rc = new_pages(hd, pg, dst + size - in_place - shortfall, shortfall // page)
-    if rc != CUDA_SUCCESS:
-        return np.int64(-1000 - rc)
-    # move free regions into the hole, right after the in-place part
-    room = reg[hole, SIZE] - shortfall  # the hole holds the moved pages and then the new ones
-    taken = 0
-    while in_place + shortfall + taken < size:
-        r = harvest_next(reg, hd, stream, skip)
-        if r < 0:
-            break
-        amount = min(size - shortfall - taken, reg[r, SIZE], room - taken)
-        if not split(reg, hd, r, amount):
-            return np.int64(ERR_TABLE_FULL)
-        ev = reg[r, EVENT]
-        if reg[r, STREAM] != stream and not event_done(hd, ev):
-            rc = call_i32(fn(hd, F_WAIT), (np.uint64(stream), np.uint64(hd[H_EVENTS + 2 * ev]), np.uint32(0)))
-            if rc != CUDA_SUCCESS:
-                return np.int64(-1000 - rc)
-        src = reg[r, ADDR]
-        for off in range(0, amount, page):
-            page_move(pg, src + off, dst + taken + off)
-        rc = map_range(hd, dst + taken, amount, pg)
-        if rc != CUDA_SUCCESS:
-            return np.int64(-1000 - rc)
-        if ev == NO_EVENT:  # nobody can be using it: unmap at once
-            rc = call_i32(fn(hd, F_UNMAP), (np.uint64(src), np.uint64(amount)))
-            if rc != CUDA_SUCCESS:
-                return np.int64(-1000 - rc)
-            reg[r, STATE] = HOLE
-        else:
-            reg[r, STATE] = ZOMBIE  # keeps its event reference until it is unmapped
-        taken += amount
-    hd[H_DEFRAGS] += 1
-    grow = taken + shortfall
-    rc = set_access(hd, dst, grow)  # moved and new pages at once
-    if rc != CUDA_SUCCESS:
-        return np.int64(-1000 - rc)
-    # the hole's first grow bytes become a free region of the caller's stream, merged with the in-place one
-    hole = find(reg, hd, dst)
-    if not split(reg, hd, hole, grow):
-        return np.int64(ERR_TABLE_FULL)
-    # Its event is recorded on the caller's stream after the waits above, so another stream reuses
-    # what the caller leaves of it only once the moved pages' old work is done.
-    ev = event_new(hd, stream)
-    if ev < 0:
-        return np.int64(ERR_TABLE_FULL if ev == ERR_TABLE_FULL else ev)
-    reg[hole, STATE] = FREE
-    reg[hole, STREAM] = stream
-    reg[hole, EVENT] = ev
-    reg[hole, ID] = hd[H_NEXT_ID]
-    hd[H_NEXT_ID] += 1
-    merge_around(reg, hd, hole)  # with the in-place region (same stream, the newer event wins)
-    merge_holes(reg, hd)
-    return start
-
-
-@njit
-def merge_holes(reg, hd):
-    """Coalesce adjacent holes (a defragmentation leaves them apart while it works)."""
-    i = 0
-    while i < hd[H_NREG]:
-        if reg[i, STATE] == HOLE:
-            i = merge_around(reg, hd, i)
-        i += 1
-
-
-@njit
-def malloc(reg, hd, pg, size, stream):
-    """Allocate size bytes (rounded up to pages) for stream; the address, or a negative error.
-
-    Under a page: cuMemAllocAsync (the pool never splits a page). -1000 - CUresult for a
-    driver error (CUDA_ERROR_OUT_OF_MEMORY at the cap), ERR_TABLE_FULL when the pool's
-    tables are full.
-    """
-    page = hd[H_PAGE]
-    if size < page:
-        out = stack_u64()
-        rc = call_i32(fn(hd, F_ALLOC_ASYNC), (out, np.uint64(max(size, 1)), np.uint64(stream)))
-        if rc != CUDA_SUCCESS:
-            return np.int64(-1000 - rc)
-        hd[H_SMALL] += max(size, 1)
-        return np.int64(load_u64(out))
-    size = (size + page - 1) // page * page
-    rc = cleanup_zombies(reg, hd)
-    if rc != CUDA_SUCCESS:
-        return np.int64(-1000 - rc)
-    i = best_fit(reg, hd, size, stream, True)
+    if size < page and not quiet:
+        return small_alloc(reg, hd, pg, scr, size, stream)
+    req = max(size, 1)
+    size = (req + page - 1) // page * page
+    if not quiet:
+        rc = settle(reg, hd)
+        if rc < 0:
+            return rc
+        if tight(reg, hd, pg):
+            unmap_stale(reg, hd, pg)
+    i = best_fit(reg, hd, size, stream, True, quiet, tag)
     if i < 0:
-        i = best_fit(reg, hd, size, stream, False)
-    if i < 0:
-        a = defragment(reg, hd, pg, size, stream)
-        if a < 0:
+        i = best_fit(reg, hd, size, stream, False, quiet, tag)
+    if i >= 0:
+        a = take(reg, hd, i, size, req, stream, tag)
+    else:
+        a = defragment(reg, hd, pg, scr, size, req, stream, quiet, tag)
+        if a == OOM and not quiet:
+            # the pool's own free pages were in the plan already; the small requests' cache may hold more
+            hd[H_RETRIES] += 1
+            D.trim_small(hd)
+            a = defragment(reg, hd, pg, scr, size, req, stream, quiet, tag)
+        if a == OOM:
+            hd[H_OOMS] += 1
+            absorb_refusals(hd)  # our own refusal is no reason to give our pages away
             return a
-        i = find(reg, hd, a)
-    return take(reg, hd, i, size)
+    if a >= 0 and not quiet and (pressure(hd) or hd[H_PRESSURE] != 0):
+        hd[H_PRESSURE] = 0
+        release_free(reg, hd, pg, scr)
+    return a
+
+
+# --- free and record_stream ------------------------------------------------------------------------
+
+@njit
+def record_stream(reg, hd, ptr, stream, size):
+    """Tensor.record_stream: the live allocation at ptr (size bytes asked) is also used on stream; its free
+    then waits for that stream's work too. A small request (under a page: cuMemAllocAsync memory the pool
+    does not track) is taken on the caller's word. 0, CUDA_ERROR_INVALID_VALUE, or ERR_TABLE_FULL."""
+    i = find(reg, hd, ptr)
+    if i >= 0 and reg[i, STATE] == MALLOC:
+        if stream == reg[i, STREAM]:
+            return np.int64(0)
+    elif not 0 < size < hd[H_PAGE]:
+        return np.int64(CUDA_ERROR_INVALID_VALUE)
+    n = hd[H_NSIDE]
+    for k in range(n):
+        if hd[H_SIDE + 2 * k] == ptr and hd[H_SIDE + 2 * k + 1] == stream:
+            return np.int64(0)
+    if n >= MAX_SIDE:
+        return np.int64(ERR_TABLE_FULL)
+    hd[H_SIDE + 2 * n] = ptr
+    hd[H_SIDE + 2 * n + 1] = stream
+    hd[H_NSIDE] = n + 1
+    if i >= 0 and reg[i, STATE] == MALLOC:
+        reg[i, XEV] += 1
+    return np.int64(0)
 
 
 @njit
-def free(reg, hd, ptr, stream):
-    """Give back an allocation: it becomes free after an event recorded on stream, merged with free
-    neighbours of the same stream. 0, or CUDA_ERROR_INVALID_VALUE for a pointer that is not live here."""
+def _drop_side(hd, ptr):
+    k = 0
+    while k < hd[H_NSIDE]:
+        if hd[H_SIDE + 2 * k] == ptr:
+            last = hd[H_NSIDE] - 1
+            hd[H_SIDE + 2 * k] = hd[H_SIDE + 2 * last]
+            hd[H_SIDE + 2 * k + 1] = hd[H_SIDE + 2 * last + 1]
+            hd[H_NSIDE] = last
+        else:
+            k += 1
+
+
+@njit
+def side_event(hd, ptr, nside):
+    """One event that completes once the work queued so far on every side stream of ptr is done (the first
+    side stream waits for the others on the GPU, then records it). NO_EVENT if none; a negative error with
+    nothing changed."""
+    if nside == 0:
+        return np.int64(NO_EVENT)
+    first = np.int64(-1)
+    first_stream = np.int64(0)
+    for k in range(hd[H_NSIDE]):
+        if hd[H_SIDE + 2 * k] != ptr:
+            continue
+        s = hd[H_SIDE + 2 * k + 1]
+        if first < 0:
+            first_stream = s
+            first = D.event_new(hd, s)
+            if first < 0:
+                return first
+            continue
+        ev = D.event_new(hd, s)
+        if ev < 0:
+            event_unref(hd, first)
+            return ev
+        rc = D.wait_event(hd, first_stream, ev)
+        event_unref(hd, ev)
+        if rc != CUDA_SUCCESS:
+            event_unref(hd, first)
+            return driver_error(rc)
+        event_unref(hd, first)
+        first = D.event_new(hd, first_stream)  # after the waits: it covers every side stream
+        if first < 0:
+            return first
+    return first
+
+
+@njit
+def free(reg, hd, pg, scr, ptr, stream):
+    """Give back an allocation: it becomes free after an event recorded on stream (and on its record_stream
+    side streams), merged with free neighbours of the same stream. 0, CUDA_ERROR_INVALID_VALUE for a
+    pointer that is not live here, or a negative error with nothing changed."""
     i = find(reg, hd, ptr)
     if i < 0 or reg[i, STATE] != MALLOC:
-        return CUDA_ERROR_INVALID_VALUE
-    ev = event_new(hd, stream)
-    if ev < 0:
-        return np.int64(CUDA_ERROR_OUT_OF_MEMORY if ev == ERR_TABLE_FULL else -ev - 1000)
+        return np.int64(CUDA_ERROR_INVALID_VALUE)
+    nside = reg[i, XEV]
+    g = reg[i, GRAPH]
+    quiet = hd[H_CAPTURE_ACTIVE] > 0
+    if g != 0:
+        # a capture's memory: reused only inside that capture, where stream order protects it
+        ev = np.int64(NO_EVENT)
+        xev = np.int64(NO_EVENT)
+    else:
+        c = D.is_capturing(hd, stream)
+        if c < 0:
+            return c
+        quiet = quiet or c == 1
+        if c == 1:  # an event recorded now would belong to the graph: recorded once the capture ends
+            ev = np.int64(EV_DEFERRED)
+        else:
+            ev = D.event_new(hd, stream)
+            if ev < 0:
+                return np.int64(CUDA_ERROR_OUT_OF_MEMORY) if ev == ERR_TABLE_FULL else ev
+        xev = side_event(hd, ptr, nside)
+        if xev < NO_EVENT:
+            event_unref(hd, ev)
+            return xev
+        if ev == EV_DEFERRED:
+            hd[H_UNSETTLED] += 1
+    _drop_side(hd, ptr)
+    hd[H_FREES] += 1
     hd[H_LIVE] -= reg[i, SIZE]
+    stat_alloc(hd, True, reg[i, SIZE], reg[i, REQ], -1)
     reg[i, STATE] = FREE
     reg[i, STREAM] = stream
     reg[i, EVENT] = ev
+    reg[i, XEV] = xev
+    reg[i, REQ] = 0
     reg[i, ID] = hd[H_NEXT_ID]
     hd[H_NEXT_ID] += 1
     merge_around(reg, hd, i)
-    return CUDA_SUCCESS
+    if not quiet and (pressure(hd) or hd[H_PRESSURE] != 0):
+        hd[H_PRESSURE] = 0
+        release_free(reg, hd, pg, scr)
+    return np.int64(CUDA_SUCCESS)
 
 
 @njit
-def preallocate(reg, hd, pg, n):
-    """VPMM_PAGES: n pages mapped at the start of the first chunk, free for every stream."""
+def small_free(hd, ptr, stream, size):
+    """cuMemFreeAsync on stream: the driver's pool reuses the memory in that stream's order, so the work of
+    record_stream's side streams is made to come first (GPU-side waits)."""
+    for k in range(hd[H_NSIDE]):
+        if hd[H_SIDE + 2 * k] != ptr:
+            continue
+        ev = D.event_new(hd, hd[H_SIDE + 2 * k + 1])
+        if ev < 0:
+            return ev
+        rc = D.wait_event(hd, stream, ev)
+        event_unref(hd, ev)
+        if rc != CUDA_SUCCESS:
+            return driver_error(rc)
+    rc = D.free_async(hd, ptr, stream)
+    if rc == CUDA_SUCCESS:
+        _drop_side(hd, ptr)
+        hd[H_FREES] += 1
+        hd[H_SMALL] -= size
+        stat_alloc(hd, False, size, size, -1)
+    return np.int64(rc)
+
+
+# --- preallocation ------------------------------------------------------------------------------
+
+@njit
+def preallocate(reg, hd, pg, scr, n):
+    """VPMM_PAGES: n pages mapped at the start of a chunk, free for every stream. All or nothing."""
     if n <= 0:
-        return CUDA_SUCCESS
-    size = n * hd[H_PAGE]
+        return np.int64(CUDA_SUCCESS)
+    page = hd[H_PAGE]
+    size = n * page
+    if not pg_room(pg, hd, n) or n > scr.shape[0]:
+        return np.int64(ERR_TABLE_FULL)
     h = 0
     while h < hd[H_NREG] and not (reg[h, STATE] == HOLE and reg[h, SIZE] >= size):
         h += 1
     if h == hd[H_NREG]:
-        h = reserve(reg, hd, size)
+        h = reserve_chunk(reg, hd, size)
         if h < 0:
             return h
-    rc = new_pages(hd, pg, reg[h, ADDR], n)
-    if rc == CUDA_SUCCESS:
-        rc = set_access(hd, reg[h, ADDR], n * hd[H_PAGE])
-    if rc != CUDA_SUCCESS:
-        return np.int64(-1000 - rc)
-    if not split(reg, hd, h, size):
+    if hd[H_NREG] + 1 > reg.shape[0]:
         return np.int64(ERR_TABLE_FULL)
+    a = reg[h, ADDR]
+    out = stack_u64()
+    for k in range(n):
+        rc = D.create(hd, out)
+        if rc == CUDA_SUCCESS:
+            scr[k] = np.int64(load_u64(out))
+            rc = D.map_page(hd, a + k * page, scr[k])
+            if rc != CUDA_SUCCESS:
+                D.release(hd, scr[k])
+        if rc != CUDA_SUCCESS:
+            for j in range(k):
+                D.unmap(hd, a + j * page, page)
+                D.release(hd, scr[j])
+            return driver_error(rc)
+    rc = D.set_access(hd, a, size)
+    if rc != CUDA_SUCCESS:
+        D.unmap(hd, a, size)
+        for j in range(n):
+            D.release(hd, scr[j])
+        return driver_error(rc)
+    for k in range(n):
+        pg_put(pg, hd, a + k * page, scr[k])
+    stat_pages(hd, n)
+    split(reg, hd, h, size)
     reg[h, STATE] = FREE
     reg[h, STREAM] = 0
     reg[h, EVENT] = NO_EVENT
+    reg[h, XEV] = NO_EVENT
     reg[h, ID] = hd[H_NEXT_ID]
     hd[H_NEXT_ID] += 1
-    return CUDA_SUCCESS
+    return np.int64(CUDA_SUCCESS)
 
 
 # --- the C entry points (cfuncs: no GIL) ------------------------------------------------------
-# A pool's state is described by a block of six int64: the addresses and row counts of its
-# region table, page table and header. ``entry_malloc``/``entry_free`` take that block's address,
-# so one compiled pair serves every pool; a spinlock in the header serialises callers.
+# A pool's state is described by a block of eight int64: the addresses and lengths of its region table,
+# page table, header and scratch. The entries take that block's address, so one compiled set serves every
+# pool; a spinlock in the header serialises callers.
 
-S_REG, S_NREG, S_PG, S_NPG, S_HD, S_NHD = range(6)
+S_REG, S_NREG, S_PG, S_NPG, S_HD, S_NHD, S_SCR, S_NSCR, N_STATE = range(9)
 
 
 @njit(inline="always")
 def views(state):
     """The pool's tables as arrays, and the header's address (for the lock)."""
-    s = carray(i64_ptr(state), (6,))
+    s = carray(i64_ptr(state), (N_STATE,))
     reg = carray(i64_ptr(np.uint64(s[S_REG])), (s[S_NREG], NCOL))
     pg = carray(i64_ptr(np.uint64(s[S_PG])), (s[S_NPG], 2))
     hd = carray(i64_ptr(np.uint64(s[S_HD])), (s[S_NHD],))
-    return reg, pg, hd, np.uint64(s[S_HD])
+    scr = carray(i64_ptr(np.uint64(s[S_SCR])), (s[S_NSCR],))
+    return reg, pg, hd, scr, np.uint64(s[S_HD])
 
 
 @njit(inline="always")
@@ -354,81 +479,163 @@ def unlock(hd_addr):
 
 @njit
 def entry_malloc(state, size, stream):
-    reg, pg, hd, hd_addr = views(state)
+    reg, pg, hd, scr, hd_addr = views(state)
     lock(hd_addr)
-    r = malloc(reg, hd, pg, size, stream)
+    r = malloc(reg, hd, pg, scr, size, stream)
     unlock(hd_addr)
     return r
 
 
 @njit
 def entry_free(state, ptr, stream, size):
-    """size: what the caller asked for (PyTorch passes it); under a page it came from cuMemAllocAsync."""
-    reg, pg, hd, hd_addr = views(state)
-    if 0 < size < hd[H_PAGE]:
-        rc = call_i32(fn(hd, F_FREE_ASYNC), (np.uint64(ptr), np.uint64(stream)))
-        if rc == CUDA_SUCCESS:
-            lock(hd_addr)
-            hd[H_SMALL] -= size
-            unlock(hd_addr)
-        return np.int64(rc)
+    """size: what the caller asked for (PyTorch passes it). A pointer the pool holds is the pool's (during a
+    capture even small requests are pages); otherwise, under a page, it came from cuMemAllocAsync."""
+    reg, pg, hd, scr, hd_addr = views(state)
     lock(hd_addr)
-    r = free(reg, hd, ptr, stream)
+    i = find(reg, hd, ptr)
+    if i >= 0 and reg[i, STATE] == MALLOC:
+        r = free(reg, hd, pg, scr, ptr, stream)
+    elif 0 < size < hd[H_PAGE]:
+        r = small_free(hd, ptr, stream, size)
+    else:
+        r = np.int64(CUDA_ERROR_INVALID_VALUE)
     unlock(hd_addr)
-    return np.int64(r)
+    return r
 
 
 @njit
-def entry_trim(state):
-    """Phase 0 alone (pool.trim): 0, or the cuMemUnmap error."""
-    reg, pg, hd, hd_addr = views(state)
+def entry_trim(state, release):
+    """pool.trim: unmap the zombies whose work is done; with release, also give free pages back. The pages
+    released (0 without release), or a negative error."""
+    reg, pg, hd, scr, hd_addr = views(state)
     lock(hd_addr)
-    r = cleanup_zombies(reg, hd)
+    if release:
+        r = release_free(reg, hd, pg, scr)
+    else:
+        r = settle(reg, hd)
+        if r == 0:
+            rc = unmap_stale(reg, hd, pg)
+            r = driver_error(rc) if rc != CUDA_SUCCESS else np.int64(0)
     unlock(hd_addr)
-    return np.int64(r)
+    return r
 
 
 @njit
 def entry_preallocate(state, n):
-    reg, pg, hd, hd_addr = views(state)
+    reg, pg, hd, scr, hd_addr = views(state)
     lock(hd_addr)
-    r = preallocate(reg, hd, pg, n)
+    r = preallocate(reg, hd, pg, scr, n)
     unlock(hd_addr)
-    return np.int64(r)
+    return r
 
 
-def _c_trim(state):
-    return entry_trim(state)
+@njit
+def entry_record_stream(state, ptr, stream, size):
+    reg, pg, hd, scr, hd_addr = views(state)
+    lock(hd_addr)
+    r = record_stream(reg, hd, ptr, stream, size)
+    unlock(hd_addr)
+    return r
 
 
-def _c_preallocate(state, n):
-    return entry_preallocate(state, n)
+@njit
+def entry_capture(state, stream, what):
+    """what: 1 a capture begins on stream, 0 it ended, -N release the memory of capture N (-0: every one)."""
+    reg, pg, hd, scr, hd_addr = views(state)
+    lock(hd_addr)
+    if what >= 0:
+        r = notify_capture(hd, stream, what == 1)
+    else:
+        r = release_graph(reg, hd, -what - 1)
+    unlock(hd_addr)
+    return r
 
 
-def _c_malloc(state, size, stream):
-    return entry_malloc(state, size, stream)
+# The C entry points are numba cfuncs defined in a small module generated per version of VPMM's sources
+# (compile_entries): numba's disk cache checks only the file that defines a function, so a cfunc defined
+# here would keep running stale code after a change to vpmm_defrag.py or vpmm_tables.py.
+ENTRIES = (("malloc", "state, size, stream", "i64(u64, i64, u64)"),
+           ("free", "state, ptr, stream, size", "i64(u64, i64, u64, i64)"),
+           ("trim", "state, release", "i64(u64, i64)"),
+           ("preallocate", "state, n", "i64(u64, i64)"),
+           ("record_stream", "state, ptr, stream, size", "i64(u64, i64, u64, i64)"),
+           ("capture", "state, stream, what", "i64(u64, u64, i64)"))
+_SOURCES = ("jit/vpmm*.py", "jit/intrinsics.py", "abi.py")  # what the entry points are compiled from
 
 
-def _c_free(state, ptr, stream, size):
-    return entry_free(state, ptr, stream, size)
+def sources_hash() -> str:
+    import hashlib
+    from pathlib import Path
+
+    import pyvgpu
+
+    h = hashlib.sha256()
+    pkg = Path(pyvgpu.__file__).parent
+    for pattern in _SOURCES:
+        for path in sorted(pkg.glob(pattern)):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def _entries_module(directory):
+    """The generated module of the entry points' Python functions, in directory (written once per version)."""
+    import importlib.util
+    import os
+    import sys
+
+    key = sources_hash()
+    name = f"pyvgpu_vpmm_entries_{key}"
+    path = directory / f"{name}.py"
+    if not path.exists():
+        body = ["# @generated by pyvgpu.jit.vpmm.compile_entries from VPMM's sources " + key + ": the C entry",
+                "# points' bodies; numba caches their machine code next to this file.",
+                "from pyvgpu.jit import vpmm as V", ""]
+        for fname, args, _ in ENTRIES:
+            body += ["", f"def _c_{fname}({args}):", f"    return V.entry_{fname}({args})", ""]
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text("\n".join(body))
+        os.replace(tmp, path)  # atomic: a concurrent process sees the whole file or none
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # numba's cache finds the functions' module again by its name
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def compile_entries():
-    """The cfuncs behind the pool: int64 malloc(uint64 state, int64 size, uint64 stream), int64
-    free(uint64 state, int64 ptr, uint64 stream, int64 size), int64 trim(uint64 state) and int64
-    preallocate(uint64 state, int64 pages). Compiling them takes 10-25 s, so numba caches them on disk
-    (`pyvgpu warmup --vpmm` does it ahead); with nowhere to write the cache they are compiled each
-    time, and stderr says so. Python calls nothing else of this module: that would compile too."""
+    """The cfuncs behind the pool, in ENTRIES' order: int64 malloc(u64 state, i64 size, u64 stream),
+    free(u64 state, i64 ptr, u64 stream, i64 size), trim(u64 state, i64 release), preallocate(u64 state,
+    i64 pages), record_stream(u64 state, i64 ptr, u64 stream, i64 size), capture(u64 state, u64 stream,
+    i64 what). Compiling them takes tens of seconds, so numba caches them on disk, next to a module
+    generated in pyvgpu's cache directory per version of the sources (`pyvgpu warmup --vpmm` does it
+    ahead); with nowhere to write they are compiled each time, and stderr says so. Python calls nothing
+    else of this module: that would compile too."""
     import sys
 
     from numba import cfunc, types
 
-    i64, u64 = types.int64, types.uint64
-    sigs = ((i64(u64, i64, u64), _c_malloc), (i64(u64, i64, u64, i64), _c_free), (i64(u64), _c_trim),
-            (i64(u64, i64), _c_preallocate))
-    try:
-        return tuple(cfunc(sig, nopython=True, error_model="numpy", cache=True)(f) for sig, f in sigs)
-    except RuntimeError as e:  # numba: "cannot cache function ...: no locator available"
-        print(f"pyvgpu: VPMM compiles its allocator without a cache ({e}); set NUMBA_CACHE_DIR to a writable "
-              "directory to keep it", file=sys.stderr)
-        return tuple(cfunc(sig, nopython=True, error_model="numpy")(f) for sig, f in sigs)
+    from pyvgpu.cache import cache_dir, writable_problem
+
+    sig_types = {"i64": types.int64, "u64": types.uint64}
+
+    def sig(text):
+        ret, args = text.split("(", 1)
+        return sig_types[ret](*(sig_types[a.strip()] for a in args.rstrip(")").split(",")))
+
+    directory = cache_dir() / "vpmm"
+    problem = writable_problem(directory)
+    if problem is None:
+        try:
+            mod = _entries_module(directory)
+            return tuple(cfunc(sig(s), nopython=True, error_model="numpy", cache=True)(getattr(mod, f"_c_{f}"))
+                         for f, _, s in ENTRIES)
+        except (OSError, RuntimeError) as e:  # numba: "cannot cache function ...: no locator available"
+            problem = str(e)
+    print(f"pyvgpu: VPMM compiles its allocator without a cache ({problem}); set PYVGPU_CACHE_DIR to a "
+          "writable directory to keep it", file=sys.stderr)
+    funcs = {}
+    for f, args, _ in ENTRIES:  # the same bodies, defined here (compiled, never cached)
+        exec(f"def _c_{f}({args}):\n    return entry_{f}({args})\n", globals(), funcs)
+    return tuple(cfunc(sig(s), nopython=True, error_model="numpy")(funcs[f"_c_{f}"]) for f, _, s in ENTRIES)

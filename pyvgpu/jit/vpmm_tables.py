@@ -1,102 +1,150 @@
-"""VPMM's tables: the region table, the page table, the header and its event pool (design: docs/vpmm.md).
+"""VPMM's tables: the region table, the page table and the header (design: docs/vpmm.md).
 
-All state lives in three int64 arrays owned by ``pyvgpu.vpmm.VirtualMemoryPool``:
+All state lives in int64 arrays owned by ``pyvgpu.vpmm.VirtualMemoryPool``:
 
 * ``reg`` - the regions, one row each, sorted by address; together they
   partition every reserved VA chunk: MALLOC (live), FREE (mapped, free since
   an event on a stream), HOLE (reserved, unmapped) and ZOMBIE (an old address
-  of remapped pages, unmapped once its event completes).
-* ``pg`` - an open-addressing table, mapped page address -> CUmemGenericAllocationHandle.
-* ``hd`` - counters, configuration, driver function pointers and the event pool.
+  of pages that moved; it stays mapped until a trim, see docs/vpmm.md).
+* ``pg`` - an open-addressing table, mapped page address -> CUmemGenericAllocationHandle,
+  for every mapped address: a page that moved is found at its new address and,
+  while its old address is a zombie, at that one too.
+* ``hd`` - counters, configuration, driver function pointers, the statistics
+  (torch.cuda.memory_stats' shape), the record_stream table and the event pool.
+* ``scr`` - scratch: the handles of one defragmentation while it is not committed.
 
-This module holds their layout and the operations on them; the allocator that
-decides with them is pyvgpu/jit/vpmm.py.
+This module holds their layout and the operations on them; the driver calls are
+in pyvgpu/jit/vpmm_driver.py, the allocator in pyvgpu/jit/vpmm.py.
 """
-
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-from pyvgpu.abi import (
-    CU_EVENT_DISABLE_TIMING,
-    CUDA_ERROR_OUT_OF_MEMORY,
-    CUDA_SUCCESS,
-)
-from pyvgpu.jit.intrinsics import call_i32, load_u64, stack_u64
-
-# region columns and states
-ADDR, SIZE, STATE, STREAM, EVENT, ID, ROOT, NCOL = 0, 1, 2, 3, 4, 5, 6, 7
+# region columns. REQ: bytes asked (MALLOC). XEV: FREE/ZOMBIE: the event of record_stream's side streams
+# (or NO_EVENT); MALLOC: how many record_stream entries the allocation has. GRAPH: the CUDA graph capture
+# (epoch) the region belongs to, 0 for none.
+ADDR, SIZE, STATE, STREAM, EVENT, ID, ROOT, REQ, XEV, GRAPH, NCOL = range(11)
 MALLOC, FREE, HOLE, ZOMBIE = 1, 2, 3, 4
-NO_EVENT = -1  # a free region nobody waits for (preallocated pages)
+NO_EVENT = -1  # nobody waits for it (preallocated or new pages, a stale zombie)
+EV_DEFERRED = -2  # freed on a capturing stream: its event is recorded once the capture has ended
 
 # hd: the header
-(H_NREG, H_PAGE, H_VA, H_DEV, H_NEXT_ID, H_PAGES, H_NROOTS, H_LIVE, H_SMALL, H_PROP, H_ACCESS,
- H_NEV, H_LOCK, H_DEFRAGS, H_GROWN, H_ERR) = range(16)
+(H_NREG, H_PAGE, H_VA, H_DEV, H_NEXT_ID, H_PAGES, H_NROOTS, H_LIVE, H_SMALL, H_PROP, H_ACCESS, H_NEV,
+ H_LOCK, H_DEFRAGS, H_GAP, H_NPG, H_EPOCH, H_CAP_STREAM, H_OOMS, H_RETRIES, H_RELEASED, H_TRIMS,
+ H_WATCH_REFUSALS, H_WATCH_LIMIT, H_SEEN_REFUSALS, H_SEEN_LIMIT, H_MEMPOOL, H_NSIDE, H_LAZY_LIMIT,
+ H_CAPTURE_ACTIVE, H_UNSETTLED, H_PRESSURE, H_INPLACE, H_MOVED, H_MALLOCS, H_FREES) = range(36)
 # driver functions, from H_FN on
 (F_RESERVE, F_CREATE, F_MAP, F_SET_ACCESS, F_UNMAP, F_EV_CREATE, F_EV_RECORD, F_EV_QUERY, F_WAIT,
- F_ALLOC_ASYNC, F_FREE_ASYNC, F_RELEASE) = range(12)
-H_FN = 16
-H_EVENTS = 32  # then MAX_EVENTS x (handle, refcount)
+ F_ALLOC_ASYNC, F_FREE_ASYNC, F_RELEASE, F_ADDR_FREE, F_IS_CAPTURING, F_POOL_TRIM, F_CTX_SYNC, F_CAPTURE_MODE,
+ N_FN) = range(18)
+FN_NAMES = ("cuMemAddressReserve", "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuEventCreate",
+            "cuEventRecord", "cuEventQuery", "cuStreamWaitEvent", "cuMemAllocAsync", "cuMemFreeAsync",
+            "cuMemRelease", "cuMemAddressFree", "cuStreamIsCapturing", "cuMemPoolTrimTo", "cuCtxSynchronize",
+            "cuThreadExchangeStreamCaptureMode")
+H_FN = 48
+H_CALLS = H_FN + 32  # calls made, per driver function (same order)
+H_ACCESS_PAGES = H_CALLS + 32  # pages covered by cuMemSetAccess calls
+H_UNMAP_PAGES = H_ACCESS_PAGES + 1  # pages covered by cuMemUnmap calls
+# statistics in torch.cuda.memory_stats' shape: each is (current, peak, allocated, freed)
+(ST_ALLOC_ALL, ST_ALLOC_LARGE, ST_ALLOC_SMALL, ST_BYTES_ALL, ST_BYTES_LARGE, ST_BYTES_SMALL, ST_REQ_ALL,
+ ST_REQ_LARGE, ST_REQ_SMALL, ST_RES_ALL, ST_RES_LARGE, ST_RES_SMALL, ST_SEG_ALL, ST_SEG_LARGE, ST_SEG_SMALL,
+ N_STATS) = range(16)
+H_STATS = H_UNMAP_PAGES + 16
+CUR, PEAK, ALLOCATED, FREED = range(4)
+# record_stream: (allocation address, side stream) pairs
+H_SIDE = H_STATS + 4 * N_STATS
+MAX_SIDE = 256
+H_EVENTS = H_SIDE + 2 * MAX_SIDE  # then MAX_EVENTS x (handle, refcount, completed)
 MAX_EVENTS = 4096
-HD_SIZE = H_EVENTS + 2 * MAX_EVENTS
+HD_SIZE = H_EVENTS + 3 * MAX_EVENTS
 
-ERR_TABLE_FULL = -2  # more regions or events than the pool has rows for
+ERR_TABLE_FULL = -2  # more regions, pages, events or record_stream entries than the pool has rows for
+ERR_DRIVER = -1000  # -1000 - CUresult: a driver call failed
 
-
-# --- small helpers ---------------------------------------------------------------------
 
 @njit(inline="always")
 def fn(hd, f):
     return np.uint64(hd[H_FN + f])
 
 
+@njit(inline="always")
+def driver_error(rc):
+    return np.int64(ERR_DRIVER - rc)
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+@njit(inline="always")
+def stat_add(hd, s, delta):
+    """Move statistic s by delta: its current value, its peak, and what was allocated or freed in total."""
+    b = H_STATS + 4 * s
+    hd[b + CUR] += delta
+    if delta > 0:
+        hd[b + ALLOCATED] += delta
+        if hd[b + CUR] > hd[b + PEAK]:
+            hd[b + PEAK] = hd[b + CUR]
+    else:
+        hd[b + FREED] -= delta
+
+
 @njit
-def event_done(hd, ev):
-    """True if the free event ev (an index into the event pool) has completed."""
-    if ev == NO_EVENT:
-        return True
-    return call_i32(fn(hd, F_EV_QUERY), (np.uint64(hd[H_EVENTS + 2 * ev]),)) == CUDA_SUCCESS
+def stat_pages(hd, n):
+    """n pages were created (n > 0) or released (n < 0): reserved bytes and segments of the large pool."""
+    hd[H_PAGES] += n
+    stat_add(hd, ST_RES_LARGE, n * hd[H_PAGE])
+    stat_add(hd, ST_RES_ALL, n * hd[H_PAGE])
+    stat_add(hd, ST_SEG_LARGE, n)
+    stat_add(hd, ST_SEG_ALL, n)
+
+
+@njit
+def stat_alloc(hd, large, size, req, sign):
+    """An allocation of size bytes (req asked) was made (sign 1) or freed (sign -1)."""
+    stat_add(hd, ST_ALLOC_ALL, sign)
+    stat_add(hd, ST_BYTES_ALL, sign * size)
+    stat_add(hd, ST_REQ_ALL, sign * req)
+    if large:
+        stat_add(hd, ST_ALLOC_LARGE, sign)
+        stat_add(hd, ST_BYTES_LARGE, sign * size)
+        stat_add(hd, ST_REQ_LARGE, sign * req)
+    else:
+        stat_add(hd, ST_ALLOC_SMALL, sign)
+        stat_add(hd, ST_BYTES_SMALL, sign * size)
+        stat_add(hd, ST_REQ_SMALL, sign * req)
+        stat_add(hd, ST_RES_SMALL, sign * size)
+        stat_add(hd, ST_RES_ALL, sign * size)
+        stat_add(hd, ST_SEG_SMALL, sign)
+        stat_add(hd, ST_SEG_ALL, sign)
+
+
+# --- events ----------------------------------------------------------------------------------
+
+@njit(inline="always")
+def ev_handle(hd, ev):
+    return np.uint64(hd[H_EVENTS + 3 * ev])
 
 
 @njit
 def event_ref(hd, ev):
-    if ev != NO_EVENT:
-        hd[H_EVENTS + 2 * ev + 1] += 1
+    if ev >= 0:
+        hd[H_EVENTS + 3 * ev + 1] += 1
 
 
 @njit
 def event_unref(hd, ev):
-    if ev != NO_EVENT:
-        hd[H_EVENTS + 2 * ev + 1] -= 1
+    if ev >= 0:
+        hd[H_EVENTS + 3 * ev + 1] -= 1
 
 
 @njit
-def event_new(hd, stream):
-    """An event recorded on stream now: a pooled one no region refers to any more, else a new one."""
-    n = hd[H_NEV]
-    for i in range(n):
-        if hd[H_EVENTS + 2 * i + 1] == 0:
-            break
-    else:
-        if n >= MAX_EVENTS:
-            return np.int64(ERR_TABLE_FULL)
-        out = stack_u64()
-        rc = call_i32(fn(hd, F_EV_CREATE), (out, np.uint32(CU_EVENT_DISABLE_TIMING)))
-        if rc != CUDA_SUCCESS:
-            return np.int64(-1000 - rc)
-        hd[H_EVENTS + 2 * n] = np.int64(load_u64(out))
-        hd[H_NEV] = n + 1
-        i = n
-    rc = call_i32(fn(hd, F_EV_RECORD), (np.uint64(hd[H_EVENTS + 2 * i]), np.uint64(stream)))
-    if rc != CUDA_SUCCESS:
-        return np.int64(-1000 - rc)
-    hd[H_EVENTS + 2 * i + 1] = 1
-    return np.int64(i)
+def event_known_done(hd, ev):
+    """Completed, as far as the pool already knows (no driver call: usable during a graph capture)."""
+    return ev == NO_EVENT or (ev >= 0 and hd[H_EVENTS + 3 * ev + 2] != 0)
 
 
-# --- the region table ---------------------------------------------------------------------
+# --- the region table --------------------------------------------------------------------------
 
 @njit
 def find(reg, hd, addr):
@@ -112,6 +160,27 @@ def find(reg, hd, addr):
         else:
             hi = mid - 1
     return -1
+
+
+@njit
+def find_containing(reg, hd, addr):
+    """Row of the region that holds addr, or -1."""
+    lo, hi = 0, hd[H_NREG] - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        a = reg[mid, ADDR]
+        if a <= addr < a + reg[mid, SIZE]:
+            return mid
+        if a < addr:
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return -1
+
+
+@njit
+def rows_free(reg, hd):
+    return reg.shape[0] - hd[H_NREG]
 
 
 @njit
@@ -136,9 +205,12 @@ def remove(reg, hd, i):
 
 @njit
 def split(reg, hd, i, size):
-    """Cut row i after size bytes; the tail (same state, stream, event: one more reference) is row i + 1."""
+    """Cut row i after size bytes (0 < size); the tail (same state, stream, events: one more reference each)
+    is row i + 1. Nothing to cut when size is the whole row. False when the table is full."""
     if reg[i, SIZE] == size:
         return True
+    if size <= 0:  # a row of no bytes would break the table's order (two rows at one address)
+        return False
     if not insert_after(reg, hd, i):
         return False
     reg[i + 1, :] = reg[i, :]
@@ -147,45 +219,69 @@ def split(reg, hd, i, size):
     reg[i, SIZE] = size
     if reg[i, STATE] == FREE or reg[i, STATE] == ZOMBIE:
         event_ref(hd, reg[i + 1, EVENT])
+        event_ref(hd, reg[i + 1, XEV])
     return True
 
 
 @njit
+def touching(reg, a, b):
+    return reg[a, ROOT] == reg[b, ROOT] and reg[a, ADDR] + reg[a, SIZE] == reg[b, ADDR]
+
+
+@njit
 def mergeable(reg, a, b):
-    """Rows a and b (adjacent in the table) touch and may be one region."""
-    if reg[a, ROOT] != reg[b, ROOT] or reg[a, ADDR] + reg[a, SIZE] != reg[b, ADDR] or reg[a, STATE] != reg[b, STATE]:
+    """Rows a and b (adjacent in the table) touch and may be one region: holes; free regions of one stream
+    and one capture with no record_stream event; zombies nobody waits for any more."""
+    if not touching(reg, a, b) or reg[a, STATE] != reg[b, STATE]:
         return False
-    if reg[a, STATE] == HOLE:
+    s = reg[a, STATE]
+    if s == HOLE:
         return True
-    return reg[a, STATE] == FREE and reg[a, STREAM] == reg[b, STREAM]
+    if s == ZOMBIE:
+        return (reg[a, EVENT] == NO_EVENT and reg[b, EVENT] == NO_EVENT and reg[a, XEV] == NO_EVENT
+                and reg[b, XEV] == NO_EVENT)
+    return (s == FREE and reg[a, STREAM] == reg[b, STREAM] and reg[a, GRAPH] == reg[b, GRAPH]
+            and reg[a, XEV] == NO_EVENT and reg[b, XEV] == NO_EVENT and reg[a, EVENT] != EV_DEFERRED
+            and reg[b, EVENT] != EV_DEFERRED)
+
+
+@njit
+def _merge_pair(reg, hd, a):
+    """Merge row a + 1 into row a (mergeable): two free regions of one stream keep the later event (stream
+    order: it completes after the earlier one)."""
+    b = a + 1
+    if reg[a, STATE] == FREE:
+        keep, drop = (a, b) if reg[a, ID] >= reg[b, ID] else (b, a)
+        event_unref(hd, reg[drop, EVENT])
+        reg[a, EVENT] = reg[keep, EVENT]
+        reg[a, ID] = reg[keep, ID]
+    reg[a, SIZE] += reg[b, SIZE]
+    remove(reg, hd, b)
 
 
 @njit
 def merge_around(reg, hd, i):
-    """Coalesce row i with its neighbours where allowed; returns i's new row. Two free regions of one
-    stream keep the later event (stream order: it completes after the earlier one)."""
+    """Coalesce row i with its neighbours where allowed; returns i's new row."""
     if i + 1 < hd[H_NREG] and mergeable(reg, i, i + 1):
-        keep, drop = (i, i + 1) if reg[i, ID] >= reg[i + 1, ID] else (i + 1, i)
-        if reg[i, STATE] == FREE:
-            event_unref(hd, reg[drop, EVENT])
-            reg[i, EVENT] = reg[keep, EVENT]
-            reg[i, ID] = reg[keep, ID]
-        reg[i, SIZE] += reg[i + 1, SIZE]
-        remove(reg, hd, i + 1)
+        _merge_pair(reg, hd, i)
     if i > 0 and mergeable(reg, i - 1, i):
-        keep = i if reg[i, ID] >= reg[i - 1, ID] else i - 1
-        drop = i - 1 if keep == i else i
-        if reg[i, STATE] == FREE:
-            event_unref(hd, reg[drop, EVENT])
-            reg[i - 1, EVENT] = reg[keep, EVENT]
-            reg[i - 1, ID] = reg[keep, ID]
-        reg[i - 1, SIZE] += reg[i, SIZE]
-        remove(reg, hd, i)
+        _merge_pair(reg, hd, i - 1)
         i -= 1
     return i
 
 
-# --- pages --------------------------------------------------------------------------------
+@njit
+def merge_all(reg, hd):
+    """Coalesce every mergeable pair (after a defragmentation or a trim changed many rows)."""
+    i = 0
+    while i + 1 < hd[H_NREG]:
+        if mergeable(reg, i, i + 1):
+            _merge_pair(reg, hd, i)
+        else:
+            i += 1
+
+
+# --- pages -----------------------------------------------------------------------------------
 
 @njit
 def page_slot(pg, va, insert):
@@ -216,106 +312,30 @@ def page_slot(pg, va, insert):
 
 
 @njit
-def page_move(pg, old, new):
-    """The page mapped at old is now (also) at new: the table follows its current address."""
-    i = page_slot(pg, old, False)
-    h = pg[i, 1]
-    pg[i, 1] = 0  # a tombstone keeps later keys of the probe run findable
-    pg[i, 0] = -1
-    j = page_slot(pg, new, True)
-    pg[j, 1] = h
+def pg_get(pg, va):
+    """The handle mapped at page va (0: none)."""
+    i = page_slot(pg, va, False)
+    return pg[i, 1] if i >= 0 else np.int64(0)
 
 
 @njit
-def map_range(hd, va, size, pg):
-    """Map pages at va, each its own handle from pg (already moved there). Access is granted by the
-    caller, once for everything it mapped: cuMemSetAccess costs ~100 us a call on an H100 (docs/vpmm.md)."""
-    page = hd[H_PAGE]
-    for off in range(0, size, page):
-        h = pg[page_slot(pg, va + off, False), 1]
-        rc = call_i32(fn(hd, F_MAP), (np.uint64(va + off), np.uint64(page), np.uint64(0), np.uint64(h),
-                                      np.uint64(0)))
-        if rc != CUDA_SUCCESS:
-            return rc
-    return CUDA_SUCCESS
+def pg_put(pg, hd, va, h):
+    i = page_slot(pg, va, True)
+    if pg[i, 1] == 0:
+        hd[H_NPG] += 1
+    pg[i, 1] = h
 
 
 @njit
-def set_access(hd, va, size):
-    """Let the pool's device read and write [va, va + size) (every page in it freshly mapped)."""
-    if size <= 0:
-        return CUDA_SUCCESS
-    return call_i32(fn(hd, F_SET_ACCESS), (np.uint64(va), np.uint64(size), np.uint64(hd[H_ACCESS]), np.uint64(1)))
-
-
-@njit
-def drop_pages(hd, pg, va, n, mapped):
-    """Undo part of new_pages: unmap the first ``mapped`` of n pages at va and release all n, so a
-    refused request leaves neither pages nor charges behind."""
-    page = hd[H_PAGE]
-    for k in range(n):
-        if k < mapped:
-            call_i32(fn(hd, F_UNMAP), (np.uint64(va + k * page), np.uint64(page)))
-        i = page_slot(pg, va + k * page, False)
-        call_i32(fn(hd, F_RELEASE), (np.uint64(pg[i, 1]),))
+def pg_del(pg, hd, va):
+    i = page_slot(pg, va, False)
+    if i >= 0:
+        pg[i, 0] = -1  # a tombstone keeps later keys of the probe run findable
         pg[i, 1] = 0
-        pg[i, 0] = -1
-        hd[H_PAGES] -= 1
-        hd[H_GROWN] -= 1
+        hd[H_NPG] -= 1
 
 
 @njit
-def new_pages(hd, pg, va, n):
-    """Create n pages (cuMemCreate: charged to the group's cap under pyvgpu wrap) and map them at va
-    (the caller grants access). All or nothing: on a refusal (the cap, a full device) what was made is
-    released again."""
-    page = hd[H_PAGE]
-    out = stack_u64()
-    for k in range(n):
-        rc = call_i32(fn(hd, F_CREATE), (out, np.uint64(page), np.uint64(hd[H_PROP]), np.uint64(0)))
-        if rc != CUDA_SUCCESS:
-            drop_pages(hd, pg, va, k, k)
-            return rc
-        h = load_u64(out)
-        slot = page_slot(pg, va + k * page, True)
-        if slot < 0:
-            call_i32(fn(hd, F_RELEASE), (h,))
-            drop_pages(hd, pg, va, k, k)
-            return CUDA_ERROR_OUT_OF_MEMORY
-        pg[slot, 1] = np.int64(h)
-        hd[H_PAGES] += 1
-        hd[H_GROWN] += 1
-        rc = call_i32(fn(hd, F_MAP), (np.uint64(va + k * page), np.uint64(page), np.uint64(0), h, np.uint64(0)))
-        if rc != CUDA_SUCCESS:
-            drop_pages(hd, pg, va, k + 1, k)
-            return rc
-    return CUDA_SUCCESS
-
-
-@njit
-def reserve(reg, hd, size):
-    """Reserve another VA chunk (at least size bytes) as one hole; its row, or a negative error."""
-    va = max(hd[H_VA], size)
-    out = stack_u64()
-    rc = call_i32(fn(hd, F_RESERVE), (out, np.uint64(va), np.uint64(hd[H_PAGE]), np.uint64(0), np.uint64(0)))
-    if rc != CUDA_SUCCESS:
-        return np.int64(-1000 - rc)
-    addr = np.int64(load_u64(out))
-    n = hd[H_NREG]
-    i = n - 1
-    while i >= 0 and reg[i, ADDR] > addr:
-        i -= 1
-    if not insert_after(reg, hd, i):
-        return np.int64(ERR_TABLE_FULL)
-    i += 1
-    reg[i, ADDR] = addr
-    reg[i, SIZE] = va
-    reg[i, STATE] = HOLE
-    reg[i, STREAM] = 0
-    reg[i, EVENT] = NO_EVENT
-    reg[i, ID] = 0
-    reg[i, ROOT] = hd[H_NROOTS]
-    hd[H_NROOTS] += 1
-    return i
-
-
+def pg_room(pg, hd, n):
+    """True if n more addresses fit while the table stays at most half full (probe runs stay short)."""
+    return hd[H_NPG] + n <= pg.shape[0] // 2

@@ -1,12 +1,13 @@
-/* Checking the compiled-callback object before it is loaded, for a loader
- * written in C (the Python loader uses pyvgpu.cache.object_bytes, which
- * applies the same rules).
+/* Checking the compiled callbacks before they are loaded (pyvgpu/cblib.py
+ * load applies the same rules in Python).
  *
- * The object is machine code that runs in every wrapped program, so it is
- * read once, through one descriptor (O_NOFOLLOW; a regular file of this user
- * or root that nobody else can write), hashed with SHA-256 (FIPS 180-4) and
- * compared with the manifest's hash. The caller loads the bytes returned,
- * never the path again, so the file cannot change between check and load. */
+ * The callback library is machine code that runs in every wrapped program,
+ * so it is read through one descriptor (O_NOFOLLOW where asked; a regular
+ * file of this user or root that nobody else can write), hashed with SHA-256
+ * (FIPS 180-4) and compared with the hash written beside it. The loader
+ * (pv_load.c) then loads through that same descriptor, never the path again,
+ * so the file cannot change between check and load. pyvgpu_verify_object is
+ * the same check for bytes a caller loads itself. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

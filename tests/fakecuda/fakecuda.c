@@ -100,7 +100,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
     X(cuLaunchCooperativeKernelMultiDevice) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)                      \
     X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy_v2) X(cuStreamIsCapturing) X(cuGraphCreate)       \
     X(cuGraphAddKernelNode) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)                 \
-    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuStreamWaitEvent)
+    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuStreamWaitEvent) X(cuThreadExchangeStreamCaptureMode)
 
 #define X(name) FK_##name,
 enum { FAKE_FUNCS(X) FK_N };
@@ -113,6 +113,8 @@ static uint64_t fk_calls[FK_N];
 
 /* ---- configuration ------------------------------------------------------- */
 
+static void fault_config(void);
+
 __attribute__((constructor)) static void fake_config(void) {
     g_nphys = fake_device_caps(g_cap);
     for (int d = 0; d < g_nphys; d++)
@@ -123,6 +125,7 @@ __attribute__((constructor)) static void fake_config(void) {
     const char *e = getenv("FAKECUDA_EVENT_SCALE");
     if (e && *e)
         g_event_scale = strtod(e, NULL);
+    fault_config();
 }
 
 __attribute__((destructor)) static void fake_stats(void) {
@@ -155,6 +158,8 @@ struct alloc {
     uint64_t size;    /* bytes taken from the device */
     int dev;          /* physical */
     int pool;         /* -1, or the pool an async allocation came from */
+    int maps;         /* VMM handle: pages mapped to it now */
+    int released;     /* VMM handle: cuMemRelease'd while mapped; freed at its last unmap, as on a real driver */
 };
 static struct alloc *g_tab;
 static size_t g_tab_cap, g_tab_n;
@@ -206,6 +211,159 @@ static int tab_take(CUdeviceptr p, struct alloc *out) {
     }
     return 0;
 }
+
+static struct alloc *tab_find(CUdeviceptr p) {
+    if (!g_tab_cap || !p)
+        return NULL;
+    for (size_t i = slot_of(p); g_tab[i].ptr; i = (i + 1) & (g_tab_cap - 1))
+        if (g_tab[i].ptr == p)
+            return &g_tab[i];
+    return NULL;
+}
+
+/* ---- fault injection (tests) ------------------------------------------------ */
+/* fakecuda_fail("cuMemMap", n, rc): the n-th call of cuMemMap from now on returns rc, once, doing
+ * nothing else (n <= 0 disarms that function). FAKECUDA_FAIL="cuMemMap:3:2,cuMemSetAccess:1:2" arms
+ * the same at start. Used by the VPMM tests to fail every step of a defragmentation in turn. */
+#define MAX_FAULTS 16
+static struct {
+    int fk;
+    uint64_t at; /* the call count at which it fires */
+    int rc;
+} g_faults[MAX_FAULTS];
+static pthread_mutex_t g_fault_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_nfaults; /* armed entries, read without the lock on the fast path */
+
+static int fk_index(const char *name) {
+    for (int i = 0; i < FK_N; i++)
+        if (!strcmp(fk_names[i], name))
+            return i;
+    return -1;
+}
+
+EXPORT int fakecuda_fail(const char *name, long nth, int rc) {
+    int fk = name ? fk_index(name) : -1;
+    if (fk < 0)
+        return -1;
+    pthread_mutex_lock(&g_fault_mu);
+    for (int i = 0; i < MAX_FAULTS; i++)
+        if (g_faults[i].fk == fk + 1 && nth <= 0)
+            g_faults[i].fk = 0;
+    int ok = nth <= 0;
+    for (int i = 0; i < MAX_FAULTS && !ok; i++)
+        if (!g_faults[i].fk) {
+            g_faults[i].fk = fk + 1; /* 0: a free entry */
+            g_faults[i].at = __atomic_load_n(&fk_calls[fk], __ATOMIC_RELAXED) + (uint64_t)nth;
+            g_faults[i].rc = rc;
+            ok = 1;
+        }
+    int n = 0;
+    for (int i = 0; i < MAX_FAULTS; i++)
+        n += g_faults[i].fk != 0;
+    __atomic_store_n(&g_nfaults, n, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&g_fault_mu);
+    return ok ? 0 : -1;
+}
+
+/* After COUNT(name): the armed failure of this call, or 0. */
+static int fault_hit(int fk) {
+    if (!__atomic_load_n(&g_nfaults, __ATOMIC_ACQUIRE))
+        return 0;
+    int rc = 0;
+    pthread_mutex_lock(&g_fault_mu);
+    uint64_t n = __atomic_load_n(&fk_calls[fk], __ATOMIC_RELAXED);
+    for (int i = 0; i < MAX_FAULTS; i++)
+        if (g_faults[i].fk == fk + 1 && g_faults[i].at == n) {
+            rc = g_faults[i].rc;
+            g_faults[i].fk = 0;
+            g_nfaults--;
+            break;
+        }
+    pthread_mutex_unlock(&g_fault_mu);
+    return rc;
+}
+#define FAULT(name)                                                                                              \
+    do {                                                                                                         \
+        int fault_rc_ = fault_hit(FK_##name);                                                                    \
+        if (fault_rc_)                                                                                           \
+            return fault_rc_;                                                                                    \
+    } while (0)
+
+static void fault_config(void) {
+    const char *spec = getenv("FAKECUDA_FAIL");
+    if (!spec || !*spec)
+        return;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", spec);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char name[128];
+        long nth;
+        int rc;
+        if (sscanf(tok, "%127[^:]:%ld:%d", name, &nth, &rc) == 3)
+            fakecuda_fail(name, nth, rc);
+    }
+}
+
+/* ---- CUDA graph capture (tests) ---------------------------------------------- */
+/* fakecuda_capture(s, 1) marks stream s as capturing (global mode), 0 ends it. While any stream
+ * captures, the calls a real driver refuses then (and that would invalidate the capture: event queries
+ * and synchronisation, waits and records of the capturing stream on events from outside) fail with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and are counted: fakecuda_capture_violations(). */
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define MAX_CAPTURING 8
+static CUstream g_capturing[MAX_CAPTURING];
+static int g_ncapturing;
+static uint64_t g_capture_violations;
+
+EXPORT int fakecuda_capture(CUstream s, int on) {
+    pthread_mutex_lock(&g_fault_mu);
+    int rc = -1;
+    for (int i = 0; i < MAX_CAPTURING; i++)
+        if (on ? !g_capturing[i] : g_capturing[i] == s) {
+            g_capturing[i] = on ? s : NULL;
+            g_ncapturing += on ? 1 : -1;
+            rc = 0;
+            break;
+        }
+    pthread_mutex_unlock(&g_fault_mu);
+    return rc;
+}
+
+EXPORT uint64_t fakecuda_capture_violations(void) { return __atomic_load_n(&g_capture_violations, __ATOMIC_ACQUIRE); }
+
+/* The calling thread's capture interaction mode: 0 global (the default), 1 thread-local, 2 relaxed. While
+ * a stream captures, a thread not in relaxed mode may not make the potentially unsafe calls (the VMM
+ * calls that change mappings and memory: cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
+ * cuMemAddressReserve), as a real driver in global capture mode refuses cudaMalloc. */
+static __thread int t_capture_mode;
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    COUNT(cuThreadExchangeStreamCaptureMode);
+    if (!mode || *mode < 0 || *mode > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    int old = t_capture_mode;
+    t_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+#define CAPTURE_UNSAFE() CAPTURE_SAFE(__atomic_load_n(&g_ncapturing, __ATOMIC_ACQUIRE) && t_capture_mode != 2)
+
+static int capturing(CUstream s) {
+    if (!__atomic_load_n(&g_ncapturing, __ATOMIC_ACQUIRE))
+        return 0;
+    for (int i = 0; i < MAX_CAPTURING; i++)
+        if (s && g_capturing[i] == s)
+            return 1;
+    return 0;
+}
+
+#define CAPTURE_SAFE(cond)                                                                                       \
+    do {                                                                                                         \
+        if (cond) {                                                                                              \
+            __atomic_add_fetch(&g_capture_violations, 1, __ATOMIC_RELAXED);                                      \
+            return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;                                                        \
+        }                                                                                                        \
+    } while (0)
 
 /* ---- the simulated GPU (fake_sim.h) ---------------------------------------- */
 
@@ -636,6 +794,8 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
 
 EXPORT CUresult cuCtxSynchronize(void) {
     COUNT(cuCtxSynchronize);
+    FAULT(cuCtxSynchronize);
+    CAPTURE_SAFE(__atomic_load_n(&g_ncapturing, __ATOMIC_ACQUIRE));
     NEED_CTX();
     sim_sleep_until(__atomic_load_n(&g_last_end, __ATOMIC_ACQUIRE));
     return CUDA_SUCCESS;
@@ -886,6 +1046,7 @@ EXPORT CUresult cuLaunchKernelEx_ptsz(const fake_launch_config *c, CUfunction f,
 
 EXPORT CUresult cuEventCreate(struct fake_event **e, unsigned flags) {
     COUNT(cuEventCreate);
+    FAULT(cuEventCreate);
     NEED_CTX();
     if (!e)
         return CUDA_ERROR_INVALID_VALUE;
@@ -896,6 +1057,8 @@ EXPORT CUresult cuEventCreate(struct fake_event **e, unsigned flags) {
 
 EXPORT CUresult cuEventRecord(struct fake_event *e, CUstream s) {
     COUNT(cuEventRecord);
+    FAULT(cuEventRecord);
+    CAPTURE_SAFE(capturing(s));
     NEED_CTX();
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -913,6 +1076,8 @@ EXPORT CUresult cuEventRecord(struct fake_event *e, CUstream s) {
 
 EXPORT CUresult cuEventQuery(struct fake_event *e) {
     COUNT(cuEventQuery);
+    FAULT(cuEventQuery);
+    CAPTURE_SAFE(__atomic_load_n(&g_ncapturing, __ATOMIC_ACQUIRE));
     NEED_INIT();
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -921,6 +1086,7 @@ EXPORT CUresult cuEventQuery(struct fake_event *e) {
 
 EXPORT CUresult cuEventSynchronize(struct fake_event *e) {
     COUNT(cuEventSynchronize);
+    CAPTURE_SAFE(__atomic_load_n(&g_ncapturing, __ATOMIC_ACQUIRE));
     NEED_INIT();
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -954,10 +1120,11 @@ EXPORT CUresult cuEventDestroy_v2(struct fake_event *e) {
 
 EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
     COUNT(cuStreamIsCapturing);
+    FAULT(cuStreamIsCapturing);
     NEED_CTX();
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
-    *status = 0; /* CU_STREAM_CAPTURE_STATUS_NONE: the fake does not capture */
+    *status = capturing(s); /* NONE, or ACTIVE for a stream fakecuda_capture() marked */
     return CUDA_SUCCESS;
 }
 
@@ -1221,6 +1388,7 @@ static CUresult pool_alloc(int i, CUdeviceptr *p, size_t size) {
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
     COUNT(cuMemAllocAsync);
+    FAULT(cuMemAllocAsync);
     NEED_CTX();
     return pool_alloc(default_pool(t_cur->phys), p, size);
 }
@@ -1274,6 +1442,7 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
 
 EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) {
     COUNT(cuMemPoolTrimTo);
+    FAULT(cuMemPoolTrimTo);
     int i = pool_index(pool);
     if (i < 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1316,6 +1485,8 @@ EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int o
 
 EXPORT CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop, unsigned long long flags) {
     COUNT(cuMemCreate);
+    FAULT(cuMemCreate);
+    CAPTURE_UNSAFE();
     NEED_INIT();
     if (!h || !prop || !size || size % VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1342,13 +1513,38 @@ EXPORT CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop
     return CUDA_SUCCESS;
 }
 
+/* As on a real driver, a handle released while mapped keeps its memory until its last page is unmapped. */
 EXPORT CUresult cuMemRelease(unsigned long long h) {
     COUNT(cuMemRelease);
-    return free_any(h);
+    FAULT(cuMemRelease);
+    CAPTURE_UNSAFE();
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = tab_find(h);
+    int deferred = a && a->pool < 0 && a->maps > 0 && !a->released;
+    if (deferred)
+        a->released = 1;
+    int twice = a && a->released && !deferred;
+    pthread_mutex_unlock(&g_mu);
+    if (twice)
+        return CUDA_ERROR_INVALID_VALUE;
+    return deferred ? CUDA_SUCCESS : free_any(h);
+}
+
+/* For tests: bytes of VMM memory still held by released handles that are mapped somewhere. */
+EXPORT uint64_t fakecuda_released_mapped_bytes(void) {
+    uint64_t n = 0;
+    pthread_mutex_lock(&g_mu);
+    for (size_t i = 0; i < g_tab_cap; i++)
+        if (g_tab[i].ptr && g_tab[i].released)
+            n += g_tab[i].size;
+    pthread_mutex_unlock(&g_mu);
+    return n;
 }
 
 EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long f) {
     COUNT(cuMemAddressReserve);
+    FAULT(cuMemAddressReserve);
+    CAPTURE_UNSAFE();
     if (!p || !size)
         return CUDA_ERROR_INVALID_VALUE;
     static uint64_t next_va = 0x600000000000ULL; /* apart from every device's allocation range */
@@ -1361,6 +1557,7 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, C
 
 EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
     COUNT(cuMemAddressFree);
+    FAULT(cuMemAddressFree);
     return CUDA_SUCCESS;
 }
 
@@ -1387,19 +1584,27 @@ static uint64_t *map_find(uint64_t va, int insert) {
 
 EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long long h, unsigned long long f) {
     COUNT(cuMemMap);
+    FAULT(cuMemMap);
+    CAPTURE_UNSAFE();
     if (!p || !size || !h || p % VMM_GRANULARITY || size % VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
-    for (uint64_t a = p; a < p + size; a += VMM_GRANULARITY) {
-        uint64_t *e = map_find(a, 0);
+    struct alloc *a = tab_find(h);
+    if (!a || a->pool >= 0 || a->released) { /* not a live VMM handle */
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    for (uint64_t v = p; v < p + size; v += VMM_GRANULARITY) {
+        uint64_t *e = map_find(v, 0);
         if (e && *e) {
             pthread_mutex_unlock(&g_mu);
             return CUDA_ERROR_INVALID_VALUE; /* already mapped */
         }
     }
-    for (uint64_t a = p; a < p + size; a += VMM_GRANULARITY) {
-        *map_find(a, 1) = h;
+    for (uint64_t v = p; v < p + size; v += VMM_GRANULARITY) {
+        *map_find(v, 1) = h;
         g_mapped++;
+        a->maps++;
     }
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
@@ -1407,19 +1612,28 @@ EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long l
 
 EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
     COUNT(cuMemUnmap);
+    FAULT(cuMemUnmap);
+    CAPTURE_UNSAFE();
     if (!p || !size || p % VMM_GRANULARITY || size % VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
-    for (uint64_t a = p; a < p + size; a += VMM_GRANULARITY) {
-        uint64_t *e = map_find(a, 0);
+    for (uint64_t v = p; v < p + size; v += VMM_GRANULARITY) {
+        uint64_t *e = map_find(v, 0);
         if (!e || !*e) {
             pthread_mutex_unlock(&g_mu);
             return CUDA_ERROR_INVALID_VALUE; /* not mapped */
         }
     }
-    for (uint64_t a = p; a < p + size; a += VMM_GRANULARITY) {
-        *map_find(a, 0) = 0;
+    for (uint64_t v = p; v < p + size; v += VMM_GRANULARITY) {
+        uint64_t *e = map_find(v, 0);
+        struct alloc *a = tab_find(*e);
+        *e = 0;
         g_mapped--;
+        if (a && --a->maps == 0 && a->released) { /* its last mapping: the memory goes back now */
+            struct alloc gone;
+            if (tab_take(a->ptr, &gone))
+                g_used[gone.dev] -= gone.size;
+        }
     }
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
@@ -1434,13 +1648,29 @@ EXPORT uint64_t fakecuda_mapping(uint64_t va) {
 
 EXPORT CUresult cuStreamWaitEvent(CUstream s, struct fake_event *e, unsigned flags) {
     COUNT(cuStreamWaitEvent);
+    FAULT(cuStreamWaitEvent);
+    CAPTURE_SAFE(capturing(s));
     NEED_CTX();
     return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* Access can only be set on mapped pages, as on a real driver. */
 EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t count) {
     COUNT(cuMemSetAccess);
-    return (!p || !size || !desc) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    FAULT(cuMemSetAccess);
+    CAPTURE_UNSAFE();
+    if (!p || !size || !desc)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (p % VMM_GRANULARITY || size % VMM_GRANULARITY)
+        return CUDA_SUCCESS; /* not ours to check: a range of other sizes is mapped by another caller */
+    pthread_mutex_lock(&g_mu);
+    int ok = 1;
+    for (uint64_t v = p; v < p + size && ok; v += VMM_GRANULARITY) {
+        uint64_t *e = map_find(v, 0);
+        ok = e && *e;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---- arrays ------------------------------------------------------------------------ */

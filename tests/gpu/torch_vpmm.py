@@ -17,7 +17,7 @@ total = float(big.sum())
 error, kind = None, None
 try:
     torch.empty(8 * GiB, dtype=torch.uint8, device="cuda")
-except RuntimeError as e:
+except RuntimeError as e:  # torch.OutOfMemoryError is a RuntimeError: the class is reported
     error, kind = str(e).splitlines()[0], type(e).__name__
 after = torch.ones(1 << 20, device="cuda")
 torch.cuda.synchronize()

@@ -38,7 +38,7 @@ def check(ptr: int, size: int, value: int, page: int) -> bool:
 
 
 def walk(pages: int) -> dict:
-    pool = VirtualMemoryPool(page_size=G, va_size=64 * G, pages=pages)
+    pool = VirtualMemoryPool(page_size=G, va_size=64 * G, pages=pages, gap=0)
     steps = []
     a = pool.malloc(10 * G)
     steps.append(pool.layout())
@@ -55,7 +55,7 @@ def walk(pages: int) -> dict:
     fill(d, 11 * G, 0xD1D1D1D1)
     ok = check(b, G, 0xB0B0B0B0, G) and check(c, 4 * G, 0xC4C4C4C4, G) and check(d, 11 * G, 0xD1D1D1D1, G)
     assert cu.cuCtxSynchronize() == 0
-    pool.trim()
+    pool.trim(release=False)
     steps.append(pool.layout())
     st = pool.stats()
     for p in (b, c, d):
@@ -65,7 +65,8 @@ def walk(pages: int) -> dict:
 
 @njit
 def _timed_pairs(state, size, out):
-    """malloc+free through the same code the cfuncs run (lock, event record included), each pair timed."""
+    """malloc+free through the same code the cfuncs run (lock, event record, capture check included), each
+    pair timed."""
     for i in range(out.shape[0]):
         t = monotonic_ns()
         p = V.entry_malloc(state, size, np.uint64(0))
