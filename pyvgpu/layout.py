@@ -217,7 +217,7 @@ SLOT_FREE, SLOT_LIVE = 0, 1
 # an entry whose turn word says which process may launch on it now, so that
 # the GPU never holds two groups' deep queues at once (pyvgpu/jit/turn.py).
 SCHED_MAGIC = int.from_bytes(b"PVTURN01", "little")
-SCHED_VERSION = 3  # 2: issue 17 before taken_ns (a branch build only)
+SCHED_VERSION = 2
 SCHED_ENTRIES = 64  # GPUs (MIG instances count as GPUs: they have UUIDs of their own)
 # Ranks of a launch in the turns, most urgent first (pyvgpu/jit/turn.py): within its share ("due") before
 # best effort (no share, or borrowing beyond it); high priority before low within each.
@@ -248,7 +248,6 @@ SCHED_ENTRY = Struct(
                                           "again (CLOCK_MONOTONIC >> 10); the holder hands over by then"),
         Field("active", "u64", doc="CLOCK_MONOTONIC ns until which a group with a share takes turns on this GPU"),
         Field("freed_ns", "u64", doc="CLOCK_MONOTONIC when the last holder freed the turn after its drain"),
-        Field("taken_ns", "u64", doc="CLOCK_MONOTONIC when the holder took the turn"),
         Field("seq", "u32", doc="bumped at each free (waiters sleep on it with a futex)"),
         Field("sleepers", "u32", doc="processes sleeping on seq"),
         Field("rank", "u32", doc="the holder's rank when it took the turn"),

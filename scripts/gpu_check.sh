@@ -7,10 +7,12 @@
 #
 # Parts:
 #   tests     every GPU test (pytest -m gpu tests/gpu)
-#   compute   bench sm: spin and matmul alone 10-90%, the 30/70 pair, taking turns and time-sliced;
+#   compute   bench sm: spin and matmul alone 10-90%, the 30/70 pair (spin also time-sliced), matmul
+#             beside an unlimited neighbour;
 #             launch overhead without and with a share, paired in one run
-#   scenarios bench sm: the small-kernel MLP pair (turns and time-sliced), a share beside an
-#             unlimited wrapped neighbour (spin, MLP), borrow/give-back, priorities (issue 17)
+#   scenarios bench sm: the small-kernel MLP alone at 50 and the 50/50 pair (turns and time-sliced), a
+#             share beside an unlimited wrapped neighbour and a burst with --sm-borrow (MLP, spin),
+#             high against low priority (60/60 and 50/50, spin)
 #   mps       bench sm under --mode mps (MPS alone), the memory view and OOM under MPS with and without pyvgpu
 #   vpmm      bench vpmm (mapped/live, ops/s against expandable_segments and the default allocator)
 #   startup   bench startup (time to the first CUDA call, raw and wrapped)
@@ -68,26 +70,25 @@ for part in $PARTS; do
     pack ;;
   compute)
     say "## Compute shares"
-    $PY -m pyvgpu bench sm --workload spin --png "$(png sm-spin.png)" --output "$W/sm-spin.json" 2>&1 | tail -16 | block; pack
-    PYVGPU_SM_TURN=0 $PY -m pyvgpu bench sm --workload spin --targets "" --png "" \
-      --output "$W/sm-spin-pair-timesliced.json" 2>&1 | tail -6 | block; pack
-    $PY -m pyvgpu bench sm --workload matmul --png "$(png sm-matmul.png)" --output "$W/sm-matmul.json" 2>&1 | tail -16 | block; pack
+    $PY -m pyvgpu bench sm --workload spin --sliced --png "$(png sm-spin.png)" --output "$W/sm-spin.json" 2>&1 |
+      tail -16 | block; pack
+    $PY -m pyvgpu bench sm --workload matmul --neighbour unlimited --png "$(png sm-matmul.png)" \
+      --output "$W/sm-matmul.json" 2>&1 | tail -16 | block; pack
     $PY -m pyvgpu bench sm --workload graph --targets 30,70 --png "" --output "$W/sm-graph.json" 2>&1 | tail -8 | block; pack
     say "## Launch overhead (no share, then --sm 99)"
     $PY -m pyvgpu bench overhead --rounds 5 --output "$W/overhead.json" 2>&1 | tail -4 | block
     $PY -m pyvgpu bench overhead --rounds 5 --sm 99 --output "$W/overhead-sm99.json" 2>&1 | tail -4 | block; pack ;;
   scenarios)
-    say "## Issue 17 scenarios"
-    for args in "--workload mlp --targets 50 --pair 50,50" "--workload mlp --targets 50 --neighbour unlimited" \
-                "--workload spin --targets 50 --neighbour unlimited"; do
-      say "### bench sm $args"
-      # shellcheck disable=SC2086
-      $PY -m pyvgpu bench sm $args --png "" --output "$W/sm-$(echo $args | tr -cd 'a-z0-9-' | cut -c1-60).json" 2>&1 |
-        tail -10 | block; pack
-    done
-    say "### the MLP pair time-sliced"
-    PYVGPU_SM_TURN=0 $PY -m pyvgpu bench sm --workload mlp --targets "" --pair 50,50 --png "" \
-      --output "$W/sm-mlp-pair-timesliced.json" 2>&1 | tail -6 | block; pack ;;
+    say "## Issue 17 scenarios (turns that never idle the GPU, neighbours, borrowing, priorities)"
+    sc() {  # sc NAME ARGS...: one bench sm run, its table into the summary
+      name=$1; shift
+      say "### bench sm $*"
+      $PY -m pyvgpu bench sm "$@" --png "$(png "$name.png")" --output "$W/$name.json" 2>&1 | tail -14 | block; pack
+    }
+    sc sm-mlp --workload mlp --targets 50 --pair 50,50 --sliced --neighbour unlimited --burst
+    sc sm-spin-scenarios --workload spin --targets "" --pair "" --neighbour unlimited --burst
+    sc sm-prio-60 --workload spin --targets "" --pair 60,60 --priorities high,low
+    sc sm-prio-50 --workload spin --targets "" --pair 50,50 --priorities high,low ;;
   mps)
     say "## MPS mode against MPS alone and pyvgpu's turns (spin kernel)"
     $PY -m pyvgpu bench sm --workload spin --targets 30,70 --pair 30,70 --mode mps --png "" \

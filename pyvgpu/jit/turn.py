@@ -16,9 +16,7 @@ Time slicing only costs while both queues are deep. Two launch-bound programs
 (small kernels, the CPU between them) leave the GPU mostly idle, and taking
 whole turns would halve both. So a launch may go *beside* the holder when
 both its queue and the holder's are shorter than CORUN_NS: the turn is for
-deep queues, which it keeps apart (so not in the first MIN_TURN_NS of a
-turn, while a holder that just began has a short queue whatever it
-launches). A launch of a less urgent rank than the
+deep queues, which it keeps apart. A launch of a less urgent rank than the
 holder's goes beside it only while both queues are empty, one kernel at a
 time, and never beside a high-priority holder.
 
@@ -374,14 +372,11 @@ def must_yield(ctx, e, me, rank, dev, now, cost):
 
 @njit
 def corun(ctx, e, w, rank, dev, now, cost):
-    """This launch may go beside the holder: both queues are short (the holder's still, MIN_TURN_NS into its
-    turn: it launches little, it did not just begin), and it runs into nobody's reservation.
+    """This launch may go beside the holder: both queues are short, and it runs into nobody's reservation.
 
     Beside a holder of a more urgent rank, only while both queues are empty (one kernel at a time fills
     the holder's idle moments; the holder's next kernel waits at most for it), and never beside a
     high-priority holder (high priority keeps its turn's idle moments to itself, for its latency)."""
-    if now - np.int64(TURN.load_taken_ns(e)) < MIN_TURN_NS:
-        return False  # a holder that just took the turn has a short queue because it just began
     held_rank = TURN.load_rank(e)
     limit = CORUN_NS
     if rank > held_rank:
@@ -453,7 +448,6 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
                 qend = queue_end(ctx, dev, now, cost)
                 if TURN.cas_turn(e, w, word(me, lease_for(qend, now))) == w:
                     TURN.store_rank(e, rank)
-                    TURN.store_taken_ns(e, np.uint64(now))
                     CTX.set_turn_qend(ctx, dev, np.uint64(qend))
                     CTX.set_turn_since(ctx, dev, np.uint64(now))
                     count_held(ctx, region, dev, now, qend)

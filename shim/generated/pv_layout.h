@@ -235,7 +235,7 @@ _Static_assert(sizeof(pv_region_device_t) == 192, "sizeof pv_region_device");
 
 /* The machine's turn file (pyvgpu/sched.py). */
 #define PV_SCHED_MAGIC 0x31304e5255545650ULL
-#define PV_SCHED_VERSION 3
+#define PV_SCHED_VERSION 2
 #define PV_SCHED_ENTRIES 64
 #define PV_SCHED_SIZE 12352
 
