@@ -432,9 +432,9 @@ def trim_case() -> dict:
         p = pool2.malloc(6 * MiB)  # the pool still serves; it may need new pages after a partial release
         pool2.free(p)
     # work still queued: its pages stay
-    busy_stream(1500)
-    y = pool.malloc(4 * MiB)
-    pool.free(y)
+    s = busy_stream(1500)  # the fake keeps a queue per stream: the region is freed on the busy one
+    y = pool.malloc(4 * MiB, s)
+    pool.free(y, s)
     out["busy_kept"] = {"released": pool.trim(), "reusable": pool.stats()["reusable"]}
     return out
 
