@@ -1,7 +1,7 @@
 /* VPMM for PyTorch's CUDAPluggableAllocator: the malloc/free pair it loads from
  * this library by name. Each call goes straight to the pool's compiled entry
  * points (pyvgpu/jit/vpmm.py: cfuncs, no GIL), installed per device by
- * pyvgpu.vpmm.enable_for_torch. */
+ * pyvgpu.vpmm_torch.enable. */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -145,7 +145,7 @@ static void *pv_vpmm_refuse(ssize_t size, int device, int64_t rc) {
         snprintf(msg, sizeof msg, "pyvgpu VPMM: the pool's tables for device %d are full (%zd bytes asked)",
                  device, size);
     else if (rc == 0)
-        snprintf(msg, sizeof msg, "pyvgpu VPMM has no pool for device %d (pyvgpu.vpmm.enable_for_torch made "
+        snprintf(msg, sizeof msg, "pyvgpu VPMM has no pool for device %d (pyvgpu.vpmm_torch.enable made "
                  "none)", device);
     else
         snprintf(msg, sizeof msg, "pyvgpu VPMM: malloc(%zd) on device %d failed: CUresult %lld", size, device,
