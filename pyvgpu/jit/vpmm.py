@@ -76,13 +76,19 @@ OOM = ERR_DRIVER - CUDA_ERROR_OUT_OF_MEMORY
 @njit
 def capture_tag(hd, stream, capturing):
     """The capture an operation of stream belongs to (its epoch), 0 for none. An epoch starts at the first
-    operation seen on a capturing stream, or at `notify_capture`; a capture's memory is reused only inside it."""
+    operation seen on a capturing stream, or at `notify_capture`; a capture's memory is reused only inside it.
+
+    A capture announced by `notify_capture` (PyTorch's CUDAGraph.capture_begin) keeps its epoch until it is
+    announced ended, whatever its stream does before the driver's capture starts: PyTorch allocates on the
+    capture stream between the two (CUDAGraph.capture_begin registers the CUDA generator's graph-safe RNG
+    state, two small tensors). Ending the epoch there made the capture's memory another epoch's, which
+    CUDAGraph.reset then did not release (the 2026-11-23 H100 run: 4 regions left)."""
     if capturing:
         if hd[H_CAP_STREAM] != stream:
             hd[H_EPOCH] += 1
             hd[H_CAP_STREAM] = stream
         return hd[H_EPOCH]
-    if hd[H_CAP_STREAM] == stream:  # that stream no longer captures: its capture has ended
+    if hd[H_CAP_STREAM] == stream and hd[H_CAPTURE_ACTIVE] == 0:  # it no longer captures: its capture ended
         hd[H_CAP_STREAM] = 0
     return np.int64(0)
 

@@ -1,7 +1,7 @@
 /* VPMM for PyTorch's CUDAPluggableAllocator: the malloc/free pair it loads from
  * this library by name. Each call goes straight to the pool's compiled entry
  * points (pyvgpu/jit/vpmm.py: cfuncs, no GIL), installed per device by
- * pyvgpu.vpmm.enable_for_torch. */
+ * pyvgpu.vpmm_torch.enable. */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -43,8 +43,18 @@ PV_EXPORT int pyvgpu_vpmm_install(int device, void *malloc_fn, void *free_fn, ui
  * it (its vtable pointer is then set to OutOfMemoryError's), and __cxa_throw
  * throws it with OutOfMemoryError's typeinfo, which is what PyTorch's
  * `catch (const c10::OutOfMemoryError&)` matches. Every symbol is looked up by
- * its mangled name in what is already loaded (libc10, libstdc++): a PyTorch
- * built with another string ABI has other names, and gets the RuntimeError. */
+ * its mangled name in what is already loaded (libc10, libc10_cuda, libstdc++): a
+ * PyTorch built with another string ABI has other names, and gets the
+ * RuntimeError (stderr says once which symbol was missing).
+ *
+ * Neither class declares a destructor: it is implicit, inline, and PyTorch
+ * builds with -fvisibility-inlines-hidden, so libc10 exports no
+ * c10::Error::~Error (PyTorch 2.11's libc10.so has none; looking it up by name
+ * is what made every refusal a RuntimeError on the H100, 2026-11-23). The
+ * destructor __cxa_throw needs is read from OutOfMemoryError's vtable instead:
+ * in the Itanium C++ ABI a class with a virtual destructor (std::exception's is
+ * its first virtual function) has the complete-object destructor in the first
+ * slot after the address point. */
 typedef void (*pv_check_fail_t)(const char *func, const char *file, uint32_t line, const char *msg);
 
 struct pv_srcloc { /* c10::SourceLocation: passed by value (24 bytes, in memory, as in C++) */
@@ -87,7 +97,9 @@ static void pv_throw_oom(const char *msg) {
     }
     if (c10_cuda)
         dlclose(c10_cuda);
-    void (*dtor)(void *) = (void (*)(void *))pv_sym(c10, "_ZN3c105ErrorD1Ev");
+    /* the address point is past offset-to-top and typeinfo; its first slot is ~OutOfMemoryError (complete) */
+    void **vptr = vtable ? (void **)(vtable + 2 * sizeof(void *)) : NULL;
+    void (*dtor)(void *) = vptr ? (void (*)(void *))vptr[0] : NULL;
     pv_alloc_exc_t alloc_exc = (pv_alloc_exc_t)pv_sym(cxx, "__cxa_allocate_exception");
     pv_throw_t throw_fn = (pv_throw_t)pv_sym(cxx, "__cxa_throw");
     pv_new_t new_fn = (pv_new_t)pv_sym(cxx, "_Znwm");
@@ -97,8 +109,17 @@ static void pv_throw_oom(const char *msg) {
         dlclose(c10);
     if (cxx)
         dlclose(cxx);
-    if (!ctor || !tinfo || !vtable || !dtor || !alloc_exc || !throw_fn || !new_fn || !delete_fn)
+    const char *missing = !c10 ? "libc10.so (not loaded)" : !ctor ? "c10::Error::Error(SourceLocation, std::string)"
+                          : !tinfo ? "typeinfo for c10::OutOfMemoryError" : !vtable ? "vtable for c10::OutOfMemoryError"
+                          : !dtor ? "~OutOfMemoryError in its vtable" : !alloc_exc ? "__cxa_allocate_exception"
+                          : !throw_fn ? "__cxa_throw" : !new_fn ? "operator new" : !delete_fn ? "operator delete" : NULL;
+    if (missing) {
+        static int told;
+        if (c10 && !__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "pyvgpu: VPMM cannot throw c10::OutOfMemoryError in this process (%s not found): a "
+                    "refusal is a RuntimeError, not torch.OutOfMemoryError\n", missing);
         return;
+    }
     size_t n = strlen(msg);
     struct pv_cxx_string s;
     s.p = new_fn(n + 1); /* the string's owner frees it with operator delete: allocate it with new */
@@ -110,7 +131,7 @@ static void pv_throw_oom(const char *msg) {
     ctor(obj, loc, &s);
     if (s.p != s.u.local) /* not moved from: the temporary is still ours to destroy */
         delete_fn(s.p);
-    *(void **)obj = vtable + 2 * sizeof(void *); /* past offset-to-top and typeinfo: OutOfMemoryError's */
+    *(void **)obj = vptr; /* OutOfMemoryError's: the object is one from here on */
     throw_fn(obj, tinfo, dtor);
 }
 
@@ -124,7 +145,7 @@ static void *pv_vpmm_refuse(ssize_t size, int device, int64_t rc) {
         snprintf(msg, sizeof msg, "pyvgpu VPMM: the pool's tables for device %d are full (%zd bytes asked)",
                  device, size);
     else if (rc == 0)
-        snprintf(msg, sizeof msg, "pyvgpu VPMM has no pool for device %d (pyvgpu.vpmm.enable_for_torch made "
+        snprintf(msg, sizeof msg, "pyvgpu VPMM has no pool for device %d (pyvgpu.vpmm_torch.enable made "
                  "none)", device);
     else
         snprintf(msg, sizeof msg, "pyvgpu VPMM: malloc(%zd) on device %d failed: CUresult %lld", size, device,

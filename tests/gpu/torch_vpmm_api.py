@@ -101,21 +101,35 @@ def graph_regions() -> int:
 def record_stream() -> dict:
     """A tensor used by a side stream that is still busy (torch.cuda._sleep), freed on the main stream after
     record_stream: the main stream's next allocation of that size must not overwrite it before the side
-    stream has read it."""
+    stream has read it.
+
+    Every kernel the busy part launches is launched once before it: the first launch of a kernel loads it
+    (CUDA lazy loading, the default since 12.2), and loading may synchronise the context (the CUDA
+    programming guide's lazy-loading hazards). On the H100 (2026-11-23) the first `a * 1` on the side stream
+    most likely did: the side stream was idle again by the time the pool looked, so it needed no wait
+    (waits 0) and the test failed. `side_busy` says whether the side stream still ran after the reuse; only
+    then do the waits prove anything."""
     side = torch.cuda.Stream()
     n = 16 * MiB // 4
+    copy = torch.empty(n, device=dev)  # the side stream's output, allocated before the side stream is held
     a = torch.full((n,), 7.0, device=dev)
+    with torch.cuda.stream(side):  # warm-up: load every kernel used below
+        torch.cuda._sleep(1000)
+        copy.copy_(a)
+    copy.fill_(0.0)
     torch.cuda.synchronize()
+    waits0 = pool.calls()["cuStreamWaitEvent"]
     with torch.cuda.stream(side):
-        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the read
-        copy = a * 1  # the side stream reads a
+        torch.cuda._sleep(500_000_000)  # ~0.25 s of GPU time before the read
+        copy.copy_(a)  # the side stream reads a
     a.record_stream(side)
     ptr = a.data_ptr()
     del a
     b = torch.full((n,), -1.0, device=dev)  # same size, main stream
+    side_busy = not side.query()
     torch.cuda.synchronize()
     return {"reused_address": b.data_ptr() == ptr, "side_read_ok": bool(torch.all(copy == 7.0)),
-            "waits": pool.calls()["cuStreamWaitEvent"]}
+            "side_busy": side_busy, "waits": pool.calls()["cuStreamWaitEvent"] - waits0}
 
 
 def empty_cache() -> dict:

@@ -12,6 +12,7 @@
     python vpmm_cases.py pressure        (under wrap) a refusal elsewhere in the group, a lowered cap: pages go back
     python vpmm_cases.py record_stream   a freed allocation waits for its side stream
     python vpmm_cases.py capture         a CUDA graph capture (the fake's): no event query, memory kept for it
+    python vpmm_cases.py capture_prologue  PyTorch allocates between announcing a capture and starting it
     python vpmm_cases.py stats           torch.cuda.memory_stats' keys and a snapshot
 """
 
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import time
 
+from pyvgpu.jit import vpmm_tables as T
 from pyvgpu.vpmm import VirtualMemoryPool
 
 G = 1 << 30
@@ -552,6 +554,39 @@ def capture_case() -> dict:
     return out
 
 
+def capture_prologue_case() -> dict:
+    """PyTorch's order of events around a capture (torch.cuda.graph with CUDAGraph, PyTorch 2.11):
+    pyvgpu.vpmm_torch's capture_begin hook announces the capture, then CUDAGraph.capture_begin allocates the
+    RNG generator's two graph-safe state tensors on the capture stream (not capturing yet), then the driver's
+    capture starts. The capture's memory must carry the announced epoch, so that CUDAGraph.reset (release of
+    that epoch) gives all of it back."""
+    pool = VirtualMemoryPool(page_size=2 * MiB, va_size=1 * G, gap=0)
+    s = ctypes.c_void_p()
+    assert cu.cuStreamCreate(ctypes.byref(s), 0) == 0
+    cap = s.value
+    epoch = pool.capture_begin(cap)
+    seed = pool.malloc(8, cap)  # register_graph: at::empty({1}, kLong) twice, before cudaStreamBeginCapture
+    offset = pool.malloc(8, cap)
+    cu.fakecuda_capture(cap, 1)
+    t = pool.malloc(4 * MiB, cap)  # x @ w's temporary
+    y = pool.malloc(4 * MiB, cap)  # the graph's output, still live after the reset
+    pool.free(t, cap)
+    cu.fakecuda_capture(cap, 0)
+    pool.capture_end(cap)
+
+    def tags() -> list[int]:
+        rows = pool.reg[: int(pool.hd[T.H_NREG])]
+        return sorted({int(g) for g in rows[:, T.GRAPH] if g != 0})
+
+    out = {"epoch": epoch, "tags_before_reset": tags()}
+    out["released"] = pool.release_graph_memory(epoch)  # what pyvgpu.vpmm_torch's CUDAGraph.reset hook does
+    out["tags_after_reset"] = tags()
+    pool.free(y, cap)
+    pool.free(seed, cap)
+    pool.free(offset, cap)
+    return out
+
+
 def stats_case() -> dict:
     pool = VirtualMemoryPool(page_size=2 * MiB, va_size=1 * G, gap=0)
     a = pool.malloc(5 * MiB)
@@ -573,5 +608,6 @@ if __name__ == "__main__":
               "trace": lambda: trace_run(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None),
               "property": lambda: prop(int(sys.argv[2])), "faults": faults, "trim": trim_case,
               "pressure": pressure, "record_stream": record_stream_case, "capture": capture_case,
+              "capture_prologue": capture_prologue_case,
               "stats": stats_case}[what]()
     print(json.dumps(result))

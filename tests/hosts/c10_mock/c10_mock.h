@@ -1,7 +1,12 @@
 /* A stand-in for the few parts of PyTorch's libc10 that pyvgpu's shim throws through (shim/src/pv_vpmm.c):
  * the names, signatures and class relations are PyTorch's (c10/util/Exception.h), the bodies are not.
- * tests/test_vpmm_torch.py builds it as libc10.so, then checks that a refused VPMM malloc is thrown as
- * c10::OutOfMemoryError and any other failure as c10::Error, as the real PyTorch would see them. */
+ * tests/test_vpmm_torch.py builds it as libc10.so (c10_mock.cpp) and libc10_cuda.so (c10_cuda_mock.cpp),
+ * with PyTorch's visibility flags, then checks that a refused VPMM malloc is thrown as
+ * c10::OutOfMemoryError and any other failure as c10::Error, as the real PyTorch would see them.
+ *
+ * What the libraries export is PyTorch 2.11's (nm -D of its wheel): neither class declares a destructor, so
+ * with -fvisibility-inlines-hidden no c10::Error::~Error is exported; OutOfMemoryError's typeinfo and
+ * vtable are in libc10_cuda.so (its caching allocator throws the class), not in libc10.so. */
 #pragma once
 #include <cstdint>
 #include <exception>
@@ -22,7 +27,6 @@ class C10_MOCK_API Error : public std::exception {
 
   public:
     Error(SourceLocation loc, std::string msg);
-    ~Error() override;
     const char *what() const noexcept override;
     const std::string &msg() const { return msg_; }
 };
