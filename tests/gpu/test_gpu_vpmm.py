@@ -16,21 +16,10 @@ from test_vpmm_torch import CORE, COUNTERS
 
 HERE = Path(__file__).resolve().parent
 MiB, GiB = 1 << 20, 1 << 30
-# Failed on the H100 at commit ba196df (the merge of issue 18's VPMM work); kept as strict xfails so a fix shows.
-OOM_CLASS = ("failed on the H100 (RuntimeError, not torch.OutOfMemoryError): the shim looked up c10::Error's "
-             "destructor by name, and PyTorch 2.11's libc10 exports none (implicit, inline, hidden), so it fell back "
-             "to torchCheckFail. Fixed (the destructor comes from OutOfMemoryError's vtable; checked on the CPU "
-             "against 2.11's real libc10.so); expected to pass now")
-GRAPH = ("failed on the H100: 4 regions still belonged to a capture after CUDAGraph.reset. CUDAGraph.capture_begin "
-         "allocates the RNG generator's state on the capture stream after our hook announced the capture and before "
-         "the driver's capture starts; that allocation ended the announced epoch, so the capture's memory got the "
-         "next one and reset released the announced one (none). Fixed (an announced epoch lasts until its "
-         "capture_end; CPU test test_a_capture_keeps_the_epoch_pytorch_announced); expected to pass now")
-RECORD_STREAM = ("failed on the H100 with the right data but no wait (waits 0): most likely the test's, not the "
-                 "pool's. The first `a * 1` on the side stream loaded its kernel (CUDA lazy loading), which may "
-                 "synchronise the context, so the side stream was idle when the pool looked and needed no wait. The "
-                 "script now loads every kernel first and reports whether the side stream was still busy; expected "
-                 "to pass now")
+# These four failed on the H100 at ba196df and pass since e12c47c (2026-11-23): a refusal is
+# torch.OutOfMemoryError (the shim takes c10::OutOfMemoryError's destructor from its vtable: 2.11's libc10
+# exports none by name), a capture keeps the epoch PyTorch announced until capture_end, and the record_stream
+# test warms its kernels first (CUDA's lazy loading synchronised the side stream before the pool looked).
 
 
 def last_json(p):
@@ -57,7 +46,6 @@ def test_walkthrough_on_real_memory_keeps_the_data(pages):
     assert r["defragmentations"] == (0 if pages == 22 else 1)
 
 
-@pytest.mark.xfail(strict=True, reason=OOM_CLASS)
 def test_torch_on_vpmm_under_a_cap():
     r = last_json(run([*PYVGPU, "wrap", "--allocator", "vpmm", "--memory", "4G", "--", sys.executable,
                        str(HERE / "torch_vpmm.py")], env=clean_env()))
@@ -83,7 +71,6 @@ def test_torch_memory_stats_and_snapshot_come_from_the_pool():
     assert r["max_allocated_after_reset"] == r["allocated_now"]  # reset_peak_memory_stats
 
 
-@pytest.mark.xfail(strict=True, reason=OOM_CLASS)
 def test_a_refusal_is_torch_out_of_memory_error():
     r = torch_part("oom")
     assert r["raised"] == "OutOfMemoryError", r
@@ -91,7 +78,6 @@ def test_a_refusal_is_torch_out_of_memory_error():
     assert r["num_ooms"] >= 1 and r["after_ok"]
 
 
-@pytest.mark.xfail(strict=True, reason=GRAPH)
 def test_cuda_graph_capture_and_replay_on_vpmm():
     r = torch_part("graph")
     assert r["captured"] and r["replays_ok"] and r["others_intact"]
@@ -99,7 +85,6 @@ def test_cuda_graph_capture_and_replay_on_vpmm():
     assert r["graph_regions_after_reset"] == 0  # CUDAGraph.reset gives it back to the pool
 
 
-@pytest.mark.xfail(strict=True, reason=RECORD_STREAM)
 def test_record_stream_holds_memory_for_the_side_stream():
     r = torch_part("record_stream")
     assert r["side_read_ok"], r  # the side stream read the values it was given, not the next tensor's
