@@ -107,7 +107,7 @@ CTX = Struct(
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
 MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/mps.py MODES)
-REGION_VERSION = 6
+REGION_VERSION = 7
 GROUP_NAME_BYTES = 64
 
 # The shared region: one file per group of processes that share a quota.
@@ -165,6 +165,9 @@ REGION_DEVICE = Struct(
         Field("sm_turn_wait_ns", "u64", doc="ns their launches waited for the turn"),
         Field("sm_borrow_ns", "u64", doc="GPU time (ns, estimated) launched beyond the share, borrowed"),
         Field("sm_borrow_mark", "u64", doc="controller: sm_borrow_ns at its last step"),
+        Field("limit_created", "u64", doc="the memory limit the group was created with (`limits set` leaves it): "
+                                          "a process whose variables still name it follows the group's limit"),
+        Field("sm_limit_created", "u32", doc="the compute share the group was created with, likewise"),
     ],
     align=64,
     doc="per-device state of a group",

@@ -170,9 +170,11 @@ def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical
     raw = name.encode()[: L.GROUP_NAME_BYTES - 1]
     ctypes.memmove(ctypes.addressof(h) + L.REGION_HEADER.offset("name"), raw, len(raw))
     for d, v in enumerate(limits):
-        Device.from_buffer(buf, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size).limit = v
+        dev = Device.from_buffer(buf, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size)
+        dev.limit = dev.limit_created = v
     for d, v in enumerate(sm):
-        Device.from_buffer(buf, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size).sm_limit = v
+        dev = Device.from_buffer(buf, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size)
+        dev.sm_limit = dev.sm_limit_created = v
     h.sm_switch = 1
     h.priority = priority
     h.sm_borrow = 1 if sm_borrow else 0
@@ -319,6 +321,13 @@ def check_bounds(r: Region, physical: list[int]) -> None:
                               "was altered; refusing it. Remove it and start the group again")
 
 
+def _follows(have: int, created: int, want: int) -> bool:
+    """A process's limit agrees with its group's: the same, or the one the group was created with (the
+    variables a child of the group's first programs inherited, or a container's, after `pyvgpu limits set`
+    changed the group's: the process follows the group's limit)."""
+    return want == have or want == created
+
+
 def check_limits(region: Region, wanted: lim.MemoryLimits, source: str) -> None:
     """A process whose limits disagree with its group's gets a clear error."""
     if not wanted:
@@ -326,7 +335,7 @@ def check_limits(region: Region, wanted: lim.MemoryLimits, source: str) -> None:
     have = region.limits()
     want = wanted.as_list()
     for d in range(L.MAX_DEVICES):
-        if have[d] != want[d]:
+        if not _follows(have[d], region.device(d).limit_created, want[d]):
             h = lim.human(have[d]) if have[d] else "no limit"
             w = lim.human(want[d]) if want[d] else "no limit"
             raise PyvgpuError(
@@ -341,7 +350,7 @@ def check_sm(region: Region, wanted: lim.SmLimits, source: str) -> None:
         return
     have, want = region.sm_limits(), wanted.as_list()
     for d in range(L.MAX_DEVICES):
-        if have[d] != want[d]:
+        if not _follows(have[d], region.device(d).sm_limit_created, want[d]):
             h = f"{have[d]}%" if have[d] else "no compute limit"
             w = f"{want[d]}%" if want[d] else "no compute limit"
             raise PyvgpuError(

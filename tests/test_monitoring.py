@@ -124,6 +124,26 @@ def test_per_device_memory_limit_change(env, tmp_path):
         m.stop()
 
 
+def test_a_member_started_with_the_groups_first_limits_follows_a_live_change(env, tmp_path):
+    """`wrap` again with the limits the group was created with (as a script that started the group does, or
+    a child that inherited them) after `limits set` changed them: it joins under the group's limits."""
+    reg = tmp_path / "g.region"
+    m = Member(env, "--memory", "64M", "--sm", "30", "--region", str(reg))
+    try:
+        assert limits_set(env, "--region", str(reg), "--memory", "32M", "--sm", "40").returncode == 0
+        m2 = Member(env, "--memory", "64M", "--sm", "30", "--region", str(reg))
+        try:
+            assert m2(f"alloc {40 * MiB}") != 0  # the group's 32 MiB, not the 64 its variables name
+            assert m2(f"alloc {30 * MiB}") == 0
+        finally:
+            m2.stop()
+        p = run([*PYVGPU, "wrap", "--memory", "48M", "--region", str(reg), "--", sys.executable, "-c", "0"],
+                env=env)
+        assert p.returncode == 2 and "has 32 MiB on device 0, but --memory 48M asks for 48 MiB" in p.stderr, p.stderr
+    finally:
+        m.stop()
+
+
 def test_sm_limit_set_live_and_removed(env, tmp_path):
     reg = tmp_path / "g.region"
     m = Member(env, "--memory", "64M", "--region", str(reg))

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from helpers import read_stats, run
+from helpers import PYVGPU, read_stats, run
 
 from pyvgpu import cache, cpuid, region, shim
 from pyvgpu import layout as L
@@ -110,6 +110,23 @@ def test_a_program_that_disagrees_with_its_group_is_refused(env, fake, tmp_path)
     p = run([str(fake / "host_mem_linked"), "boundary", str(MiB)], env=e)
     assert "-> 800" in p.stdout, p.stdout + p.stderr  # CUDA_ERROR_NOT_PERMITTED at cuInit: fail closed
     assert f"group 'g' ({path}) has 4 MiB on device 0, but CUDA_DEVICE_MEMORY_LIMIT asks for 8 MiB" in p.stderr
+
+
+def test_a_program_with_the_groups_first_limits_follows_a_live_change(env, fake, tmp_path):
+    """After `pyvgpu limits set` lowered a group's cap, a process whose variables still name the cap the group
+    was created with (a child of its first programs, or a container's next process) joins under the group's
+    new cap instead of being refused; any other limit is still refused."""
+    path = tmp_path / "g.region"
+    region.create(path, "g", [8 * MiB] * 16)
+    p = run([*PYVGPU, "limits", "set", "--region", str(path), "--memory", "4M"], env=env)
+    assert p.returncode == 0, p.stderr
+    e = bare(env, tmp_path, PYVGPU_REGION=str(path), CUDA_DEVICE_MEMORY_LIMIT="8M")
+    p = run([str(fake / "host_mem_linked"), "boundary", str(4 * MiB)], env=e)
+    assert "first=0 one_more=2 free=0 after_free=0" in p.stdout, p.stdout + p.stderr  # the 4 MiB cap holds
+    e = bare(env, tmp_path, PYVGPU_REGION=str(path), CUDA_DEVICE_MEMORY_LIMIT="16M")
+    p = run([str(fake / "host_mem_linked"), "boundary", str(MiB)], env=e)
+    assert "-> 800" in p.stdout, p.stdout + p.stderr
+    assert f"group 'g' ({path}) has 4 MiB on device 0, but CUDA_DEVICE_MEMORY_LIMIT asks for 16 MiB" in p.stderr
 
 
 @pytest.mark.parametrize("content,message", [

@@ -126,7 +126,7 @@ _Static_assert(sizeof(pv_ctx_t) == 70768, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 6
+#define PV_REGION_VERSION 7
 #define PV_REGION_DEVICES_OFF 512
 #define PV_REGION_SLOTS_OFF 15872
 #define PV_REGION_SLOT_SIZE 704
@@ -210,7 +210,9 @@ typedef struct pv_region_device {
     uint64_t sm_turn_wait_ns;  /* ns their launches waited for the turn */
     uint64_t sm_borrow_ns;  /* GPU time (ns, estimated) launched beyond the share, borrowed */
     uint64_t sm_borrow_mark;  /* controller: sm_borrow_ns at its last step */
-    uint8_t _pad0[56];
+    uint64_t limit_created;  /* the memory limit the group was created with (`limits set` leaves it): a process whose variables still name it follows the group's limit */
+    uint32_t sm_limit_created;  /* the compute share the group was created with, likewise */
+    uint8_t _pad0[44];
 } pv_region_device_t;
 _Static_assert(offsetof(pv_region_device_t, limit) == 0, "pv_region_device.limit");
 _Static_assert(offsetof(pv_region_device_t, used) == 8, "pv_region_device.used");
@@ -231,6 +233,8 @@ _Static_assert(offsetof(pv_region_device_t, sm_turn_ns) == 104, "pv_region_devic
 _Static_assert(offsetof(pv_region_device_t, sm_turn_wait_ns) == 112, "pv_region_device.sm_turn_wait_ns");
 _Static_assert(offsetof(pv_region_device_t, sm_borrow_ns) == 120, "pv_region_device.sm_borrow_ns");
 _Static_assert(offsetof(pv_region_device_t, sm_borrow_mark) == 128, "pv_region_device.sm_borrow_mark");
+_Static_assert(offsetof(pv_region_device_t, limit_created) == 136, "pv_region_device.limit_created");
+_Static_assert(offsetof(pv_region_device_t, sm_limit_created) == 144, "pv_region_device.sm_limit_created");
 _Static_assert(sizeof(pv_region_device_t) == 192, "sizeof pv_region_device");
 
 /* The machine's turn file (pyvgpu/sched.py). */

@@ -251,8 +251,8 @@ static int create_region(const char *path, const pv_env_t *env, char *err, size_
     memcpy(h->name, name, strlen(name));
     pv_region_device_t *dev = (pv_region_device_t *)(header + PV_REGION_DEVICES_OFF);
     for (int d = 0; d < PV_MAX_DEVICES; d++) {
-        dev[d].limit = env->memory[d];
-        dev[d].sm_limit = env->sm[d];
+        dev[d].limit = dev[d].limit_created = env->memory[d];
+        dev[d].sm_limit = dev[d].sm_limit_created = env->sm[d];
     }
     h->sm_switch = 1;
     h->sm_any = sm_any(env->sm);
@@ -354,11 +354,13 @@ static int open_region(const char *path, const pv_env_t *env, pv_region_header_t
     return fd;
 }
 
-/* region.check_limits and check_sm: the process's variables against its group's */
+/* region.check_limits and check_sm: the process's variables against its group's. A process whose variables
+ * name the limits the group was created with follows the group's (`pyvgpu limits set` changed them since:
+ * the process inherited its variables from the group's first programs, or a container's). */
 static int check_group(const char *path, const pv_region_header_t *h, const pv_region_device_t *dev,
                        const pv_env_t *env, char *err, size_t n) {
     for (int d = 0; d < PV_MAX_DEVICES && env->any_memory; d++) {
-        if (dev[d].limit == env->memory[d])
+        if (dev[d].limit == env->memory[d] || dev[d].limit_created == env->memory[d])
             continue;
         char have[32] = "no limit", want[32] = "no limit";
         if (dev[d].limit)
@@ -371,7 +373,7 @@ static int check_group(const char *path, const pv_region_header_t *h, const pv_r
         return -1;
     }
     for (int d = 0; d < PV_MAX_DEVICES && env->any_sm; d++) {
-        if (dev[d].sm_limit == env->sm[d])
+        if (dev[d].sm_limit == env->sm[d] || dev[d].sm_limit_created == env->sm[d])
             continue;
         char have[32] = "no compute limit", want[32] = "no compute limit";
         if (dev[d].sm_limit)
