@@ -3,7 +3,8 @@
     python scripts/build_native.py [OUT_PACKAGE_DIR]
 
 Writes into OUT (default ./pyvgpu, for working in the source tree; setup.py
-calls build() with the wheel's package dir):
+calls build() with the wheel's package dir), after regenerating shim/generated/
+(scripts/gen_shim.py) if the hook table or the layouts changed since:
 
 * libpyvgpu.so, the LD_PRELOAD shim;
 * libpyvgpu_callbacks.so (+ .so.sha256, its hash; + .json, its build facts), the callbacks compiled
@@ -108,10 +109,25 @@ def build_callbacks(out: Path) -> Path:
     return lib
 
 
+def generate() -> None:
+    """The generated C (shim/generated/) from the hook table and the layouts, first: the code generator and the
+    build are one step, so a table edited without regenerating never builds a shim that disagrees with it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gen_shim
+    finally:
+        sys.path.pop(0)
+    if gen_shim.main(["--check"]) != 0:
+        print("build_native: regenerating shim/generated/ from pyvgpu/hooks.py and pyvgpu/layout.py",
+              file=sys.stderr)
+        gen_shim.main([])
+
+
 def build(out: Path) -> list[Path]:
     from pyvgpu import cblib
 
     out = Path(out)
+    generate()
     cc = cblib.compiler()
     return [*build_shim(out, cc), build_callbacks(out)]
 
