@@ -194,3 +194,14 @@ def test_every_policy_in_the_table_resolves_without_compiling():
     for bad in ("memory.no_such_policy", "nosuchmodule.f", "forward", "context.PER_THREAD"):
         with pytest.raises(ValueError, match="hook table: policy"):
             policies.resolve(bad)
+
+
+def test_the_readme_doctor_example_names_todays_hook_table():
+    """The README's `pyvgpu doctor` example shows the hook table's hash and size: kept true by this test
+    (update the example's line when the table changes)."""
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"\(hook table ([0-9a-f]{16}), (\d+) symbols\)", text)
+    assert m, "README.md's doctor example lost its shim line"
+    assert (m.group(1), int(m.group(2))) == (hooks.table_hash(), len(hooks.ENTRIES)), (
+        f"README.md's doctor example says hook table {m.group(1)}, {m.group(2)} symbols; today's is "
+        f"{hooks.table_hash()}, {len(hooks.ENTRIES)}")
