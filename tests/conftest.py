@@ -6,7 +6,9 @@ Wrapped programs run as real subprocesses with LD_PRELOAD (through
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,56 @@ sys.path.insert(0, str(TESTS / "fakecuda"))
 from helpers import clean_env  # noqa: E402
 
 from pyvgpu.shim import shim_path  # noqa: E402
+
+# VPMM's allocator is compiled by numba at its first use (about a minute on a 2-core machine; cached per
+# source version in the user's cache). When VPMM tests were collected, the suite starts that compile in the
+# background at once, on the core the mostly one-process-at-a-time tests leave idle, and waits for it before
+# the first test that needs it or that measures time on the simulated GPU (a compile beside those would only
+# add load they must tolerate, and they come before the VPMM tests).
+_VPMM_COMPILE: dict = {}
+WAIT_FOR_VPMM = ("test_compute", "test_turns", "test_vpmm", "test_gpu_vpmm", "test_security")
+
+
+def _start_vpmm_compile() -> None:
+    log = tempfile.TemporaryFile()
+    code = "from pyvgpu.jit import vpmm; vpmm.compile_entries()"
+    _VPMM_COMPILE["proc"] = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
+                                             cwd="/")
+    _VPMM_COMPILE["log"] = log
+
+
+def _wait_for_vpmm_compile() -> None:
+    proc = _VPMM_COMPILE.pop("proc", None)
+    if proc is None:
+        return
+    try:
+        rc = proc.wait(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = "killed after 1800 s"
+    log = _VPMM_COMPILE.pop("log")
+    if rc != 0:
+        log.seek(0)
+        pytest.fail(f"compiling VPMM's allocator in the background failed ({rc}):\n"
+                    + log.read().decode(errors="replace")[-3000:], pytrace=False)
+    log.close()
+
+
+def pytest_runtest_setup(item):
+    if item.module.__name__.rsplit(".", 1)[-1].startswith(WAIT_FOR_VPMM):
+        _wait_for_vpmm_compile()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if any(i.module.__name__.rsplit(".", 1)[-1].startswith(("test_vpmm", "test_gpu_vpmm")) for i in items):
+        _start_vpmm_compile()
+
+
+def pytest_sessionfinish(session):
+    proc = _VPMM_COMPILE.pop("proc", None)
+    if proc is not None:
+        proc.kill()
+        proc.wait()
 
 
 def pytest_sessionstart(session):
