@@ -278,7 +278,8 @@ def select(spec: str, env: Mapping[str, str], gpus: list[Gpu] | None = None,
     seen: set[str] = set()
     for g in chosen:
         if g.uuid in seen:
-            raise PyvgpuError(f"{where}: {g.describe()} is given twice")
+            what = f"MIG instance {g.uuid}" if g.is_mig else f"device {g.index}"
+            raise PyvgpuError(f"{where}: {what} is given twice")
         seen.add(g.uuid)
         if g.mig_mode:
             mine = [m.uuid for m in migs if m.index == g.index]

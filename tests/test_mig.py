@@ -122,7 +122,7 @@ def test_two_groups_on_two_instances_of_one_gpu_have_their_own_caps(menv, fake, 
                      "1g.4gb, GPU 0)"),
     (f"MIG-{GPU0}/3/0", f"no MIG instance is 'MIG-{GPU0}/3/0'"),
     ("MIG-fa4e", "is the start of 2 MIG instances' UUIDs"),
-    (f"{MIG0},{MIG0}", "is given twice"),
+    (f"{MIG0},{MIG0}", f"MIG instance {MIG0} is given twice"),
     ("MIG-xyz", "'MIG-xyz' is not a device"),
 ])
 def test_mig_selection_errors_come_before_start(menv, spec, message):
