@@ -96,7 +96,8 @@ def wrap(
                                 help="The devices the program sees, in this order: indices as nvidia-smi shows "
                                      "them, or GPU UUIDs (0,2 or GPU-8e1f...). CUDA and NVML both see only these, "
                                      "numbered from 0; --memory and --sm device indices count in this list. "
-                                     "Default: the group's devices, else all."),
+                                     "A MIG instance: its UUID (MIG-..., or MIG-GPU-.../gi/ci) alone; "
+                                     "`pyvgpu devices` lists them. Default: the group's devices, else all."),
     allocator: str = typer.Option(None, "--allocator", metavar="default|vpmm",
                                   help="vpmm: PyTorch allocates through VPMM, the defragmenting pool on the CUDA "
                                        "virtual-memory API (docs/vpmm.md), installed right after `import torch`."),
@@ -114,7 +115,8 @@ def wrap(
                                   "limiter; 'mps' NVIDIA's Multi-Process Service (a per-user control daemon is "
                                   "started or joined; --sm becomes the clients' active-thread percentage, "
                                   "--memory their pinned-memory limit, and pyvgpu still caps and shows memory). "
-                                  "Members joining a group follow its mode. MIG: give MIG UUIDs to --devices."),
+                                  "Members joining a group follow its mode. MIG: give a MIG instance's UUID to "
+                                  "--devices."),
     priority: str = typer.Option(None, "--priority", metavar="high|low",
                                  help="The group's priority on the GPU: a high-priority group takes the turn "
                                       "first and is never held below its share by low-priority ones. high or "
@@ -346,6 +348,38 @@ def setup(
         raise _fail(str(e)) from None
     except OSError as e:
         raise _fail(f"{e.filename or sched.SHM_PATH}: {e.strerror}") from None
+
+
+@app.command("devices")
+def devices_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List this machine's GPUs and their MIG instances (what --devices accepts), as NVML sees them.
+
+    Read only: MIG mode and instances are an administrator's (nvidia-smi mig); pyvgpu never changes them.
+    """
+    from pyvgpu import devices as dv
+
+    inv = dv.inventory()
+    if inv is None:
+        raise _fail("NVML (libnvidia-ml.so.1) cannot list this machine's devices; check the driver with "
+                    "`pyvgpu doctor`")
+    gpus, migs = inv
+    if as_json:
+        def one(g: dv.Gpu) -> dict:
+            return {"index": g.index, "uuid": g.uuid, "name": g.name, "memory": g.total}
+        typer.echo(json.dumps({"gpus": [{**one(g), "mig_mode": g.mig_mode,
+                                         "mig": [{**one(m), "gpu_instance": m.gi, "compute_instance": m.ci,
+                                                  "legacy_name": m.legacy_name}
+                                                 for m in migs if m.index == g.index]} for g in gpus]}, indent=1))
+        return
+    from pyvgpu.limits import human
+
+    for g in gpus:
+        typer.echo(f"GPU {g.index}: {g.name} ({g.uuid}) {human(g.total)}" + ("  MIG mode on" if g.mig_mode else ""))
+        mine = [m for m in migs if m.index == g.index]
+        for m in mine:
+            typer.echo(f"  MIG {m.name}: {m.uuid} ({m.legacy_name}) {human(m.total)}")
+        if g.mig_mode and not mine:
+            typer.echo(f"  no MIG instance ({dv.MIG_FIX})")
 
 
 @app.command()

@@ -61,36 +61,103 @@ def utilization_problem(devices: list[int]) -> str | None:
 
 @dataclass(frozen=True)
 class Gpu:
-    """One physical device: its NVML index (nvidia-smi's), UUID and memory."""
+    """One device a program can be given: a GPU (its NVML index, nvidia-smi's), or a MIG instance of one.
+
+    A MIG instance has a UUID of its own ("MIG-..."), its own memory, and ``index`` is its GPU's NVML
+    index; ``parent`` is its GPU's UUID, ``gi``/``ci`` its GPU and compute instance ids (the older
+    "MIG-GPU-<uuid>/<gi>/<ci>" name)."""
 
     index: int
-    uuid: str  # "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+    uuid: str  # "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", or "MIG-..." for a MIG instance
     name: str
     total: int
+    parent: str = ""
+    gi: int = -1
+    ci: int = -1
+    mig_mode: bool = False  # a GPU whose MIG mode is on: its memory and SMs are its instances'
+
+    @property
+    def is_mig(self) -> bool:
+        return bool(self.parent)
+
+    @property
+    def legacy_name(self) -> str:
+        return f"MIG-{self.parent}/{self.gi}/{self.ci}" if self.is_mig else self.uuid
 
     @property
     def uuid_bytes(self) -> bytes:
         return uuid_bytes(self.uuid)
 
+    def describe(self) -> str:
+        if self.is_mig:
+            return f"MIG instance {self.uuid} ({self.name}) of GPU {self.index}"
+        return f"device {self.index} ({self.uuid})"
 
-_UUID = re.compile(r"^GPU-([0-9a-fA-F]{8})-([0-9a-fA-F]{4})-([0-9a-fA-F]{4})-([0-9a-fA-F]{4})-([0-9a-fA-F]{12})$")
+
+_UUID = re.compile(r"^(?:GPU|MIG)-([0-9a-fA-F]{8})-([0-9a-fA-F]{4})-([0-9a-fA-F]{4})-([0-9a-fA-F]{4})-"
+                   r"([0-9a-fA-F]{12})$")
 
 
 def uuid_bytes(text: str) -> bytes:
-    """The 16 raw bytes of a GPU UUID in NVML's text form (what cuDeviceGetUuid returns)."""
+    """The 16 raw bytes of a GPU or MIG UUID in NVML's text form (what cuDeviceGetUuid_v2 returns)."""
     m = _UUID.match(text)
     if not m:
         raise PyvgpuError(f"{text!r} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
     return bytes.fromhex("".join(m.groups()))
 
 
-def uuid_text(raw: bytes) -> str:
+def uuid_text(raw: bytes, mig: bool = False) -> str:
     h = raw.hex()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+    return f"{'MIG' if mig else 'GPU'}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def machine() -> list[Gpu] | None:
-    """Every device NVML sees, in NVML order, or None when NVML is not there."""
+NVML_ERROR_NOT_FOUND = 6
+MAX_MIG_PER_GPU = 8  # bound on nvmlDeviceGetMaxMigDeviceCount's answer (7 on A100/H100)
+
+
+def _describe(nv, h) -> tuple[str, str, int] | None:
+    """UUID, name and total memory of an NVML handle (GPU or MIG), or None."""
+    m = _Memory()
+    uuid = ctypes.create_string_buffer(96)
+    name = ctypes.create_string_buffer(96)
+    if nv.nvmlDeviceGetUUID(h, uuid, 96) != 0 or nv.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m)) != 0:
+        return None
+    if nv.nvmlDeviceGetName(h, name, 96) != 0:
+        name.value = b"?"
+    return uuid.value.decode(), name.value.decode(errors="replace"), m.total
+
+
+def _mig_mode(nv, h) -> bool:
+    """Whether a GPU's current MIG mode is on (False where NVML has no MIG calls or the GPU no MIG)."""
+    if not hasattr(nv, "nvmlDeviceGetMigMode"):
+        return False
+    current, pending = ctypes.c_uint(0), ctypes.c_uint(0)
+    return nv.nvmlDeviceGetMigMode(h, ctypes.byref(current), ctypes.byref(pending)) == 0 and current.value == 1
+
+
+def _instances(nv, gpu: Gpu, h) -> list[Gpu]:
+    """The MIG instances that exist on a GPU in MIG mode (read only: nothing is created or destroyed)."""
+    n = ctypes.c_uint(0)
+    if nv.nvmlDeviceGetMaxMigDeviceCount(h, ctypes.byref(n)) != 0:
+        return []
+    out = []
+    for k in range(min(n.value, MAX_MIG_PER_GPU)):
+        m = ctypes.c_void_p()
+        if nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k, ctypes.byref(m)) != 0:
+            continue  # NVML_ERROR_NOT_FOUND: no instance at that index
+        d = _describe(nv, m)
+        if d is None:
+            continue
+        gi, ci = ctypes.c_uint(0), ctypes.c_uint(0)
+        ids = (nv.nvmlDeviceGetGpuInstanceId(m, ctypes.byref(gi)) == 0
+               and nv.nvmlDeviceGetComputeInstanceId(m, ctypes.byref(ci)) == 0)
+        out.append(Gpu(gpu.index, d[0], d[1], d[2], parent=gpu.uuid, gi=gi.value if ids else -1,
+                       ci=ci.value if ids else -1))
+    return out
+
+
+def inventory() -> tuple[list[Gpu], list[Gpu]] | None:
+    """(every GPU NVML sees, in NVML order; every MIG instance, by GPU), or None when NVML is not there."""
     try:
         nv = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
@@ -101,25 +168,37 @@ def machine() -> list[Gpu] | None:
         n = ctypes.c_uint(0)
         if nv.nvmlDeviceGetCount_v2(ctypes.byref(n)) != 0:
             return None
-        out = []
+        gpus: list[Gpu] = []
+        migs: list[Gpu] = []
         for i in range(n.value):
             h = ctypes.c_void_p()
-            m = _Memory()
-            uuid = ctypes.create_string_buffer(96)
-            name = ctypes.create_string_buffer(96)
-            if (nv.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)) != 0
-                    or nv.nvmlDeviceGetUUID(h, uuid, 96) != 0
-                    or nv.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m)) != 0):
+            if nv.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)) != 0:
                 return None
-            if nv.nvmlDeviceGetName(h, name, 96) != 0:
-                name.value = b"?"
-            out.append(Gpu(i, uuid.value.decode(), name.value.decode(errors="replace"), m.total))
-        return out
+            d = _describe(nv, h)
+            if d is None:
+                return None
+            g = Gpu(i, d[0], d[1], d[2], mig_mode=_mig_mode(nv, h))
+            gpus.append(g)
+            if g.mig_mode:
+                migs += _instances(nv, g, h)
+        return gpus, migs
     finally:
         nv.nvmlShutdown()
 
 
-_ENTRY = re.compile(r"^(?:[0-9]{1,4}|GPU-[0-9A-Fa-f-]{0,36})$", re.IGNORECASE)
+def machine() -> list[Gpu] | None:
+    """Every GPU NVML sees, in NVML order, or None when NVML is not there."""
+    inv = inventory()
+    return None if inv is None else inv[0]
+
+
+_ENTRY = re.compile(r"^(?:[0-9]{1,4}|GPU-[0-9A-Fa-f-]{0,36}|MIG-[0-9A-Fa-f-]{0,36}|"
+                    r"MIG-GPU-[0-9A-Fa-f-]{36}/[0-9]{1,3}/[0-9]{1,3})$", re.IGNORECASE)
+_LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9A-Fa-f-]{36})/([0-9]{1,3})/([0-9]{1,3})$", re.IGNORECASE)
+MIG_FIX = ("MIG instances are made by an administrator (nvidia-smi mig -cgi ... -C, on a GPU whose MIG "
+           "mode is on); pyvgpu only uses the ones that exist")
+ONE_MIG = ("a CUDA process sees a single MIG instance (NVIDIA's MIG user guide: only enumeration of a single "
+           "MIG instance is supported)")
 
 
 def check_entry(entry: str, where: str) -> None:
@@ -128,12 +207,34 @@ def check_entry(entry: str, where: str) -> None:
 
     not_ascii(entry, where, "devices", "0,2 or GPU-8e1f")
     if not _ENTRY.match(entry.strip()):
-        raise PyvgpuError(f"{where}: {entry.strip()!r} is not a device; give indices as nvidia-smi shows them (0,2) "
-                          "or GPU UUIDs (GPU-...), comma-separated")
+        raise PyvgpuError(f"{where}: {entry.strip()!r} is not a device; give indices as nvidia-smi shows them (0,2), "
+                          "GPU UUIDs (GPU-...) or a MIG instance's UUID (MIG-...), comma-separated")
 
 
-def _pick(entry: str, gpus: list[Gpu], where: str) -> Gpu:
+def _pick_mig(e: str, gpus: list[Gpu], migs: list[Gpu], where: str) -> Gpu:
+    have = "; ".join(f"{m.uuid} ({m.name}, GPU {m.index})" for m in migs)
+    listing = f"this machine's MIG instances: {have}" if migs else (
+        "this machine has no MIG instance (no GPU has its MIG mode on"
+        + (f"; GPU(s) {', '.join(str(g.index) for g in gpus if g.mig_mode)} have it on but no instance)"
+           if any(g.mig_mode for g in gpus) else ")"))
+    legacy = _LEGACY_MIG.match(e)
+    if legacy:
+        parent, gi, ci = legacy.group(1).lower(), int(legacy.group(2)), int(legacy.group(3))
+        found = [m for m in migs if m.parent.lower() == parent and (m.gi, m.ci) == (gi, ci)]
+    else:
+        found = [m for m in migs if m.uuid.lower().startswith(e.lower())]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise PyvgpuError(f"{where}: no MIG instance is {e!r}; {listing}. Give one of those (`pyvgpu devices` and "
+                          f"nvidia-smi -L list them). {MIG_FIX}")
+    raise PyvgpuError(f"{where}: {e!r} is the start of {len(found)} MIG instances' UUIDs; give more of it")
+
+
+def _pick(entry: str, gpus: list[Gpu], where: str, migs: list[Gpu] | None = None) -> Gpu:
     e = entry.strip()
+    if e.upper().startswith("MIG-"):
+        return _pick_mig(e, gpus, migs or [], where)
     if e.isascii() and e.isdigit():
         if int(e) >= len(gpus):
             have = ", ".join(f"{g.index} ({g.name})" for g in gpus) or "none"
@@ -150,9 +251,13 @@ def _pick(entry: str, gpus: list[Gpu], where: str) -> Gpu:
                       "(GPU-...), comma-separated")
 
 
-def select(spec: str, env: Mapping[str, str], gpus: list[Gpu] | None = None) -> list[Gpu]:
+def select(spec: str, env: Mapping[str, str], gpus: list[Gpu] | None = None,
+           migs: list[Gpu] | None = None) -> list[Gpu]:
     """The devices ``--devices spec`` names, in the order given, checked against the machine.
 
+    A MIG instance (``MIG-<uuid>``, or the older ``MIG-GPU-<uuid>/<gi>/<ci>``) is a device of its own,
+    and must be the only one: a CUDA process enumerates a single MIG instance. A GPU whose MIG mode
+    is on is refused as a whole (its memory and SMs are its instances').
     Under a CUDA_VISIBLE_DEVICES already set (by a scheduler, say), the devices must
     be among those it allows; its indices are taken as NVML's (PCI bus order).
     """
@@ -163,27 +268,38 @@ def select(spec: str, env: Mapping[str, str], gpus: list[Gpu] | None = None) -> 
     for e in entries:
         check_entry(e, where)
     if gpus is None:
-        gpus = machine()
+        inv = inventory()
+        gpus, migs = (None, None) if inv is None else inv
     if gpus is None:
         raise PyvgpuError(f"{where}: NVML (libnvidia-ml.so.1) cannot list this machine's devices, so they cannot "
                           "be chosen; leave --devices out, or check the driver with `pyvgpu doctor`")
-    chosen = [_pick(e, gpus, where) for e in entries]
-    seen: set[int] = set()
+    migs = migs or []
+    chosen = [_pick(e, gpus, where, migs) for e in entries]
+    seen: set[str] = set()
     for g in chosen:
-        if g.index in seen:
-            raise PyvgpuError(f"{where}: device {g.index} is given twice")
-        seen.add(g.index)
+        if g.uuid in seen:
+            what = f"MIG instance {g.uuid}" if g.is_mig else f"device {g.index}"
+            raise PyvgpuError(f"{where}: {what} is given twice")
+        seen.add(g.uuid)
+        if g.mig_mode:
+            mine = [m.uuid for m in migs if m.index == g.index]
+            raise PyvgpuError(f"{where}: GPU {g.index} ({g.uuid}) has its MIG mode on, so its memory and SMs belong "
+                              "to its MIG instances; give one of them instead: "
+                              + (", ".join(mine) if mine else f"it has none yet ({MIG_FIX})"))
+    if any(g.is_mig for g in chosen) and len(chosen) > 1:
+        raise PyvgpuError(f"{where}: {ONE_MIG}; give one MIG instance alone, and start a group per instance "
+                          "(pyvgpu wrap --devices MIG-... for each program)")
     outer = env.get("CUDA_VISIBLE_DEVICES")
     if outer is not None and outer.strip() != "":
-        allowed: set[int] = set()
+        allowed: set[str] = set()
         for e in outer.split(","):
             try:
-                allowed.add(_pick(e, gpus, "CUDA_VISIBLE_DEVICES").index)
+                allowed.add(_pick(e, gpus, "CUDA_VISIBLE_DEVICES", migs).uuid)
             except PyvgpuError:
                 break  # CUDA stops at the first entry it cannot use
         for g in chosen:
-            if g.index not in allowed:
-                raise PyvgpuError(f"{where}: device {g.index} ({g.uuid}) is not among CUDA_VISIBLE_DEVICES={outer!r} "
+            if g.uuid not in allowed:
+                raise PyvgpuError(f"{where}: {g.describe()} is not among CUDA_VISIBLE_DEVICES={outer!r} "
                                   "that this shell allows; choose among those")
     elif outer is not None:
         raise PyvgpuError(f"{where}: CUDA_VISIBLE_DEVICES is set empty here, which allows no device")

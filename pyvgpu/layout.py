@@ -107,7 +107,9 @@ CTX = Struct(
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
 MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/mps.py MODES)
-REGION_VERSION = 7
+REGION_VERSION = 8  # 8: REGION_HEADER.visible may carry VISIBLE_MIG
+VISIBLE_MIG = 1 << 31  # REGION_HEADER.visible[g]: group device g is a MIG instance of that GPU
+VISIBLE_INDEX = VISIBLE_MIG - 1  # the NVML index in REGION_HEADER.visible[g]
 GROUP_NAME_BYTES = 64
 
 # The shared region: one file per group of processes that share a quota.
@@ -131,8 +133,9 @@ REGION_HEADER = Struct(
         Field("sm_switch", "u32", doc="compute limits on (1) or off (0) under GPU_CORE_UTILIZATION_POLICY=default"),
         Field("sm_any", "u32", doc="devices with a compute limit; 0 lets launches skip the limiter"),
         Field("n_visible", "u32", doc="devices of the group (--devices); 0 = as the program's CUDA sees them"),
-        Field("visible", "u32", MAX_DEVICES, doc="NVML (physical) index of each group device"),
-        Field("visible_uuid", "u8", MAX_DEVICES * UUID_BYTES, doc="its UUID, 16 raw bytes"),
+        Field("visible", "u32", MAX_DEVICES, doc="NVML (physical) index of each group device (its GPU's for a MIG "
+              "instance, with VISIBLE_MIG set)"),
+        Field("visible_uuid", "u8", MAX_DEVICES * UUID_BYTES, doc="its UUID (a MIG instance's own), 16 raw bytes"),
         Field("ev_next", "u64", doc="events written so far; the next goes to ring entry ev_next % N_EVENTS"),
         Field("mode", "u32", doc="device mode of the group: 0 hami-core (pyvgpu's limiter), 1 mps (pyvgpu/mps.py)"),
         Field("mps_active_threads", "u32", doc="mode mps: the clients' CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0 = none"),

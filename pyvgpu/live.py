@@ -72,11 +72,15 @@ def parse_sm(text: str) -> lim.SmLimits:
 
 def _physical(r: region.Region) -> list[devices.Gpu] | None:
     """The machine's device behind each group device, when NVML can tell."""
-    gpus = devices.machine()
-    if gpus is None:
+    inv = devices.inventory()
+    if inv is None:
         return None
+    gpus, migs = inv
     chosen = r.visible()
-    return [gpus[i] for i, _ in chosen if i < len(gpus)] if chosen else gpus
+    if not chosen:
+        return gpus
+    by_uuid = {g.uuid: g for g in gpus + migs}  # a MIG instance by its own UUID: its memory, not its GPU's
+    return [by_uuid[u] if u in by_uuid else gpus[i] for i, u in chosen if u in by_uuid or i < len(gpus)]
 
 
 def set_limits(path: Path, memory: str | None, sm: str | None, priority: str | None = None,

@@ -100,9 +100,12 @@ class Region:
         return [self.device(d).sm_limit for d in range(L.MAX_DEVICES)]
 
     def visible(self) -> list[tuple[int, str]]:
-        """The group's devices (--devices): (NVML index, UUID) of each; [] = as CUDA sees them."""
+        """The group's devices (--devices): (NVML index, UUID) of each; [] = as CUDA sees them.
+
+        A MIG instance: its GPU's NVML index and its own UUID ("MIG-...")."""
         raw = bytes(self.header.visible_uuid)
-        return [(self.header.visible[g], uuid_text(raw[g * L.UUID_BYTES:(g + 1) * L.UUID_BYTES]))
+        return [(self.header.visible[g] & L.VISIBLE_INDEX,
+                 uuid_text(raw[g * L.UUID_BYTES:(g + 1) * L.UUID_BYTES], bool(self.header.visible[g] & L.VISIBLE_MIG)))
                 for g in range(self.header.n_visible)]
 
     def event(self, i: int) -> ctypes.Structure:
@@ -183,7 +186,7 @@ def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical
     uuids = b"".join(g.uuid_bytes for g in visible)
     ctypes.memmove(ctypes.addressof(h) + L.REGION_HEADER.offset("visible_uuid"), uuids, len(uuids))
     for i, g in enumerate(visible):
-        h.visible[i] = g.index
+        h.visible[i] = g.index | (L.VISIBLE_MIG if g.is_mig else 0)
 
 
 def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SLOTS,

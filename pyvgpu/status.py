@@ -110,7 +110,8 @@ def describe(r: R.Region, reclaimed: int) -> dict:
                       "oom_refusals": s.oom_refusals, "devices": by_dev,
                       "sm_policy": limits.SM_POLICIES[s.sm_policy] if s.sm_policy < 3 else "?",
                       "launches": s.launches, "launches_limited": sum(s.sm_launches)})
-    visible = [{"index": g, "nvml_index": i, "uuid": u} for g, (i, u) in enumerate(r.visible())]
+    visible = [{"index": g, "nvml_index": i, "uuid": u, "mig": u.startswith("MIG-")}
+               for g, (i, u) in enumerate(r.visible())]
     return {"name": r.name, "path": str(r.path), "created_ns": r.header.created_ns,
             "mode": mode_name(r.header.mode), "mps_active_threads": r.header.mps_active_threads or None,
             "sm_switch": bool(r.header.sm_switch), "priority": limits.PRIORITIES[r.header.priority]
@@ -215,8 +216,9 @@ def render(groups: list[dict]) -> str:
         if g["reclaimed_now"]:
             lines.append(f"  reclaimed {human(g['reclaimed_now'])} from processes that died")
         if g["gpus"]:
-            lines.append("  devices: " + ", ".join(f"{x['index']} = nvidia-smi {x['nvml_index']} ({x['uuid']})"
-                                                     for x in g["gpus"]))
+            lines.append("  devices: " + ", ".join(
+                f"{x['index']} = " + (f"MIG instance {x['uuid']} of nvidia-smi {x['nvml_index']}" if x["mig"]
+                                      else f"nvidia-smi {x['nvml_index']} ({x['uuid']})") for x in g["gpus"]))
         lines.append(f"  {'device':>6} {'limit':>12} {'used':>12} {'free':>12} {'peak':>12} {'oom':>5}")
         for d in g["devices"]:
             lim = human(d["limit"]) if d["limit"] else "none"

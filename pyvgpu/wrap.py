@@ -119,11 +119,15 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
     if not any(0 < v < 100 for v in shares.as_list()):
         return shares, source
     limited = [d for d, v in enumerate(shares.as_list()) if 0 < v < 100]
+    migs = []
     if chosen:  # group device d is the machine's chosen[d]; shares past the group's devices apply to none
         if shares.per_device and max(shares.per_device) >= len(chosen):
             raise PyvgpuError(f"{source}: there is no device {max(shares.per_device)} ({len(chosen)} with --devices)")
+        migs = [chosen[d] for d in limited if d < len(chosen) and chosen[d].is_mig]
         limited = [chosen[d].index for d in limited if d < len(chosen)]
-    problem = devices.utilization_problem(limited)
+    problem = (f"{migs[0].describe()} is a MIG instance: NVML reports no utilization in MIG mode (NVML's "
+               "reference), and the instance's SMs are its own already, partitioned by the hardware"
+               if migs else devices.utilization_problem(limited))
     if problem:
         msg = (f"{source}: {problem}, so a compute share cannot be enforced; leave the share out "
                "(memory limits work without it)")

@@ -161,7 +161,7 @@ def test_a_program_that_changes_cuda_visible_devices_is_refused_loudly(env3, tmp
     assert p.stderr.count("pyvgpu: CUDA in this process") == 1
     s = json.loads(run([*PYVGPU, "status", "--region", str(reg), "--json"], env=env3).stdout)["groups"][0]
     assert [e["kind"] for e in s["events"]] == ["devices_refused"]
-    assert s["gpus"] == [{"index": 0, "nvml_index": 1, "uuid": uuid(1)}]
+    assert s["gpus"] == [{"index": 0, "nvml_index": 1, "uuid": uuid(1), "mig": False}]
 
 
 def test_select_resolves_against_a_given_machine():

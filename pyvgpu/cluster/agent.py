@@ -7,6 +7,10 @@
   look at the node's allocatable GPUs instead. The annotations are written again when they differ from
   what the node has (a GPU turned unhealthy, someone edited them) or when a scheduler asks.
   The device type is NVML's name, prefixed "NVIDIA-" when it does not start with "NVIDIA" (as HAMi does).
+  A GPU whose MIG mode is on is registered with mode `mig`, `count` its instances and `migtemplate` one
+  geometry: the instances that exist (gpus.mig_layout), never others; pyvgpu does not change MIG geometry,
+  so the scheduler can only place on instances an administrator made. One in MIG mode without an
+  instance is left out (there is nothing to use on it), with a warning.
 * Owns the node's shared state (pyvgpu.cluster.nodestate): creates it at start, and removes the region
   directories of pods that are gone or ended.
 While the API server is unreachable it keeps trying, every `interval` seconds; the state stays as it is.
@@ -17,10 +21,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyvgpu.cluster import codec, keys, nodestate
 from pyvgpu.cluster import gpus as G
+from pyvgpu.cluster.config import ClusterConfig
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable, annotations
 from pyvgpu.cluster.model import DeviceInfo
 from pyvgpu.cluster.plugin import Devices
@@ -46,12 +51,29 @@ class NodeAgent:
     split: int = 10
     interval: float = 30.0
     scores: dict[str, dict[str, int]] | None = None
+    warned: set = field(default_factory=set)
 
     def registration(self) -> dict[str, str]:
         _, health = self.devices.snapshot()
-        infos = [DeviceInfo(id=g.uuid, index=g.index, count=self.split, devmem=g.memory_mib, devcore=100,
-                            type=device_type(g.name), numa=g.numa, mode=keys.HAMI_CORE,
-                            health=health.get(g.uuid) is None) for g in self.devices.gpus]
+        infos = []
+        for g in self.devices.gpus:
+            kind = device_type(g.name)
+            if not g.mig_mode:
+                infos.append(DeviceInfo(id=g.uuid, index=g.index, count=self.split, devmem=g.memory_mib, devcore=100,
+                                        type=kind, numa=g.numa, mode=keys.HAMI_CORE,
+                                        health=health.get(g.uuid) is None))
+                continue
+            geometry, _ = G.mig_layout(g, ClusterConfig().mig_geometries(kind))
+            if not geometry:
+                if g.uuid not in self.warned:
+                    self.warned.add(g.uuid)
+                    log.warning("GPU %d %s has its MIG mode on but no MIG instance: not registered (an "
+                                "administrator makes instances with nvidia-smi mig; pyvgpu never does)",
+                                g.index, g.uuid)
+                continue
+            infos.append(DeviceInfo(id=g.uuid, index=g.index, count=len(g.migs), devmem=g.memory_mib, devcore=100,
+                                    type=kind, numa=g.numa, mode=keys.MIG, health=health.get(g.uuid) is None,
+                                    mig_geometries=(geometry,)))
         out = {keys.NODE_REGISTER: codec.encode_register(infos)}
         if self.scores is not None:
             out[keys.NODE_PAIR_SCORE] = codec.encode_pair_scores(self.scores)

@@ -19,6 +19,15 @@ Each container gets (HAMi's formats, pkg/device-plugin/nvidiadevice/nvinternal/p
 
 and mounts: its region directory (read-write), the turn file (read-write), the runtime (read-only).
 
+MIG: an entry `GPU-x[0-i]` (HAMi's suffix) is position i of the one geometry the node agent registered for
+GPU x: the MIG instances that exist, read again from NVML here (gpus.mig_positions). The container gets
+that instance's own UUID (MIG-...) in NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES, its memory as the
+cap, and no compute share (the instance's SMs are its own; NVML reports no utilization in MIG mode). An
+entry for a geometry other than 0 or a position the GPU no longer has (an administrator changed the
+instances since the registration) fails the container with a message; pyvgpu never creates or destroys
+instances to make it fit, which HAMi's MIG mode may do. A container gets one MIG instance alone: a CUDA
+process enumerates a single one.
+
 When the pod's last container is allocated (or its bind fails here), the node lock `hami.io/mutex.lock` is
 released if this pod holds it: a HAMi scheduler leaves the lock to the device plugin, as HAMi's plugin
 releases it (pyvgpu's scheduler releases its own at the end of its bind, so there is nothing left then).
@@ -31,6 +40,7 @@ every region exists, and only if the pod has not changed since it was read (reso
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -38,6 +48,7 @@ from dataclasses import dataclass, field
 
 from pyvgpu import limits as lim
 from pyvgpu.cluster import codec, keys, nodelock, nodestate
+from pyvgpu.cluster import gpus as G
 from pyvgpu.cluster.errors import ClusterInputError
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
 from pyvgpu.cluster.model import ContainerDevice
@@ -120,10 +131,12 @@ def container_env(cfg: AllocateConfig, devs: tuple[ContainerDevice, ...]) -> dic
 
 class Allocator:
     def __init__(self, cfg: AllocateConfig, kube: Kube, health: Callable[[], dict[str, str | None]],
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 migs: Callable[[], dict[str, list[str]]] = G.mig_positions) -> None:
         self.cfg = cfg
         self.kube = kube
         self.health = health
+        self.migs = migs
         self.clock = clock
         self.sleep = sleep
 
@@ -198,12 +211,9 @@ class Allocator:
                     raise AllocateError("FAILED_PRECONDITION", f"pod {ns}/{name}: {keys.POD_TO_ALLOCATE} has an entry "
                                                                f"for container {i}, the pod has {len(ctrs)}")
                 cname = ctrs[i].get("name", "")
-                for d in devs:
-                    if "[" in d.uuid:
-                        raise AllocateError("FAILED_PRECONDITION", f"pod {ns}/{name} container {cname}: {d.uuid} is a "
-                                                                   "MIG instance; pyvgpu's device plugin does not "
-                                                                   "set up MIG (use HAMi's on MIG nodes)")
-                    if d.uuid not in health:
+                devs, gpu_ids = self._mig_instances(devs, f"pod {ns}/{name} container {cname}")
+                for d in (dataclasses.replace(d, uuid=u) for d, u in zip(devs, gpu_ids, strict=True)):
+                    if d.uuid not in health:  # a MIG instance's health is its GPU's
                         raise AllocateError("FAILED_PRECONDITION", f"pod {ns}/{name} container {cname}: GPU {d.uuid} "
                                                                    f"is not on node {self.cfg.node}")
                     if health[d.uuid]:
@@ -250,6 +260,35 @@ class Allocator:
         except BaseException:
             self._undo(made)
             raise
+
+    def _mig_instances(self, devs: tuple[ContainerDevice, ...],
+                       who: str) -> tuple[tuple[ContainerDevice, ...], list[str]]:
+        """The container's devices with a MIG entry (GPU-x[g-i]) made its instance (its MIG UUID, no compute
+        share), and the GPU UUID of each (their health)."""
+        entries = [(d, *codec.split_mig_uuid(d.uuid)) for d in devs]
+        if not any(inst is not None for *_, inst in entries):
+            return devs, [d.uuid for d in devs]
+        if len(devs) > 1:
+            raise AllocateError("FAILED_PRECONDITION", f"{who}: gets {len(devs)} GPUs, one of them a MIG instance; "
+                                                       "a CUDA process sees a single MIG instance, so a container "
+                                                       "asking MIG gets one GPU (nvidia.com/gpu: 1)")
+        d, gpu, g, inst = entries[0]
+        try:
+            positions = self.migs()
+        except PyvgpuError as e:
+            raise AllocateError("INTERNAL", f"{who}: cannot read the node's MIG instances: {e}") from None
+        have = positions.get(gpu)
+        if have is None:
+            raise AllocateError("FAILED_PRECONDITION", f"{who}: {d.uuid} is a MIG instance, but GPU {gpu} is not in "
+                                                       f"MIG mode on node {self.cfg.node} (or not there)")
+        if g != 0 or inst >= len(have):
+            raise AllocateError("FAILED_PRECONDITION", f"{who}: {d.uuid} names MIG instance {inst} of geometry {g}, "
+                                                       f"but GPU {gpu} has {len(have)} instance(s) in the one "
+                                                       "geometry pyvgpu registers (the instances that exist): they "
+                                                       "changed since the registration, or the pod was placed by a "
+                                                       "scheduler with another table. pyvgpu does not create MIG "
+                                                       "instances; the node agent registers the new ones")
+        return (dataclasses.replace(d, uuid=have[inst], usedcores=0),), [gpu]
 
     def _undo(self, made: list[tuple[str, str]]) -> None:
         for uid, cname in made:

@@ -4,7 +4,10 @@ NVML is opened through ctypes and shut again after each question, as pyvgpu/devi
 driver reload or a GPU that falls off the bus is seen at the next question, not hidden by a stale handle.
 
 * Inventory: index, UUID, name, memory (MiB), NUMA node (from the PCI bus id in sysfs, as HAMi reads
-  it: /sys/bus/pci/devices/<bus id>/numa_node; -1 or unreadable is 0).
+  it: /sys/bus/pci/devices/<bus id>/numa_node; -1 or unreadable is 0); for a GPU whose MIG mode is on,
+  the MIG instances that exist (read only: pyvgpu never creates or destroys one), and `mig_layout`, the
+  one geometry they make and the order of its positions, which the node agent registers and Allocate
+  reads back.
 * Health: a GPU is unhealthy when NVML cannot find it, answers NVML_ERROR_GPU_IS_LOST (fallen off the
   bus) or any other error for its handle or memory (NOT_SUPPORTED aside). XID event watching is not
   done (docs/cluster.md, "not built").
@@ -18,9 +21,11 @@ driver reload or a GPU that falls off the bus is seen at the next question, not 
 from __future__ import annotations
 
 import ctypes
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyvgpu.cluster.model import Geometry, MigTemplate
 from pyvgpu.errors import PyvgpuError
 
 NVML_SUCCESS = 0
@@ -46,6 +51,18 @@ class _PciInfo(ctypes.Structure):
 
 
 @dataclass(frozen=True)
+class MigInfo:
+    """One MIG instance that exists: its own UUID, its profile ("1g.10gb", from NVML's name "<GPU> MIG
+    1g.10gb"), memory and GPU/compute instance ids."""
+
+    uuid: str
+    profile: str
+    memory_mib: int
+    gi: int = -1
+    ci: int = -1
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     index: int
     uuid: str
@@ -53,6 +70,44 @@ class GpuInfo:
     memory_mib: int
     numa: int = 0
     bus_id: str = ""
+    mig_mode: bool = False
+    migs: tuple[MigInfo, ...] = ()
+
+
+def profile_of(name: str, memory_mib: int) -> str:
+    """The MIG profile in a MIG device's NVML name ("NVIDIA A100-SXM4-40GB MIG 1g.5gb" -> "1g.5gb")."""
+    if " MIG " in name:
+        return name.rsplit(" MIG ", 1)[1].strip()
+    return f"{memory_mib}mb"
+
+
+_SLICES = re.compile(r"^(?:\d+c\.)?(\d+)g\.")
+
+
+def mig_layout(g: GpuInfo, known: tuple[Geometry, ...] = ()) -> tuple[Geometry, list[str]]:
+    """The geometry a MIG GPU's instances make (one template per profile, in order of first appearance,
+    counting its instances; memory: the profile's smallest instance) and the instance UUID at each of its
+    positions, in HAMi's flattened order (template by template). A template's cores come from a template
+    of the same name among `known` (the config's table for this model), else from the profile's compute
+    slices out of 7 (A100, H100), else 0."""
+    by_profile: dict[str, list[MigInfo]] = {}
+    for m in g.migs:
+        by_profile.setdefault(m.profile, []).append(m)
+    cores = {t.name: t.core for geometry in known for t in geometry}
+    templates = []
+    uuids: list[str] = []
+    for profile, ms in by_profile.items():
+        s = _SLICES.match(profile)
+        core = cores.get(profile, round(int(s.group(1)) * 100 / 7) if s else 0)
+        templates.append(MigTemplate(profile, min(core, 100), min(m.memory_mib for m in ms), len(ms)))
+        uuids += [m.uuid for m in ms]
+    return tuple(templates), uuids
+
+
+def mig_positions(known_of=None) -> dict[str, list[str]]:
+    """{GPU UUID: the MIG instance UUID at each position of its registered geometry}, for the GPUs whose
+    MIG mode is on, read from NVML now."""
+    return {g.uuid: mig_layout(g, known_of(g) if known_of else ())[1] for g in inventory() if g.mig_mode}
 
 
 class _Session:
@@ -105,6 +160,33 @@ class _Session:
         m = _Memory()
         return self.nv.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m)), m
 
+    def mig(self, h) -> tuple[bool, tuple[MigInfo, ...]]:
+        """Whether a GPU's MIG mode is on, and its instances (NVML's MIG calls; read only)."""
+        if not self.has("nvmlDeviceGetMigMode"):
+            return False, ()
+        current, pending = ctypes.c_uint(0), ctypes.c_uint(0)
+        if self.nv.nvmlDeviceGetMigMode(h, ctypes.byref(current), ctypes.byref(pending)) != NVML_SUCCESS \
+                or current.value != 1:
+            return False, ()
+        n = ctypes.c_uint(0)
+        if self.nv.nvmlDeviceGetMaxMigDeviceCount(h, ctypes.byref(n)) != NVML_SUCCESS:
+            return True, ()
+        out = []
+        for k in range(min(n.value, 8)):
+            m = ctypes.c_void_p()
+            if self.nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k, ctypes.byref(m)) != NVML_SUCCESS:
+                continue  # NOT_FOUND: no instance at that index
+            uuid, name = self.text("nvmlDeviceGetUUID", m), self.text("nvmlDeviceGetName", m)
+            rc, mem = self.memory(m)
+            if not uuid or rc != NVML_SUCCESS:
+                continue
+            gi, ci = ctypes.c_uint(0), ctypes.c_uint(0)
+            ids = (self.nv.nvmlDeviceGetGpuInstanceId(m, ctypes.byref(gi)) == NVML_SUCCESS
+                   and self.nv.nvmlDeviceGetComputeInstanceId(m, ctypes.byref(ci)) == NVML_SUCCESS)
+            out.append(MigInfo(uuid, profile_of(name, mem.total >> 20), mem.total >> 20,
+                               gi.value if ids else -1, ci.value if ids else -1))
+        return True, tuple(out)
+
     def bus_id(self, h) -> str:
         if not self.has("nvmlDeviceGetPciInfo_v3"):
             return ""
@@ -141,8 +223,9 @@ def inventory() -> list[GpuInfo]:
             if rc != NVML_SUCCESS or not uuid:
                 raise PyvgpuError(f"NVML cannot read GPU {i}'s UUID or memory (nvmlReturn_t {rc})")
             bus = s.bus_id(h)
+            mig_mode, migs = s.mig(h)
             out.append(GpuInfo(i, uuid, s.text("nvmlDeviceGetName", h) or "NVIDIA GPU", m.total >> 20,
-                               numa_of(bus), bus))
+                               numa_of(bus), bus, mig_mode, migs))
     return out
 
 

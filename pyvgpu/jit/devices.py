@@ -18,6 +18,10 @@ NVML ignores CUDA_VISIBLE_DEVICES; these policies make it agree:
 
 Without --devices (``n_visible`` 0) NVML and CUDA order are taken to agree,
 as they do when CUDA_VISIBLE_DEVICES is unset.
+
+A MIG instance (``visible`` has L.VISIBLE_MIG) is CUDA's device by its own UUID
+(cuDeviceGetUuid_v2); in NVML the group device is its GPU's handle (NVML counts
+GPUs; the memory it reports is the group's view, pyvgpu/jit/memview.py).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def group_of_physical(region, phys):
     if n == 0:
         return np.int64(phys) if phys < L.MAX_DEVICES else np.int64(-1)
     for g in range(n):
-        if HDR.get_visible(region, g) == phys:
+        if HDR.get_visible(region, g) & L.VISIBLE_INDEX == phys:
             return np.int64(g)
     return np.int64(-1)
 
@@ -146,7 +150,7 @@ def nvml_by_index(ctx, idx, args, notfound):
         return call_real(ctx, idx, args, notfound)
     if index >= n:
         return abi.NVML_ERROR_INVALID_ARGUMENT
-    return call_real(ctx, idx, (HDR.get_visible(region, index), phandle), notfound)
+    return call_real(ctx, idx, (HDR.get_visible(region, index) & L.VISIBLE_INDEX, phandle), notfound)
 
 
 @njit

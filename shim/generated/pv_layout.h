@@ -126,7 +126,7 @@ _Static_assert(sizeof(pv_ctx_t) == 70768, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 7
+#define PV_REGION_VERSION 8
 #define PV_REGION_DEVICES_OFF 512
 #define PV_REGION_SLOTS_OFF 15872
 #define PV_REGION_SLOT_SIZE 704
@@ -154,8 +154,8 @@ typedef struct pv_region_header {
     uint32_t sm_switch;  /* compute limits on (1) or off (0) under GPU_CORE_UTILIZATION_POLICY=default */
     uint32_t sm_any;  /* devices with a compute limit; 0 lets launches skip the limiter */
     uint32_t n_visible;  /* devices of the group (--devices); 0 = as the program's CUDA sees them */
-    uint32_t visible[16];  /* NVML (physical) index of each group device */
-    uint8_t visible_uuid[256];  /* its UUID, 16 raw bytes */
+    uint32_t visible[16];  /* NVML (physical) index of each group device (its GPU's for a MIG instance, with VISIBLE_MIG set) */
+    uint8_t visible_uuid[256];  /* its UUID (a MIG instance's own), 16 raw bytes */
     uint8_t _pad1[4];
     uint64_t ev_next;  /* events written so far; the next goes to ring entry ev_next % N_EVENTS */
     uint32_t mode;  /* device mode of the group: 0 hami-core (pyvgpu's limiter), 1 mps (pyvgpu/mps.py) */

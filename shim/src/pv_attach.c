@@ -617,7 +617,8 @@ int pv_attach(char *err, size_t n) {
         char list[256] = "";
         size_t o = 0;
         for (uint32_t g = 0; g < h.n_visible && g < PV_MAX_DEVICES && o < sizeof list - 12; g++)
-            o += (size_t)snprintf(list + o, sizeof list - o, "%s%u", g ? "," : "", h.visible[g]);
+            o += (size_t)snprintf(list + o, sizeof list - o, "%s%u%s", g ? "," : "", h.visible[g] & 0x7fffffffu,
+                                  h.visible[g] & 0x80000000u ? " (a MIG instance)" : "");
         snprintf((char *)pv_ctx.devices_msg, sizeof pv_ctx.devices_msg,
                  "pyvgpu: CUDA in this process does not see its vGPU's devices (nvidia-smi's %s), in that order: "
                  "CUDA_VISIBLE_DEVICES was changed inside the program. Choose devices with `pyvgpu wrap "

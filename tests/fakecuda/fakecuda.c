@@ -72,6 +72,8 @@ static uint64_t g_cap[MAX_DEV];   /* by physical index, as are the next four */
 static uint64_t g_used[MAX_DEV];
 static uint64_t g_next[MAX_DEV];
 static struct fake_ctx g_primary[MAX_DEV]; /* by ordinal */
+static struct fake_mig g_mig[MAX_MIG]; /* FAKENVML_MIG: MIG instance k's state is at physical slot g_nphys + k */
+static int g_nmig;
 static __thread CUcontext t_cur;
 static uint64_t g_ns_per_iter = 100; /* FAKECUDA_NS_PER_ITER (the simulated GPU, below) */
 static double g_event_scale = 1.0;   /* FAKECUDA_EVENT_SCALE: timing events read this much long */
@@ -117,7 +119,10 @@ static void fault_config(void);
 
 __attribute__((constructor)) static void fake_config(void) {
     g_nphys = fake_device_caps(g_cap);
-    for (int d = 0; d < g_nphys; d++)
+    g_nmig = fake_migs(g_mig, g_nphys);
+    for (int k = 0; k < g_nmig; k++)
+        g_cap[g_nphys + k] = g_mig[k].size;
+    for (int d = 0; d < g_nphys + g_nmig; d++)
         g_next[d] = 0x7f0000000000ULL + ((uint64_t)d << 36);
     const char *n = getenv("FAKECUDA_NS_PER_ITER");
     if (n && *n)
@@ -486,14 +491,22 @@ static void run_kernel(uint64_t d, CUstream stream) {
  * named twice by entries of one kind fails cuInit with
  * CUDA_ERROR_INVALID_DEVICE; no device at all ("" or an invalid first entry)
  * fails it with CUDA_ERROR_NO_DEVICE. Either way the driver stays
- * uninitialized: every later call answers CUDA_ERROR_NOT_INITIALIZED. */
+ * uninitialized: every later call answers CUDA_ERROR_NOT_INITIALIZED.
+ * MIG instances (FAKENVML_MIG; not measured: from NVIDIA's documentation):
+ * "MIG-<uuid>" (a prefix, as for "GPU-") or the older
+ * "MIG-GPU-<gpu uuid>/<gpu instance id>/<compute instance id>" names one.
+ * CUDA documents that a process enumerates a single MIG instance: here the
+ * first MIG entry is taken and later MIG entries are skipped; an entry of
+ * another kind after a MIG entry ends the list, as above. Unset, the
+ * variable gives the physical GPUs (the fake does not model what a GPU in
+ * MIG mode shows then). */
 
-enum { ENTRY_BAD, ENTRY_INDEX, ENTRY_UUID };
+enum { ENTRY_BAD, ENTRY_INDEX, ENTRY_UUID, ENTRY_MIG };
 
 static int hexval(char c) { return isdigit((unsigned char)c) ? c - '0' : tolower((unsigned char)c) - 'a' + 10; }
 
-/* The physical device a "GPU-" entry (without the "GPU-") names, or -1. */
-static int visible_uuid(const char *e) {
+/* The physical device a "GPU-" entry (without the "GPU-") names, or -1; mig: a "MIG-" entry's slot instead. */
+static int visible_hex(const char *e, int mig) {
     unsigned char nib[32];
     int n = 0;
     for (; *e; e++) {
@@ -507,10 +520,13 @@ static int visible_uuid(const char *e) {
     if (!n)
         return -1;
     int found = -1;
-    for (int i = 0; i < g_nphys; i++) {
+    for (int i = 0; i < (mig ? g_nmig : g_nphys); i++) {
         unsigned char b[16];
         int k = 0;
-        fake_uuid_bytes(i, b);
+        if (mig)
+            fake_mig_uuid_bytes(i, &g_mig[i], b);
+        else
+            fake_uuid_bytes(i, b);
         while (k < n && nib[k] == ((k % 2 ? b[k / 2] : b[k / 2] >> 4) & 15))
             k++;
         if (k == n) {
@@ -519,7 +535,25 @@ static int visible_uuid(const char *e) {
             found = i;
         }
     }
-    return found;
+    return found < 0 ? -1 : mig ? g_nphys + found : found;
+}
+
+/* The slot a "MIG-" entry (without the "MIG-") names, or -1. */
+static int visible_mig(const char *e) {
+    if (strncmp(e, "GPU-", 4))
+        return visible_hex(e, 1);
+    char gpu[64];
+    unsigned gi, ci;
+    const char *slash = strchr(e, '/');
+    if (!slash || slash - e >= (long)sizeof gpu || sscanf(slash, "/%u/%u", &gi, &ci) != 2)
+        return -1;
+    memcpy(gpu, e + 4, slash - e - 4);
+    gpu[slash - e - 4] = 0;
+    int p = visible_hex(gpu, 0);
+    for (int k = 0; p >= 0 && k < g_nmig; k++)
+        if (g_mig[k].gpu == p && g_mig[k].gi == (int)gi && g_mig[k].ci == (int)ci)
+            return g_nphys + k;
+    return -1;
 }
 
 /* The physical device an entry names (*kind: ENTRY_INDEX/ENTRY_UUID), or -1. */
@@ -527,12 +561,16 @@ static int visible_entry(const char *e, int *kind) {
     *kind = ENTRY_BAD;
     if (!strncmp(e, "GPU-", 4)) {
         *kind = ENTRY_UUID;
-        return visible_uuid(e + 4);
+        return visible_hex(e + 4, 0);
+    }
+    if (!strncmp(e, "MIG-", 4)) {
+        *kind = ENTRY_MIG;
+        return visible_mig(e + 4);
     }
     char *end;
     long v = strtol(e, &end, 10);
     if (end == e)
-        return -1; /* "MIG-..." too: the fake has no MIG instances */
+        return -1;
     *kind = ENTRY_INDEX;
     return v >= 0 && v < g_nphys ? (int)v : -1;
 }
@@ -547,7 +585,7 @@ static CUresult parse_visible(void) {
         return g_ndev ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
     }
     char buf[1024];
-    int first_kind = ENTRY_BAD;
+    int first_kind = ENTRY_BAD, migs = 0;
     snprintf(buf, sizeof buf, "%s", v);
     for (char *e = buf, *next; e && g_ndev < MAX_DEV; e = next) {
         next = strchr(e, ',');
@@ -561,6 +599,8 @@ static CUresult parse_visible(void) {
         if (p < 0 || (first_kind != ENTRY_BAD && kind != first_kind))
             break;
         first_kind = kind;
+        if (kind == ENTRY_MIG && migs++)
+            continue; /* one MIG instance per process */
         for (int k = 0; k < g_ndev; k++)
             if (g_phys[k] == p) {
                 g_ndev = 0;
@@ -571,8 +611,11 @@ static CUresult parse_visible(void) {
     return g_ndev ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
 }
 
-/* The physical index of a valid CUdevice, else -1. */
+/* The physical index (a MIG instance's slot) of a valid CUdevice, else -1. */
 static int phys_of(CUdevice d) { return d >= 0 && d < g_ndev ? g_phys[d] : -1; }
+
+/* The GPU a slot is on: itself, or a MIG instance's GPU. */
+static int gpu_of(int p) { return p >= g_nphys ? g_mig[p - g_nphys].gpu : p; }
 
 EXPORT CUresult cuInit(unsigned flags) {
     static int parsed;
@@ -627,7 +670,11 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
         return CUDA_ERROR_INVALID_VALUE;
     if (phys_of(d) < 0)
         return CUDA_ERROR_INVALID_DEVICE;
-    snprintf(name, len, "Fake GPU %d", phys_of(d));
+    int p = phys_of(d);
+    if (p >= g_nphys)
+        snprintf(name, len, "Fake GPU %d MIG %s", gpu_of(p), g_mig[p - g_nphys].profile);
+    else
+        snprintf(name, len, "Fake GPU %d", p);
     return CUDA_SUCCESS;
 }
 
@@ -663,7 +710,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     if (p < 0)
         return CUDA_ERROR_INVALID_DEVICE;
     /* 16: multiprocessor count; 33/34/50: PCI bus/device/domain id, as cuDeviceGetPCIBusId */
-    *v = attr == 16 ? 132 : attr == 33 ? p + 1 : (attr == 34 || attr == 50) ? 0 : 1;
+    *v = attr == 16 ? 132 : attr == 33 ? gpu_of(p) + 1 : (attr == 34 || attr == 50) ? 0 : 1;
     return CUDA_SUCCESS;
 }
 
@@ -677,15 +724,15 @@ static void take_context_memory(int d) {
     pthread_mutex_unlock(&g_mu);
 }
 
-/* Device-wide used bytes, read by the fake NVML: d is a physical (NVML) index. */
-EXPORT uint64_t fakecuda_device_used(int d) { return d >= 0 && d < g_nphys ? g_used[d] : 0; }
+/* Device-wide used bytes, read by the fake NVML: d is a physical (NVML) index, or a MIG instance's slot. */
+EXPORT uint64_t fakecuda_device_used(int d) { return d >= 0 && d < g_nphys + g_nmig ? g_used[d] : 0; }
 
 EXPORT CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice d) {
     COUNT(cuDeviceGetPCIBusId);
     NEED_INIT();
     if (!bus || len < 13 || phys_of(d) < 0)
         return CUDA_ERROR_INVALID_VALUE;
-    snprintf(bus, len, "00000000:%02x:00.0", phys_of(d) + 1);
+    snprintf(bus, len, "00000000:%02x:00.0", gpu_of(phys_of(d)) + 1); /* a MIG instance: its GPU's */
     return CUDA_SUCCESS;
 }
 
@@ -696,11 +743,16 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice d) {
         return CUDA_ERROR_INVALID_VALUE;
     if (phys_of(d) < 0)
         return CUDA_ERROR_INVALID_DEVICE;
-    fake_uuid_bytes(phys_of(d), (unsigned char *)uuid->bytes);
+    int p = phys_of(d);
+    if (p >= g_nphys) /* documented: _v2 returns a MIG instance's own UUID */
+        fake_mig_uuid_bytes(p - g_nphys, &g_mig[p - g_nphys], (unsigned char *)uuid->bytes);
+    else
+        fake_uuid_bytes(p, (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
 
-/* The same as _v2 here: the two differ only for MIG instances, which the fake has none of. */
+/* As _v2 except on a MIG instance, where this one answers its GPU's UUID (the fake's reading of the
+ * documentation: only _v2 is documented to return the MIG UUID). */
 EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice d) {
     COUNT(cuDeviceGetUuid);
     NEED_INIT();
@@ -708,7 +760,7 @@ EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice d) {
         return CUDA_ERROR_INVALID_VALUE;
     if (phys_of(d) < 0)
         return CUDA_ERROR_INVALID_DEVICE;
-    fake_uuid_bytes(phys_of(d), (unsigned char *)uuid->bytes);
+    fake_uuid_bytes(gpu_of(phys_of(d)), (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
 

@@ -13,6 +13,17 @@
  * at every nvmlInit: those devices have "fallen off the bus" (their handle
  * lookups and memory queries answer NVML_ERROR_GPU_IS_LOST), so a test can
  * make a GPU fail under a running process.
+ * MIG (FAKENVML_MIG, fake_devices.h): a GPU with instances is in MIG mode
+ * (nvmlDeviceGetMigMode 1/1, nvmlDeviceGetMaxMigDeviceCount 7); its
+ * instances are MIG device handles (nvmlDeviceGetMigDeviceHandleByIndex,
+ * nvmlDeviceGetHandleByUUID("MIG-...")) with their own UUID, name
+ * ("Fake GPU g MIG <profile>"), memory (their size; used: the fake libcuda's
+ * use of that instance), processes, GPU and compute instance ids, and their
+ * GPU (nvmlDeviceGetDeviceHandleFromMigDeviceHandle). As NVML documents,
+ * utilization is not reported in MIG mode (NOT_SUPPORTED, for the GPU and
+ * for its instances), and the GPU's own memory info is the aggregate. Not
+ * documented, so answered as NOT_SUPPORTED: nvmlDeviceGetIndex of a MIG
+ * handle (pyvgpu must not rely on it).
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -29,7 +40,9 @@
 
 typedef int nvmlReturn_t;
 typedef struct fake_nvml_dev {
-    int index;
+    int index; /* the GPU's; for a MIG handle its GPU's */
+    int slot;  /* per-device state in the fakes: index, or nphys + k for MIG instance k */
+    int mig;   /* 1 + k for MIG instance k, 0 for a GPU */
 } *nvmlDevice_t;
 typedef struct {
     unsigned long long total, free, used;
@@ -46,6 +59,7 @@ enum {
     NVML_SUCCESS = 0,
     NVML_ERROR_UNINITIALIZED = 1,
     NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_GPU_IS_LOST = 15,
@@ -54,11 +68,17 @@ enum {
 static int g_init, g_ndev;
 static uint64_t g_cap[MAX_DEV], g_used;
 static struct fake_nvml_dev g_dev[MAX_DEV];
+static struct fake_mig g_mig[MAX_MIG];
+static struct fake_nvml_dev g_migdev[MAX_MIG];
+static int g_nmig;
 
 __attribute__((constructor)) static void config(void) {
     g_ndev = fake_device_caps(g_cap);
     for (int d = 0; d < g_ndev; d++)
-        g_dev[d].index = d;
+        g_dev[d] = (struct fake_nvml_dev){d, d, 0};
+    g_nmig = fake_migs(g_mig, g_ndev);
+    for (int k = 0; k < g_nmig; k++)
+        g_migdev[k] = (struct fake_nvml_dev){g_mig[k].gpu, g_ndev + k, k + 1};
     const char *u = getenv("FAKENVML_USED");
     g_used = u ? parse_size(u) : 0;
 }
@@ -121,7 +141,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d) 
     return nvmlDeviceGetHandleByIndex_v2(i, d);
 }
 
-static int valid(nvmlDevice_t d) { return d >= &g_dev[0] && d < &g_dev[g_ndev]; }
+static int is_gpu(nvmlDevice_t d) { return d >= &g_dev[0] && d < &g_dev[g_ndev]; }
+static int is_mig(nvmlDevice_t d) { return d >= &g_migdev[0] && d < &g_migdev[g_nmig]; }
+static int valid(nvmlDevice_t d) { return is_gpu(d) || is_mig(d); }
+static int mig_mode(int gpu) {
+    for (int k = 0; k < g_nmig; k++)
+        if (g_mig[k].gpu == gpu)
+            return 1;
+    return 0;
+}
 
 /* Copy text to out[len]; NVML_ERROR_INSUFFICIENT_SIZE when it does not fit with its NUL. */
 static nvmlReturn_t put_text(const char *text, char *out, unsigned int len) {
@@ -139,7 +167,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int l
     if (!uuid || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     char u[FAKE_UUID_LEN + 1];
-    fake_uuid_text(d->index, u);
+    if (d->mig)
+        fake_mig_uuid_text(d->mig - 1, &g_mig[d->mig - 1], u);
+    else
+        fake_uuid_text(d->index, u);
     return put_text(u, uuid, len);
 }
 
@@ -166,6 +197,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
             if (g_lost[i])
                 return NVML_ERROR_GPU_IS_LOST;
             *d = &g_dev[i];
+            return NVML_SUCCESS;
+        }
+    }
+    for (int k = 0; k < g_nmig; k++) {
+        char u[FAKE_UUID_LEN + 1];
+        fake_mig_uuid_text(k, &g_mig[k], u);
+        if (!strcmp(u, uuid)) {
+            if (g_lost[g_mig[k].gpu])
+                return NVML_ERROR_GPU_IS_LOST;
+            *d = &g_migdev[k];
             return NVML_SUCCESS;
         }
     }
@@ -216,8 +257,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
         return NVML_ERROR_INVALID_ARGUMENT;
     if (g_lost[d->index])
         return NVML_ERROR_GPU_IS_LOST;
-    m->total = g_cap[d->index];
-    uint64_t u = used_of(d->index);
+    m->total = d->mig ? g_mig[d->mig - 1].size : g_cap[d->index];
+    uint64_t u = used_of(d->slot);
+    for (int k = 0; !d->mig && k < g_nmig; k++) /* MIG mode: the GPU's is the aggregate */
+        u += g_mig[k].gpu == d->index ? used_of(g_ndev + k) - g_used : 0;
     m->used = u < m->total ? u : m->total;
     m->free = m->total - m->used;
     return NVML_SUCCESS;
@@ -228,9 +271,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
         return NVML_ERROR_UNINITIALIZED;
     if (!m || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
-    m->total = g_cap[d->index];
+    m->total = d->mig ? g_mig[d->mig - 1].size : g_cap[d->index];
     m->reserved = 0;
-    uint64_t u = used_of(d->index);
+    uint64_t u = used_of(d->slot);
+    for (int k = 0; !d->mig && k < g_nmig; k++)
+        u += g_mig[k].gpu == d->index ? used_of(g_ndev + k) - g_used : 0;
     m->used = u < m->total ? u : m->total;
     m->free = m->total - m->used;
     return NVML_SUCCESS;
@@ -257,8 +302,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizatio
     if (!u || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     const char *no = getenv("FAKENVML_NO_UTILIZATION");
-    if (no && *no == '1')
-        return 3; /* NVML_ERROR_NOT_SUPPORTED */
+    if ((no && *no == '1') || d->mig || mig_mode(d->index))
+        return NVML_ERROR_NOT_SUPPORTED; /* NVML documents no utilization in MIG mode */
     struct sim *s = sim();
     u->gpu = s ? sim_utilization(s, d->index) : 0;
     u->memory = 0;
@@ -285,7 +330,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t d, unsigned int *count, void 
         return NVML_ERROR_INVALID_ARGUMENT;
     struct sim *s = sim();
     int32_t pids[SIM_PROCS];
-    unsigned n = s ? sim_processes(s, d->index, pids, SIM_PROCS) : 0;
+    unsigned n = s ? sim_processes(s, d->slot, pids, SIM_PROCS) : 0;
     if (!infos || *count < n) {
         *count = n;
         return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
@@ -335,7 +380,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlPr
         return NVML_ERROR_INVALID_ARGUMENT;
     struct sim *s = sim();
     int32_t pids[SIM_PROCS];
-    unsigned n = s && l->mode == 0 ? sim_processes(s, d->index, pids, SIM_PROCS) : 0;
+    unsigned n = s && l->mode == 0 ? sim_processes(s, d->slot, pids, SIM_PROCS) : 0;
     if (!l->procArray || l->numProcArrayEntries < n) {
         l->numProcArrayEntries = n;
         return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
@@ -351,7 +396,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int l
         return NVML_ERROR_UNINITIALIZED;
     if (!name || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
-    snprintf(name, len, "Fake GPU %d", d->index);
+    if (d->mig)
+        snprintf(name, len, "Fake GPU %d MIG %s", d->index, g_mig[d->mig - 1].profile);
+    else
+        snprintf(name, len, "Fake GPU %d", d->index);
     return NVML_SUCCESS;
 }
 
@@ -360,6 +408,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index) {
         return NVML_ERROR_UNINITIALIZED;
     if (!index || !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->mig)
+        return NVML_ERROR_NOT_SUPPORTED;
     *index = d->index;
     return NVML_SUCCESS;
 }
@@ -367,3 +417,78 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index) {
 EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *n) { return nvmlDeviceGetCount_v2(n); }
 
 EXPORT const char *nvmlErrorString(nvmlReturn_t r) { return r ? "fake NVML error" : "Success"; }
+
+/* ---- MIG ------------------------------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!current || !pending || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->mig)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *current = *pending = (unsigned)mig_mode(d->index);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!count || !is_gpu(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = mig_mode(d->index) ? 7 : 0;
+    return NVML_SUCCESS;
+}
+
+/* The index-th instance of the GPU (NOT_FOUND for an index without one, as for a slot not in use). */
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!mig || !is_gpu(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!mig_mode(d->index) || index >= 7)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned seen = 0;
+    for (int k = 0; k < g_nmig; k++)
+        if (g_mig[k].gpu == d->index && seen++ == index) {
+            *mig = &g_migdev[k];
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is_mig) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!is_mig || !valid(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *is_mig = d->mig != 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig, nvmlDevice_t *d) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!d || !is_mig(mig))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *d = &g_dev[mig->index];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!id || !is_mig(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = (unsigned)g_mig[d->mig - 1].gi;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!id || !is_mig(d))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = (unsigned)g_mig[d->mig - 1].ci;
+    return NVML_SUCCESS;
+}
