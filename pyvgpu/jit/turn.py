@@ -342,11 +342,23 @@ def reserve(ctx, dev, rank, at):
 
 
 @njit(inline="always")
-def queue_end(ctx, dev, now, cost):
-    """When the work this process queued on dev ends, counting a launch of cost ns now (kernels run one
-    after another)."""
-    qend = np.int64(CTX.get_turn_qend(ctx, dev))
-    return (qend if qend > now else now) + np.int64(cost)
+def device_queue_end(e, now):
+    """When the work queued on entry e's GPU under turns ends, every process's together (its ``qend``):
+    a process's own queue_end leaves out the others' kernels ahead of its own."""
+    q = np.int64(TURN.load_qend(e))
+    return q if q > now else now
+
+
+@njit(inline="always")
+def queue_on_device(e, now, cost):
+    """A launch of cost ns goes into entry e's GPU's queue: its estimate grows (the GPU runs the kernels of
+    every process one after another). Returns when the launch's kernel is estimated to end."""
+    while True:
+        old = TURN.load_qend(e)
+        q = np.int64(old)
+        end = (q if q > now else now) + np.int64(cost)
+        if TURN.cas_qend(e, old, np.uint64(end)) == old:
+            return end
 
 
 @njit(inline="always")
@@ -360,8 +372,7 @@ def must_yield(ctx, e, me, rank, dev, now, cost):
     """The holder hands over before this launch (see the module's rules)."""
     if more_urgent_waits(e, rank, me, now):
         return True
-    qend = np.int64(CTX.get_turn_qend(ctx, dev))
-    start = qend if qend > now else now  # when this launch's kernel starts
+    start = device_queue_end(e, now)  # when this launch's kernel starts: after every process's queued work
     if start + np.int64(cost) // 2 > reserved(e, rank, me, now):
         return True
     if waits(e, rank, me, now):
@@ -389,14 +400,19 @@ def corun(ctx, e, w, rank, dev, now, cost):
     qend = np.int64(CTX.get_turn_qend(ctx, dev))
     if qend > now + limit:
         return False
-    start = qend if qend > now else now
+    # The GPU's whole queue, not only the two estimates above: each process's own estimate leaves out the
+    # other's kernels ahead of its own, so two processes that time-slice (both queues deep) would each see
+    # a short queue of their own and go on going beside each other for good.
+    start = device_queue_end(e, now)
+    if start > now + limit:
+        return False
     return start + np.int64(cost) <= reserved(e, rank, CTX.get_turn_id(ctx), now)
 
 
 @njit
 def keep(ctx, region, dev, stream, e, w, me, now, cost, rank):
     """The holder launches: its queue grows, its lease follows."""
-    qend = queue_end(ctx, dev, now, cost)
+    qend = queue_on_device(e, now, cost)
     CTX.set_turn_qend(ctx, dev, np.uint64(qend))
     until = lease_for(qend, now)
     if ahead(units(until), w & LOW32) > (RENEW_NS >> UNIT_SHIFT):
@@ -445,9 +461,10 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
                         or now + np.int64(cost) // 2 > reserved(e, rank, me, now)
                         or (holder(w) == me and now - t0 < HANDOFF_NS and waits(e, rank, me, now)))
             if not yield_to:
-                qend = queue_end(ctx, dev, now, cost)
+                qend = device_queue_end(e, now) + np.int64(cost)
                 if TURN.cas_turn(e, w, word(me, lease_for(qend, now))) == w:
                     TURN.store_rank(e, rank)
+                    qend = queue_on_device(e, now, cost)
                     CTX.set_turn_qend(ctx, dev, np.uint64(qend))
                     CTX.set_turn_since(ctx, dev, np.uint64(now))
                     count_held(ctx, region, dev, now, qend)
@@ -470,12 +487,12 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
                     return
                 continue
         elif holder(w) == me:  # another thread of this process holds it
-            CTX.set_turn_qend(ctx, dev, np.uint64(queue_end(ctx, dev, now, cost)))
+            CTX.set_turn_qend(ctx, dev, np.uint64(queue_on_device(e, now, cost)))
             D.note_stream(ctx, dev, stream)
             return
         elif corun(ctx, e, w, rank, dev, now, cost):
             TURN.add_coruns(e, 1)
-            CTX.set_turn_qend(ctx, dev, np.uint64(queue_end(ctx, dev, now, cost)))
+            CTX.set_turn_qend(ctx, dev, np.uint64(queue_on_device(e, now, cost)))
             count_wait(ctx, region, dev, e, rank, t0, now)
             return
         if now - t0 >= MAX_WAIT_NS:  # a holder that does not let go: stop taking turns here
