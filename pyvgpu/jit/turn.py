@@ -12,13 +12,21 @@ serial numbers). The lease is the holder's queued work (estimated by the cost
 model) plus LEASE_NS, renewed as it launches: a holder that stops launching
 loses the turn LEASE_NS after its queue runs dry, one that dies too.
 
+The GPU runs every process's kernels one after another, so a process's own
+estimate of its queue leaves out the kernels of others queued ahead of its
+own. The entry keeps the GPU's whole queue (``qend``: every launch under
+turns adds its cost, holder or not), and a launch's queue ends where it
+lands in it. Two processes that each kept only their own estimate and
+time-sliced each ran at half speed, so each saw its own queue short, and
+they went on going beside each other for good.
+
 Time slicing only costs while both queues are deep. Two launch-bound programs
 (small kernels, the CPU between them) leave the GPU mostly idle, and taking
 whole turns would halve both. So a launch may go *beside* the holder when
-both its queue and the holder's are shorter than CORUN_NS: the turn is for
-deep queues, which it keeps apart. A launch of a less urgent rank than the
-holder's goes beside it only while both queues are empty, one kernel at a
-time, and never beside a high-priority holder.
+its queue, the holder's and the GPU's (``qend``) are all shorter than
+CORUN_NS: the turn is for deep queues, which it keeps apart. A launch of a
+less urgent rank than the holder's goes beside it only while the queues are
+empty, one kernel at a time, and never beside a high-priority holder.
 
 Ranks (pyvgpu.layout.RANK_*): a launch within its group's share is *due*; a
 launch of a group without a share, or borrowing beyond its share
@@ -383,9 +391,10 @@ def must_yield(ctx, e, me, rank, dev, now, cost):
 
 @njit
 def corun(ctx, e, w, rank, dev, now, cost):
-    """This launch may go beside the holder: both queues are short, and it runs into nobody's reservation.
+    """This launch may go beside the holder: its queue, the holder's and the GPU's are short, and it runs
+    into nobody's reservation.
 
-    Beside a holder of a more urgent rank, only while both queues are empty (one kernel at a time fills
+    Beside a holder of a more urgent rank, only while the queues are empty (one kernel at a time fills
     the holder's idle moments; the holder's next kernel waits at most for it), and never beside a
     high-priority holder (high priority keeps its turn's idle moments to itself, for its latency)."""
     held_rank = TURN.load_rank(e)
