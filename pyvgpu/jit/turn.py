@@ -350,11 +350,19 @@ def reserve(ctx, dev, rank, at):
 
 
 @njit(inline="always")
+def queue_base(q, now):
+    """The GPU's queue end q (ns) as a launch at now sees it: not before now, and at most MAX_LEASE_NS
+    ahead, as far as a lease reaches (a word written by a process that does not play fair, or left from
+    before a reboot of the clock, heals at the next launch)."""
+    if q <= now:
+        return now
+    return min(q, now + MAX_LEASE_NS)
+
+
+@njit(inline="always")
 def device_queue_end(e, now):
-    """When the work queued on entry e's GPU under turns ends, every process's together (its ``qend``):
-    a process's own queue_end leaves out the others' kernels ahead of its own."""
-    q = np.int64(TURN.load_qend(e))
-    return q if q > now else now
+    """When the work queued on entry e's GPU under turns ends, every process's together (its ``qend``)."""
+    return queue_base(np.int64(TURN.load_qend(e)), now)
 
 
 @njit(inline="always")
@@ -363,8 +371,7 @@ def queue_on_device(e, now, cost):
     every process one after another). Returns when the launch's kernel is estimated to end."""
     while True:
         old = TURN.load_qend(e)
-        q = np.int64(old)
-        end = (q if q > now else now) + np.int64(cost)
+        end = queue_base(np.int64(old), now) + np.int64(cost)
         if TURN.cas_qend(e, old, np.uint64(end)) == old:
             return end
 
