@@ -267,6 +267,8 @@ SCHED_ENTRY = Struct(
         Field("coruns", "u64", doc="launches made beside the holder while both queues were short"),
         Field("preempts", "u64", doc="hand-overs to a more urgent or reserved waiter before the slice ended"),
         Field("max_wait_ns", "u64", doc="the longest single wait of a launch within its share for the turn"),
+        Field("qend", "u64", doc="CLOCK_MONOTONIC ns when the work queued on this GPU under turns, every "
+                                 "process's together, is estimated to end (0: none yet)"),
     ],
     align=64,
     doc="one GPU's turn",

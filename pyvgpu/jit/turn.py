@@ -12,13 +12,21 @@ serial numbers). The lease is the holder's queued work (estimated by the cost
 model) plus LEASE_NS, renewed as it launches: a holder that stops launching
 loses the turn LEASE_NS after its queue runs dry, one that dies too.
 
+The GPU runs every process's kernels one after another, so a process's own
+estimate of its queue leaves out the kernels of others queued ahead of its
+own. The entry keeps the GPU's whole queue (``qend``: every launch under
+turns adds its cost, holder or not), and a launch's queue ends where it
+lands in it. Two processes that each kept only their own estimate and
+time-sliced each ran at half speed, so each saw its own queue short, and
+they went on going beside each other for good.
+
 Time slicing only costs while both queues are deep. Two launch-bound programs
 (small kernels, the CPU between them) leave the GPU mostly idle, and taking
 whole turns would halve both. So a launch may go *beside* the holder when
-both its queue and the holder's are shorter than CORUN_NS: the turn is for
-deep queues, which it keeps apart. A launch of a less urgent rank than the
-holder's goes beside it only while both queues are empty, one kernel at a
-time, and never beside a high-priority holder.
+its queue, the holder's and the GPU's (``qend``) are all shorter than
+CORUN_NS: the turn is for deep queues, which it keeps apart. A launch of a
+less urgent rank than the holder's goes beside it only while the queues are
+empty, one kernel at a time, and never beside a high-priority holder.
 
 Ranks (pyvgpu.layout.RANK_*): a launch within its group's share is *due*; a
 launch of a group without a share, or borrowing beyond its share
@@ -342,11 +350,30 @@ def reserve(ctx, dev, rank, at):
 
 
 @njit(inline="always")
-def queue_end(ctx, dev, now, cost):
-    """When the work this process queued on dev ends, counting a launch of cost ns now (kernels run one
-    after another)."""
-    qend = np.int64(CTX.get_turn_qend(ctx, dev))
-    return (qend if qend > now else now) + np.int64(cost)
+def queue_base(q, now):
+    """The GPU's queue end q (ns) as a launch at now sees it: not before now, and at most MAX_LEASE_NS
+    ahead, as far as a lease reaches (a word written by a process that does not play fair, or left from
+    before a reboot of the clock, heals at the next launch)."""
+    if q <= now:
+        return now
+    return min(q, now + MAX_LEASE_NS)
+
+
+@njit(inline="always")
+def device_queue_end(e, now):
+    """When the work queued on entry e's GPU under turns ends, every process's together (its ``qend``)."""
+    return queue_base(np.int64(TURN.load_qend(e)), now)
+
+
+@njit(inline="always")
+def queue_on_device(e, now, cost):
+    """A launch of cost ns goes into entry e's GPU's queue: its estimate grows (the GPU runs the kernels of
+    every process one after another). Returns when the launch's kernel is estimated to end."""
+    while True:
+        old = TURN.load_qend(e)
+        end = queue_base(np.int64(old), now) + np.int64(cost)
+        if TURN.cas_qend(e, old, np.uint64(end)) == old:
+            return end
 
 
 @njit(inline="always")
@@ -360,8 +387,7 @@ def must_yield(ctx, e, me, rank, dev, now, cost):
     """The holder hands over before this launch (see the module's rules)."""
     if more_urgent_waits(e, rank, me, now):
         return True
-    qend = np.int64(CTX.get_turn_qend(ctx, dev))
-    start = qend if qend > now else now  # when this launch's kernel starts
+    start = device_queue_end(e, now)  # when this launch's kernel starts: after every process's queued work
     if start + np.int64(cost) // 2 > reserved(e, rank, me, now):
         return True
     if waits(e, rank, me, now):
@@ -372,9 +398,10 @@ def must_yield(ctx, e, me, rank, dev, now, cost):
 
 @njit
 def corun(ctx, e, w, rank, dev, now, cost):
-    """This launch may go beside the holder: both queues are short, and it runs into nobody's reservation.
+    """This launch may go beside the holder: its queue, the holder's and the GPU's are short, and it runs
+    into nobody's reservation.
 
-    Beside a holder of a more urgent rank, only while both queues are empty (one kernel at a time fills
+    Beside a holder of a more urgent rank, only while the queues are empty (one kernel at a time fills
     the holder's idle moments; the holder's next kernel waits at most for it), and never beside a
     high-priority holder (high priority keeps its turn's idle moments to itself, for its latency)."""
     held_rank = TURN.load_rank(e)
@@ -389,14 +416,19 @@ def corun(ctx, e, w, rank, dev, now, cost):
     qend = np.int64(CTX.get_turn_qend(ctx, dev))
     if qend > now + limit:
         return False
-    start = qend if qend > now else now
+    # The GPU's whole queue, not only the two estimates above: each process's own estimate leaves out the
+    # other's kernels ahead of its own, so two processes that time-slice (both queues deep) would each see
+    # a short queue of their own and go on going beside each other for good.
+    start = device_queue_end(e, now)
+    if start > now + limit:
+        return False
     return start + np.int64(cost) <= reserved(e, rank, CTX.get_turn_id(ctx), now)
 
 
 @njit
 def keep(ctx, region, dev, stream, e, w, me, now, cost, rank):
     """The holder launches: its queue grows, its lease follows."""
-    qend = queue_end(ctx, dev, now, cost)
+    qend = queue_on_device(e, now, cost)
     CTX.set_turn_qend(ctx, dev, np.uint64(qend))
     until = lease_for(qend, now)
     if ahead(units(until), w & LOW32) > (RENEW_NS >> UNIT_SHIFT):
@@ -445,9 +477,10 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
                         or now + np.int64(cost) // 2 > reserved(e, rank, me, now)
                         or (holder(w) == me and now - t0 < HANDOFF_NS and waits(e, rank, me, now)))
             if not yield_to:
-                qend = queue_end(ctx, dev, now, cost)
+                qend = device_queue_end(e, now) + np.int64(cost)
                 if TURN.cas_turn(e, w, word(me, lease_for(qend, now))) == w:
                     TURN.store_rank(e, rank)
+                    qend = queue_on_device(e, now, cost)
                     CTX.set_turn_qend(ctx, dev, np.uint64(qend))
                     CTX.set_turn_since(ctx, dev, np.uint64(now))
                     count_held(ctx, region, dev, now, qend)
@@ -470,12 +503,12 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
                     return
                 continue
         elif holder(w) == me:  # another thread of this process holds it
-            CTX.set_turn_qend(ctx, dev, np.uint64(queue_end(ctx, dev, now, cost)))
+            CTX.set_turn_qend(ctx, dev, np.uint64(queue_on_device(e, now, cost)))
             D.note_stream(ctx, dev, stream)
             return
         elif corun(ctx, e, w, rank, dev, now, cost):
             TURN.add_coruns(e, 1)
-            CTX.set_turn_qend(ctx, dev, np.uint64(queue_end(ctx, dev, now, cost)))
+            CTX.set_turn_qend(ctx, dev, np.uint64(queue_on_device(e, now, cost)))
             count_wait(ctx, region, dev, e, rank, t0, now)
             return
         if now - t0 >= MAX_WAIT_NS:  # a holder that does not let go: stop taking turns here
