@@ -191,16 +191,22 @@ def test_a_borrowing_group_uses_idle_time_and_gives_it_back(env, tmp_path):
     for the turn less than 100 ms (the turns' own accounting of the longest wait within a share), and it
     gets its 50%, the borrower at least its 30%."""
     e = sim_env(env, tmp_path, "bw")
-    a = Load(e, tmp_path, "a", ["--sm", "30", "--sm-borrow"], seconds=7)
-    time.sleep(3)
+    a = Load(e, tmp_path, "a", ["--sm", "30", "--sm-borrow"], seconds=9)
+    # alone: the GPU time the simulation gave a's kernels over 1.5 s of wall time, once it runs (its
+    # controller stepped for 1 s), however long a busy machine took to start it
+    deadline = time.monotonic() + 60
+    while len(a.series) < 10 and time.monotonic() < deadline and a.proc.poll() is None:
+        time.sleep(0.1)
+    t1, busy1 = time.monotonic(), sim_busy(tmp_path, "bw")[a.pid][0]
+    time.sleep(1.5)
+    t2, busy2 = time.monotonic(), sim_busy(tmp_path, "bw")[a.pid][0]
+    share_alone = 100 * (busy2 - busy1) / ((t2 - t1) * 1e9)
+    assert share_alone >= 60, share_alone  # it borrowed the idle GPU (a hard cap gives 30%)
     b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=3.5)
     b.wait()
     a.wait()
     t0 = a.points[0][0]
     joined = b.points[0][0]
-    alone = [p for p in a.points if p[0] <= joined]
-    rate_alone = (alone[-1][1] - alone[len(alone) // 3][1]) / ((alone[-1][0] - alone[len(alone) // 3][0]) / 1e9)
-    assert rate_alone >= 0.8 * 5000, rate_alone  # it borrowed the idle GPU (a hard cap gives 30%)
     (gpu,) = sched.entries(tmp_path / "bw.turns")
     assert gpu["max_wait_ns"] < 100e6, gpu
     share_b = gpu_share(tmp_path, "bw", b)
@@ -217,7 +223,9 @@ def test_a_forced_cap_never_borrows(env, tmp_path):
     e = sim_env(env, tmp_path, "force", GPU_CORE_UTILIZATION_POLICY="force")
     a = Load(e, tmp_path, "a", ["--sm", "30", "--sm-borrow"], seconds=5)
     achieved = a.finish(after=2.5)
-    assert abs(achieved - 30) <= 3, achieved
+    share = gpu_share(tmp_path, "force", a)  # the simulation's GPU time for a, over its whole run
+    assert achieved <= 33 and share <= 33, (achieved, share)  # a hard cap: nothing borrowed (it would be ~100)
+    assert share >= 20, share  # and the share is used (the first launches calibrate)
 
 
 def test_bench_sm_runs_its_scenarios_on_the_fake(env, tmp_path):
