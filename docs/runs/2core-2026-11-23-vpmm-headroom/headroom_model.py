@@ -3,11 +3,11 @@
 Not part of pyvgpu: the policy did not pay, so its code is not in the allocator. To run it again, from the
 root of a checkout at the commit that added this folder, on the test suite's fake driver:
 
-    git apply docs/runs/vpmm-headroom-2026-11-23/headroom-experiment.patch
+    git apply docs/runs/2core-2026-11-23-vpmm-headroom/headroom-experiment.patch
     python tests/fakecuda/build.py /tmp/fake
     LD_LIBRARY_PATH=/tmp/fake FAKECUDA_DEVICES=256G PYTHONPATH=. \\
-        python docs/runs/vpmm-headroom-2026-11-23/headroom_model.py > results.md
-    git apply -R docs/runs/vpmm-headroom-2026-11-23/headroom-experiment.patch
+        python docs/runs/2core-2026-11-23-vpmm-headroom/headroom_model.py > results.md
+    git apply -R docs/runs/2core-2026-11-23-vpmm-headroom/headroom-experiment.patch
 
 The patch adds, in the header: H_HEADROOM (1/10000 of the most bytes ever live at once, this request
 included), H_FRESH_MODE (bit 0: a defragmentation creates the pages it lacks, as far as the headroom goes,

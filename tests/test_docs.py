@@ -1,0 +1,41 @@
+"""docs/runs keeps only what the docs cite, under one naming scheme, within its size budget."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "docs" / "runs"
+# <machine>-<date>-<topic>: h100-2026-11-23-turns, h200x2-2026-11-22-devices, 2core-2026-11-23-native
+NAME = re.compile(r"^[a-z0-9]+-\d{4}-\d{2}-\d{2}-[a-z0-9-]+$")
+CITED = re.compile(r"(?:docs/)?runs/([A-Za-z0-9_.\-]+)")
+IN_GIT_HISTORY = "in git at"  # a citation of a file since pruned names the commit that still has it
+
+
+def _docs() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [ROOT / f for f in out.split() if not f.startswith("docs/runs/")]
+
+
+def test_every_run_directory_follows_the_naming_scheme():
+    bad = [p.name for p in RUNS.iterdir() if not (p.is_dir() and NAME.match(p.name))]
+    assert not bad, f"docs/runs entries outside <machine>-<date>-<topic>/: {bad}"
+
+
+def test_docs_runs_stays_within_600_kib():
+    total = sum(p.stat().st_size for p in RUNS.rglob("*") if p.is_file())
+    assert total <= 600 * 1024, f"docs/runs holds {total / 1024:.0f} KiB (budget 600): prune what no doc cites"
+
+
+def test_every_run_directory_is_cited_and_every_citation_exists():
+    cited = set()
+    for doc in _docs():
+        for line in doc.read_text().splitlines():
+            for m in CITED.finditer(line):
+                if IN_GIT_HISTORY not in line:
+                    cited.add(m.group(1))
+    present = {p.name for p in RUNS.iterdir()}
+    assert cited <= present, f"cited but missing from docs/runs: {sorted(cited - present)}"
+    assert present <= cited, f"in docs/runs but cited by no doc: {sorted(present - cited)}"
