@@ -13,7 +13,8 @@ cooperative launch) ends in :func:`launch`:
 3. take the device's turn (pyvgpu/jit/turn.py), so the GPU never holds two
    groups' deep queues at once. A launch without a share takes part too
    while a group with a share takes turns on the machine, best effort;
-4. time one launch in SAMPLE_EVERY (and every new kernel's first) with events;
+4. time one launch in SAMPLE_EVERY (and every new kernel's first) with events; a timed kernel that
+   runs past the end the turns' estimate gave it pushes the estimate out (turn.behind);
 5. call the driver.
 
 With no limit in force, and no group with a share taking turns on the
@@ -34,7 +35,6 @@ from pyvgpu.jit.intrinsics import load_i32, monotonic_ns, stack_u64
 from pyvgpu.jit.nvml import handle as nvml_handle
 
 SAMPLE_EVERY = 256  # time one launch in this many (a power of two); a new kernel's first launch always
-HARVEST_EVERY = 64  # look for finished timings every this many launches (a power of two)
 
 
 @njit(inline="always")
@@ -61,16 +61,24 @@ def launch_device(ctx):
     return np.int64(current_device(ctx))
 
 
-@njit
-def launch(ctx, idx, args, notfound, key, stream):
-    """Every launch path ends here: count, limit, take the turn, time a sample, launch."""
+@njit(inline="always")
+def gate(ctx):
+    """A launch's first step, loads and the count only (no clock, lock or syscall): (region, n, counted,
+    limited), region 0 when the launch goes straight to the driver. Each policy calls it before it works
+    out the kernel's key and stream, which only the rest of the launch needs."""
     region = CTX.get_region(ctx)
     if region == 0:
-        return call_real(ctx, idx, args, notfound)
+        return region, np.uint64(0), False, False
     n, counted = count_launch(ctx)
     limited = limiter.limited(ctx, region)
-    if not limited and not turn.machine_active(ctx):  # loads only: no clock, lock or syscall
-        return call_real(ctx, idx, args, notfound)
+    if not limited and not turn.machine_active(ctx):
+        return np.uint64(0), n, counted, limited
+    return region, n, counted, limited
+
+
+@njit
+def launch(ctx, idx, args, notfound, key, stream, region, n, counted, limited):
+    """Every launch path ends here, after ``gate``: limit, take the turn, time a sample, launch."""
     if not counted:  # sampling needs a count: the process's own, only on this (slower) path
         n = CTX.add_sm_launches(ctx, 1)
     dev = launch_device(ctx)
@@ -83,8 +91,10 @@ def launch(ctx, idx, args, notfound, key, stream):
         return call_real(ctx, idx, args, notfound)
     if limit != 0 and CTX.get_sm_nvml(ctx, dev) == 0:
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
-    if CTX.load_sm_pending(ctx) != 0 and (n & np.uint64(HARVEST_EVERY - 1)) == 0:
-        cost.harvest(ctx)
+    if cost.harvest_due(ctx, n, now):
+        lag = cost.harvest(ctx, now, dev)
+        if lag > 0:
+            turn.behind(ctx, region, dev, e, now, lag)
     slot = cost.cost_slot(ctx, key)
     c = cost.cost_of(ctx, slot)
     if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, dev, now)
@@ -104,7 +114,7 @@ def launch(ctx, idx, args, notfound, key, stream):
     turn.take(ctx, region, dev, e, stream, now, c, rank, limit != 0)
     s = -1
     if (n & np.uint64(SAMPLE_EVERY - 1)) == 0 or cost.new_kernel(ctx, slot):
-        s = cost.sample_begin(ctx, key, stream)
+        s = cost.sample_begin(ctx, key, stream, dev, CTX.get_turn_qend(ctx, dev) if turn.takes_turns(ctx, dev) else 0)
     rc = call_real(ctx, idx, args, notfound)
     if s >= 0:
         cost.sample_end(ctx, s, stream, rc)
@@ -115,14 +125,22 @@ def launch(ctx, idx, args, notfound, key, stream):
 
 @njit
 def kernel(ctx, idx, args, notfound):
+    region, n, counted, limited = gate(ctx)
+    if region == 0:
+        return call_real(ctx, idx, args, notfound)
     f, gx, gy, gz, bx, by, bz, shm, stream, params, extra = args
-    return launch(ctx, idx, args, notfound, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream))
+    return launch(ctx, idx, args, notfound, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream),
+                  region, n, counted, limited)
 
 
 @njit
 def cooperative(ctx, idx, args, notfound):
+    region, n, counted, limited = gate(ctx)
+    if region == 0:
+        return call_real(ctx, idx, args, notfound)
     f, gx, gy, gz, bx, by, bz, shm, stream, params = args
-    return launch(ctx, idx, args, notfound, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream))
+    return launch(ctx, idx, args, notfound, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream),
+                  region, n, counted, limited)
 
 
 @njit
@@ -130,16 +148,23 @@ def kernel_ex(ctx, idx, args, notfound):
     config, f, params, extra = args
     if config == 0:
         return call_real(ctx, idx, args, notfound)
+    region, n, counted, limited = gate(ctx)
+    if region == 0:
+        return call_real(ctx, idx, args, notfound)
     C = LAUNCH_CONFIG
     key = cost.shape_key(f, C.get_gridDimX(config), C.get_gridDimY(config), C.get_gridDimZ(config),
                          C.get_blockDimX(config), C.get_blockDimY(config), C.get_blockDimZ(config))
-    return launch(ctx, idx, args, notfound, key, stream_of(idx, C.get_hStream(config)))
+    return launch(ctx, idx, args, notfound, key, stream_of(idx, C.get_hStream(config)), region, n, counted, limited)
 
 
 @njit
 def graph(ctx, idx, args, notfound):
+    region, n, counted, limited = gate(ctx)
+    if region == 0:
+        return call_real(ctx, idx, args, notfound)
     exec_, stream = args
-    return launch(ctx, idx, args, notfound, exec_ | np.uint64(1), stream_of(idx, stream))
+    return launch(ctx, idx, args, notfound, exec_ | np.uint64(1), stream_of(idx, stream), region, n, counted,
+                  limited)
 
 
 @njit
