@@ -387,19 +387,21 @@ def queue_on_device(e, now, cost):
 @njit
 def behind(ctx, region, dev, e, now, lag):
     """A timed kernel of this process on entry e's GPU was still running ``lag`` ns after the queue
-    estimate said it would end (cost.harvest): the GPU is that far behind the estimate. Push the GPU's
-    queue end and this process's out by lag, and a holder's lease with them, so that nobody goes beside a
-    queue that is really deep, and a holder waiting on its own work keeps the turn until it hands over
-    with a drain (a lease that lapsed under real work let two deep queues time-slice for good)."""
+    estimate said it would end (cost.harvest): the GPU is that far behind the estimate. Push this
+    process's queue end out by lag, the GPU's to at least that, and a holder's lease with them, so that
+    nobody goes beside a queue that is really deep, and a holder waiting on its own work keeps the turn
+    until it hands over with a drain (a lease that lapsed under real work let two deep queues time-slice for good)."""
     if e <= _NONE:
         return
-    while True:
-        old = TURN.load_qend(e)
-        end = min(max(np.int64(old) + lag, now), now + MAX_LEASE_NS)
-        if TURN.cas_qend(e, old, np.uint64(end)) == old:
-            break
+    # This process's own queue ends lag later than it estimated (each of its checks adds only the lateness
+    # since the last). The GPU's queue ends no earlier than that: a maximum, not a sum, since every process
+    # late behind the same work would push it by the same lag.
     mine = min(max(np.int64(CTX.get_turn_qend(ctx, dev)) + lag, now), now + MAX_LEASE_NS)
     CTX.set_turn_qend(ctx, dev, np.uint64(mine))
+    while True:
+        old = TURN.load_qend(e)
+        if np.int64(old) >= mine or TURN.cas_qend(e, old, np.uint64(mine)) == old:
+            break
     TURN.add_lags(e, 1)
     me = CTX.get_turn_id(ctx)
     w = TURN.load_turn(e)
