@@ -77,11 +77,6 @@ CTX = Struct(
         Field("samp_ctx", "u64", SAMPLES, doc="CUcontext the sample's events belong to"),
         Field("samp_start", "u64", SAMPLES, doc="CUevent before the launch"),
         Field("samp_end", "u64", SAMPLES, doc="CUevent after the launch"),
-        Field("samp_due", "u64", SAMPLES, doc="CLOCK_MONOTONIC ns the turns' queue estimate gave the sampled "
-                                               "kernel's end (0: not under turns); a later end corrects it"),
-        Field("samp_dev", "u32", SAMPLES, doc="the CUDA device of the sampled launch"),
-        Field("samp_check", "u64", doc="CLOCK_MONOTONIC ns from which a launch looks at the timed launches "
-                                       "again: the earliest samp_due + LAG_NS in flight (0: none)"),
         # the device turn (pyvgpu/jit/turn.py)
         Field("sched", "u64", doc="address of the mapped turn file (pyvgpu/sched.py), 0 = groups do not take turns"),
         Field("turn_id", "u32", doc="this process's id in turn words, 0 = not drawn yet"),
@@ -262,8 +257,7 @@ SCHED_ENTRY = Struct(
         Field("seq", "u32", doc="bumped at each free (waiters sleep on it with a futex)"),
         Field("sleepers", "u32", doc="processes sleeping on seq"),
         Field("rank", "u32", doc="the holder's rank when it took the turn"),
-        Field("lags", "u32", doc="times qend was pushed out because a timed kernel had not ended when it "
-                                 "said (pyvgpu/jit/turn.py, behind)"),
+        Field("spare", "u32"),
         Field("handovers", "u64", doc="times the turn passed from one process to another"),
         Field("wait_ns", "u64", doc="ns launches waited for the turn, all processes together"),
         Field("drains", "u64", doc="hand-overs that waited for the holder's work to finish"),

@@ -83,23 +83,6 @@ def test_a_share_beside_an_unlimited_neighbour(env, tmp_path):
     assert r.device(0).sm_turn_ns > 0.1 * 6e9, "the neighbour's turns are counted in its region"
 
 
-def test_the_queue_estimate_follows_a_gpu_that_is_behind_it(env, tmp_path):
-    """The turns' queue estimate adds up costs from when launches are made (open loop). Work it never
-    counted leaves it short: on an H100, two groups started together queued their first kernels at cost 0,
-    their leases lapsed while the GPU still held both queues, and they time-sliced for good (0 drains).
-    Here an unwrapped program outside the turns keeps the simulated GPU's queue full, so the wrapped
-    group's kernels end milliseconds after the estimate says: its timed launches push the estimate out."""
-    e = sim_env(env, tmp_path, "lag")
-    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=3)
-    b = Load(e, tmp_path, "b", None, seconds=3)
-    a.wait()
-    b.wait()
-    (gpu,) = sched.entries(tmp_path / "lag.turns")
-    # measured 217 in 3 s; 1 when the timed launches were looked at only every 64 launches (by then the
-    # late kernel had ended, unseen)
-    assert gpu["lags"] >= 20, gpu
-
-
 def test_a_launch_bound_share_beside_an_unlimited_neighbour(env, tmp_path):
     """The small-kernel case: a launch-bound group with a share beside a compute-bound group without one.
     Time-sliced, every step of the share waited behind the neighbour's full queue (pv_bench's: 6 ms) and it

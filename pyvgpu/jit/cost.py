@@ -25,8 +25,6 @@ from pyvgpu.jit.streams import running_context
 
 SAMPLE_FREE, SAMPLE_RECORDING, SAMPLE_IN_FLIGHT = 0, 1, 2
 PROBES = 16  # cost slots a key may sit away from its home
-LAG_NS = 200_000  # a timed kernel this much later than the turns' estimate of its end corrects the estimate
-HARVEST_EVERY = 64  # look for finished timings every this many launches (a power of two)
 
 
 @njit(inline="always")
@@ -110,9 +108,8 @@ def fresh_events(ctx, i, cur):
 
 
 @njit
-def sample_begin(ctx, key, stream, dev, due):
-    """Record a start event before a launch on device dev whose kernel the turns expect to end at ``due``
-    (CLOCK_MONOTONIC ns, 0 if not under turns); returns the sample index, or -1 (no sample taken)."""
+def sample_begin(ctx, key, stream):
+    """Record a start event before a launch; returns the sample index, or -1 (no sample taken)."""
     i = -1
     for j in range(L.SAMPLES):
         if CTX.cas_samp_state(ctx, j, SAMPLE_FREE, SAMPLE_RECORDING) == SAMPLE_FREE:
@@ -129,27 +126,7 @@ def sample_begin(ctx, key, stream, dev, due):
         CTX.store_samp_state(ctx, i, SAMPLE_FREE)
         return -1
     CTX.set_samp_key(ctx, i, key)
-    CTX.set_samp_dev(ctx, i, np.uint32(dev))
-    CTX.set_samp_due(ctx, i, np.uint64(due))
-    if due != 0:
-        check = np.uint64(due + LAG_NS)
-        c = CTX.get_samp_check(ctx)
-        if c == 0 or check < c:
-            CTX.set_samp_check(ctx, check)
     return i
-
-
-@njit(inline="always")
-def harvest_due(ctx, n, now):
-    """A launch looks at the timed launches in flight: every HARVEST_EVERY launches, at each launch until
-    the process has its first timing, and once a timed launch under turns is due (its end as the turns
-    estimated it, plus LAG_NS), so that a GPU behind the estimate is seen while the kernel still runs."""
-    if CTX.load_sm_pending(ctx) == 0:
-        return False
-    if (n & np.uint64(HARVEST_EVERY - 1)) == 0 or CTX.get_sm_default_cost(ctx) == 0:
-        return True
-    c = CTX.get_samp_check(ctx)
-    return c != 0 and np.uint64(now) >= c
 
 
 @njit
@@ -163,18 +140,9 @@ def sample_end(ctx, i, stream, rc):
 
 
 @njit
-def harvest(ctx, now, dev):
-    """Fold finished timings into the cost model; never waits for the GPU.
-
-    Returns how far the GPU is behind the turns' queue estimate on device dev (ns, 0 if not): a timed
-    launch of dev still running at ``now``, past the end the estimate gave it (``samp_due``) by more than
-    LAG_NS. The estimate is open-loop (costs added up from when each launch was made), so work it never
-    counted (a process's queue from before it took turns, kernels whose cost was not known yet, another
-    context's time slices) would otherwise leave it short for good; the sample's due moves to now, so a
-    lag is reported once."""
+def harvest(ctx):
+    """Fold finished timings into the cost model; never waits for the GPU."""
     ms = stack_u64()
-    lag = np.int64(0)
-    check = np.uint64(0)  # the next samp_check, from the samples left in flight
     for i in range(L.SAMPLES):
         if (CTX.load_samp_state(ctx, i) != SAMPLE_IN_FLIGHT
                 or CTX.cas_samp_state(ctx, i, SAMPLE_IN_FLIGHT, SAMPLE_RECORDING) != SAMPLE_IN_FLIGHT):
@@ -182,14 +150,6 @@ def harvest(ctx, now, dev):
         end = CTX.get_samp_end(ctx, i)
         q = HELPER.cuEventQuery(ctx, end)
         if q == abi.CUDA_ERROR_NOT_READY:
-            due = np.int64(CTX.get_samp_due(ctx, i))
-            if due != 0 and now - due > LAG_NS and CTX.get_samp_dev(ctx, i) == np.uint32(dev):
-                if now - due > lag:
-                    lag = now - due
-                CTX.set_samp_due(ctx, i, np.uint64(now))
-            due = CTX.get_samp_due(ctx, i)
-            if due != 0 and (check == 0 or due + np.uint64(LAG_NS) < check):
-                check = due + np.uint64(LAG_NS)
             CTX.store_samp_state(ctx, i, SAMPLE_IN_FLIGHT)
             continue
         if (q == abi.CUDA_SUCCESS
@@ -199,5 +159,3 @@ def harvest(ctx, now, dev):
                 learn(ctx, CTX.get_samp_key(ctx, i), np.uint64(ns))
         CTX.add_sm_pending(ctx, np.uint32(0xFFFFFFFF))  # -1
         CTX.store_samp_state(ctx, i, SAMPLE_FREE)
-    CTX.set_samp_check(ctx, check)
-    return lag

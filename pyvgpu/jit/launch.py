@@ -13,8 +13,7 @@ cooperative launch) ends in :func:`launch`:
 3. take the device's turn (pyvgpu/jit/turn.py), so the GPU never holds two
    groups' deep queues at once. A launch without a share takes part too
    while a group with a share takes turns on the machine, best effort;
-4. time one launch in SAMPLE_EVERY (and every new kernel's first) with events; a timed kernel that
-   runs past the end the turns' estimate gave it pushes the estimate out (turn.behind);
+4. time one launch in SAMPLE_EVERY (and every new kernel's first) with events;
 5. call the driver.
 
 With no limit in force, and no group with a share taking turns on the
@@ -35,6 +34,7 @@ from pyvgpu.jit.intrinsics import load_i32, monotonic_ns, stack_u64
 from pyvgpu.jit.nvml import handle as nvml_handle
 
 SAMPLE_EVERY = 256  # time one launch in this many (a power of two); a new kernel's first launch always
+HARVEST_EVERY = 64  # look for finished timings every this many launches (a power of two)
 
 
 @njit(inline="always")
@@ -91,10 +91,8 @@ def launch(ctx, idx, args, notfound, key, stream, region, n, counted, limited):
         return call_real(ctx, idx, args, notfound)
     if limit != 0 and CTX.get_sm_nvml(ctx, dev) == 0:
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
-    if cost.harvest_due(ctx, n, now):
-        lag = cost.harvest(ctx, now, dev)
-        if lag > 0:
-            turn.behind(ctx, region, dev, e, now, lag)
+    if CTX.load_sm_pending(ctx) != 0 and (n & np.uint64(HARVEST_EVERY - 1)) == 0:
+        cost.harvest(ctx)
     slot = cost.cost_slot(ctx, key)
     c = cost.cost_of(ctx, slot)
     if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, dev, now)
@@ -114,7 +112,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, n, counted, limited):
     turn.take(ctx, region, dev, e, stream, now, c, rank, limit != 0)
     s = -1
     if (n & np.uint64(SAMPLE_EVERY - 1)) == 0 or cost.new_kernel(ctx, slot):
-        s = cost.sample_begin(ctx, key, stream, dev, CTX.get_turn_qend(ctx, dev) if turn.takes_turns(ctx, dev) else 0)
+        s = cost.sample_begin(ctx, key, stream)
     rc = call_real(ctx, idx, args, notfound)
     if s >= 0:
         cost.sample_end(ctx, s, stream, rc)

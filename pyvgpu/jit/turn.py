@@ -19,14 +19,6 @@ turns adds its cost, holder or not), and a launch's queue ends where it
 lands in it. Two processes that each kept only their own estimate and
 time-sliced each ran at half speed, so each saw its own queue short, and
 they went on going beside each other for good.
-The estimate adds up costs from when each launch was made, so it is open
-loop: work it never counted (a process's queue from before it took turns,
-kernels launched before their cost was known) leaves it short. On an H100
-two spin programs started together queued 32 kernels each at cost 0, their
-leases then lapsed while the GPU still held both queues, and the turns
-never drained again: 0 drains, 45/45% time-sliced for a 50% share. So the
-sampled launches close the loop: one still running past the end the
-estimate gave it pushes the estimate out by the difference (``behind``).
 
 Time slicing only costs while both queues are deep. Two launch-bound programs
 (small kernels, the CPU between them) leave the GPU mostly idle, and taking
@@ -382,32 +374,6 @@ def queue_on_device(e, now, cost):
         end = queue_base(np.int64(old), now) + np.int64(cost)
         if TURN.cas_qend(e, old, np.uint64(end)) == old:
             return end
-
-
-@njit
-def behind(ctx, region, dev, e, now, lag):
-    """A timed kernel of this process on entry e's GPU was still running ``lag`` ns after the queue
-    estimate said it would end (cost.harvest): the GPU is that far behind the estimate. Push this
-    process's queue end out by lag, the GPU's to at least that, and a holder's lease with them, so that
-    nobody goes beside a queue that is really deep, and a holder waiting on its own work keeps the turn
-    until it hands over with a drain (a lease that lapsed under real work let two deep queues time-slice for good)."""
-    if e <= _NONE:
-        return
-    # This process's own queue ends lag later than it estimated (each of its checks adds only the lateness
-    # since the last). The GPU's queue ends no earlier than that: a maximum, not a sum, since every process
-    # late behind the same work would push it by the same lag.
-    mine = min(max(np.int64(CTX.get_turn_qend(ctx, dev)) + lag, now), now + MAX_LEASE_NS)
-    CTX.set_turn_qend(ctx, dev, np.uint64(mine))
-    while True:
-        old = TURN.load_qend(e)
-        if np.int64(old) >= mine or TURN.cas_qend(e, old, np.uint64(mine)) == old:
-            break
-    TURN.add_lags(e, 1)
-    me = CTX.get_turn_id(ctx)
-    w = TURN.load_turn(e)
-    if holder(w) == me and leased(w, now) and ahead(units(lease_for(mine, now)), w & LOW32) > 0:
-        TURN.cas_turn(e, w, word(me, lease_for(mine, now)))
-        count_held(ctx, region, dev, now, mine)
 
 
 @njit(inline="always")

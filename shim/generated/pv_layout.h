@@ -48,9 +48,6 @@ typedef struct pv_ctx {
     uint64_t samp_ctx[8];  /* CUcontext the sample's events belong to */
     uint64_t samp_start[8];  /* CUevent before the launch */
     uint64_t samp_end[8];  /* CUevent after the launch */
-    uint64_t samp_due[8];  /* CLOCK_MONOTONIC ns the turns' queue estimate gave the sampled kernel's end (0: not under turns); a later end corrects it */
-    uint32_t samp_dev[8];  /* the CUDA device of the sampled launch */
-    uint64_t samp_check;  /* CLOCK_MONOTONIC ns from which a launch looks at the timed launches again: the earliest samp_due + LAG_NS in flight (0: none) */
     uint64_t sched;  /* address of the mapped turn file (pyvgpu/sched.py), 0 = groups do not take turns */
     uint32_t turn_id;  /* this process's id in turn words, 0 = not drawn yet */
     uint8_t _pad3[4];
@@ -108,27 +105,24 @@ _Static_assert(offsetof(pv_ctx_t, samp_key) == 68656, "pv_ctx.samp_key");
 _Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68720, "pv_ctx.samp_ctx");
 _Static_assert(offsetof(pv_ctx_t, samp_start) == 68784, "pv_ctx.samp_start");
 _Static_assert(offsetof(pv_ctx_t, samp_end) == 68848, "pv_ctx.samp_end");
-_Static_assert(offsetof(pv_ctx_t, samp_due) == 68912, "pv_ctx.samp_due");
-_Static_assert(offsetof(pv_ctx_t, samp_dev) == 68976, "pv_ctx.samp_dev");
-_Static_assert(offsetof(pv_ctx_t, samp_check) == 69008, "pv_ctx.samp_check");
-_Static_assert(offsetof(pv_ctx_t, sched) == 69016, "pv_ctx.sched");
-_Static_assert(offsetof(pv_ctx_t, turn_id) == 69024, "pv_ctx.turn_id");
-_Static_assert(offsetof(pv_ctx_t, turn_entry) == 69032, "pv_ctx.turn_entry");
-_Static_assert(offsetof(pv_ctx_t, turn_since) == 69160, "pv_ctx.turn_since");
-_Static_assert(offsetof(pv_ctx_t, turn_qend) == 69288, "pv_ctx.turn_qend");
-_Static_assert(offsetof(pv_ctx_t, turn_held) == 69416, "pv_ctx.turn_held");
-_Static_assert(offsetof(pv_ctx_t, turn_tick) == 69544, "pv_ctx.turn_tick");
-_Static_assert(offsetof(pv_ctx_t, turn_stream) == 69552, "pv_ctx.turn_stream");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_ctx) == 69808, "pv_ctx.turn_stream_ctx");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_ev) == 70064, "pv_ctx.turn_stream_ev");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_dev) == 70320, "pv_ctx.turn_stream_dev");
-_Static_assert(offsetof(pv_ctx_t, drain_ev) == 70576, "pv_ctx.drain_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 70584, "pv_ctx.drain_ctx");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 70592, "pv_ctx.turn_stream_lock");
-_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 70600, "pv_ctx.turn_streams_lost");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 70608, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 70612, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 70872, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, sched) == 68912, "pv_ctx.sched");
+_Static_assert(offsetof(pv_ctx_t, turn_id) == 68920, "pv_ctx.turn_id");
+_Static_assert(offsetof(pv_ctx_t, turn_entry) == 68928, "pv_ctx.turn_entry");
+_Static_assert(offsetof(pv_ctx_t, turn_since) == 69056, "pv_ctx.turn_since");
+_Static_assert(offsetof(pv_ctx_t, turn_qend) == 69184, "pv_ctx.turn_qend");
+_Static_assert(offsetof(pv_ctx_t, turn_held) == 69312, "pv_ctx.turn_held");
+_Static_assert(offsetof(pv_ctx_t, turn_tick) == 69440, "pv_ctx.turn_tick");
+_Static_assert(offsetof(pv_ctx_t, turn_stream) == 69448, "pv_ctx.turn_stream");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_ctx) == 69704, "pv_ctx.turn_stream_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_ev) == 69960, "pv_ctx.turn_stream_ev");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_dev) == 70216, "pv_ctx.turn_stream_dev");
+_Static_assert(offsetof(pv_ctx_t, drain_ev) == 70472, "pv_ctx.drain_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 70480, "pv_ctx.drain_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 70488, "pv_ctx.turn_stream_lock");
+_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 70496, "pv_ctx.turn_streams_lost");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 70504, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 70508, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 70768, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
