@@ -23,12 +23,22 @@ code). How VPMM fills them:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from pyvgpu.jit import vpmm_tables as T
 
-if TYPE_CHECKING:
-    from pyvgpu.vpmm import VirtualMemoryPool
+
+class VirtualMemoryPool(Protocol):
+    """What these functions read of a pyvgpu.vpmm.VirtualMemoryPool (named structurally: that module
+    imports this one)."""
+
+    hd: np.ndarray
+    reg: np.ndarray
+    device: int
+
+    def calls(self) -> dict[str, int]: ...
 
 POOLS = ("all", "large_pool", "small_pool")
 METRICS = ("current", "peak", "allocated", "freed")
