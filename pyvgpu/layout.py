@@ -86,6 +86,10 @@ CTX = Struct(
         Field("turn_qend", "u64", MAX_DEVICES, doc="when the work this process queued is estimated to end"),
         Field("turn_held", "u64", MAX_DEVICES, doc="CLOCK_MONOTONIC up to which its turn was counted in "
                                                     "sm_turn_ns"),
+        Field("turn_mine", "u32", MAX_DEVICES, doc="1 from when this process takes the device's turn until it "
+                                                    "frees it: another holder then means its lease lapsed"),
+        Field("turn_out", "u64", doc="a bit per CUDA device: launches went there outside the turns since the "
+                                     "last launch under turns (all bits: a launch that did not look at them)"),
         Field("turn_tick", "u64", doc="CLOCK_MONOTONIC of the watcher's last tick (a clock launches without a "
                                       "share read instead of their own)"),
         Field("turn_stream", "u64", TURN_STREAMS, doc="streams this process launched on under turns, handle + 1 "
@@ -223,7 +227,7 @@ SLOT_FREE, SLOT_LIVE = 0, 1
 # an entry whose turn word says which process may launch on it now, so that
 # the GPU never holds two groups' deep queues at once (pyvgpu/jit/turn.py).
 SCHED_MAGIC = int.from_bytes(b"PVTURN01", "little")
-SCHED_VERSION = 2
+SCHED_VERSION = 3
 SCHED_ENTRIES = 64  # GPUs (MIG instances count as GPUs: they have UUIDs of their own)
 # Ranks of a launch in the turns, most urgent first (pyvgpu/jit/turn.py): within its share ("due") before
 # best effort (no share, or borrowing beyond it); high priority before low within each.
@@ -257,7 +261,8 @@ SCHED_ENTRY = Struct(
         Field("seq", "u32", doc="bumped at each free (waiters sleep on it with a futex)"),
         Field("sleepers", "u32", doc="processes sleeping on seq"),
         Field("rank", "u32", doc="the holder's rank when it took the turn"),
-        Field("spare", "u32"),
+        Field("lapses", "u32", doc="times a process found its lapsed turn taken and let its own work finish "
+                                   "before launching again (pyvgpu/jit/turn.py)"),
         Field("handovers", "u64", doc="times the turn passed from one process to another"),
         Field("wait_ns", "u64", doc="ns launches waited for the turn, all processes together"),
         Field("drains", "u64", doc="hand-overs that waited for the holder's work to finish"),
@@ -269,6 +274,10 @@ SCHED_ENTRY = Struct(
         Field("max_wait_ns", "u64", doc="the longest single wait of a launch within its share for the turn"),
         Field("qend", "u64", doc="CLOCK_MONOTONIC ns when the work queued on this GPU under turns, every "
                                  "process's together, is estimated to end (0: none yet)"),
+        Field("lapse_ns", "u64", doc="ns those waits after a lapse took"),
+        Field("joins", "u64", doc="times a process that had launched outside the turns let that work finish "
+                                  "before its first launch under them"),
+        Field("join_ns", "u64", doc="ns those waits took"),
     ],
     align=64,
     doc="one GPU's turn",

@@ -83,6 +83,39 @@ def test_a_share_beside_an_unlimited_neighbour(env, tmp_path):
     assert r.device(0).sm_turn_ns > 0.1 * 6e9, "the neighbour's turns are counted in its region"
 
 
+def test_work_queued_outside_the_turns_finishes_before_joining_them(env, tmp_path):
+    """A group without a share launches outside the turns until a group with one comes; its queue (the
+    simulated GPU's 20 ms) was in nobody's estimate. On an H100 such a backlog, and kernels queued before
+    any cost was known, left every estimate short for good: leases lapsed under real work and a --sm 50
+    spin group and an unlimited one time-sliced at 45/45%. Now the neighbour lets that work finish before
+    it first launches under the turns."""
+    e = sim_env(env, tmp_path, "join")
+    b = Load(e, tmp_path, "b", [], seconds=4)
+    time.sleep(1.5)  # b alone: outside the turns, its queue full
+    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=2)
+    a.wait()
+    b.wait()
+    (gpu,) = sched.entries(tmp_path / "join.turns")
+    assert gpu["joins"] >= 1, gpu  # 0 before: the backlog ran on beside the turns
+    assert gpu["join_ns"] >= 1e6 * gpu["joins"], gpu  # it waited for a real queue (~20 ms), not an empty one
+
+
+def test_a_holder_whose_lease_lapsed_lets_its_work_finish(env, tmp_path):
+    """An unwrapped program keeps the simulated GPU busy outside the turns, so the wrapped groups' kernels
+    end later than their estimates: leases lapse while the holder's work is still queued and the other
+    group takes the turn without a drain. The holder that lost it that way lets its own work finish before
+    it launches again (the hand-over it missed), so the two wrapped queues do not stay on the GPU together."""
+    e = sim_env(env, tmp_path, "lapse")
+    c = Load(e, tmp_path, "c", None, seconds=4)
+    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=4)
+    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=4)
+    for x in (a, b, c):
+        x.wait()
+    (gpu,) = sched.entries(tmp_path / "lapse.turns")
+    assert gpu["lapses"] >= 5, gpu  # 0 before: nothing looked
+    assert gpu["lapse_ns"] >= 100e3 * gpu["lapses"], gpu
+
+
 def test_a_launch_bound_share_beside_an_unlimited_neighbour(env, tmp_path):
     """The small-kernel case: a launch-bound group with a share beside a compute-bound group without one.
     Time-sliced, every step of the share waited behind the neighbour's full queue (pv_bench's: 6 ms) and it

@@ -164,6 +164,10 @@ def _turn_stats(turns: Path) -> dict:
     return e
 
 
+def _mean_ms(ns: int, n: int) -> str:
+    return f"{ns / n / 1e6:.2f} ms" if n else "-"
+
+
 def _shares(text: str, where: str, n: int | None = None) -> list[int]:
     out = [parse_percent(t, where) for t in text.split(",") if t.strip()]
     if n is not None and out and len(out) != n:
@@ -333,7 +337,9 @@ def table(result: dict) -> str:
         drain = f"{t['drain_mean_ms']:.2f} ms" if t.get("drain_mean_ms") is not None else "-"
         lines.append(f"  turns ({name}): {t['handovers']} hand-overs, mean gap {gap}, {t['drains']} drains "
                      f"(mean {drain}), {t['coruns']} launches beside the holder, {t['preempts']} pre-emptions, "
-                     f"longest wait within a share {t['max_wait_ms']:.1f} ms")
+                     f"longest wait within a share {t['max_wait_ms']:.1f} ms, {t.get('lapses', 0)} waits after a "
+                     f"lapse (mean {_mean_ms(t.get('lapse_ns', 0), t.get('lapses', 0))}), {t.get('joins', 0)} after "
+                     f"launching outside the turns (mean {_mean_ms(t.get('join_ns', 0), t.get('joins', 0))})")
     return "\n".join(lines)
 
 

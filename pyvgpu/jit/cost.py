@@ -140,6 +140,14 @@ def sample_end(ctx, i, stream, rc):
 
 
 @njit
+def wait_for(ctx, i):
+    """Wait until sample i's launch has run, then fold it in (with any other finished timing)."""
+    if CTX.load_samp_state(ctx, i) == SAMPLE_IN_FLIGHT:
+        HELPER.cuEventSynchronize(ctx, CTX.get_samp_end(ctx, i))
+        harvest(ctx)
+
+
+@njit
 def harvest(ctx):
     """Fold finished timings into the cost model; never waits for the GPU."""
     ms = stack_u64()

@@ -13,7 +13,8 @@ cooperative launch) ends in :func:`launch`:
 3. take the device's turn (pyvgpu/jit/turn.py), so the GPU never holds two
    groups' deep queues at once. A launch without a share takes part too
    while a group with a share takes turns on the machine, best effort;
-4. time one launch in SAMPLE_EVERY (and every new kernel's first) with events;
+4. time one launch in SAMPLE_EVERY (and every new kernel's first) with events; under turns the
+   process's very first timed launch is waited for, so that its later launches have a cost;
 5. call the driver.
 
 With no limit in force, and no group with a share taking turns on the
@@ -35,6 +36,7 @@ from pyvgpu.jit.nvml import handle as nvml_handle
 
 SAMPLE_EVERY = 256  # time one launch in this many (a power of two); a new kernel's first launch always
 HARVEST_EVERY = 64  # look for finished timings every this many launches (a power of two)
+OUTSIDE = np.uint64(0xFFFFFFFFFFFFFFFF)  # turn_out when a launch went outside the turns on an unknown device
 
 
 @njit(inline="always")
@@ -72,6 +74,7 @@ def gate(ctx):
     n, counted = count_launch(ctx)
     limited = limiter.limited(ctx, region)
     if not limited and not turn.machine_active(ctx):
+        CTX.set_turn_out(ctx, OUTSIDE)  # which device is not known here: all of them (turn.join)
         return np.uint64(0), n, counted, limited
     return region, n, counted, limited
 
@@ -88,6 +91,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, n, counted, limited):
     now = monotonic_ns()
     e = turn.entry(ctx, dev)  # the device's turn entry (a load, once known): looked up here only
     if limit == 0 and not turn.active_on(e, now):  # no group with a share takes turns here
+        CTX.set_turn_out(ctx, CTX.get_turn_out(ctx) | (np.uint64(1) << np.uint64(dev)))
         return call_real(ctx, idx, args, notfound)
     if limit != 0 and CTX.get_sm_nvml(ctx, dev) == 0:
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
@@ -116,6 +120,10 @@ def launch(ctx, idx, args, notfound, key, stream, region, n, counted, limited):
     rc = call_real(ctx, idx, args, notfound)
     if s >= 0:
         cost.sample_end(ctx, s, stream, rc)
+        if CTX.get_sm_default_cost(ctx) == 0 and turn.takes_turns(ctx, dev):
+            # the process's first timing: until it has one, every launch would join the turns' queue
+            # estimate at cost 0 (turn.py)
+            cost.wait_for(ctx, s)
     return rc
 
 

@@ -20,6 +20,22 @@ lands in it. Two processes that each kept only their own estimate and
 time-sliced each ran at half speed, so each saw its own queue short, and
 they went on going beside each other for good.
 
+The estimate adds up costs from when each launch was made, so it is open
+loop, and the GPU must not hold work it never counted. Two rules keep it so
+(on an H100 a --sm 50 spin group and an unlimited one, started together,
+queued their first kernels at cost 0 and outside the turns; leases then
+lapsed while the GPU still held both queues, the turn passed without a
+drain, and both time-sliced for good at 45/45%):
+
+* a process that launched on a GPU outside the turns lets that work finish
+  before its first launch under them (``join``), and a process's first
+  timed launch is waited for, so that it never queues on at cost 0
+  (pyvgpu/jit/launch.py);
+* a process whose lease lapsed and whose turn another took lets its own
+  work finish before it launches again (``lapsed``): the hand-over it
+  missed, late. A holder that was only idle has nothing queued, and the
+  wait costs an event.
+
 Time slicing only costs while both queues are deep. Two launch-bound programs
 (small kernels, the CPU between them) leave the GPU mostly idle, and taking
 whole turns would halve both. So a launch may go *beside* the holder when
@@ -337,6 +353,7 @@ def give(ctx, region, dev, stream, force):
         TURN.add_drains(e, 1)
         TURN.add_drain_ns(e, np.uint64(monotonic_ns() - now))
     count_held(ctx, region, dev, now, monotonic_ns())  # the work took longer than estimated: count that too
+    CTX.set_turn_mine(ctx, dev, 0)
     free_turn(e, me)
 
 
@@ -440,11 +457,55 @@ def keep(ctx, region, dev, stream, e, w, me, now, cost, rank):
 
 
 @njit
+def finish_own(ctx, dev, stream):
+    """Wait until this process's work on dev is done (every stream it launched on there, and this one);
+    returns the ns it took, or 0 if there was nothing to wait for."""
+    t = monotonic_ns()
+    if D.drain(ctx, dev, stream) == 0:
+        return np.int64(0)
+    return monotonic_ns() - t
+
+
+@njit
+def join(ctx, dev, e, stream):
+    """This process launched on dev outside the turns (before a group with a share came, or while none
+    was there, ``turn_out``): that work is in nobody's queue estimate, so it is let finish before the
+    process takes part. A GPU that already holds an uncounted queue keeps every estimate short: on an
+    H100 leases then lapsed under real work and two spin groups time-sliced for good."""
+    bit = np.uint64(1) << np.uint64(dev)
+    out = CTX.get_turn_out(ctx)
+    if out & bit == 0:
+        return
+    CTX.set_turn_out(ctx, out & ~bit)
+    ns = finish_own(ctx, dev, stream)
+    if ns > 0:
+        TURN.add_joins(e, 1)
+        TURN.add_join_ns(e, np.uint64(ns))
+
+
+@njit
+def lapsed(ctx, dev, e, stream):
+    """This process held the turn and finds another holder: its lease lapsed before it handed over (it
+    launched nothing for a while, or its queue ran longer than estimated), so it had no drain. Its own
+    work is let finish before it launches again. A lease that lapsed under real work would otherwise
+    leave both queues on the GPU, time-sliced, with every estimate short, and lapse again: on an H100 a
+    --sm 50 spin group beside an unlimited one got 45% and the neighbour 45% that way, with no drain."""
+    CTX.set_turn_mine(ctx, dev, 0)
+    ns = finish_own(ctx, dev, stream)
+    if ns > 0:
+        TURN.add_lapses(e, 1)
+        TURN.add_lapse_ns(e, np.uint64(ns))
+
+
+@njit
 def take(ctx, region, dev, e, stream, now, cost, rank, share):
     """Before a launch of cost ns on dev (turn entry e, from ``entry``) at rank: hold the turn, or go beside
     its holder, or wait. ``share``: the group has a share on dev (also while it borrows beyond it)."""
     if e <= _NONE:
         return
+    if CTX.get_turn_out(ctx) != 0:
+        join(ctx, dev, e, stream)
+        now = monotonic_ns()
     me = CTX.get_turn_id(ctx)
     if share:
         mark_active(ctx, e, now)
@@ -470,6 +531,10 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
     while True:
         seq = TURN.load_seq(e)
         w = TURN.load_turn(e)
+        if holder(w) != me and CTX.get_turn_mine(ctx, dev) != 0:
+            lapsed(ctx, dev, e, stream)
+            now = monotonic_ns()
+            continue
         if not leased(w, now):
             # Free, or its holder's lease ran out. It goes to the most urgent waiter, to a reservation due
             # now, and for a moment to a waiter other than the one who just handed it over.
@@ -479,6 +544,7 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
             if not yield_to:
                 qend = device_queue_end(e, now) + np.int64(cost)
                 if TURN.cas_turn(e, w, word(me, lease_for(qend, now))) == w:
+                    CTX.set_turn_mine(ctx, dev, 1)
                     TURN.store_rank(e, rank)
                     qend = queue_on_device(e, now, cost)
                     CTX.set_turn_qend(ctx, dev, np.uint64(qend))

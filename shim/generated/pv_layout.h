@@ -55,6 +55,8 @@ typedef struct pv_ctx {
     uint64_t turn_since[16];  /* CLOCK_MONOTONIC when this process last took the turn */
     uint64_t turn_qend[16];  /* when the work this process queued is estimated to end */
     uint64_t turn_held[16];  /* CLOCK_MONOTONIC up to which its turn was counted in sm_turn_ns */
+    uint32_t turn_mine[16];  /* 1 from when this process takes the device's turn until it frees it: another holder then means its lease lapsed */
+    uint64_t turn_out;  /* a bit per CUDA device: launches went there outside the turns since the last launch under turns (all bits: a launch that did not look at them) */
     uint64_t turn_tick;  /* CLOCK_MONOTONIC of the watcher's last tick (a clock launches without a share read instead of their own) */
     uint64_t turn_stream[32];  /* streams this process launched on under turns, handle + 1 (0 = free) */
     uint64_t turn_stream_ctx[32];  /* the CUcontext of each */
@@ -111,18 +113,20 @@ _Static_assert(offsetof(pv_ctx_t, turn_entry) == 68928, "pv_ctx.turn_entry");
 _Static_assert(offsetof(pv_ctx_t, turn_since) == 69056, "pv_ctx.turn_since");
 _Static_assert(offsetof(pv_ctx_t, turn_qend) == 69184, "pv_ctx.turn_qend");
 _Static_assert(offsetof(pv_ctx_t, turn_held) == 69312, "pv_ctx.turn_held");
-_Static_assert(offsetof(pv_ctx_t, turn_tick) == 69440, "pv_ctx.turn_tick");
-_Static_assert(offsetof(pv_ctx_t, turn_stream) == 69448, "pv_ctx.turn_stream");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_ctx) == 69704, "pv_ctx.turn_stream_ctx");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_ev) == 69960, "pv_ctx.turn_stream_ev");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_dev) == 70216, "pv_ctx.turn_stream_dev");
-_Static_assert(offsetof(pv_ctx_t, drain_ev) == 70472, "pv_ctx.drain_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 70480, "pv_ctx.drain_ctx");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 70488, "pv_ctx.turn_stream_lock");
-_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 70496, "pv_ctx.turn_streams_lost");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 70504, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 70508, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 70768, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_mine) == 69440, "pv_ctx.turn_mine");
+_Static_assert(offsetof(pv_ctx_t, turn_out) == 69504, "pv_ctx.turn_out");
+_Static_assert(offsetof(pv_ctx_t, turn_tick) == 69512, "pv_ctx.turn_tick");
+_Static_assert(offsetof(pv_ctx_t, turn_stream) == 69520, "pv_ctx.turn_stream");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_ctx) == 69776, "pv_ctx.turn_stream_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_ev) == 70032, "pv_ctx.turn_stream_ev");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_dev) == 70288, "pv_ctx.turn_stream_dev");
+_Static_assert(offsetof(pv_ctx_t, drain_ev) == 70544, "pv_ctx.drain_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 70552, "pv_ctx.drain_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 70560, "pv_ctx.turn_stream_lock");
+_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 70568, "pv_ctx.turn_streams_lost");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 70576, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 70580, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 70840, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
@@ -239,9 +243,9 @@ _Static_assert(sizeof(pv_region_device_t) == 192, "sizeof pv_region_device");
 
 /* The machine's turn file (pyvgpu/sched.py). */
 #define PV_SCHED_MAGIC 0x31304e5255545650ULL
-#define PV_SCHED_VERSION 2
+#define PV_SCHED_VERSION 3
 #define PV_SCHED_ENTRIES 64
-#define PV_SCHED_SIZE 12352
+#define PV_SCHED_SIZE 16448
 
 /* turn file header */
 typedef struct pv_sched_header {
