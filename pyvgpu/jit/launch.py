@@ -74,7 +74,8 @@ def gate(ctx):
     n, counted = count_launch(ctx)
     limited = limiter.limited(ctx, region)
     if not limited and not turn.machine_active(ctx):
-        CTX.set_turn_out(ctx, OUTSIDE)  # which device is not known here: all of them (turn.join)
+        if CTX.get_turn_out(ctx) != OUTSIDE:  # which device is not known here: all of them (turn.join); a
+            CTX.set_turn_out(ctx, OUTSIDE)  # store only once, so that launching threads share the line
         return np.uint64(0), n, counted, limited
     return region, n, counted, limited
 
