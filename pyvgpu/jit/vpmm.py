@@ -59,6 +59,7 @@ from pyvgpu.jit.vpmm_tables import (
     driver_error,
     event_unref,
     find,
+    mark_allocated,
     merge_around,
     pg_put,
     pg_room,
@@ -161,14 +162,7 @@ def take(reg, hd, i, size, req, stream, tag):
         return np.int64(ERR_TABLE_FULL)
     event_unref(hd, reg[i, EVENT])
     event_unref(hd, reg[i, XEV])
-    reg[i, STATE] = MALLOC
-    reg[i, STREAM] = stream
-    reg[i, EVENT] = NO_EVENT
-    reg[i, XEV] = 0
-    reg[i, REQ] = req
-    reg[i, GRAPH] = tag
-    reg[i, ID] = hd[H_NEXT_ID]
-    hd[H_NEXT_ID] += 1
+    mark_allocated(reg, hd, i, stream, req, tag)
     hd[H_LIVE] += size
     stat_alloc(hd, True, size, req, 1)
     return reg[i, ADDR]

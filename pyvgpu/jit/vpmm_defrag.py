@@ -40,7 +40,6 @@ from pyvgpu.jit.vpmm_tables import (
     H_INPLACE,
     H_LIVE,
     H_MOVED,
-    H_NEXT_ID,
     H_NREG,
     H_NROOTS,
     H_PAGE,
@@ -48,7 +47,6 @@ from pyvgpu.jit.vpmm_tables import (
     H_VA,
     HOLE,
     ID,
-    MALLOC,
     NO_EVENT,
     REQ,
     ROOT,
@@ -62,6 +60,7 @@ from pyvgpu.jit.vpmm_tables import (
     event_unref,
     find,
     insert_after,
+    mark_allocated,
     merge_all,
     pg_get,
     pg_put,
@@ -386,14 +385,7 @@ def _try(reg, hd, pg, scr, size, req, stream, quiet, tag):
     for k in range(j, i, -1):
         remove(reg, hd, k)
     reg[i, SIZE] = size
-    reg[i, STATE] = MALLOC
-    reg[i, STREAM] = stream
-    reg[i, EVENT] = NO_EVENT
-    reg[i, XEV] = 0
-    reg[i, REQ] = req
-    reg[i, GRAPH] = tag
-    reg[i, ID] = hd[H_NEXT_ID]
-    hd[H_NEXT_ID] += 1
+    mark_allocated(reg, hd, i, stream, req, tag)
     merge_all(reg, hd)
     hd[H_LIVE] += size
     hd[H_DEFRAGS] += 1

@@ -147,6 +147,20 @@ def event_known_done(hd, ev):
 # --- the region table --------------------------------------------------------------------------
 
 @njit
+def mark_allocated(reg, hd, i, stream, req, tag):
+    """Row i becomes a live allocation of stream: asked for req bytes, captured under graph tag (0: none),
+    no event of its own yet, the next id."""
+    reg[i, STATE] = MALLOC
+    reg[i, STREAM] = stream
+    reg[i, EVENT] = NO_EVENT
+    reg[i, XEV] = 0
+    reg[i, REQ] = req
+    reg[i, GRAPH] = tag
+    reg[i, ID] = hd[H_NEXT_ID]
+    hd[H_NEXT_ID] += 1
+
+
+@njit
 def find(reg, hd, addr):
     """Row of the region starting at addr, or -1 (binary search: rows are sorted by address)."""
     lo, hi = 0, hd[H_NREG] - 1
