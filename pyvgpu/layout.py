@@ -9,7 +9,7 @@ classes for Python readers. Nobody writes an offset by hand.
 from __future__ import annotations
 
 from pyvgpu import hooks
-from pyvgpu.structs import Field, Struct
+from pyvgpu.structs import Field, Record, Struct
 
 N_ENTRIES = len(hooks.ENTRIES)
 N_HELPERS = len(hooks.HELPERS)
@@ -30,7 +30,7 @@ KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX008", "little")
+CTX_MAGIC = int.from_bytes(b"PVCTX009", "little")  # 9: per-entry, per-device, cost and stream records
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -42,11 +42,37 @@ CTX = Struct(
     [
         Field("magic", "u64", doc="CTX_MAGIC"),
         Field("n_entries", "u32", doc="hook entries in this shim"),
-        Field("real", "u64", N_ENTRIES, doc="real driver function per entry, 0 if the driver lacks it"),
-        Field("calls", "u64", N_ENTRIES, doc="calls per entry, counted by the callbacks"),
+        Record("entry", N_ENTRIES, (
+            Field("real", "u64", doc="the real driver function, 0 if the driver lacks it"),
+            Field("calls", "u64", doc="calls, counted by the callbacks"),
+        ), doc="per hook entry: a call reads the one and counts in the other, in one cache line"),
         Field("helper", "u64", N_HELPERS, doc="real driver functions the policies call (hooks.HELPERS)"),
-        Field("region", "u64", doc="address of the mapped region, 0 without one"),
+        # What every launch reads first, in one cache line (the no-share path reads no other line of the
+        # context); then what a launch under a share reads besides, per device in one line (Record "dev").
+        Field("region", "u64", align=64, doc="address of the mapped region, 0 without one"),
         Field("slot", "u64", doc="address of this process's slot in the region"),
+        Field("sched", "u64", doc="address of the mapped turn file (pyvgpu/sched.py), 0 = groups do not take turns"),
+        Field("turn_out", "u64", doc="a bit per CUDA device: launches went there outside the turns since the "
+                                     "last launch under turns (all bits: a launch that did not look at them)"),
+        Field("turn_tick", "u64", doc="CLOCK_MONOTONIC of the watcher's last tick (a clock launches without a "
+                                      "share read instead of their own)"),
+        Field("sm_default_cost", "u64", doc="ns: mean of all timed launches, for kernels not timed yet"),
+        Field("sm_policy", "u32", doc="GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
+        Field("turn_id", "u32", doc="this process's id in turn words, 0 = not drawn yet"),
+        Field("sm_ndev", "u32", doc="CUDA devices this process sees, + 1; 0 = not asked yet"),
+        Field("sm_pending", "u32", doc="timing samples in flight"),
+        Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share"),
+        Field("sm_launches", "u64", doc="launches seen under a compute limit without a slot (drives sampling)"),
+        Record("dev", MAX_DEVICES, (
+            Field("turn_entry", "u64", doc="turn entry of the CUDA device: its address, 1 = none, 0 = not looked "
+                                           "up yet"),
+            Field("turn_since", "u64", doc="CLOCK_MONOTONIC when this process last took the turn"),
+            Field("turn_qend", "u64", doc="when the work this process queued is estimated to end"),
+            Field("turn_held", "u64", doc="CLOCK_MONOTONIC up to which its turn was counted in sm_turn_ns"),
+            Field("sm_nvml", "u64", doc="NVML handle of the CUDA device, 0 = not resolved yet"),
+            Field("turn_mine", "u32", doc="1 from when this process takes the device's turn until it frees it: "
+                                          "another holder then means its lease lapsed"),
+        ), size=64, doc="per CUDA device, what a launch under a share reads: one cache line each"),
         Field("slot_index", "i32"),
         Field("region_fd", "i32", doc="fd holding this process's slot lock"),
         Field("n_slots", "u32"),
@@ -62,41 +88,23 @@ CTX = Struct(
         Field("ctx_charged", "u64", MAX_DEVICES, doc="context bytes charged per device (1: measured, none)"),
         Field("nvml_state", "u32", doc="0 untried, 1 initialised by us, 2 unavailable"),
         # compute share (pyvgpu/jit/launch.py, limiter.py, cost.py, controller.py)
-        Field("sm_policy", "u32", doc="GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
-        Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share"),
-        Field("sm_nvml", "u64", MAX_DEVICES, doc="NVML handle per CUDA device, 0 = not resolved yet"),
-        Field("sm_launches", "u64", doc="launches seen under a compute limit without a slot (drives sampling)"),
-        Field("sm_ndev", "u32", doc="CUDA devices this process sees, + 1; 0 = not asked yet"),
-        Field("sm_default_cost", "u64", doc="ns: mean of all timed launches, for kernels not timed yet"),
-        Field("sm_pending", "u32", doc="timing samples in flight"),
         Field("sm_tick_ns", "u64", doc="CLOCK_MONOTONIC of the last reclaim by the watcher"),
-        Field("cost_key", "u64", COST_SLOTS, doc="kernel key (function and shape, or graph) per cost slot"),
-        Field("cost_ns", "u64", COST_SLOTS, doc="its estimated GPU time in ns"),
+        Record("cost", COST_SLOTS, (
+            Field("cost_key", "u64", doc="kernel key (function and shape, or graph), 0 = free"),
+            Field("cost_ns", "u64", doc="its estimated GPU time in ns"),
+        ), doc="the cost table (pyvgpu/jit/cost.py): a kernel's key and estimate share a line"),
         Field("samp_state", "u32", SAMPLES, doc="0 free, 1 being recorded, 2 in flight"),
         Field("samp_key", "u64", SAMPLES),
         Field("samp_ctx", "u64", SAMPLES, doc="CUcontext the sample's events belong to"),
         Field("samp_start", "u64", SAMPLES, doc="CUevent before the launch"),
         Field("samp_end", "u64", SAMPLES, doc="CUevent after the launch"),
-        # the device turn (pyvgpu/jit/turn.py)
-        Field("sched", "u64", doc="address of the mapped turn file (pyvgpu/sched.py), 0 = groups do not take turns"),
-        Field("turn_id", "u32", doc="this process's id in turn words, 0 = not drawn yet"),
-        Field("turn_entry", "u64", MAX_DEVICES, doc="turn entry per CUDA device: its address, 1 = none, 0 = not "
-                                                      "looked up yet"),
-        Field("turn_since", "u64", MAX_DEVICES, doc="CLOCK_MONOTONIC when this process last took the turn"),
-        Field("turn_qend", "u64", MAX_DEVICES, doc="when the work this process queued is estimated to end"),
-        Field("turn_held", "u64", MAX_DEVICES, doc="CLOCK_MONOTONIC up to which its turn was counted in "
-                                                    "sm_turn_ns"),
-        Field("turn_mine", "u32", MAX_DEVICES, doc="1 from when this process takes the device's turn until it "
-                                                    "frees it: another holder then means its lease lapsed"),
-        Field("turn_out", "u64", doc="a bit per CUDA device: launches went there outside the turns since the "
-                                     "last launch under turns (all bits: a launch that did not look at them)"),
-        Field("turn_tick", "u64", doc="CLOCK_MONOTONIC of the watcher's last tick (a clock launches without a "
-                                      "share read instead of their own)"),
-        Field("turn_stream", "u64", TURN_STREAMS, doc="streams this process launched on under turns, handle + 1 "
-                                                      "(0 = free)"),
-        Field("turn_stream_ctx", "u64", TURN_STREAMS, doc="the CUcontext of each"),
-        Field("turn_stream_ev", "u64", TURN_STREAMS, doc="the CUevent a drain records on it (0 = none yet)"),
-        Field("turn_stream_dev", "u64", TURN_STREAMS, doc="the CUDA device it launched on"),
+        # the device turn (pyvgpu/jit/turn.py, drain.py)
+        Record("stream", TURN_STREAMS, (
+            Field("turn_stream", "u64", doc="a stream this process launched on under turns, handle + 1 (0 = free)"),
+            Field("turn_stream_dev", "u64", doc="the CUDA device it launched on"),
+            Field("turn_stream_ctx", "u64", doc="its CUcontext"),
+            Field("turn_stream_ev", "u64", doc="the CUevent a drain records on it (0 = none yet)"),
+        ), doc="the streams a drain waits for; a launch compares its stream with the first ones"),
         Field("drain_ev", "u64", doc="CUevent for a stream the table had no room for, before a hand-over"),
         Field("drain_ctx", "u64", doc="CUcontext drain_ev belongs to"),
         Field("turn_stream_lock", "u32", doc="spinlock between a drain and cuStreamDestroy"),
@@ -111,7 +119,7 @@ CTX = Struct(
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
 MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/mps.py MODES)
-REGION_VERSION = 8  # 8: REGION_HEADER.visible may carry VISIBLE_MIG
+REGION_VERSION = 9  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines
 VISIBLE_MIG = 1 << 31  # REGION_HEADER.visible[g]: group device g is a MIG instance of that GPU
 VISIBLE_INDEX = VISIBLE_MIG - 1  # the NVML index in REGION_HEADER.visible[g]
 GROUP_NAME_BYTES = 64
@@ -136,6 +144,9 @@ REGION_HEADER = Struct(
         Field("name", "u8", GROUP_NAME_BYTES, doc="group name, NUL-padded"),
         Field("sm_switch", "u32", doc="compute limits on (1) or off (0) under GPU_CORE_UTILIZATION_POLICY=default"),
         Field("sm_any", "u32", doc="devices with a compute limit; 0 lets launches skip the limiter"),
+        # read by every launch under a share, beside sm_any: one line
+        Field("priority", "u32", doc="the group's priority, HAMi's CUDA_TASK_PRIORITY: 0 high, 1 low (default)"),
+        Field("sm_borrow", "u32", doc="1: the group may use idle GPU time beyond its share (work-conserving)"),
         Field("n_visible", "u32", doc="devices of the group (--devices); 0 = as the program's CUDA sees them"),
         Field("visible", "u32", MAX_DEVICES, doc="NVML (physical) index of each group device (its GPU's for a MIG "
               "instance, with VISIBLE_MIG set)"),
@@ -143,8 +154,6 @@ REGION_HEADER = Struct(
         Field("ev_next", "u64", doc="events written so far; the next goes to ring entry ev_next % N_EVENTS"),
         Field("mode", "u32", doc="device mode of the group: 0 hami-core (pyvgpu's limiter), 1 mps (pyvgpu/mps.py)"),
         Field("mps_active_threads", "u32", doc="mode mps: the clients' CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0 = none"),
-        Field("priority", "u32", doc="the group's priority, HAMi's CUDA_TASK_PRIORITY: 0 high, 1 low (default)"),
-        Field("sm_borrow", "u32", doc="1: the group may use idle GPU time beyond its share (work-conserving)"),
     ],
     align=64,
     doc="region header",
@@ -188,9 +197,12 @@ REGION_SLOT = Struct(
         Field("start_ns", "u64", doc="CLOCK_REALTIME when claimed"),
         Field("used", "u64", MAX_DEVICES * N_KINDS, doc="bytes by [device][kind]"),
         Field("oom_refusals", "u64"),
-        Field("sm_launches", "u64", MAX_DEVICES, doc="launches charged to the compute budget, per device"),
-        Field("sm_cost_ns", "u64", MAX_DEVICES, doc="their estimated GPU time (ns, before scaling)"),
-        Field("launches", "u64", doc="kernel and graph launches on any device, limited or not"),
+        # counted at every launch: the count and the first devices' charges in one cache line
+        Field("launches", "u64", align=64, doc="kernel and graph launches on any device, limited or not"),
+        Record("dev", MAX_DEVICES, (
+            Field("sm_launches", "u64", doc="launches charged to the compute budget on the device"),
+            Field("sm_cost_ns", "u64", doc="their estimated GPU time (ns, before scaling)"),
+        ), doc="per device"),
     ],
     align=64,
     doc="one process of the group",
@@ -227,7 +239,7 @@ SLOT_FREE, SLOT_LIVE = 0, 1
 # an entry whose turn word says which process may launch on it now, so that
 # the GPU never holds two groups' deep queues at once (pyvgpu/jit/turn.py).
 SCHED_MAGIC = int.from_bytes(b"PVTURN01", "little")
-SCHED_VERSION = 3
+SCHED_VERSION = 4  # 4: the holder's fields in two cache lines
 SCHED_ENTRIES = 64  # GPUs (MIG instances count as GPUs: they have UUIDs of their own)
 # Ranks of a launch in the turns, most urgent first (pyvgpu/jit/turn.py): within its share ("due") before
 # best effort (no share, or borrowing beyond it); high priority before low within each.
@@ -250,17 +262,20 @@ SCHED_HEADER = Struct(
 SCHED_ENTRY = Struct(
     "pv_sched_entry",
     [
-        Field("key", "u64", doc="hash of the GPU's UUID | 1; 0 = free entry"),
+        # what the holder reads and writes at each launch, in two cache lines
         Field("turn", "u64", doc="holder id << 32 | lease end (CLOCK_MONOTONIC >> 10; 0 = free, the id is then "
                                  "the last holder's)"),
+        Field("qend", "u64", doc="CLOCK_MONOTONIC ns when the work queued on this GPU under turns, every "
+                                 "process's together, is estimated to end (0: none yet)"),
+        Field("active", "u64", doc="CLOCK_MONOTONIC ns until which a group with a share takes turns on this GPU"),
         Field("want", "u64", N_RANKS, doc="per rank, the latest waiter: id << 32 | when it last looked"),
+        Field("rank", "u32", doc="the holder's rank when it took the turn"),
+        Field("sleepers", "u32", doc="processes sleeping on seq"),
         Field("resv", "u64", N_RANKS, doc="per rank, the latest reservation: id << 32 | when its budget is free "
                                           "again (CLOCK_MONOTONIC >> 10); the holder hands over by then"),
-        Field("active", "u64", doc="CLOCK_MONOTONIC ns until which a group with a share takes turns on this GPU"),
+        Field("key", "u64", doc="hash of the GPU's UUID | 1; 0 = free entry"),
         Field("freed_ns", "u64", doc="CLOCK_MONOTONIC when the last holder freed the turn after its drain"),
         Field("seq", "u32", doc="bumped at each free (waiters sleep on it with a futex)"),
-        Field("sleepers", "u32", doc="processes sleeping on seq"),
-        Field("rank", "u32", doc="the holder's rank when it took the turn"),
         Field("lapses", "u32", doc="times a process found its lapsed turn taken and let its own work finish "
                                    "before launching again (pyvgpu/jit/turn.py)"),
         Field("handovers", "u64", doc="times the turn passed from one process to another"),
@@ -272,8 +287,6 @@ SCHED_ENTRY = Struct(
         Field("coruns", "u64", doc="launches made beside the holder while both queues were short"),
         Field("preempts", "u64", doc="hand-overs to a more urgent or reserved waiter before the slice ended"),
         Field("max_wait_ns", "u64", doc="the longest single wait of a launch within its share for the turn"),
-        Field("qend", "u64", doc="CLOCK_MONOTONIC ns when the work queued on this GPU under turns, every "
-                                 "process's together, is estimated to end (0: none yet)"),
         Field("lapse_ns", "u64", doc="ns those waits after a lapse took"),
         Field("joins", "u64", doc="times a process that had launched outside the turns let that work finish "
                                   "before its first launch under them"),

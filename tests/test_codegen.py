@@ -109,13 +109,57 @@ def test_table_lists_every_variant_the_driver_has():
 
 
 def test_layout_offsets_are_natural_and_match_ctypes():
-    C = layout.CTX.ctypes_class()
-    for f in layout.CTX.fields:
-        assert getattr(C, f.name).offset == layout.CTX.offset(f.name)
-        assert layout.CTX.offset(f.name) % f.elem_size == 0
     import ctypes
 
+    C = layout.CTX.ctypes_class()
+    ctx = C()
+    base = ctypes.addressof(ctx)
+    records = 0
+    for f in layout.CTX.fields:
+        rec = layout.CTX.record_of.get(f.name)
+        if rec is None:
+            assert getattr(C, f.name).offset == layout.CTX.offset(f.name)
+        else:  # element i of a record's field: in the i-th record, a stride apart
+            records += 1
+            for i in (0, 1, rec.count - 1):
+                r = getattr(ctx, rec.name)[i]
+                at = ctypes.addressof(r) + getattr(type(r), f.name).offset
+                assert at - base == layout.CTX.offset(f.name) + i * layout.CTX.stride(f.name)
+        assert layout.CTX.offset(f.name) % f.elem_size == 0
+    assert records >= 3
     assert ctypes.sizeof(C) == layout.CTX.size
+
+
+def test_a_launch_under_a_share_reads_one_line_of_the_context_per_device():
+    """The context's hot fields are grouped so that a launch touches few cache lines (docs/compute.md,
+    launch overhead): the first line holds what every launch reads; a device's record is one line; a
+    kernel's cost key and estimate share one."""
+    C = layout.CTX
+    first = {"region", "slot", "sched", "turn_out", "turn_tick", "sm_default_cost", "sm_policy", "turn_id",
+             "sm_ndev", "sm_pending"}
+    assert {C.offset(n) // 64 for n in first} == {C.offset("region") // 64}
+    assert C.offset("region") % 64 == 0
+    per_dev = ("turn_entry", "turn_since", "turn_qend", "turn_held", "sm_nvml", "turn_mine")
+    for d in (0, 5, layout.MAX_DEVICES - 1):
+        assert len({(C.offset(n) + d * C.stride(n)) // 64 for n in per_dev}) == 1
+    for k in (0, 1, 4095):
+        assert (C.offset("cost_key") + k * C.stride("cost_key")) // 64 == \
+            (C.offset("cost_ns") + k * C.stride("cost_ns")) // 64
+
+
+def test_a_record_renders_the_same_offsets_in_c_and_rejects_a_bad_size(tmp_path):
+    from pyvgpu.structs import Field, Record, Struct
+
+    S = Struct("pv_t", [Field("a", "u32"), Record("r", 3, (Field("x", "u64"), Field("y", "u8")), size=16),
+                        Field("b", "u16", align=64)])
+    assert S.offset("x") == 16 and S.stride("x") == 16 and S.offset("y") == 24 and S.offset("b") == 64
+    src = tmp_path / "t.c"
+    src.write_text("#include <stddef.h>\n#include <stdint.h>\n" + S.c_struct() + "\nint main(void) { return 0; }\n")
+    subprocess.run(["gcc", "-c", "-o", str(tmp_path / "t.o"), str(src)], check=True)
+    with pytest.raises(ValueError, match="record r needs"):
+        Struct("pv_u", [Record("r", 2, (Field("x", "u64"), Field("y", "u64")), size=8)])
+    with pytest.raises(ValueError, match="must have count 1"):
+        Struct("pv_v", [Record("r", 2, (Field("x", "u64", 2),))])
 
 
 SHIM_SRC = ROOT / "shim" / "src"
@@ -191,7 +235,7 @@ def test_every_policy_in_the_table_resolves_without_compiling():
         fn = policies.resolve(name)
         assert not fn.signatures, f"{name} was compiled just by resolving it"
     assert set(callbacks._SERVICE_FUNCS) == {s.name for s in hooks.SERVICES}
-    for bad in ("memory.no_such_policy", "nosuchmodule.f", "forward", "context.PER_THREAD"):
+    for bad in ("memory.no_such_policy", "nosuchmodule.f", "forward", "context.PER_THREAD_LO"):
         with pytest.raises(ValueError, match="hook table: policy"):
             policies.resolve(bad)
 
@@ -205,3 +249,11 @@ def test_the_readme_doctor_example_names_todays_hook_table():
     assert (m.group(1), int(m.group(2))) == (hooks.table_hash(), len(hooks.ENTRIES)), (
         f"README.md's doctor example says hook table {m.group(1)}, {m.group(2)} symbols; today's is "
         f"{hooks.table_hash()}, {len(hooks.ENTRIES)}")
+
+
+def test_per_thread_bits_name_exactly_the_per_thread_variants():
+    from pyvgpu.jit.context import per_thread
+
+    flags = [per_thread(i) for i in range(len(hooks.ENTRIES))]
+    assert flags == [e.variant.per_thread for e in hooks.ENTRIES]
+    assert any(flags) and not all(flags)

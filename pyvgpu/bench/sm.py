@@ -96,7 +96,7 @@ class _Run:
             os.close(r.fd)
             d = r.device(0)
             scale = (d.sm_scale or 65536) / 65536
-            charged = sum(r.slot(i).sm_cost_ns[0] for i in range(r.header.n_slots) if r.slot(i).state)
+            charged = sum(r.slot(i).dev[0].sm_cost_ns for i in range(r.header.n_slots) if r.slot(i).state)
             self.series.append({"t": round(time.monotonic() - self.t0, 3), "mono": time.monotonic(),
                                 "util": d.sm_util / 100, "scale": scale, "state": d.sm_state,
                                 "throttle_s": d.sm_throttle_ns / 1e9, "turn_ns": d.sm_turn_ns,

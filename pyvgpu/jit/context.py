@@ -31,9 +31,20 @@ from pyvgpu import layout as L
 from pyvgpu.jit.fields import CTX
 from pyvgpu.jit.intrinsics import call_i32, load_i32, stack_u64
 
-# Whether each hook entry is a per-thread-default-stream variant (_ptsz/_ptds), by entry index. A numpy
-# array, not a tuple: numba freezes it as a constant, and indexing it has no bounds check that could raise.
-PER_THREAD = np.array([e.variant.per_thread for e in hooks.ENTRIES], dtype=np.uint8)
+
+# Whether each hook entry is a per-thread-default-stream variant (_ptsz/_ptds), a bit per entry index in two
+# words that compile to immediates: a launch on stream 0 reads no table (a cache line fewer per launch).
+def _per_thread_bits() -> tuple[np.uint64, np.uint64]:
+    if len(hooks.ENTRIES) > 128:
+        raise RuntimeError(f"{len(hooks.ENTRIES)} hook entries: per_thread's two words hold 128 (context.py)")
+    words = [0, 0]
+    for i, e in enumerate(hooks.ENTRIES):
+        if e.variant.per_thread:
+            words[i // 64] |= 1 << (i % 64)
+    return np.uint64(words[0]), np.uint64(words[1])
+
+
+PER_THREAD_LO, PER_THREAD_HI = _per_thread_bits()
 
 
 @njit
@@ -53,14 +64,16 @@ def call_real(ctx, idx, args, notfound):
 @njit
 def per_thread(idx):
     """True if entry idx is a per-thread-default-stream variant: its stream 0 means the thread's stream."""
-    return PER_THREAD[idx] != 0
+    i = np.uint64(idx)
+    w = PER_THREAD_LO if i < np.uint64(64) else PER_THREAD_HI
+    return (w >> (i & np.uint64(63))) & np.uint64(1) != np.uint64(0)
 
 
 @njit
 def stream_of(idx, stream):
     """The stream a launch or event on entry idx means, as any API accepts it (0 of a per-thread variant is
     the per-thread stream's own handle)."""
-    if stream == 0 and PER_THREAD[idx] != 0:
+    if stream == 0 and per_thread(idx):
         return np.uint64(abi.CU_STREAM_PER_THREAD)
     return np.uint64(stream)
 

@@ -65,7 +65,8 @@ def _scalar(off: int, ty, f: Field, size: int) -> dict:
 
 
 def _array(off: int, ty, f: Field, size: int) -> dict:
-    """Accessors of an array field: the element index follows the base address."""
+    """Accessors of an array field: the element index follows the base address. ``size``: the stride,
+    the element's size, or its record's (structs.Record)."""
     load, store = I.LOAD[ty], I.STORE[ty]
     aload, astore = I.ATOMIC_LOAD[ty], I.ATOMIC_STORE[ty]
     out = {
@@ -75,7 +76,7 @@ def _array(off: int, ty, f: Field, size: int) -> dict:
         f"load_{f.name}": njit(lambda b, i: aload(b + off + i * size)),
         f"store_{f.name}": njit(lambda b, i, v: astore(b + off + i * size, v)),
     }
-    if size >= 4:
+    if f.elem_size >= 4:
         add, sub = I.ATOMIC_RMW[ty, "add"], I.ATOMIC_RMW[ty, "sub"]
         xchg = I.ATOMIC_RMW[ty, "xchg"]
         mx = I.ATOMIC_RMW[ty, "umax" if ty.signed is False else "max"]
@@ -98,7 +99,7 @@ def accessors(struct: Struct, name: str) -> pytypes.ModuleType:
         off = struct.offset(f.name)
         ty = _NUMBA[f.type]
         make = _array if f.count > 1 else _scalar
-        for fn_name, fn in make(off, ty, f, f.elem_size).items():
+        for fn_name, fn in make(off, ty, f, struct.stride(f.name)).items():
             setattr(ns, fn_name, fn)
         setattr(ns, f"OFF_{f.name}", off)
         if f.count > 1:

@@ -5,18 +5,41 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3830305854435650ULL
+#define PV_CTX_MAGIC 0x3930305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/layout.py) */
-typedef struct pv_ctx {
+typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t magic;  /* CTX_MAGIC */
     uint32_t n_entries;  /* hook entries in this shim */
     uint8_t _pad0[4];
-    uint64_t real[77];  /* real driver function per entry, 0 if the driver lacks it */
-    uint64_t calls[77];  /* calls per entry, counted by the callbacks */
+    struct {  /* per hook entry: a call reads the one and counts in the other, in one cache line */
+        uint64_t real;  /* the real driver function, 0 if the driver lacks it */
+        uint64_t calls;  /* calls, counted by the callbacks */
+    } entry[77];
     uint64_t helper[22];  /* real driver functions the policies call (hooks.HELPERS) */
+    uint8_t _pad1[48];
     uint64_t region;  /* address of the mapped region, 0 without one */
     uint64_t slot;  /* address of this process's slot in the region */
+    uint64_t sched;  /* address of the mapped turn file (pyvgpu/sched.py), 0 = groups do not take turns */
+    uint64_t turn_out;  /* a bit per CUDA device: launches went there outside the turns since the last launch under turns (all bits: a launch that did not look at them) */
+    uint64_t turn_tick;  /* CLOCK_MONOTONIC of the watcher's last tick (a clock launches without a share read instead of their own) */
+    uint64_t sm_default_cost;  /* ns: mean of all timed launches, for kernels not timed yet */
+    uint32_t sm_policy;  /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
+    uint32_t turn_id;  /* this process's id in turn words, 0 = not drawn yet */
+    uint32_t sm_ndev;  /* CUDA devices this process sees, + 1; 0 = not asked yet */
+    uint32_t sm_pending;  /* timing samples in flight */
+    uint64_t sm_batch_ns;  /* PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share */
+    uint64_t sm_launches;  /* launches seen under a compute limit without a slot (drives sampling) */
+    uint8_t _pad2[48];
+    struct {  /* per CUDA device, what a launch under a share reads: one cache line each */
+        uint64_t turn_entry;  /* turn entry of the CUDA device: its address, 1 = none, 0 = not looked up yet */
+        uint64_t turn_since;  /* CLOCK_MONOTONIC when this process last took the turn */
+        uint64_t turn_qend;  /* when the work this process queued is estimated to end */
+        uint64_t turn_held;  /* CLOCK_MONOTONIC up to which its turn was counted in sm_turn_ns */
+        uint64_t sm_nvml;  /* NVML handle of the CUDA device, 0 = not resolved yet */
+        uint32_t turn_mine;  /* 1 from when this process takes the device's turn until it frees it: another holder then means its lease lapsed */
+        uint8_t _pad3[20];
+    } dev[16];
     int32_t slot_index;
     int32_t region_fd;  /* fd holding this process's slot lock */
     uint32_t n_slots;
@@ -31,116 +54,104 @@ typedef struct pv_ctx {
     int32_t pool_dev[64];
     uint64_t ctx_charged[16];  /* context bytes charged per device (1: measured, none) */
     uint32_t nvml_state;  /* 0 untried, 1 initialised by us, 2 unavailable */
-    uint32_t sm_policy;  /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
-    uint64_t sm_batch_ns;  /* PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share */
-    uint64_t sm_nvml[16];  /* NVML handle per CUDA device, 0 = not resolved yet */
-    uint64_t sm_launches;  /* launches seen under a compute limit without a slot (drives sampling) */
-    uint32_t sm_ndev;  /* CUDA devices this process sees, + 1; 0 = not asked yet */
-    uint8_t _pad1[4];
-    uint64_t sm_default_cost;  /* ns: mean of all timed launches, for kernels not timed yet */
-    uint32_t sm_pending;  /* timing samples in flight */
-    uint8_t _pad2[4];
+    uint8_t _pad4[4];
     uint64_t sm_tick_ns;  /* CLOCK_MONOTONIC of the last reclaim by the watcher */
-    uint64_t cost_key[4096];  /* kernel key (function and shape, or graph) per cost slot */
-    uint64_t cost_ns[4096];  /* its estimated GPU time in ns */
+    uint8_t _pad5[8];
+    struct {  /* the cost table (pyvgpu/jit/cost.py): a kernel's key and estimate share a line */
+        uint64_t cost_key;  /* kernel key (function and shape, or graph), 0 = free */
+        uint64_t cost_ns;  /* its estimated GPU time in ns */
+    } cost[4096];
     uint32_t samp_state[8];  /* 0 free, 1 being recorded, 2 in flight */
     uint64_t samp_key[8];
     uint64_t samp_ctx[8];  /* CUcontext the sample's events belong to */
     uint64_t samp_start[8];  /* CUevent before the launch */
     uint64_t samp_end[8];  /* CUevent after the launch */
-    uint64_t sched;  /* address of the mapped turn file (pyvgpu/sched.py), 0 = groups do not take turns */
-    uint32_t turn_id;  /* this process's id in turn words, 0 = not drawn yet */
-    uint8_t _pad3[4];
-    uint64_t turn_entry[16];  /* turn entry per CUDA device: its address, 1 = none, 0 = not looked up yet */
-    uint64_t turn_since[16];  /* CLOCK_MONOTONIC when this process last took the turn */
-    uint64_t turn_qend[16];  /* when the work this process queued is estimated to end */
-    uint64_t turn_held[16];  /* CLOCK_MONOTONIC up to which its turn was counted in sm_turn_ns */
-    uint32_t turn_mine[16];  /* 1 from when this process takes the device's turn until it frees it: another holder then means its lease lapsed */
-    uint64_t turn_out;  /* a bit per CUDA device: launches went there outside the turns since the last launch under turns (all bits: a launch that did not look at them) */
-    uint64_t turn_tick;  /* CLOCK_MONOTONIC of the watcher's last tick (a clock launches without a share read instead of their own) */
-    uint64_t turn_stream[32];  /* streams this process launched on under turns, handle + 1 (0 = free) */
-    uint64_t turn_stream_ctx[32];  /* the CUcontext of each */
-    uint64_t turn_stream_ev[32];  /* the CUevent a drain records on it (0 = none yet) */
-    uint64_t turn_stream_dev[32];  /* the CUDA device it launched on */
+    uint8_t _pad6[16];
+    struct {  /* the streams a drain waits for; a launch compares its stream with the first ones */
+        uint64_t turn_stream;  /* a stream this process launched on under turns, handle + 1 (0 = free) */
+        uint64_t turn_stream_dev;  /* the CUDA device it launched on */
+        uint64_t turn_stream_ctx;  /* its CUcontext */
+        uint64_t turn_stream_ev;  /* the CUevent a drain records on it (0 = none yet) */
+    } stream[32];
     uint64_t drain_ev;  /* CUevent for a stream the table had no room for, before a hand-over */
     uint64_t drain_ctx;  /* CUcontext drain_ev belongs to */
     uint32_t turn_stream_lock;  /* spinlock between a drain and cuStreamDestroy */
-    uint8_t _pad4[4];
+    uint8_t _pad7[4];
     uint64_t turn_streams_lost;  /* launches on streams the table had no room for (not drained) */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad5[4];
+    uint8_t _pad8[28];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
-_Static_assert(offsetof(pv_ctx_t, real) == 16, "pv_ctx.real");
-_Static_assert(offsetof(pv_ctx_t, calls) == 632, "pv_ctx.calls");
+_Static_assert(offsetof(pv_ctx_t, entry[0].real) == 16, "pv_ctx.real");
+_Static_assert(offsetof(pv_ctx_t, entry[0].calls) == 24, "pv_ctx.calls");
 _Static_assert(offsetof(pv_ctx_t, helper) == 1248, "pv_ctx.helper");
-_Static_assert(offsetof(pv_ctx_t, region) == 1424, "pv_ctx.region");
-_Static_assert(offsetof(pv_ctx_t, slot) == 1432, "pv_ctx.slot");
-_Static_assert(offsetof(pv_ctx_t, slot_index) == 1440, "pv_ctx.slot_index");
-_Static_assert(offsetof(pv_ctx_t, region_fd) == 1444, "pv_ctx.region_fd");
-_Static_assert(offsetof(pv_ctx_t, n_slots) == 1448, "pv_ctx.n_slots");
-_Static_assert(offsetof(pv_ctx_t, lock) == 1452, "pv_ctx.lock");
-_Static_assert(offsetof(pv_ctx_t, table) == 1456, "pv_ctx.table");
-_Static_assert(offsetof(pv_ctx_t, table_mask) == 1464, "pv_ctx.table_mask");
-_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 1472, "pv_ctx.table_maxdisp");
-_Static_assert(offsetof(pv_ctx_t, table_live) == 1480, "pv_ctx.table_live");
-_Static_assert(offsetof(pv_ctx_t, table_full) == 1488, "pv_ctx.table_full");
-_Static_assert(offsetof(pv_ctx_t, pool_handle) == 1496, "pv_ctx.pool_handle");
-_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 2008, "pv_ctx.pool_reserved");
-_Static_assert(offsetof(pv_ctx_t, pool_dev) == 2520, "pv_ctx.pool_dev");
-_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 2776, "pv_ctx.ctx_charged");
-_Static_assert(offsetof(pv_ctx_t, nvml_state) == 2904, "pv_ctx.nvml_state");
-_Static_assert(offsetof(pv_ctx_t, sm_policy) == 2908, "pv_ctx.sm_policy");
-_Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 2912, "pv_ctx.sm_batch_ns");
-_Static_assert(offsetof(pv_ctx_t, sm_nvml) == 2920, "pv_ctx.sm_nvml");
-_Static_assert(offsetof(pv_ctx_t, sm_launches) == 3048, "pv_ctx.sm_launches");
-_Static_assert(offsetof(pv_ctx_t, sm_ndev) == 3056, "pv_ctx.sm_ndev");
-_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 3064, "pv_ctx.sm_default_cost");
-_Static_assert(offsetof(pv_ctx_t, sm_pending) == 3072, "pv_ctx.sm_pending");
-_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 3080, "pv_ctx.sm_tick_ns");
-_Static_assert(offsetof(pv_ctx_t, cost_key) == 3088, "pv_ctx.cost_key");
-_Static_assert(offsetof(pv_ctx_t, cost_ns) == 35856, "pv_ctx.cost_ns");
-_Static_assert(offsetof(pv_ctx_t, samp_state) == 68624, "pv_ctx.samp_state");
-_Static_assert(offsetof(pv_ctx_t, samp_key) == 68656, "pv_ctx.samp_key");
-_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 68720, "pv_ctx.samp_ctx");
-_Static_assert(offsetof(pv_ctx_t, samp_start) == 68784, "pv_ctx.samp_start");
-_Static_assert(offsetof(pv_ctx_t, samp_end) == 68848, "pv_ctx.samp_end");
-_Static_assert(offsetof(pv_ctx_t, sched) == 68912, "pv_ctx.sched");
-_Static_assert(offsetof(pv_ctx_t, turn_id) == 68920, "pv_ctx.turn_id");
-_Static_assert(offsetof(pv_ctx_t, turn_entry) == 68928, "pv_ctx.turn_entry");
-_Static_assert(offsetof(pv_ctx_t, turn_since) == 69056, "pv_ctx.turn_since");
-_Static_assert(offsetof(pv_ctx_t, turn_qend) == 69184, "pv_ctx.turn_qend");
-_Static_assert(offsetof(pv_ctx_t, turn_held) == 69312, "pv_ctx.turn_held");
-_Static_assert(offsetof(pv_ctx_t, turn_mine) == 69440, "pv_ctx.turn_mine");
-_Static_assert(offsetof(pv_ctx_t, turn_out) == 69504, "pv_ctx.turn_out");
-_Static_assert(offsetof(pv_ctx_t, turn_tick) == 69512, "pv_ctx.turn_tick");
-_Static_assert(offsetof(pv_ctx_t, turn_stream) == 69520, "pv_ctx.turn_stream");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_ctx) == 69776, "pv_ctx.turn_stream_ctx");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_ev) == 70032, "pv_ctx.turn_stream_ev");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_dev) == 70288, "pv_ctx.turn_stream_dev");
-_Static_assert(offsetof(pv_ctx_t, drain_ev) == 70544, "pv_ctx.drain_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 70552, "pv_ctx.drain_ctx");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 70560, "pv_ctx.turn_stream_lock");
-_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 70568, "pv_ctx.turn_streams_lost");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 70576, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 70580, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 70840, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, region) == 1472, "pv_ctx.region");
+_Static_assert(offsetof(pv_ctx_t, slot) == 1480, "pv_ctx.slot");
+_Static_assert(offsetof(pv_ctx_t, sched) == 1488, "pv_ctx.sched");
+_Static_assert(offsetof(pv_ctx_t, turn_out) == 1496, "pv_ctx.turn_out");
+_Static_assert(offsetof(pv_ctx_t, turn_tick) == 1504, "pv_ctx.turn_tick");
+_Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 1512, "pv_ctx.sm_default_cost");
+_Static_assert(offsetof(pv_ctx_t, sm_policy) == 1520, "pv_ctx.sm_policy");
+_Static_assert(offsetof(pv_ctx_t, turn_id) == 1524, "pv_ctx.turn_id");
+_Static_assert(offsetof(pv_ctx_t, sm_ndev) == 1528, "pv_ctx.sm_ndev");
+_Static_assert(offsetof(pv_ctx_t, sm_pending) == 1532, "pv_ctx.sm_pending");
+_Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 1536, "pv_ctx.sm_batch_ns");
+_Static_assert(offsetof(pv_ctx_t, sm_launches) == 1544, "pv_ctx.sm_launches");
+_Static_assert(offsetof(pv_ctx_t, dev[0].turn_entry) == 1600, "pv_ctx.turn_entry");
+_Static_assert(offsetof(pv_ctx_t, dev[0].turn_since) == 1608, "pv_ctx.turn_since");
+_Static_assert(offsetof(pv_ctx_t, dev[0].turn_qend) == 1616, "pv_ctx.turn_qend");
+_Static_assert(offsetof(pv_ctx_t, dev[0].turn_held) == 1624, "pv_ctx.turn_held");
+_Static_assert(offsetof(pv_ctx_t, dev[0].sm_nvml) == 1632, "pv_ctx.sm_nvml");
+_Static_assert(offsetof(pv_ctx_t, dev[0].turn_mine) == 1640, "pv_ctx.turn_mine");
+_Static_assert(offsetof(pv_ctx_t, slot_index) == 2624, "pv_ctx.slot_index");
+_Static_assert(offsetof(pv_ctx_t, region_fd) == 2628, "pv_ctx.region_fd");
+_Static_assert(offsetof(pv_ctx_t, n_slots) == 2632, "pv_ctx.n_slots");
+_Static_assert(offsetof(pv_ctx_t, lock) == 2636, "pv_ctx.lock");
+_Static_assert(offsetof(pv_ctx_t, table) == 2640, "pv_ctx.table");
+_Static_assert(offsetof(pv_ctx_t, table_mask) == 2648, "pv_ctx.table_mask");
+_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 2656, "pv_ctx.table_maxdisp");
+_Static_assert(offsetof(pv_ctx_t, table_live) == 2664, "pv_ctx.table_live");
+_Static_assert(offsetof(pv_ctx_t, table_full) == 2672, "pv_ctx.table_full");
+_Static_assert(offsetof(pv_ctx_t, pool_handle) == 2680, "pv_ctx.pool_handle");
+_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 3192, "pv_ctx.pool_reserved");
+_Static_assert(offsetof(pv_ctx_t, pool_dev) == 3704, "pv_ctx.pool_dev");
+_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 3960, "pv_ctx.ctx_charged");
+_Static_assert(offsetof(pv_ctx_t, nvml_state) == 4088, "pv_ctx.nvml_state");
+_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 4096, "pv_ctx.sm_tick_ns");
+_Static_assert(offsetof(pv_ctx_t, cost[0].cost_key) == 4112, "pv_ctx.cost_key");
+_Static_assert(offsetof(pv_ctx_t, cost[0].cost_ns) == 4120, "pv_ctx.cost_ns");
+_Static_assert(offsetof(pv_ctx_t, samp_state) == 69648, "pv_ctx.samp_state");
+_Static_assert(offsetof(pv_ctx_t, samp_key) == 69680, "pv_ctx.samp_key");
+_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 69744, "pv_ctx.samp_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_start) == 69808, "pv_ctx.samp_start");
+_Static_assert(offsetof(pv_ctx_t, samp_end) == 69872, "pv_ctx.samp_end");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 69952, "pv_ctx.turn_stream");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 69960, "pv_ctx.turn_stream_dev");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 69968, "pv_ctx.turn_stream_ctx");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 69976, "pv_ctx.turn_stream_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ev) == 70976, "pv_ctx.drain_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 70984, "pv_ctx.drain_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 70992, "pv_ctx.turn_stream_lock");
+_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 71000, "pv_ctx.turn_streams_lost");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 71008, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 71012, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 71296, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 8
+#define PV_REGION_VERSION 9
 #define PV_REGION_DEVICES_OFF 512
 #define PV_REGION_SLOTS_OFF 15872
-#define PV_REGION_SLOT_SIZE 704
+#define PV_REGION_SLOT_SIZE 768
 #define PV_REGION_DEFAULT_SLOTS 1024
 #define PV_MAX_DEVICES 16
 #define PV_GROUP_NAME_BYTES 64
 #define PV_MESSAGE_BYTES 256
 
 /* region header */
-typedef struct pv_region_header {
+typedef struct __attribute__((aligned(64))) pv_region_header {
     uint64_t magic;  /* REGION_MAGIC */
     uint32_t version;  /* REGION_VERSION */
     uint32_t n_devices;  /* MAX_DEVICES */
@@ -157,6 +168,8 @@ typedef struct pv_region_header {
     uint8_t name[64];  /* group name, NUL-padded */
     uint32_t sm_switch;  /* compute limits on (1) or off (0) under GPU_CORE_UTILIZATION_POLICY=default */
     uint32_t sm_any;  /* devices with a compute limit; 0 lets launches skip the limiter */
+    uint32_t priority;  /* the group's priority, HAMi's CUDA_TASK_PRIORITY: 0 high, 1 low (default) */
+    uint32_t sm_borrow;  /* 1: the group may use idle GPU time beyond its share (work-conserving) */
     uint32_t n_visible;  /* devices of the group (--devices); 0 = as the program's CUDA sees them */
     uint32_t visible[16];  /* NVML (physical) index of each group device (its GPU's for a MIG instance, with VISIBLE_MIG set) */
     uint8_t visible_uuid[256];  /* its UUID (a MIG instance's own), 16 raw bytes */
@@ -164,8 +177,6 @@ typedef struct pv_region_header {
     uint64_t ev_next;  /* events written so far; the next goes to ring entry ev_next % N_EVENTS */
     uint32_t mode;  /* device mode of the group: 0 hami-core (pyvgpu's limiter), 1 mps (pyvgpu/mps.py) */
     uint32_t mps_active_threads;  /* mode mps: the clients' CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0 = none */
-    uint32_t priority;  /* the group's priority, HAMi's CUDA_TASK_PRIORITY: 0 high, 1 low (default) */
-    uint32_t sm_borrow;  /* 1: the group may use idle GPU time beyond its share (work-conserving) */
     uint8_t _pad2[16];
 } pv_region_header_t;
 _Static_assert(offsetof(pv_region_header_t, magic) == 0, "pv_region_header.magic");
@@ -183,18 +194,18 @@ _Static_assert(offsetof(pv_region_header_t, slot_size) == 68, "pv_region_header.
 _Static_assert(offsetof(pv_region_header_t, name) == 72, "pv_region_header.name");
 _Static_assert(offsetof(pv_region_header_t, sm_switch) == 136, "pv_region_header.sm_switch");
 _Static_assert(offsetof(pv_region_header_t, sm_any) == 140, "pv_region_header.sm_any");
-_Static_assert(offsetof(pv_region_header_t, n_visible) == 144, "pv_region_header.n_visible");
-_Static_assert(offsetof(pv_region_header_t, visible) == 148, "pv_region_header.visible");
-_Static_assert(offsetof(pv_region_header_t, visible_uuid) == 212, "pv_region_header.visible_uuid");
-_Static_assert(offsetof(pv_region_header_t, ev_next) == 472, "pv_region_header.ev_next");
-_Static_assert(offsetof(pv_region_header_t, mode) == 480, "pv_region_header.mode");
-_Static_assert(offsetof(pv_region_header_t, mps_active_threads) == 484, "pv_region_header.mps_active_threads");
-_Static_assert(offsetof(pv_region_header_t, priority) == 488, "pv_region_header.priority");
-_Static_assert(offsetof(pv_region_header_t, sm_borrow) == 492, "pv_region_header.sm_borrow");
+_Static_assert(offsetof(pv_region_header_t, priority) == 144, "pv_region_header.priority");
+_Static_assert(offsetof(pv_region_header_t, sm_borrow) == 148, "pv_region_header.sm_borrow");
+_Static_assert(offsetof(pv_region_header_t, n_visible) == 152, "pv_region_header.n_visible");
+_Static_assert(offsetof(pv_region_header_t, visible) == 156, "pv_region_header.visible");
+_Static_assert(offsetof(pv_region_header_t, visible_uuid) == 220, "pv_region_header.visible_uuid");
+_Static_assert(offsetof(pv_region_header_t, ev_next) == 480, "pv_region_header.ev_next");
+_Static_assert(offsetof(pv_region_header_t, mode) == 488, "pv_region_header.mode");
+_Static_assert(offsetof(pv_region_header_t, mps_active_threads) == 492, "pv_region_header.mps_active_threads");
 _Static_assert(sizeof(pv_region_header_t) == 512, "sizeof pv_region_header");
 
 /* per-device state of a group */
-typedef struct pv_region_device {
+typedef struct __attribute__((aligned(64))) pv_region_device {
     uint64_t limit;  /* memory limit in bytes, 0 = none */
     uint64_t used;  /* bytes reserved by the group (the reservation counter) */
     uint64_t peak;  /* highest used seen */
@@ -243,12 +254,12 @@ _Static_assert(sizeof(pv_region_device_t) == 192, "sizeof pv_region_device");
 
 /* The machine's turn file (pyvgpu/sched.py). */
 #define PV_SCHED_MAGIC 0x31304e5255545650ULL
-#define PV_SCHED_VERSION 3
+#define PV_SCHED_VERSION 4
 #define PV_SCHED_ENTRIES 64
 #define PV_SCHED_SIZE 16448
 
 /* turn file header */
-typedef struct pv_sched_header {
+typedef struct __attribute__((aligned(64))) pv_sched_header {
     uint64_t magic;  /* SCHED_MAGIC */
     uint32_t version;  /* SCHED_VERSION */
     uint32_t n_entries;  /* SCHED_ENTRIES */

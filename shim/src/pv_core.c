@@ -247,13 +247,13 @@ static void atfork_child(void) {
     pv_ctx.lock = 0;
     /* The child takes turns on the GPU as a process of its own: a new id, drawn at its next lookup. */
     pv_ctx.turn_id = 0;
-    memset(pv_ctx.turn_entry, 0, sizeof pv_ctx.turn_entry);
-    memset(pv_ctx.turn_since, 0, sizeof pv_ctx.turn_since);
-    memset(pv_ctx.turn_qend, 0, sizeof pv_ctx.turn_qend);
-    memset(pv_ctx.turn_held, 0, sizeof pv_ctx.turn_held);
+    for (size_t d = 0; d < sizeof pv_ctx.dev / sizeof pv_ctx.dev[0]; d++) {
+        pv_ctx.dev[d].turn_entry = pv_ctx.dev[d].turn_since = pv_ctx.dev[d].turn_qend = pv_ctx.dev[d].turn_held = 0;
+        pv_ctx.dev[d].turn_mine = 0; /* the parent's turn is not the child's to lose */
+    }
     /* the parent's streams and events are not the child's (pyvgpu/jit/drain.py) */
-    memset(pv_ctx.turn_stream, 0, sizeof pv_ctx.turn_stream);
-    memset(pv_ctx.turn_stream_ev, 0, sizeof pv_ctx.turn_stream_ev);
+    for (size_t i = 0; i < sizeof pv_ctx.stream / sizeof pv_ctx.stream[0]; i++)
+        pv_ctx.stream[i].turn_stream = pv_ctx.stream[i].turn_stream_ev = 0;
     pv_ctx.turn_stream_lock = 0;
     pv_ctx.drain_ev = pv_ctx.drain_ctx = 0;
     if (pv_ctx.table) {

@@ -33,7 +33,7 @@ int pv_select_variant(int hook, int cuda_version, cuuint64_t flags) {
 static int identify(int hook, void *fn) {
     const pv_hook_info_t *h = &pv_hook_infos[hook];
     for (int k = 0; k < h->count; k++)
-        if ((void *)(uintptr_t)pv_ctx.real[h->first + k] == fn)
+        if ((void *)(uintptr_t)pv_ctx.entry[h->first + k].real == fn)
             return h->first + k;
     return -1;
 }

@@ -1,5 +1,5 @@
 /* The real driver functions: every hooked entry's and every helper's
- * address in the driver, resolved once (pv_ctx.real, pv_ctx.helper). */
+ * address in the driver, resolved once (pv_ctx.entry[].real, pv_ctx.helper). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -22,7 +22,7 @@ static void resolve_real_once(void) {
                      open_lib("PYVGPU_REAL_LIBNVML", "libnvidia-ml.so.1")};
     for (int i = 0; i < PV_N_ENTRIES; i++) {
         void *h = libs[pv_entry_infos[i].lib];
-        pv_ctx.real[i] = h ? (uint64_t)(uintptr_t)pv_real_dlsym(h, pv_entry_infos[i].name) : 0;
+        pv_ctx.entry[i].real = h ? (uint64_t)(uintptr_t)pv_real_dlsym(h, pv_entry_infos[i].name) : 0;
     }
     for (int i = 0; i < PV_N_HELPERS; i++) {
         void *h = libs[pv_helper_infos[i].lib];

@@ -61,7 +61,7 @@ static inline void *pv_callback(int entry) {
     return __atomic_load_n(&pv_callbacks[entry], __ATOMIC_ACQUIRE);
 }
 static inline void *pv_real(int entry) {
-    return (void *)(uintptr_t)pv_ctx.real[entry];
+    return (void *)(uintptr_t)pv_ctx.entry[entry].real;
 }
 
 extern const char *pv_boot_mode; /* "none", or "native" once the callbacks are installed */
@@ -84,7 +84,7 @@ void pv_stats_reset(void);              /* in a forked child */
 void *pv_real_dlsym(void *handle, const char *name);
 
 /* pv_real.c: the driver's functions */
-void pv_resolve_real(void);             /* fill pv_ctx.real and pv_ctx.helper (idempotent) */
+void pv_resolve_real(void);             /* fill pv_ctx.entry[].real and pv_ctx.helper (idempotent) */
 
 /* pv_env.c: the environment contract, read as pyvgpu/limits.py reads it */
 typedef struct {

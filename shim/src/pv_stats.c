@@ -1,4 +1,4 @@
-/* Per-symbol statistics: calls (counted by the callbacks in pv_ctx.calls),
+/* Per-symbol statistics: calls (counted by the callbacks in pv_ctx.entry[].calls),
  * lookups by each path (dlsym, cuGetProcAddress), and cuGetProcAddress
  * answers that disagreed with the hook table. Printed at exit under
  * PYVGPU_STATS. */
@@ -17,7 +17,7 @@ static uint64_t pv_lookups[PV_N_ENTRIES][PV_N_VIA];
 static uint64_t pv_mismatches;
 
 void pv_count_lookup(int entry, int via) { __atomic_add_fetch(&pv_lookups[entry][via], 1, __ATOMIC_RELAXED); }
-void pv_count_call(int entry) { __atomic_add_fetch(&pv_ctx.calls[entry], 1, __ATOMIC_RELAXED); }
+void pv_count_call(int entry) { __atomic_add_fetch(&pv_ctx.entry[entry].calls, 1, __ATOMIC_RELAXED); }
 
 void pv_note_procaddr_mismatch(const char *symbol, int table_entry, int driver_entry) {
     __atomic_add_fetch(&pv_mismatches, 1, __ATOMIC_RELAXED);
@@ -38,7 +38,8 @@ PV_EXPORT uint64_t pyvgpu_procaddr_mismatches(void) { return pv_mismatches; }
 
 /* A forked child counts its own calls. */
 void pv_stats_reset(void) {
-    memset(pv_ctx.calls, 0, sizeof pv_ctx.calls);
+    for (size_t i = 0; i < sizeof pv_ctx.entry / sizeof pv_ctx.entry[0]; i++)
+        pv_ctx.entry[i].calls = 0;
     memset(pv_lookups, 0, sizeof pv_lookups);
     pv_mismatches = 0;
 }
@@ -47,7 +48,7 @@ static int used(void) {
     if (pv_boot_state >= 0)
         return 1;
     for (int i = 0; i < PV_N_ENTRIES; i++)
-        if (pv_lookups[i][0] || pv_lookups[i][1] || pv_ctx.calls[i])
+        if (pv_lookups[i][0] || pv_lookups[i][1] || pv_ctx.entry[i].calls)
             return 1;
     return 0;
 }
@@ -62,7 +63,7 @@ static void write_text(FILE *f) {
         fprintf(f, "  callbacks %s\n", pv_callbacks_path);
     fprintf(f, "  %-32s %12s %8s %10s\n", "symbol", "calls", "dlsym", "procaddr");
     for (int i = 0; i < PV_N_ENTRIES; i++) {
-        uint64_t c = pv_ctx.calls[i], d = pv_lookups[i][PV_VIA_DLSYM], p = pv_lookups[i][PV_VIA_PROCADDR];
+        uint64_t c = pv_ctx.entry[i].calls, d = pv_lookups[i][PV_VIA_DLSYM], p = pv_lookups[i][PV_VIA_PROCADDR];
         if (c || d || p)
             fprintf(f, "  %-32s %12llu %8llu %10llu\n", pv_entry_infos[i].name, (unsigned long long)c,
                     (unsigned long long)d, (unsigned long long)p);
@@ -76,7 +77,7 @@ static void write_json(FILE *f) {
     fprintf(f, "\", \"procaddr_mismatches\": %llu, \"symbols\": {", (unsigned long long)pv_mismatches);
     int first = 1;
     for (int i = 0; i < PV_N_ENTRIES; i++) {
-        uint64_t c = pv_ctx.calls[i], d = pv_lookups[i][PV_VIA_DLSYM], p = pv_lookups[i][PV_VIA_PROCADDR];
+        uint64_t c = pv_ctx.entry[i].calls, d = pv_lookups[i][PV_VIA_DLSYM], p = pv_lookups[i][PV_VIA_PROCADDR];
         if (!(c || d || p))
             continue;
         fprintf(f, "%s\"%s\": {\"calls\": %llu, \"dlsym\": %llu, \"procaddr\": %llu}", first ? "" : ", ",
