@@ -63,6 +63,7 @@ CTX = Struct(
         Field("sm_pending", "u32", doc="timing samples in flight"),
         Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share"),
         Field("sm_launches", "u64", doc="launches seen under a compute limit without a slot (drives sampling)"),
+        Field("samp_next_ns", "u64", doc="CLOCK_MONOTONIC before which no launch is timed unless its kernel is new"),
         Record("dev", MAX_DEVICES, (
             Field("turn_entry", "u64", doc="turn entry of the CUDA device: its address, 1 = none, 0 = not looked "
                                            "up yet"),

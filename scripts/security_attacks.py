@@ -77,7 +77,7 @@ def hold(turns: Path) -> None:
     with open(turns, "r+b") as f:
         for i in range(layout.SCHED_ENTRIES):
             at = layout.SCHED_ENTRIES_OFF + i * layout.SCHED_ENTRY.size
-            f.seek(at)
+            f.seek(at + layout.SCHED_ENTRY.offset("key"))
             if struct.unpack("<Q", f.read(8))[0]:
                 f.seek(at + layout.SCHED_ENTRY.offset("turn"))
                 f.write(struct.pack("<Q", (0xBAD << 32) | lease))
@@ -86,9 +86,10 @@ def hold(turns: Path) -> None:
 def fill(turns: Path) -> None:
     with open(turns, "r+b") as f:
         for i in range(layout.SCHED_ENTRIES):
-            f.seek(layout.SCHED_ENTRIES_OFF + i * layout.SCHED_ENTRY.size)
+            key = layout.SCHED_ENTRIES_OFF + i * layout.SCHED_ENTRY.size + layout.SCHED_ENTRY.offset("key")
+            f.seek(key)
             if not struct.unpack("<Q", f.read(8))[0]:
-                f.seek(layout.SCHED_ENTRIES_OFF + i * layout.SCHED_ENTRY.size)
+                f.seek(key)
                 f.write(struct.pack("<Q", (i << 8) | 1))
 
 

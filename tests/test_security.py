@@ -497,8 +497,10 @@ def _hold(turns: Path, lease_ns: int = 990_000_000) -> None:
     """An attacker's move: claim the GPU's entry (before the victim's first launch, so the test does not
     race it) and take its turn with a lease just under the longest (1 s); calling again renews it."""
     with open(turns, "r+b") as f:
-        f.seek(layout.SCHED_ENTRIES_OFF)
-        f.write(struct.pack("<QQ", _gpu_key(), _word(lease_ns)))
+        f.seek(layout.SCHED_ENTRIES_OFF + layout.SCHED_ENTRY.offset("key"))
+        f.write(struct.pack("<Q", _gpu_key()))
+        f.seek(layout.SCHED_ENTRIES_OFF + layout.SCHED_ENTRY.offset("turn"))
+        f.write(struct.pack("<Q", _word(lease_ns)))
 
 
 def _setup_turns(sticky: Path) -> tuple[Path, int]:
@@ -566,7 +568,7 @@ def test_a_full_turn_table_is_an_event_and_a_doctor_warning(env, tmp_path):
     os.close(sched.open_fd(turns))
     with open(turns, "r+b") as f:  # 64 other GPUs (or someone filling the table)
         for i in range(layout.SCHED_ENTRIES):
-            f.seek(layout.SCHED_ENTRIES_OFF + i * layout.SCHED_ENTRY.size)
+            f.seek(layout.SCHED_ENTRIES_OFF + i * layout.SCHED_ENTRY.size + layout.SCHED_ENTRY.offset("key"))
             f.write(struct.pack("<Q", (i << 8) | 1))
     e = _turn_env(env, tmp_path, turns)
     victim = _bench(e, tmp_path, 0.5)

@@ -112,7 +112,9 @@ def test_a_holder_whose_lease_lapsed_lets_its_work_finish(env, tmp_path):
     for x in (a, b, c):
         x.wait()
     (gpu,) = sched.entries(tmp_path / "lapse.turns")
-    assert gpu["lapses"] >= 5, gpu  # 0 before: nothing looked
+    # 0 before: nothing looked. How many depends on how short the first timings came out beside c: 100-120
+    # in most runs on the 2-core box, 2 in about one run of eight (2026-11-24), so one is the bound.
+    assert gpu["lapses"] >= 1, gpu
     assert gpu["lapse_ns"] >= 100e3 * gpu["lapses"], gpu
 
 

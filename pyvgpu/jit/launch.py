@@ -13,8 +13,9 @@ cooperative launch) ends in :func:`launch`:
 3. take the device's turn (pyvgpu/jit/turn.py), so the GPU never holds two
    groups' deep queues at once. A launch without a share takes part too
    while a group with a share takes turns on the machine, best effort;
-4. time one launch in SAMPLE_EVERY (and every new kernel's first) with events; under turns the
-   process's very first timed launch is waited for, so that its later launches have a cost;
+4. time one launch in SAMPLE_EVERY, at most one per SAMPLE_GAP_NS (and every new kernel's first) with
+   events; under turns the process's very first timed launch is waited for, so that its later launches
+   have a cost;
 5. call the driver.
 
 With no limit in force, and no group with a share taking turns on the
@@ -35,6 +36,8 @@ from pyvgpu.jit.intrinsics import load_i32, monotonic_ns, stack_u64
 from pyvgpu.jit.nvml import handle as nvml_handle
 
 SAMPLE_EVERY = 256  # time one launch in this many (a power of two); a new kernel's first launch always
+SAMPLE_GAP_NS = 4_000_000  # and at most one each this long: a timing costs ~5 driver calls (docs/compute.md,
+#                           "Launch overhead"), too many at hundreds of thousands of launches a second
 HARVEST_EVERY = 64  # look for finished timings every this many launches (a power of two)
 OUTSIDE = np.uint64(0xFFFFFFFFFFFFFFFF)  # turn_out when a launch went outside the turns on an unknown device
 
@@ -116,8 +119,11 @@ def launch(ctx, idx, args, notfound, key, stream, region, n, counted, limited):
             DEV.add_sm_borrow_ns(REGION.device(region, dev), c)
     turn.take(ctx, region, dev, e, stream, now, c, rank, limit != 0)
     s = -1
-    if (n & np.uint64(SAMPLE_EVERY - 1)) == 0 or cost.new_kernel(ctx, slot):
+    if cost.new_kernel(ctx, slot) or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
+                                      and now >= np.int64(CTX.get_samp_next_ns(ctx))):
         s = cost.sample_begin(ctx, key, stream)
+        if s >= 0:
+            CTX.set_samp_next_ns(ctx, np.uint64(now + SAMPLE_GAP_NS))
     rc = call_real(ctx, idx, args, notfound)
     if s >= 0:
         cost.sample_end(ctx, s, stream, rc)

@@ -30,7 +30,8 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint32_t sm_pending;  /* timing samples in flight */
     uint64_t sm_batch_ns;  /* PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share */
     uint64_t sm_launches;  /* launches seen under a compute limit without a slot (drives sampling) */
-    uint8_t _pad2[48];
+    uint64_t samp_next_ns;  /* CLOCK_MONOTONIC before which no launch is timed unless its kernel is new */
+    uint8_t _pad2[40];
     struct {  /* per CUDA device, what a launch under a share reads: one cache line each */
         uint64_t turn_entry;  /* turn entry of the CUDA device: its address, 1 = none, 0 = not looked up yet */
         uint64_t turn_since;  /* CLOCK_MONOTONIC when this process last took the turn */
@@ -99,6 +100,7 @@ _Static_assert(offsetof(pv_ctx_t, sm_ndev) == 1528, "pv_ctx.sm_ndev");
 _Static_assert(offsetof(pv_ctx_t, sm_pending) == 1532, "pv_ctx.sm_pending");
 _Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 1536, "pv_ctx.sm_batch_ns");
 _Static_assert(offsetof(pv_ctx_t, sm_launches) == 1544, "pv_ctx.sm_launches");
+_Static_assert(offsetof(pv_ctx_t, samp_next_ns) == 1552, "pv_ctx.samp_next_ns");
 _Static_assert(offsetof(pv_ctx_t, dev[0].turn_entry) == 1600, "pv_ctx.turn_entry");
 _Static_assert(offsetof(pv_ctx_t, dev[0].turn_since) == 1608, "pv_ctx.turn_since");
 _Static_assert(offsetof(pv_ctx_t, dev[0].turn_qend) == 1616, "pv_ctx.turn_qend");
