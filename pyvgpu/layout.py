@@ -30,7 +30,7 @@ KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX009", "little")  # 9: per-entry, per-device, cost and stream records
+CTX_MAGIC = int.from_bytes(b"PVCTX010", "little")  # 10: the launch clock's line (9: records)
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -64,6 +64,17 @@ CTX = Struct(
         Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share"),
         Field("sm_launches", "u64", doc="launches seen under a compute limit without a slot (drives sampling)"),
         Field("samp_next_ns", "u64", doc="CLOCK_MONOTONIC before which no launch is timed unless its kernel is new"),
+        # The launch's clock (pyvgpu/jit/clock.py): CLOCK_MONOTONIC extrapolated from the TSC, in one line.
+        Field("clk_seq", "u64", align=64, doc="the clock's anchor: even when stable, odd while a thread rewrites it"),
+        Field("clk_tsc", "u64", doc="TSC at the anchor"),
+        Field("clk_ns", "u64", doc="CLOCK_MONOTONIC at the anchor"),
+        Field("clk_mult", "u64", doc="ns per TSC tick in units of 2^-32; 0 = no rate yet (the system clock is read)"),
+        Field("clk_span", "u64", doc="TSC ticks an anchor is used for (about CLOCK_ANCHOR_NS), 0 = no rate yet"),
+        Field("clk_base_tsc", "u64", doc="TSC at the start of the rate's measurement"),
+        Field("clk_base_ns", "u64", doc="CLOCK_MONOTONIC at the start of the rate's measurement"),
+        Field("clk_mode", "u32", doc="PYVGPU_CLOCK: 0 = the system clock at every launch, 1 = the TSC, anchored"),
+        Field("clk_resets", "u32", doc="times an anchor disagreed with the system clock and the rate was measured "
+                                       "again"),
         Record("dev", MAX_DEVICES, (
             Field("turn_entry", "u64", doc="turn entry of the CUDA device: its address, 1 = none, 0 = not looked "
                                            "up yet"),

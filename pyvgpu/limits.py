@@ -300,6 +300,20 @@ def human(n: int) -> str:
 DEFAULT_SM_BATCH_MS = 10
 
 
+CLOCK_MODES = ("auto", "tsc", "system")
+
+
+def clock_mode(env: Mapping[str, str]) -> str:
+    """PYVGPU_CLOCK: the clock of a launch under a share (pyvgpu/jit/clock.py). ``auto`` (the default): the
+    TSC, anchored to CLOCK_MONOTONIC, where the kernel keeps that clock on the TSC; ``tsc``: the TSC anyway
+    (x86-64); ``system``: CLOCK_MONOTONIC at every launch."""
+    text = env.get("PYVGPU_CLOCK", "").strip()
+    if text.lower() not in ("", *CLOCK_MODES):
+        raise PyvgpuError(f"PYVGPU_CLOCK={text!r} is not one of auto (the TSC where the kernel's clock runs on it, "
+                          "the default), tsc, system")
+    return text.lower() or "auto"
+
+
 def sm_batch_ns(env: Mapping[str, str]) -> int:
     """PYVGPU_SM_BATCH_MS: budget (ms of wall time) a held launch waits for, so launches leave together."""
     text = env.get("PYVGPU_SM_BATCH_MS", "").strip()

@@ -61,6 +61,7 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
         env["PYTHONPATH"] = _prepend(str(BOOT_DIR), env.get("PYTHONPATH"), os.pathsep)
     lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
     lim.sm_batch_ns(env)
+    lim.clock_mode(env)
     sched.enabled(env)
     lim.priority_from_env(env)
     lim.sm_borrow_from_env(env)

@@ -142,6 +142,8 @@ def test_a_launch_under_a_share_reads_one_line_of_the_context_per_device():
     per_dev = ("turn_entry", "turn_since", "turn_qend", "turn_held", "sm_nvml", "turn_mine")
     for d in (0, 5, layout.MAX_DEVICES - 1):
         assert len({(C.offset(n) + d * C.stride(n)) // 64 for n in per_dev}) == 1
+    clock = ("clk_seq", "clk_tsc", "clk_ns", "clk_mult", "clk_span", "clk_mode")  # what clock.now reads
+    assert len({C.offset(n) // 64 for n in clock}) == 1
     for k in (0, 1, 4095):
         assert (C.offset("cost_key") + k * C.stride("cost_key")) // 64 == \
             (C.offset("cost_ns") + k * C.stride("cost_ns")) // 64

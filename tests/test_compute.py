@@ -11,10 +11,12 @@ share to its target.
 from __future__ import annotations
 
 import json
+import platform
 import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers import PYVGPU, run
@@ -23,6 +25,8 @@ from simgpu import ITERS, Load, sim_env, sim_switch_ns
 from pyvgpu import layout, limits, region, sched
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BENCH_BIN
+
+TESTS_DIR = Path(__file__).resolve().parent
 
 
 def sign_changes(xs: list[float], dead_band: float = 0.02) -> int:
@@ -130,20 +134,34 @@ def test_utilization_policy(env, tmp_path, policy, switch, limited):
     assert any(r.slot(i).sm_policy == limits.SM_POLICIES.index(policy) for i in range(4))
 
 
+def _clock_reads(env, fake, tmp_path, opts: list[str], samples: int, batch: int, clock: str) -> int:
+    out = tmp_path / f"count-{opts[0]}-{samples}-{batch}-{clock}"
+    e = sim_env(env, tmp_path, "clk", LD_PRELOAD=str(fake / "libclock_count.so"), CLOCK_COUNT_FILE=str(out),
+                PYVGPU_CLOCK=clock)
+    p = run([*PYVGPU, "wrap", *opts, "--", str(BENCH_BIN), "launch", str(samples), str(batch)], env=e)
+    assert p.returncode == 0, p.stderr
+    return int(out.read_text().split()[0])
+
+
 def test_no_limit_means_no_clock_read_per_launch(env, fake, tmp_path):
     """With a region (memory cap) but no compute share, launches read no clock and never sleep."""
-    counts = {}
-    for opts, batch in ((["--memory", "1G"], 100), (["--memory", "1G"], 5000), (["--sm", "90"], 100),
-                        (["--sm", "90"], 5000)):
-        out = tmp_path / f"count-{opts[0]}-{batch}"
-        e = sim_env(env, tmp_path, "clk", LD_PRELOAD=str(fake / "libclock_count.so"), CLOCK_COUNT_FILE=str(out))
-        p = run([*PYVGPU, "wrap", *opts, "--", str(BENCH_BIN), "launch", "10", str(batch)], env=e)
-        assert p.returncode == 0, p.stderr
-        counts[(opts[0], batch)] = [int(x) for x in out.read_text().split()]
-    extra_no_limit = counts[("--memory", 5000)][0] - counts[("--memory", 100)][0]
-    extra_limit = counts[("--sm", 5000)][0] - counts[("--sm", 100)][0]
-    assert extra_limit >= 10 * 4900  # the counter works: a limited launch reads the clock
-    assert extra_no_limit < 50, counts  # 49000 more launches, no more clock reads (the watcher's aside)
+    def extra(opts: list[str]) -> int:  # 49000 launches more
+        return (_clock_reads(env, fake, tmp_path, opts, 10, 5000, "system")
+                - _clock_reads(env, fake, tmp_path, opts, 10, 100, "system"))
+
+    no_limit = extra(["--memory", "1G"])  # first: after a share, launches without one take turns a while
+    assert extra(["--sm", "90"]) >= 10 * 4900  # the counter works: a limited launch reads the system clock
+    assert no_limit < 50  # no more clock reads (the watcher's aside)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the TSC clock is x86-64's")
+def test_a_limited_launch_reads_the_tsc_between_anchors(env, fake, tmp_path):
+    """PYVGPU_CLOCK=tsc: a launch under a share reads the TSC, and the system clock only at an anchor (about
+    once a millisecond, and at every launch in the process's first 10 ms while the TSC's rate is measured)."""
+    more = 400 * 5000 - 400 * 100
+    extra = (_clock_reads(env, fake, tmp_path, ["--sm", "90"], 400, 5000, "tsc")
+             - _clock_reads(env, fake, tmp_path, ["--sm", "90"], 400, 100, "tsc"))
+    assert extra < more // 4, (extra, more)
 
 
 def test_one_device_processes_skip_the_device_query_per_launch(env, tmp_path):
@@ -271,3 +289,29 @@ def test_a_forked_child_takes_turns_as_a_process_of_its_own(env, tmp_path):
     # the parent's first take, then the child's (whether the parent's lease had ended by then or not: on a
     # busy machine it may have); a child that inherited the parent's turn would not count as a hand-over
     assert gpu["handovers"] == 2, gpu
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_launch_counts_are_exact_from_many_threads(env, tmp_path, threads):
+    """Every launch of every thread is counted once: in the slot (launches, those charged to the share, the
+    group's accounting) and in the call statistics."""
+    per = 20_000
+    reg, stats = tmp_path / "g.region", tmp_path / "stats.json"
+    e = sim_env(env, tmp_path, f"thr{threads}", PYVGPU_STATS=str(stats))
+    p = subprocess.Popen([*PYVGPU, "wrap", "--sm", "90", "--region", str(reg), "--", sys.executable,
+                          str(TESTS_DIR / "hosts" / "launch_threads.py"), str(threads), str(per)], env=e,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "done", p.stderr.read() if p.poll() is not None else "no answer"
+        r = region.open_region(reg, writable=False)
+        live = [r.slot(i) for i in range(r.header.n_slots) if r.slot(i).state == layout.SLOT_LIVE]
+        assert len(live) == 1
+        s = live[0]
+        assert s.launches == threads * per
+        assert s.dev[0].sm_launches == threads * per
+        assert s.dev[0].sm_cost_ns > 0
+    finally:
+        p.stdin.close()
+        assert p.wait(timeout=120) == 0, p.stderr.read()
+    calls = json.loads(stats.read_text().splitlines()[-1])["symbols"]["cuLaunchKernel"]["calls"]
+    assert calls == threads * per

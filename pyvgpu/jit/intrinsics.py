@@ -302,6 +302,18 @@ def monotonic_ns(typingctx):
 
 
 @intrinsic
+def read_tsc(typingctx):
+    """The CPU's time-stamp counter (x86-64 ``rdtsc``; not ordered with the loads around it: a clock, not a
+    fence). Only pyvgpu/jit/clock.py reads it, and only where the shim found the TSC usable."""
+
+    def codegen(context, builder, sig, args):
+        fn = builder.module.declare_intrinsic("llvm.readcyclecounter", fnty=ir.FunctionType(ir.IntType(64), []))
+        return builder.call(fn, [])
+
+    return types.uint64(), codegen
+
+
+@intrinsic
 def sleep_ns(typingctx, ns):
     """nanosleep for ``ns`` nanoseconds (int64); an interrupted sleep just returns early."""
 

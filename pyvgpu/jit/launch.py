@@ -20,7 +20,8 @@ cooperative launch) ends in :func:`launch`:
 
 With no limit in force, and no group with a share taking turns on the
 machine, a launch costs a few loads and one atomic add before the driver is
-called: no clock read, no lock, no syscall.
+called: no clock read, no lock, no syscall. Under a share its clock is the TSC
+(pyvgpu/jit/clock.py), where the kernel's own clock runs on it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 from numba import njit
 
 from pyvgpu import abi
-from pyvgpu.jit import cost, limiter, turn
+from pyvgpu.jit import clock, cost, limiter, turn
 from pyvgpu.jit.context import REAL, call_real, current_device, stream_of
 from pyvgpu.jit.fields import CTX, DEV, LAUNCH_CONFIG, LAUNCH_PARAMS, REGION, SLOT
 from pyvgpu.jit.intrinsics import load_i32, monotonic_ns, stack_u64
@@ -92,7 +93,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, n, counted, limited):
     if dev < 0:
         return call_real(ctx, idx, args, notfound)
     limit = limiter.share(region, dev) if limited else np.uint32(0)
-    now = monotonic_ns()
+    now = clock.now(ctx)  # the TSC, anchored to CLOCK_MONOTONIC about once a millisecond (clock.py)
     e = turn.entry(ctx, dev)  # the device's turn entry (a load, once known): looked up here only
     if limit == 0 and not turn.active_on(e, now):  # no group with a share takes turns here
         CTX.set_turn_out(ctx, CTX.get_turn_out(ctx) | (np.uint64(1) << np.uint64(dev)))

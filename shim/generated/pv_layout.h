@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3930305854435650ULL
+#define PV_CTX_MAGIC 0x3031305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/layout.py) */
 typedef struct __attribute__((aligned(64))) pv_ctx {
@@ -32,6 +32,15 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t sm_launches;  /* launches seen under a compute limit without a slot (drives sampling) */
     uint64_t samp_next_ns;  /* CLOCK_MONOTONIC before which no launch is timed unless its kernel is new */
     uint8_t _pad2[40];
+    uint64_t clk_seq;  /* the clock's anchor: even when stable, odd while a thread rewrites it */
+    uint64_t clk_tsc;  /* TSC at the anchor */
+    uint64_t clk_ns;  /* CLOCK_MONOTONIC at the anchor */
+    uint64_t clk_mult;  /* ns per TSC tick in units of 2^-32; 0 = no rate yet (the system clock is read) */
+    uint64_t clk_span;  /* TSC ticks an anchor is used for (about CLOCK_ANCHOR_NS), 0 = no rate yet */
+    uint64_t clk_base_tsc;  /* TSC at the start of the rate's measurement */
+    uint64_t clk_base_ns;  /* CLOCK_MONOTONIC at the start of the rate's measurement */
+    uint32_t clk_mode;  /* PYVGPU_CLOCK: 0 = the system clock at every launch, 1 = the TSC, anchored */
+    uint32_t clk_resets;  /* times an anchor disagreed with the system clock and the rate was measured again */
     struct {  /* per CUDA device, what a launch under a share reads: one cache line each */
         uint64_t turn_entry;  /* turn entry of the CUDA device: its address, 1 = none, 0 = not looked up yet */
         uint64_t turn_since;  /* CLOCK_MONOTONIC when this process last took the turn */
@@ -101,45 +110,54 @@ _Static_assert(offsetof(pv_ctx_t, sm_pending) == 1532, "pv_ctx.sm_pending");
 _Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 1536, "pv_ctx.sm_batch_ns");
 _Static_assert(offsetof(pv_ctx_t, sm_launches) == 1544, "pv_ctx.sm_launches");
 _Static_assert(offsetof(pv_ctx_t, samp_next_ns) == 1552, "pv_ctx.samp_next_ns");
-_Static_assert(offsetof(pv_ctx_t, dev[0].turn_entry) == 1600, "pv_ctx.turn_entry");
-_Static_assert(offsetof(pv_ctx_t, dev[0].turn_since) == 1608, "pv_ctx.turn_since");
-_Static_assert(offsetof(pv_ctx_t, dev[0].turn_qend) == 1616, "pv_ctx.turn_qend");
-_Static_assert(offsetof(pv_ctx_t, dev[0].turn_held) == 1624, "pv_ctx.turn_held");
-_Static_assert(offsetof(pv_ctx_t, dev[0].sm_nvml) == 1632, "pv_ctx.sm_nvml");
-_Static_assert(offsetof(pv_ctx_t, dev[0].turn_mine) == 1640, "pv_ctx.turn_mine");
-_Static_assert(offsetof(pv_ctx_t, slot_index) == 2624, "pv_ctx.slot_index");
-_Static_assert(offsetof(pv_ctx_t, region_fd) == 2628, "pv_ctx.region_fd");
-_Static_assert(offsetof(pv_ctx_t, n_slots) == 2632, "pv_ctx.n_slots");
-_Static_assert(offsetof(pv_ctx_t, lock) == 2636, "pv_ctx.lock");
-_Static_assert(offsetof(pv_ctx_t, table) == 2640, "pv_ctx.table");
-_Static_assert(offsetof(pv_ctx_t, table_mask) == 2648, "pv_ctx.table_mask");
-_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 2656, "pv_ctx.table_maxdisp");
-_Static_assert(offsetof(pv_ctx_t, table_live) == 2664, "pv_ctx.table_live");
-_Static_assert(offsetof(pv_ctx_t, table_full) == 2672, "pv_ctx.table_full");
-_Static_assert(offsetof(pv_ctx_t, pool_handle) == 2680, "pv_ctx.pool_handle");
-_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 3192, "pv_ctx.pool_reserved");
-_Static_assert(offsetof(pv_ctx_t, pool_dev) == 3704, "pv_ctx.pool_dev");
-_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 3960, "pv_ctx.ctx_charged");
-_Static_assert(offsetof(pv_ctx_t, nvml_state) == 4088, "pv_ctx.nvml_state");
-_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 4096, "pv_ctx.sm_tick_ns");
-_Static_assert(offsetof(pv_ctx_t, cost[0].cost_key) == 4112, "pv_ctx.cost_key");
-_Static_assert(offsetof(pv_ctx_t, cost[0].cost_ns) == 4120, "pv_ctx.cost_ns");
-_Static_assert(offsetof(pv_ctx_t, samp_state) == 69648, "pv_ctx.samp_state");
-_Static_assert(offsetof(pv_ctx_t, samp_key) == 69680, "pv_ctx.samp_key");
-_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 69744, "pv_ctx.samp_ctx");
-_Static_assert(offsetof(pv_ctx_t, samp_start) == 69808, "pv_ctx.samp_start");
-_Static_assert(offsetof(pv_ctx_t, samp_end) == 69872, "pv_ctx.samp_end");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 69952, "pv_ctx.turn_stream");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 69960, "pv_ctx.turn_stream_dev");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 69968, "pv_ctx.turn_stream_ctx");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 69976, "pv_ctx.turn_stream_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ev) == 70976, "pv_ctx.drain_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 70984, "pv_ctx.drain_ctx");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 70992, "pv_ctx.turn_stream_lock");
-_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 71000, "pv_ctx.turn_streams_lost");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 71008, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 71012, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 71296, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, clk_seq) == 1600, "pv_ctx.clk_seq");
+_Static_assert(offsetof(pv_ctx_t, clk_tsc) == 1608, "pv_ctx.clk_tsc");
+_Static_assert(offsetof(pv_ctx_t, clk_ns) == 1616, "pv_ctx.clk_ns");
+_Static_assert(offsetof(pv_ctx_t, clk_mult) == 1624, "pv_ctx.clk_mult");
+_Static_assert(offsetof(pv_ctx_t, clk_span) == 1632, "pv_ctx.clk_span");
+_Static_assert(offsetof(pv_ctx_t, clk_base_tsc) == 1640, "pv_ctx.clk_base_tsc");
+_Static_assert(offsetof(pv_ctx_t, clk_base_ns) == 1648, "pv_ctx.clk_base_ns");
+_Static_assert(offsetof(pv_ctx_t, clk_mode) == 1656, "pv_ctx.clk_mode");
+_Static_assert(offsetof(pv_ctx_t, clk_resets) == 1660, "pv_ctx.clk_resets");
+_Static_assert(offsetof(pv_ctx_t, dev[0].turn_entry) == 1664, "pv_ctx.turn_entry");
+_Static_assert(offsetof(pv_ctx_t, dev[0].turn_since) == 1672, "pv_ctx.turn_since");
+_Static_assert(offsetof(pv_ctx_t, dev[0].turn_qend) == 1680, "pv_ctx.turn_qend");
+_Static_assert(offsetof(pv_ctx_t, dev[0].turn_held) == 1688, "pv_ctx.turn_held");
+_Static_assert(offsetof(pv_ctx_t, dev[0].sm_nvml) == 1696, "pv_ctx.sm_nvml");
+_Static_assert(offsetof(pv_ctx_t, dev[0].turn_mine) == 1704, "pv_ctx.turn_mine");
+_Static_assert(offsetof(pv_ctx_t, slot_index) == 2688, "pv_ctx.slot_index");
+_Static_assert(offsetof(pv_ctx_t, region_fd) == 2692, "pv_ctx.region_fd");
+_Static_assert(offsetof(pv_ctx_t, n_slots) == 2696, "pv_ctx.n_slots");
+_Static_assert(offsetof(pv_ctx_t, lock) == 2700, "pv_ctx.lock");
+_Static_assert(offsetof(pv_ctx_t, table) == 2704, "pv_ctx.table");
+_Static_assert(offsetof(pv_ctx_t, table_mask) == 2712, "pv_ctx.table_mask");
+_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 2720, "pv_ctx.table_maxdisp");
+_Static_assert(offsetof(pv_ctx_t, table_live) == 2728, "pv_ctx.table_live");
+_Static_assert(offsetof(pv_ctx_t, table_full) == 2736, "pv_ctx.table_full");
+_Static_assert(offsetof(pv_ctx_t, pool_handle) == 2744, "pv_ctx.pool_handle");
+_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 3256, "pv_ctx.pool_reserved");
+_Static_assert(offsetof(pv_ctx_t, pool_dev) == 3768, "pv_ctx.pool_dev");
+_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 4024, "pv_ctx.ctx_charged");
+_Static_assert(offsetof(pv_ctx_t, nvml_state) == 4152, "pv_ctx.nvml_state");
+_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 4160, "pv_ctx.sm_tick_ns");
+_Static_assert(offsetof(pv_ctx_t, cost[0].cost_key) == 4176, "pv_ctx.cost_key");
+_Static_assert(offsetof(pv_ctx_t, cost[0].cost_ns) == 4184, "pv_ctx.cost_ns");
+_Static_assert(offsetof(pv_ctx_t, samp_state) == 69712, "pv_ctx.samp_state");
+_Static_assert(offsetof(pv_ctx_t, samp_key) == 69744, "pv_ctx.samp_key");
+_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 69808, "pv_ctx.samp_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_start) == 69872, "pv_ctx.samp_start");
+_Static_assert(offsetof(pv_ctx_t, samp_end) == 69936, "pv_ctx.samp_end");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 70016, "pv_ctx.turn_stream");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 70024, "pv_ctx.turn_stream_dev");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 70032, "pv_ctx.turn_stream_ctx");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 70040, "pv_ctx.turn_stream_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ev) == 71040, "pv_ctx.drain_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 71048, "pv_ctx.drain_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 71056, "pv_ctx.turn_stream_lock");
+_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 71064, "pv_ctx.turn_streams_lost");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 71072, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 71076, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 71360, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL

@@ -537,6 +537,33 @@ static int utilization_problem(const pv_env_t *env, char *why, size_t n) {
     return 0;
 }
 
+/* ---- the launch clock (pyvgpu/jit/clock.py) -------------------------------- */
+
+/* 1 if launches extrapolate CLOCK_MONOTONIC from the TSC: asked (PYVGPU_CLOCK=tsc), or by default where the
+ * kernel keeps CLOCK_MONOTONIC on the TSC itself (it found the counter invariant and synchronized across
+ * CPUs); 0 for the system clock at every launch; -1 with err when the TSC was asked for and there is none. */
+static int clock_mode(int asked, char *err, size_t n) {
+#if defined(__x86_64__)
+    if (asked)
+        return asked == 1;
+    char cs[32] = "";
+    int fd = open("/sys/devices/system/clocksource/clocksource0/current_clocksource", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t r = read(fd, cs, sizeof cs - 1);
+        close(fd);
+        cs[r > 0 ? r : 0] = 0;
+    }
+    return !strcmp(cs, "tsc\n");
+#else
+    if (asked == 1) {
+        snprintf(err, n, "PYVGPU_CLOCK=tsc: this CPU has no time-stamp counter pyvgpu can read (x86-64 only); "
+                 "unset it or give auto or system");
+        return -1;
+    }
+    return 0;
+#endif
+}
+
 /* ---- attach -------------------------------------------------------------- */
 
 int pv_attach(char *err, size_t n) {
@@ -567,6 +594,9 @@ int pv_attach(char *err, size_t n) {
     }
     pv_region_header_t h;
     int missing;
+    int clk = clock_mode(env.clock, err, n);
+    if (clk < 0)
+        return -1;
     int fd = open_region(path, &env, &h, err, n, &missing);
     if (fd < 0 && missing && create_region(path, &env, err, n) == 0)
         fd = open_region(path, &env, &h, err, n, &missing);
@@ -607,6 +637,7 @@ int pv_attach(char *err, size_t n) {
     }
     pv_ctx.sm_policy = env.sm_policy;
     pv_ctx.sm_batch_ns = env.sm_batch_ns;
+    pv_ctx.clk_mode = (uint32_t)clk;
     pv_ctx.region = (uint64_t)(uintptr_t)m;
     pv_ctx.sched = sched;
     pv_ctx.region_fd = fd;

@@ -279,6 +279,20 @@ int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n) {
                         "time-slice it)%s", "PYVGPU_SM_TURN", t, "");
         env->turns = !(e - b == 1 && *b == '0');
     }
+    /* PYVGPU_CLOCK (pyvgpu/limits.py clock_mode) */
+    if (env_get(envp, "PYVGPU_CLOCK", &t)) {
+        static const char *const names[] = {"auto", "tsc", "system"};
+        const char *b, *e;
+        strip(t, &b, &e);
+        int found = b == e ? 0 : -1;
+        for (int i = 0; i < 3 && found < 0; i++)
+            if ((size_t)(e - b) == strlen(names[i]) && !strncasecmp(b, names[i], (size_t)(e - b)))
+                found = i;
+        if (found < 0)
+            return fail(err, n, "%s='%s' is not one of auto (the TSC where the kernel's clock runs on it, the "
+                        "default), tsc, system%s", "PYVGPU_CLOCK", t, "");
+        env->clock = found;
+    }
     /* PYVGPU_TRUST_SHARED (pyvgpu/safefile.py trust_shared) */
     if (env_get(envp, "PYVGPU_TRUST_SHARED", &t)) {
         const char *b, *e;

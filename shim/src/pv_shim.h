@@ -94,6 +94,7 @@ typedef struct {
     uint32_t sm_policy;              /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
     uint64_t sm_batch_ns;            /* PYVGPU_SM_BATCH_MS */
     int turns;                       /* PYVGPU_SM_TURN */
+    int clock;                       /* PYVGPU_CLOCK: 0 auto, 1 tsc, 2 system */
     int trust_shared;                /* PYVGPU_TRUST_SHARED (pyvgpu/safefile.py) */
     int priority;                    /* CUDA_TASK_PRIORITY: 0 high, 1 low; -1 unset (a new group's is low) */
     int sm_borrow;                   /* PYVGPU_SM_BORROW: 1, 0; -1 unset (a new group's share is a cap) */
