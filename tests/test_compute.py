@@ -189,7 +189,8 @@ def test_bad_sm_option(env, value):
 
 
 @pytest.mark.parametrize("var,value", [("CUDA_DEVICE_SM_LIMIT", "150"), ("CUDA_DEVICE_SM_LIMIT_1", "abc"),
-                                       ("GPU_CORE_UTILIZATION_POLICY", "sometimes"), ("PYVGPU_SM_TURN", "yes")])
+                                       ("GPU_CORE_UTILIZATION_POLICY", "sometimes"), ("PYVGPU_SM_TURN", "yes"),
+                                       ("PYVGPU_CLOCK", "fast")])
 def test_bad_sm_env(env, var, value):
     env[var] = value
     p = run([*PYVGPU, "wrap", "--", "true"], env=env)
