@@ -301,7 +301,7 @@ def test_launch_counts_are_exact_from_many_threads(env, tmp_path, threads):
     e = sim_env(env, tmp_path, f"thr{threads}", PYVGPU_STATS=str(stats))
     p = subprocess.Popen([*PYVGPU, "wrap", "--sm", "90", "--region", str(reg), "--", sys.executable,
                           str(TESTS_DIR / "hosts" / "launch_threads.py"), str(threads), str(per)], env=e,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
     try:
         assert p.stdout.readline().strip() == "done", p.stderr.read() if p.poll() is not None else "no answer"
         r = region.open_region(reg, writable=False)
