@@ -238,6 +238,18 @@ static int device_of(const char *name, size_t base_len, char *err, size_t n) {
     return (int)d;
 }
 
+/* The index of text (spaces around it ignored, any case) among names; empty text is the first; -1 if none */
+static int one_of(const char *text, const char *const *names, int count) {
+    const char *b, *e;
+    strip(text, &b, &e);
+    if (b == e)
+        return 0;
+    for (int i = 0; i < count; i++)
+        if ((size_t)(e - b) == strlen(names[i]) && !strncasecmp(b, names[i], (size_t)(e - b)))
+            return i;
+    return -1;
+}
+
 int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n) {
     memset(env, 0, sizeof *env);
     const char *t;
@@ -245,12 +257,7 @@ int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n) {
     /* GPU_CORE_UTILIZATION_POLICY */
     if (env_get(envp, "GPU_CORE_UTILIZATION_POLICY", &t)) {
         static const char *const names[] = {"default", "force", "disable"};
-        const char *b, *e;
-        strip(t, &b, &e);
-        int found = b == e ? 0 : -1;
-        for (int i = 0; i < 3 && found < 0; i++)
-            if ((size_t)(e - b) == strlen(names[i]) && !strncasecmp(b, names[i], (size_t)(e - b)))
-                found = i;
+        int found = one_of(t, names, 3);
         if (found < 0)
             return fail(err, n, "%s='%s' is not one of default, force, disable%s", "GPU_CORE_UTILIZATION_POLICY", t,
                         "");
@@ -282,12 +289,7 @@ int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n) {
     /* PYVGPU_CLOCK (pyvgpu/limits.py clock_mode) */
     if (env_get(envp, "PYVGPU_CLOCK", &t)) {
         static const char *const names[] = {"auto", "tsc", "system"};
-        const char *b, *e;
-        strip(t, &b, &e);
-        int found = b == e ? 0 : -1;
-        for (int i = 0; i < 3 && found < 0; i++)
-            if ((size_t)(e - b) == strlen(names[i]) && !strncasecmp(b, names[i], (size_t)(e - b)))
-                found = i;
+        int found = one_of(t, names, 3);
         if (found < 0)
             return fail(err, n, "%s='%s' is not one of auto (the TSC where the kernel's clock runs on it, the "
                         "default), tsc, system%s", "PYVGPU_CLOCK", t, "");
