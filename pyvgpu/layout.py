@@ -131,7 +131,8 @@ CTX = Struct(
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
 MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/mps.py MODES)
-REGION_VERSION = 9  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines
+REGION_VERSION = 10  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
+#                     10: a slot's launches leave out those its sm_launches count
 VISIBLE_MIG = 1 << 31  # REGION_HEADER.visible[g]: group device g is a MIG instance of that GPU
 VISIBLE_INDEX = VISIBLE_MIG - 1  # the NVML index in REGION_HEADER.visible[g]
 GROUP_NAME_BYTES = 64
@@ -210,9 +211,11 @@ REGION_SLOT = Struct(
         Field("used", "u64", MAX_DEVICES * N_KINDS, doc="bytes by [device][kind]"),
         Field("oom_refusals", "u64"),
         # counted at every launch: the count and the first devices' charges in one cache line
-        Field("launches", "u64", align=64, doc="kernel and graph launches on any device, limited or not"),
+        Field("launches", "u64", align=64, doc="kernel and graph launches not counted in a device's sm_launches "
+                                               "(every launch: this plus those; one atomic add per launch)"),
         Record("dev", MAX_DEVICES, (
-            Field("sm_launches", "u64", doc="launches charged to the compute budget on the device"),
+            Field("sm_launches", "u64", doc="launches charged to the group's accounting on the device (under a "
+                                            "share, or taking turns beside one)"),
             Field("sm_cost_ns", "u64", doc="their estimated GPU time (ns, before scaling)"),
         ), doc="per device"),
     ],

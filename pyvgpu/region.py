@@ -150,6 +150,12 @@ class Region:
         os.close(self.fd)
 
 
+def slot_launches(slot: ctypes.Structure) -> int:
+    """Every launch a process made: its slot counts each once, in ``launches`` or, when the launch was charged
+    to the group's accounting on a device, in that device's ``sm_launches`` (pyvgpu/jit/launch.py)."""
+    return slot.launches + sum(d.sm_launches for d in slot.dev)
+
+
 def _sm_any(limits: list[int]) -> int:
     """Devices whose share actually limits (1..99): 0 lets every launch skip the limiter."""
     return sum(1 for v in limits if 0 < v < 100)

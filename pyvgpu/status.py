@@ -109,7 +109,7 @@ def describe(r: R.Region, reclaimed: int) -> dict:
         procs.append({"slot": i, "pid": s.pid, "alive": _alive(r, i), "start_ns": s.start_ns,
                       "oom_refusals": s.oom_refusals, "devices": by_dev,
                       "sm_policy": limits.SM_POLICIES[s.sm_policy] if s.sm_policy < 3 else "?",
-                      "launches": s.launches, "launches_limited": sum(d.sm_launches for d in s.dev)})
+                      "launches": R.slot_launches(s), "launches_limited": sum(d.sm_launches for d in s.dev)})
     visible = [{"index": g, "nvml_index": i, "uuid": u, "mig": u.startswith("MIG-")}
                for g, (i, u) in enumerate(r.visible())]
     return {"name": r.name, "path": str(r.path), "created_ns": r.header.created_ns,

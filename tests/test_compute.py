@@ -292,14 +292,15 @@ def test_a_forked_child_takes_turns_as_a_process_of_its_own(env, tmp_path):
     assert gpu["handovers"] == 2, gpu
 
 
-@pytest.mark.parametrize("threads", [1, 4])
-def test_launch_counts_are_exact_from_many_threads(env, tmp_path, threads):
-    """Every launch of every thread is counted once: in the slot (launches, those charged to the share, the
-    group's accounting) and in the call statistics."""
+@pytest.mark.parametrize("threads,share", [(1, True), (4, True), (4, False)])
+def test_launch_counts_are_exact_from_many_threads(env, tmp_path, threads, share):
+    """Every launch of every thread is counted once in the slot (under a share in the device's accounting,
+    with the GPU time it was charged; without one in the slot's own count) and in the call statistics."""
     per = 20_000
     reg, stats = tmp_path / "g.region", tmp_path / "stats.json"
     e = sim_env(env, tmp_path, f"thr{threads}", PYVGPU_STATS=str(stats))
-    p = subprocess.Popen([*PYVGPU, "wrap", "--sm", "90", "--region", str(reg), "--", sys.executable,
+    sm = ["--sm", "90"] if share else []
+    p = subprocess.Popen([*PYVGPU, "wrap", *sm, "--region", str(reg), "--", sys.executable,
                           str(TESTS_DIR / "hosts" / "launch_threads.py"), str(threads), str(per)], env=e,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
     try:
@@ -308,9 +309,12 @@ def test_launch_counts_are_exact_from_many_threads(env, tmp_path, threads):
         live = [r.slot(i) for i in range(r.header.n_slots) if r.slot(i).state == layout.SLOT_LIVE]
         assert len(live) == 1
         s = live[0]
-        assert s.launches == threads * per
-        assert s.dev[0].sm_launches == threads * per
-        assert s.dev[0].sm_cost_ns > 0
+        assert region.slot_launches(s) == threads * per
+        if share:
+            assert (s.launches, s.dev[0].sm_launches) == (0, threads * per)
+            assert s.dev[0].sm_cost_ns > 0
+        else:
+            assert (s.launches, s.dev[0].sm_launches, s.dev[0].sm_cost_ns) == (threads * per, 0, 0)
     finally:
         p.stdin.close()
         assert p.wait(timeout=120) == 0, p.stderr.read()

@@ -4,7 +4,9 @@ Every launch path (cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel,
 cuGraphLaunch, their per-thread-stream variants, and the multi-device
 cooperative launch) ends in :func:`launch`:
 
-1. count the launch in the process's slot (``pyvgpu top``'s launches/s);
+1. count the launch in the process's slot (``pyvgpu top``'s launches/s), once:
+   a launch charged to the group's accounting on its device is counted there
+   (``sm_launches``), any other in the slot's ``launches``;
 2. if the group has a share in force on the launch's device: look up the
    kernel's cost (pyvgpu/jit/cost.py), charge it to the group's budget
    (pyvgpu/jit/limiter.py) and wait while the budget is spent; a group that
@@ -45,11 +47,10 @@ OUTSIDE = np.uint64(0xFFFFFFFFFFFFFFFF)  # turn_out when a launch went outside t
 
 @njit(inline="always")
 def count_launch(ctx):
-    """Count the launch in the process's slot: (the count before it, True), or (0, False) without a slot."""
+    """Count a launch that no device's accounting counts (``limiter.charge_slot``) in the process's slot."""
     slot = CTX.get_slot(ctx)
     if slot != 0:
-        return SLOT.add_launches(slot, 1), True
-    return np.uint64(0), False
+        SLOT.add_launches(slot, 1)
 
 
 @njit
@@ -69,45 +70,43 @@ def launch_device(ctx):
 
 @njit(inline="always")
 def gate(ctx):
-    """A launch's first step, loads and the count only (no clock, lock or syscall): (region, n, counted,
-    limited), region 0 when the launch goes straight to the driver. Each policy calls it before it works
-    out the kernel's key and stream, which only the rest of the launch needs."""
+    """A launch's first step, loads only (no clock, lock or syscall): (region, limited), region 0 when the
+    launch goes straight to the driver (counted here). Each policy calls it before it works out the
+    kernel's key and stream, which only the rest of the launch needs."""
     region = CTX.get_region(ctx)
     if region == 0:
-        return region, np.uint64(0), False, False
-    n, counted = count_launch(ctx)
+        return region, False
     limited = limiter.limited(ctx, region)
     if not limited and not turn.machine_active(ctx):
+        count_launch(ctx)
         if CTX.get_turn_out(ctx) != OUTSIDE:  # which device is not known here: all of them (turn.join); a
             CTX.set_turn_out(ctx, OUTSIDE)  # store only once, so that launching threads share the line
-        return np.uint64(0), n, counted, limited
-    return region, n, counted, limited
+        return np.uint64(0), limited
+    return region, limited
 
 
 @njit
-def launch(ctx, idx, args, notfound, key, stream, region, n, counted, limited):
+def launch(ctx, idx, args, notfound, key, stream, region, limited):
     """Every launch path ends here, after ``gate``: limit, take the turn, time a sample, launch."""
-    if not counted:  # sampling needs a count: the process's own, only on this (slower) path
-        n = CTX.add_sm_launches(ctx, 1)
     dev = launch_device(ctx)
     if dev < 0:
+        count_launch(ctx)
         return call_real(ctx, idx, args, notfound)
     limit = limiter.share(region, dev) if limited else np.uint32(0)
     now = clock.now(ctx)  # the TSC, anchored to CLOCK_MONOTONIC about once a millisecond (clock.py)
     e = turn.entry(ctx, dev)  # the device's turn entry (a load, once known): looked up here only
     if limit == 0 and not turn.active_on(e, now):  # no group with a share takes turns here
+        count_launch(ctx)
         CTX.set_turn_out(ctx, CTX.get_turn_out(ctx) | (np.uint64(1) << np.uint64(dev)))
         return call_real(ctx, idx, args, notfound)
     if limit != 0 and CTX.get_sm_nvml(ctx, dev) == 0:
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
-    if CTX.load_sm_pending(ctx) != 0 and (n & np.uint64(HARVEST_EVERY - 1)) == 0:
-        cost.harvest(ctx)
     slot = cost.cost_slot(ctx, key)
     c = cost.cost_of(ctx, slot)
     if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, dev, now)
                            and not turn.share_waits(ctx, e, now)):
         rank = limiter.rank(region, True)
-        wait = limiter.throttle(ctx, region, dev, c, limit, now)
+        wait, n = limiter.throttle(ctx, region, dev, c, limit, now)
         if wait > 0:
             now = limiter.hold(ctx, region, dev, wait, stream, True, rank)
     else:
@@ -115,9 +114,12 @@ def launch(ctx, idx, args, notfound, key, stream, region, n, counted, limited):
         # with a share waits. No budget is charged (the group is not in debt when it stops borrowing), but
         # its GPU time counts in the group's accounting.
         rank = limiter.rank(region, False)
-        limiter.charge_slot(ctx, dev, c)
+        n = limiter.charge_slot(ctx, dev, c)
         if limit != 0:
             DEV.add_sm_borrow_ns(REGION.device(region, dev), c)
+    # the count first: sm_pending is on a line of its own, which 63 launches in 64 leave unread
+    if (n & np.uint64(HARVEST_EVERY - 1)) == 0 and CTX.load_sm_pending(ctx) != 0:
+        cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones
     turn.take(ctx, region, dev, e, stream, now, c, rank, limit != 0)
     s = -1
     if cost.new_kernel(ctx, slot) or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
@@ -139,22 +141,22 @@ def launch(ctx, idx, args, notfound, key, stream, region, n, counted, limited):
 
 @njit
 def kernel(ctx, idx, args, notfound):
-    region, n, counted, limited = gate(ctx)
+    region, limited = gate(ctx)
     if region == 0:
         return call_real(ctx, idx, args, notfound)
     f, gx, gy, gz, bx, by, bz, shm, stream, params, extra = args
     return launch(ctx, idx, args, notfound, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream),
-                  region, n, counted, limited)
+                  region, limited)
 
 
 @njit
 def cooperative(ctx, idx, args, notfound):
-    region, n, counted, limited = gate(ctx)
+    region, limited = gate(ctx)
     if region == 0:
         return call_real(ctx, idx, args, notfound)
     f, gx, gy, gz, bx, by, bz, shm, stream, params = args
     return launch(ctx, idx, args, notfound, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream),
-                  region, n, counted, limited)
+                  region, limited)
 
 
 @njit
@@ -162,23 +164,22 @@ def kernel_ex(ctx, idx, args, notfound):
     config, f, params, extra = args
     if config == 0:
         return call_real(ctx, idx, args, notfound)
-    region, n, counted, limited = gate(ctx)
+    region, limited = gate(ctx)
     if region == 0:
         return call_real(ctx, idx, args, notfound)
     C = LAUNCH_CONFIG
     key = cost.shape_key(f, C.get_gridDimX(config), C.get_gridDimY(config), C.get_gridDimZ(config),
                          C.get_blockDimX(config), C.get_blockDimY(config), C.get_blockDimZ(config))
-    return launch(ctx, idx, args, notfound, key, stream_of(idx, C.get_hStream(config)), region, n, counted, limited)
+    return launch(ctx, idx, args, notfound, key, stream_of(idx, C.get_hStream(config)), region, limited)
 
 
 @njit
 def graph(ctx, idx, args, notfound):
-    region, n, counted, limited = gate(ctx)
+    region, limited = gate(ctx)
     if region == 0:
         return call_real(ctx, idx, args, notfound)
     exec_, stream = args
-    return launch(ctx, idx, args, notfound, exec_ | np.uint64(1), stream_of(idx, stream), region, n, counted,
-                  limited)
+    return launch(ctx, idx, args, notfound, exec_ | np.uint64(1), stream_of(idx, stream), region, limited)
 
 
 @njit
@@ -189,20 +190,19 @@ def multi_device(ctx, idx, args, notfound):
     region = CTX.get_region(ctx)
     if region == 0:
         return call_real(ctx, idx, args, notfound)
-    count_launch(ctx)
-    if not limiter.limited(ctx, region) or plist == 0 or ndev == 0:
+    dev = -1
+    if limiter.limited(ctx, region) and plist != 0 and ndev != 0:
+        dev = current_device(ctx)
+    limit = limiter.share(region, dev) if dev >= 0 else np.uint32(0)
+    if limit == 0:
+        count_launch(ctx)
         return call_real(ctx, idx, args, notfound)
-    dev = current_device(ctx)
-    if dev < 0:
-        return call_real(ctx, idx, args, notfound)
-    limit = limiter.share(region, dev)
-    if limit != 0:
-        P = LAUNCH_PARAMS
-        key = cost.shape_key(P.get_function(plist), P.get_gridDimX(plist), P.get_gridDimY(plist),
-                             P.get_gridDimZ(plist), P.get_blockDimX(plist), P.get_blockDimY(plist),
-                             P.get_blockDimZ(plist))
-        wait = limiter.throttle(ctx, region, dev, cost.cost_of(ctx, cost.cost_slot(ctx, key)), limit,
-                                monotonic_ns())
-        if wait > 0:
-            limiter.hold(ctx, region, dev, wait, np.uint64(0), False, 0)  # streams of several devices: no turns
+    P = LAUNCH_PARAMS
+    key = cost.shape_key(P.get_function(plist), P.get_gridDimX(plist), P.get_gridDimY(plist),
+                         P.get_gridDimZ(plist), P.get_blockDimX(plist), P.get_blockDimY(plist),
+                         P.get_blockDimZ(plist))
+    wait, _ = limiter.throttle(ctx, region, dev, cost.cost_of(ctx, cost.cost_slot(ctx, key)), limit,
+                               monotonic_ns())  # counts the launch
+    if wait > 0:
+        limiter.hold(ctx, region, dev, wait, np.uint64(0), False, 0)  # streams of several devices: no turns
     return call_real(ctx, idx, args, notfound)

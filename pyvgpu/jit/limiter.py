@@ -65,17 +65,22 @@ def rank(region, due):
 
 @njit(inline="always")
 def charge_slot(ctx, dev, cost):
-    """Count a launch and its estimated GPU time in the process's slot (the group's own accounting)."""
+    """Count a launch and its estimated GPU time in the process's slot (the group's own accounting; the
+    slot's ``launches`` leaves it out, so a launch is counted with one atomic add, not two). Returns the
+    count before it (without a slot, the process's own count), which paces the launch's timing samples."""
     slot = CTX.get_slot(ctx)
     if slot != 0:
-        SLOT.add_sm_launches(slot, dev, 1)
+        n = SLOT.add_sm_launches(slot, dev, 1)
         SLOT.add_sm_cost_ns(slot, dev, cost)
+        return n
+    return CTX.add_sm_launches(ctx, 1)
 
 
 @njit
 def throttle(ctx, region, dev, cost, limit, now):
-    """Charge cost (ns of GPU time) to the group's budget on dev. Returns how long the launch must wait for
-    the budget (ns, <= 0: it may go now)."""
+    """Charge cost (ns of GPU time) to the group's budget on dev, and count the launch (``charge_slot``).
+    Returns how long the launch must wait for the budget (ns, <= 0: it may go now), and the count before
+    it."""
     d = REGION.device(region, dev)
     scale = DEV.get_sm_scale(d)
     if scale == 0:
@@ -86,8 +91,8 @@ def throttle(ctx, region, dev, cost, limit, now):
         base = old if old > now else now
         if np.int64(DEV.cas_sm_tat(d, np.uint64(old), np.uint64(base + charge))) == old:
             break
-    charge_slot(ctx, dev, cost)
-    return old - BURST_NS - np.int64(CTX.get_sm_batch_ns(ctx)) - now
+    n = charge_slot(ctx, dev, cost)
+    return old - BURST_NS - np.int64(CTX.get_sm_batch_ns(ctx)) - now, n
 
 
 @njit

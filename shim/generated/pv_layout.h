@@ -161,7 +161,7 @@ _Static_assert(sizeof(pv_ctx_t) == 71360, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 9
+#define PV_REGION_VERSION 10
 #define PV_REGION_DEVICES_OFF 512
 #define PV_REGION_SLOTS_OFF 15872
 #define PV_REGION_SLOT_SIZE 768
