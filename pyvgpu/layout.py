@@ -30,7 +30,7 @@ KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX010", "little")  # 10: the launch clock's line (9: records)
+CTX_MAGIC = int.from_bytes(b"PVCTX011", "little")  # 11: count_calls (10: the launch clock's line, 9: records)
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -44,7 +44,7 @@ CTX = Struct(
         Field("n_entries", "u32", doc="hook entries in this shim"),
         Record("entry", N_ENTRIES, (
             Field("real", "u64", doc="the real driver function, 0 if the driver lacks it"),
-            Field("calls", "u64", doc="calls, counted by the callbacks"),
+            Field("calls", "u64", doc="calls, counted by the callbacks while count_calls is set"),
         ), doc="per hook entry: a call reads the one and counts in the other, in one cache line"),
         Field("helper", "u64", N_HELPERS, doc="real driver functions the policies call (hooks.HELPERS)"),
         # What every launch reads first, in one cache line (the no-share path reads no other line of the
@@ -60,8 +60,10 @@ CTX = Struct(
         Field("sm_policy", "u32", doc="GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
         Field("turn_id", "u32", doc="this process's id in turn words, 0 = not drawn yet"),
         Field("sm_ndev", "u32", doc="CUDA devices this process sees, + 1; 0 = not asked yet"),
-        Field("sm_pending", "u32", doc="timing samples in flight"),
+        Field("count_calls", "u32", doc="1: the callbacks count their calls (entry.calls), for PYVGPU_STATS only: "
+                                        "an atomic add per call nobody reads otherwise"),
         Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share"),
+        Field("sm_pending", "u32", doc="timing samples in flight (read every HARVEST_EVERY launches)"),
         Field("sm_launches", "u64", doc="launches seen under a compute limit without a slot (drives sampling)"),
         Field("samp_next_ns", "u64", doc="CLOCK_MONOTONIC before which no launch is timed unless its kernel is new"),
         # The launch's clock (pyvgpu/jit/clock.py): CLOCK_MONOTONIC extrapolated from the TSC, in one line.
@@ -84,6 +86,8 @@ CTX = Struct(
             Field("sm_nvml", "u64", doc="NVML handle of the CUDA device, 0 = not resolved yet"),
             Field("turn_mine", "u32", doc="1 from when this process takes the device's turn until it frees it: "
                                           "another holder then means its lease lapsed"),
+            Field("sm_recip", "u64", doc="the share it last charged at << 33 | 2^32 // share + 1: the charge's "
+                                         "division as a multiply (pyvgpu/jit/limiter.py); 0 = none yet"),
         ), size=64, doc="per CUDA device, what a launch under a share reads: one cache line each"),
         Field("slot_index", "i32"),
         Field("region_fd", "i32", doc="fd holding this process's slot lock"),

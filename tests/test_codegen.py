@@ -136,10 +136,10 @@ def test_a_launch_under_a_share_reads_one_line_of_the_context_per_device():
     kernel's cost key and estimate share one."""
     C = layout.CTX
     first = {"region", "slot", "sched", "turn_out", "turn_tick", "sm_default_cost", "sm_policy", "turn_id",
-             "sm_ndev", "sm_pending"}
+             "sm_ndev", "count_calls"}
     assert {C.offset(n) // 64 for n in first} == {C.offset("region") // 64}
     assert C.offset("region") % 64 == 0
-    per_dev = ("turn_entry", "turn_since", "turn_qend", "turn_held", "sm_nvml", "turn_mine")
+    per_dev = ("turn_entry", "turn_since", "turn_qend", "turn_held", "sm_nvml", "turn_mine", "sm_recip")
     for d in (0, 5, layout.MAX_DEVICES - 1):
         assert len({(C.offset(n) + d * C.stride(n)) // 64 for n in per_dev}) == 1
     clock = ("clk_seq", "clk_tsc", "clk_ns", "clk_mult", "clk_span", "clk_mode")  # what clock.now reads

@@ -219,3 +219,32 @@ def test_futex_wait_returns_on_a_changed_word_on_time_out_and_on_wake():
         if done.wait(0.01):
             break
     assert done.is_set()
+
+
+def test_branch_hints_keep_the_condition_and_weight_the_branch():
+    """likely/unlikely return their condition unchanged and reach LLVM as branch weights (the usual path laid
+    out straight, pyvgpu/jit/launch.py); a non-boolean is refused at compile time."""
+    import pytest
+    from numba import njit
+    from numba.core.errors import TypingError
+
+    @njit
+    def pick(a):
+        x = 0
+        if I.unlikely(a > 3):
+            x += 1
+        if I.likely(a < 10):
+            x += 2
+        return x
+
+    assert [pick(v) for v in (0, 5, 20)] == [2, 3, 1]
+    ir = pick.inspect_llvm(pick.signatures[0])
+    # lowered into LLVM's weights of an expected branch, one each way
+    assert '!"expected", i32 1, i32 2000' in ir and '!"expected", i32 2000, i32 1' in ir, ir
+
+    @njit
+    def wrong(a):
+        return I.likely(a)
+
+    with pytest.raises(TypingError):
+        wrong(3)

@@ -34,7 +34,7 @@ import numpy as np
 from numba import njit
 
 from pyvgpu.jit.fields import CTX
-from pyvgpu.jit.intrinsics import monotonic_ns, read_tsc
+from pyvgpu.jit.intrinsics import likely, monotonic_ns, read_tsc, unlikely
 
 CLOCK_ANCHOR_NS = 1_000_000  # read the system clock about this often (ns)
 RATE_WINDOW_NS = 10_000_000  # measure the first rate over at least this long
@@ -46,14 +46,14 @@ Q32 = 4294967296.0
 @njit(inline="always")
 def now(ctx):
     """CLOCK_MONOTONIC in ns: extrapolated from the TSC between anchors, else read."""
-    if CTX.get_clk_mode(ctx) == 0:
+    if unlikely(CTX.get_clk_mode(ctx) == 0):
         return monotonic_ns()
     seq = CTX.load_clk_seq(ctx)
     t = read_tsc()
     d = t - CTX.load_clk_tsc(ctx)
-    if d < CTX.load_clk_span(ctx):  # unsigned: a TSC behind the anchor (another CPU's) goes to the anchor too
+    if likely(d < CTX.load_clk_span(ctx)):  # unsigned: a TSC behind the anchor (another CPU's) goes to the anchor too
         ns = np.int64(CTX.load_clk_ns(ctx) + ((d * CTX.load_clk_mult(ctx)) >> np.uint64(32)))
-        if CTX.load_clk_seq(ctx) == seq and seq & np.uint64(1) == 0:
+        if likely(CTX.load_clk_seq(ctx) == seq and seq & np.uint64(1) == 0):
             return ns
     return anchor(ctx, seq)
 

@@ -29,7 +29,7 @@ from numba import njit
 from pyvgpu import abi, hooks
 from pyvgpu import layout as L
 from pyvgpu.jit.fields import CTX
-from pyvgpu.jit.intrinsics import call_i32, load_i32, stack_u64
+from pyvgpu.jit.intrinsics import call_i32, load_i32, stack_u64, unlikely
 
 
 # Whether each hook entry is a per-thread-default-stream variant (_ptsz/_ptds), a bit per entry index in two
@@ -47,9 +47,11 @@ def _per_thread_bits() -> tuple[np.uint64, np.uint64]:
 PER_THREAD_LO, PER_THREAD_HI = _per_thread_bits()
 
 
-@njit
+@njit(inline="always")
 def count_call(ctx, idx):
-    CTX.add_calls(ctx, idx, 1)
+    """Count the call of entry idx for PYVGPU_STATS; without it, nothing (an atomic add per call)."""
+    if unlikely(CTX.get_count_calls(ctx) != 0):
+        CTX.add_calls(ctx, idx, 1)
 
 
 @njit

@@ -20,7 +20,7 @@ from pyvgpu import abi
 from pyvgpu import layout as L
 from pyvgpu.jit.context import HELPER
 from pyvgpu.jit.fields import CTX
-from pyvgpu.jit.intrinsics import load_f32, load_u64, stack_u64
+from pyvgpu.jit.intrinsics import likely, load_f32, load_u64, stack_u64
 from pyvgpu.jit.streams import running_context
 
 SAMPLE_FREE, SAMPLE_RECORDING, SAMPLE_IN_FLIGHT = 0, 1, 2
@@ -43,7 +43,7 @@ def cost_slot(ctx, key):
     for p in range(PROBES):
         i = (h + np.uint64(p)) & np.uint64(L.COST_SLOTS - 1)
         k = CTX.get_cost_key(ctx, i)
-        if k == key:
+        if likely(k == key):
             return np.int64(i)
         if k == 0:
             old = CTX.cas_cost_key(ctx, i, 0, key)

@@ -34,7 +34,7 @@ from pyvgpu import abi
 from pyvgpu import layout as L
 from pyvgpu.jit.context import HELPER, call_real
 from pyvgpu.jit.fields import CTX
-from pyvgpu.jit.intrinsics import load_i32, load_u64, stack_u64, yield_cpu
+from pyvgpu.jit.intrinsics import likely, load_i32, load_u64, stack_u64, yield_cpu
 
 
 @njit
@@ -55,7 +55,7 @@ def note_stream(ctx, dev, stream):
     key = stream + np.uint64(1)
     for i in range(L.TURN_STREAMS):
         k = CTX.get_turn_stream(ctx, i)
-        if k == key and CTX.get_turn_stream_dev(ctx, i) == np.uint64(dev):
+        if likely(k == key and CTX.get_turn_stream_dev(ctx, i) == np.uint64(dev)):
             return
     add_stream(ctx, dev, stream)
 

@@ -313,6 +313,31 @@ def read_tsc(typingctx):
     return types.uint64(), codegen
 
 
+def _expect(value: int):
+    def make(typingctx, cond):
+        if not isinstance(cond, types.Boolean):
+            return None
+
+        def codegen(context, builder, sig, args):
+            i1 = ir.IntType(1)
+            fn = builder.module.declare_intrinsic("llvm.expect.i1", fnty=ir.FunctionType(i1, [i1, i1]))
+            return builder.call(fn, [args[0], ir.Constant(i1, value)])
+
+        return types.boolean(cond), codegen
+
+    return make
+
+
+# Branch hints: ``if unlikely(c):`` is ``if c:``, and tells LLVM which way the branch usually goes, so that it
+# lays the usual path out as one straight run and moves the rest after it: the launch path (launch.py) runs
+# between two driver calls, and each code line it jumps to is one more to fetch (docs/compute.md, "2026-11-24,
+# third session: the launch path").
+likely = intrinsic(_expect(1))
+likely.__doc__ = "``cond``, which is usually True (a branch hint; see ``unlikely``)."
+unlikely = intrinsic(_expect(0))
+unlikely.__doc__ = "``cond``, which is usually False: LLVM moves the branch's block off the straight path."
+
+
 @intrinsic
 def sleep_ns(typingctx, ns):
     """nanosleep for ``ns`` nanoseconds (int64); an interrupted sleep just returns early."""

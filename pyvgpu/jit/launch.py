@@ -35,7 +35,7 @@ from pyvgpu import abi
 from pyvgpu.jit import clock, cost, limiter, turn
 from pyvgpu.jit.context import REAL, call_real, current_device, stream_of
 from pyvgpu.jit.fields import CTX, DEV, LAUNCH_CONFIG, LAUNCH_PARAMS, REGION, SLOT
-from pyvgpu.jit.intrinsics import load_i32, monotonic_ns, stack_u64
+from pyvgpu.jit.intrinsics import load_i32, monotonic_ns, stack_u64, unlikely
 from pyvgpu.jit.nvml import handle as nvml_handle
 
 SAMPLE_EVERY = 256  # time one launch in this many (a power of two); a new kernel's first launch always
@@ -58,7 +58,7 @@ def launch_device(ctx):
     """The device a launch runs on. A process that sees one CUDA device launches on device 0, so it
     skips cuCtxGetDevice, the dearest call of the limited path; the count is asked once."""
     n = CTX.get_sm_ndev(ctx)
-    if n == 0:
+    if unlikely(n == 0):
         out = stack_u64()
         if REAL.cuDeviceGetCount(ctx, out) == abi.CUDA_SUCCESS:
             n = np.uint32(load_i32(out) + 1)
@@ -89,7 +89,7 @@ def gate(ctx):
 def launch(ctx, idx, args, notfound, key, stream, region, limited):
     """Every launch path ends here, after ``gate``: limit, take the turn, time a sample, launch."""
     dev = launch_device(ctx)
-    if dev < 0:
+    if unlikely(dev < 0):
         count_launch(ctx)
         return call_real(ctx, idx, args, notfound)
     limit = limiter.share(region, dev) if limited else np.uint32(0)
@@ -99,7 +99,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         count_launch(ctx)
         CTX.set_turn_out(ctx, CTX.get_turn_out(ctx) | (np.uint64(1) << np.uint64(dev)))
         return call_real(ctx, idx, args, notfound)
-    if limit != 0 and CTX.get_sm_nvml(ctx, dev) == 0:
+    if unlikely(limit != 0 and CTX.get_sm_nvml(ctx, dev) == 0):
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
     slot = cost.cost_slot(ctx, key)
     c = cost.cost_of(ctx, slot)
@@ -107,7 +107,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
                            and not turn.share_waits(ctx, e, now)):
         rank = limiter.rank(region, True)
         wait, n = limiter.throttle(ctx, region, dev, c, limit, now)
-        if wait > 0:
+        if unlikely(wait > 0):
             now = limiter.hold(ctx, region, dev, wait, stream, True, rank)
     else:
         # best effort: no share here, or a share spent while the group may borrow idle time and nobody
@@ -118,17 +118,17 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         if limit != 0:
             DEV.add_sm_borrow_ns(REGION.device(region, dev), c)
     # the count first: sm_pending is on a line of its own, which 63 launches in 64 leave unread
-    if (n & np.uint64(HARVEST_EVERY - 1)) == 0 and CTX.load_sm_pending(ctx) != 0:
+    if unlikely((n & np.uint64(HARVEST_EVERY - 1)) == 0 and CTX.load_sm_pending(ctx) != 0):
         cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones
     turn.take(ctx, region, dev, e, stream, now, c, rank, limit != 0)
     s = -1
-    if cost.new_kernel(ctx, slot) or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
-                                      and now >= np.int64(CTX.get_samp_next_ns(ctx))):
+    if unlikely(cost.new_kernel(ctx, slot) or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
+                                               and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
         s = cost.sample_begin(ctx, key, stream)
         if s >= 0:
             CTX.set_samp_next_ns(ctx, np.uint64(now + SAMPLE_GAP_NS))
     rc = call_real(ctx, idx, args, notfound)
-    if s >= 0:
+    if unlikely(s >= 0):
         cost.sample_end(ctx, s, stream, rc)
         if CTX.get_sm_default_cost(ctx) == 0 and turn.takes_turns(ctx, dev):
             # the process's first timing: until it has one, every launch would join the turns' queue

@@ -82,7 +82,16 @@ from pyvgpu.jit import drain as D
 from pyvgpu.jit import events
 from pyvgpu.jit.context import HELPER
 from pyvgpu.jit.fields import CTX, DEV, REGION, SCHED, SCHED_AT, TURN
-from pyvgpu.jit.intrinsics import futex_wait, futex_wake, load_u64, monotonic_ns, sleep_ns, stack_buffer
+from pyvgpu.jit.intrinsics import (
+    futex_wait,
+    futex_wake,
+    likely,
+    load_u64,
+    monotonic_ns,
+    sleep_ns,
+    stack_buffer,
+    unlikely,
+)
 
 LEASE_NS = 1_000_000  # a holder's lease outlasts its queued work by this (a dead or idle holder's turn lapses)
 RENEW_NS = 100_000  # the holder renews its lease when it would grow by more than this (the word lags this)
@@ -169,7 +178,7 @@ def waits(e, rank, me, now):
 @njit
 def more_urgent_waits(e, rank, me, now):
     for r in range(rank):
-        if fresh(TURN.load_want(e, r), me, now):
+        if unlikely(fresh(TURN.load_want(e, r), me, now)):
             return True
     return False
 
@@ -182,7 +191,7 @@ def reserved(e, rank, me, now):
     for r in range(rank + 1):
         w = TURN.load_resv(e, r)
         who = holder(w)
-        if who == 0 or who == me:
+        if likely(who == 0 or who == me):
             continue
         d = ahead(w & LOW32, units(now))
         if -(WANT_FRESH_NS >> UNIT_SHIFT) <= d <= (RESERVE_NS >> UNIT_SHIFT):
@@ -209,7 +218,7 @@ def entry(ctx, dev):
     A launch looks it up once and hands it on: a call with several call sites in one callback is not
     inlined, and its status check would keep numba's exception path (the Python C API) in the callback."""
     a = CTX.get_turn_entry(ctx, dev)
-    if a != 0:
+    if likely(a != 0):
         return a
     a = _NONE
     sched = CTX.get_sched(ctx)
@@ -252,7 +261,7 @@ def takes_turns(ctx, dev):
 def mark_active(ctx, e, now):
     """A group with a share launches on this GPU: the others take turns with it for ACTIVE_NS."""
     until = np.uint64(now + ACTIVE_NS)
-    if TURN.load_active(e) + np.uint64(ACTIVE_NS // 4) < until:
+    if unlikely(TURN.load_active(e) + np.uint64(ACTIVE_NS // 4) < until):
         TURN.store_active(e, until)
         SCHED.store_active(CTX.get_sched(ctx), until)
 
@@ -301,7 +310,7 @@ def count_held(ctx, region, dev, start, end):
 
 @njit
 def count_wait(ctx, region, dev, e, rank, t0, now):
-    if now <= t0:
+    if likely(now <= t0):
         return
     waited = np.uint64(now - t0)
     TURN.add_wait_ns(e, waited)
@@ -389,7 +398,7 @@ def queue_on_device(e, now, cost):
     while True:
         old = TURN.load_qend(e)
         end = queue_base(np.int64(old), now) + np.int64(cost)
-        if TURN.cas_qend(e, old, np.uint64(end)) == old:
+        if likely(TURN.cas_qend(e, old, np.uint64(end)) == old):
             return end
 
 
@@ -405,9 +414,9 @@ def must_yield(ctx, e, me, rank, dev, now, cost):
     if more_urgent_waits(e, rank, me, now):
         return True
     start = device_queue_end(e, now)  # when this launch's kernel starts: after every process's queued work
-    if start + np.int64(cost) // 2 > reserved(e, rank, me, now):
+    if unlikely(start + np.int64(cost) // 2 > reserved(e, rank, me, now)):
         return True
-    if waits(e, rank, me, now):
+    if unlikely(waits(e, rank, me, now)):
         held = now - np.int64(CTX.get_turn_since(ctx, dev))
         return held >= SLICE_NS or (held >= MIN_TURN_NS and start <= now + CORUN_NS)
     return False
@@ -448,10 +457,10 @@ def keep(ctx, region, dev, stream, e, w, me, now, cost, rank):
     qend = queue_on_device(e, now, cost)
     CTX.set_turn_qend(ctx, dev, np.uint64(qend))
     until = lease_for(qend, now)
-    if ahead(units(until), w & LOW32) > (RENEW_NS >> UNIT_SHIFT):
+    if unlikely(ahead(units(until), w & LOW32) > (RENEW_NS >> UNIT_SHIFT)):  # about once in 100 us
         TURN.cas_turn(e, w, word(me, until))
         count_held(ctx, region, dev, now, qend)
-    if TURN.load_rank(e) != np.uint32(rank):  # a group that starts or stops borrowing changes rank
+    if unlikely(TURN.load_rank(e) != np.uint32(rank)):  # a group that starts or stops borrowing changes rank
         TURN.store_rank(e, rank)
     D.note_stream(ctx, dev, stream)
 
@@ -501,9 +510,9 @@ def lapsed(ctx, dev, e, stream):
 def take(ctx, region, dev, e, stream, now, cost, rank, share):
     """Before a launch of cost ns on dev (turn entry e, from ``entry``) at rank: hold the turn, or go beside
     its holder, or wait. ``share``: the group has a share on dev (also while it borrows beyond it)."""
-    if e <= _NONE:
+    if unlikely(e <= _NONE):
         return
-    if CTX.get_turn_out(ctx) != 0:
+    if unlikely(CTX.get_turn_out(ctx) != 0):
         join(ctx, dev, e, stream)
         now = monotonic_ns()
     me = CTX.get_turn_id(ctx)
@@ -511,14 +520,15 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
         mark_active(ctx, e, now)
     t0 = now
     w = TURN.load_turn(e)
-    while holder(w) == me and leased(w, now):
-        if must_yield(ctx, e, me, rank, dev, now, cost):
+    while likely(holder(w) == me and leased(w, now)):  # the holder's next launch: the usual case
+        if unlikely(must_yield(ctx, e, me, rank, dev, now, cost)):
             TURN.add_preempts(e, 1)
             give(ctx, region, dev, stream, True)
             now = monotonic_ns()
             break
-        if (rank >= L.RANK_HIGH_BEST_EFFORT and np.int64(CTX.get_turn_qend(ctx, dev)) > now + BEST_EFFORT_QUEUE_NS
-                and np.int64(TURN.load_active(e)) > now):
+        if unlikely(rank >= L.RANK_HIGH_BEST_EFFORT
+                    and np.int64(CTX.get_turn_qend(ctx, dev)) > now + BEST_EFFORT_QUEUE_NS
+                    and np.int64(TURN.load_active(e)) > now):
             # a best-effort holder beside groups with a share: its queue stays short, so that it can hand
             # over quickly when one of them comes back
             sleep_ns(POLL_NS)

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3031305854435650ULL
+#define PV_CTX_MAGIC 0x3131305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/layout.py) */
 typedef struct __attribute__((aligned(64))) pv_ctx {
@@ -14,7 +14,7 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint8_t _pad0[4];
     struct {  /* per hook entry: a call reads the one and counts in the other, in one cache line */
         uint64_t real;  /* the real driver function, 0 if the driver lacks it */
-        uint64_t calls;  /* calls, counted by the callbacks */
+        uint64_t calls;  /* calls, counted by the callbacks while count_calls is set */
     } entry[77];
     uint64_t helper[22];  /* real driver functions the policies call (hooks.HELPERS) */
     uint8_t _pad1[48];
@@ -27,11 +27,13 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint32_t sm_policy;  /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
     uint32_t turn_id;  /* this process's id in turn words, 0 = not drawn yet */
     uint32_t sm_ndev;  /* CUDA devices this process sees, + 1; 0 = not asked yet */
-    uint32_t sm_pending;  /* timing samples in flight */
+    uint32_t count_calls;  /* 1: the callbacks count their calls (entry.calls), for PYVGPU_STATS only: an atomic add per call nobody reads otherwise */
     uint64_t sm_batch_ns;  /* PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share */
+    uint32_t sm_pending;  /* timing samples in flight (read every HARVEST_EVERY launches) */
+    uint8_t _pad2[4];
     uint64_t sm_launches;  /* launches seen under a compute limit without a slot (drives sampling) */
     uint64_t samp_next_ns;  /* CLOCK_MONOTONIC before which no launch is timed unless its kernel is new */
-    uint8_t _pad2[40];
+    uint8_t _pad3[32];
     uint64_t clk_seq;  /* the clock's anchor: even when stable, odd while a thread rewrites it */
     uint64_t clk_tsc;  /* TSC at the anchor */
     uint64_t clk_ns;  /* CLOCK_MONOTONIC at the anchor */
@@ -48,7 +50,9 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
         uint64_t turn_held;  /* CLOCK_MONOTONIC up to which its turn was counted in sm_turn_ns */
         uint64_t sm_nvml;  /* NVML handle of the CUDA device, 0 = not resolved yet */
         uint32_t turn_mine;  /* 1 from when this process takes the device's turn until it frees it: another holder then means its lease lapsed */
-        uint8_t _pad3[20];
+        uint8_t _pad4[4];
+        uint64_t sm_recip;  /* the share it last charged at << 33 | 2^32 // share + 1: the charge's division as a multiply (pyvgpu/jit/limiter.py); 0 = none yet */
+        uint8_t _pad5[8];
     } dev[16];
     int32_t slot_index;
     int32_t region_fd;  /* fd holding this process's slot lock */
@@ -64,9 +68,9 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     int32_t pool_dev[64];
     uint64_t ctx_charged[16];  /* context bytes charged per device (1: measured, none) */
     uint32_t nvml_state;  /* 0 untried, 1 initialised by us, 2 unavailable */
-    uint8_t _pad4[4];
+    uint8_t _pad6[4];
     uint64_t sm_tick_ns;  /* CLOCK_MONOTONIC of the last reclaim by the watcher */
-    uint8_t _pad5[8];
+    uint8_t _pad7[8];
     struct {  /* the cost table (pyvgpu/jit/cost.py): a kernel's key and estimate share a line */
         uint64_t cost_key;  /* kernel key (function and shape, or graph), 0 = free */
         uint64_t cost_ns;  /* its estimated GPU time in ns */
@@ -76,7 +80,7 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t samp_ctx[8];  /* CUcontext the sample's events belong to */
     uint64_t samp_start[8];  /* CUevent before the launch */
     uint64_t samp_end[8];  /* CUevent after the launch */
-    uint8_t _pad6[16];
+    uint8_t _pad8[16];
     struct {  /* the streams a drain waits for; a launch compares its stream with the first ones */
         uint64_t turn_stream;  /* a stream this process launched on under turns, handle + 1 (0 = free) */
         uint64_t turn_stream_dev;  /* the CUDA device it launched on */
@@ -86,11 +90,11 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t drain_ev;  /* CUevent for a stream the table had no room for, before a hand-over */
     uint64_t drain_ctx;  /* CUcontext drain_ev belongs to */
     uint32_t turn_stream_lock;  /* spinlock between a drain and cuStreamDestroy */
-    uint8_t _pad7[4];
+    uint8_t _pad9[4];
     uint64_t turn_streams_lost;  /* launches on streams the table had no room for (not drained) */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad8[28];
+    uint8_t _pad10[28];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
@@ -106,10 +110,11 @@ _Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 1512, "pv_ctx.sm_default_c
 _Static_assert(offsetof(pv_ctx_t, sm_policy) == 1520, "pv_ctx.sm_policy");
 _Static_assert(offsetof(pv_ctx_t, turn_id) == 1524, "pv_ctx.turn_id");
 _Static_assert(offsetof(pv_ctx_t, sm_ndev) == 1528, "pv_ctx.sm_ndev");
-_Static_assert(offsetof(pv_ctx_t, sm_pending) == 1532, "pv_ctx.sm_pending");
+_Static_assert(offsetof(pv_ctx_t, count_calls) == 1532, "pv_ctx.count_calls");
 _Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 1536, "pv_ctx.sm_batch_ns");
-_Static_assert(offsetof(pv_ctx_t, sm_launches) == 1544, "pv_ctx.sm_launches");
-_Static_assert(offsetof(pv_ctx_t, samp_next_ns) == 1552, "pv_ctx.samp_next_ns");
+_Static_assert(offsetof(pv_ctx_t, sm_pending) == 1544, "pv_ctx.sm_pending");
+_Static_assert(offsetof(pv_ctx_t, sm_launches) == 1552, "pv_ctx.sm_launches");
+_Static_assert(offsetof(pv_ctx_t, samp_next_ns) == 1560, "pv_ctx.samp_next_ns");
 _Static_assert(offsetof(pv_ctx_t, clk_seq) == 1600, "pv_ctx.clk_seq");
 _Static_assert(offsetof(pv_ctx_t, clk_tsc) == 1608, "pv_ctx.clk_tsc");
 _Static_assert(offsetof(pv_ctx_t, clk_ns) == 1616, "pv_ctx.clk_ns");
@@ -125,6 +130,7 @@ _Static_assert(offsetof(pv_ctx_t, dev[0].turn_qend) == 1680, "pv_ctx.turn_qend")
 _Static_assert(offsetof(pv_ctx_t, dev[0].turn_held) == 1688, "pv_ctx.turn_held");
 _Static_assert(offsetof(pv_ctx_t, dev[0].sm_nvml) == 1696, "pv_ctx.sm_nvml");
 _Static_assert(offsetof(pv_ctx_t, dev[0].turn_mine) == 1704, "pv_ctx.turn_mine");
+_Static_assert(offsetof(pv_ctx_t, dev[0].sm_recip) == 1712, "pv_ctx.sm_recip");
 _Static_assert(offsetof(pv_ctx_t, slot_index) == 2688, "pv_ctx.slot_index");
 _Static_assert(offsetof(pv_ctx_t, region_fd) == 2692, "pv_ctx.region_fd");
 _Static_assert(offsetof(pv_ctx_t, n_slots) == 2696, "pv_ctx.n_slots");

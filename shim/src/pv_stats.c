@@ -17,7 +17,10 @@ static uint64_t pv_lookups[PV_N_ENTRIES][PV_N_VIA];
 static uint64_t pv_mismatches;
 
 void pv_count_lookup(int entry, int via) { __atomic_add_fetch(&pv_lookups[entry][via], 1, __ATOMIC_RELAXED); }
-void pv_count_call(int entry) { __atomic_add_fetch(&pv_ctx.entry[entry].calls, 1, __ATOMIC_RELAXED); }
+void pv_count_call(int entry) {
+    if (pv_ctx.count_calls)
+        __atomic_add_fetch(&pv_ctx.entry[entry].calls, 1, __ATOMIC_RELAXED);
+}
 
 void pv_note_procaddr_mismatch(const char *symbol, int table_entry, int driver_entry) {
     __atomic_add_fetch(&pv_mismatches, 1, __ATOMIC_RELAXED);
@@ -87,11 +90,17 @@ static void write_json(FILE *f) {
     fprintf(f, "}}\n");
 }
 
+/* Calls are counted only for these statistics: otherwise an atomic add per hooked call that nobody reads. */
+static int stats_wanted(void) {
+    const char *s = getenv("PYVGPU_STATS");
+    return s && *s && strcmp(s, "0");
+}
+
 /* PYVGPU_STATS=1: a table on stderr at exit. PYVGPU_STATS=PATH: JSON appended
  * to PATH, where %p becomes the pid. */
 static void print_stats(void) {
     const char *s = getenv("PYVGPU_STATS");
-    if (!s || !*s || !strcmp(s, "0") || !used())
+    if (!stats_wanted() || !used())
         return;
     if (!strcmp(s, "1")) {
         write_text(stderr);
@@ -131,4 +140,5 @@ static void print_stats(void) {
     fclose(f);
 }
 
+__attribute__((constructor)) static void pv_stats_init(void) { pv_ctx.count_calls = (uint32_t)stats_wanted(); }
 __attribute__((destructor)) static void pv_stats_fini(void) { print_stats(); }
