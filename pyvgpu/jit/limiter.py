@@ -70,9 +70,8 @@ def charge_slot(ctx, dev, cost):
     count before it (without a slot, the process's own count), which paces the launch's timing samples."""
     slot = CTX.get_slot(ctx)
     if likely(slot != 0):
-        n = SLOT.add_sm_launches(slot, dev, 1)
         SLOT.add_sm_cost_ns(slot, dev, cost)
-        return n
+        return SLOT.add_sm_launches(slot, dev, 1)
     return CTX.add_sm_launches(ctx, 1)
 
 
