@@ -464,12 +464,9 @@ def bench_sm(
                                 help="Compute shares to run alone, in percent, comma-separated ('' for none)."),
     seconds: float = typer.Option(8.0, min=2.0, metavar="SECONDS",
                                   help="Length of each run; the first third is left out as warm-up."),
-    workload: str = typer.Option("spin", metavar="spin|matmul|graph|mlp",
-                                 help="'spin': an FMA loop kernel (PTX, no toolkit needed); 'matmul': "
-                                      "PyTorch bf16 4096x4096 matmuls; 'graph': the spin kernel replayed "
-                                      "as a CUDA graph of 10 launches; 'mlp': PyTorch training steps of a "
-                                      "small MLP (6 x Linear 1024, batch 256: kernels of tens of us, "
-                                      "launch-bound)."),
+    workload: str = typer.Option("spin", metavar="spin|matmul|graph|mlp|decode|allreduce|tp-decode",
+                                 help="The load; docs/compute.md describes each (allreduce and tp-decode "
+                                      "need 2 GPUs)."),
     pair: str = typer.Option("30,70", metavar="PCT,PCT", help="Shares of the two groups run at once ('' to skip)."),
     sliced: bool = typer.Option(False, "--sliced",
                                 help="Run the pair once more time-sliced (PYVGPU_SM_TURN=0), to compare."),

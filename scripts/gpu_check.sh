@@ -13,6 +13,8 @@
 #   scenarios bench sm: the small-kernel MLP alone at 50 and the 50/50 pair (turns and time-sliced), a
 #             share beside an unlimited wrapped neighbour and a burst with --sm-borrow (MLP, spin),
 #             high against low priority (60/60 and 50/50, spin)
+#   workloads bench sm on decode, the MLP beside an unlimited neighbour, and (2 GPUs) all-reduce and
+#             tensor-parallel decode: alone, pairs taking turns and time-sliced, beside an unlimited neighbour
 #   mps       bench sm under --mode mps (MPS alone), the memory view and OOM under MPS with and without pyvgpu
 #   vpmm      bench vpmm (mapped/live, ops/s against expandable_segments and the default allocator)
 #   startup   bench startup (time to the first CUDA call, raw and wrapped)
@@ -89,6 +91,24 @@ for part in $PARTS; do
     sc sm-spin-scenarios --workload spin --targets "" --pair "" --neighbour unlimited --burst
     sc sm-prio-60 --workload spin --targets "" --pair 60,60 --priorities high,low
     sc sm-prio-50 --workload spin --targets "" --pair 50,50 --priorities high,low ;;
+  workloads)
+    say "## Workloads the shares were not tuned on: decode, all-reduce and tensor-parallel decode (issue 27)"
+    wl() {  # wl NAME ARGS...: one bench sm run, its table into the summary
+      name=$1; shift
+      say "### bench sm $*"
+      $PY -m pyvgpu bench sm --seconds "${SECONDS_PER_RUN:-6}" "$@" --png "$(png "$name.png")" \
+        --output "$W/$name.json" 2>&1 | tail -16 | block; pack
+    }
+    wl sm-decode --workload decode --targets 30,50,70 --pair 50,50 --sliced --neighbour unlimited
+    wl sm-decode-3070 --workload decode --targets "" --pair 30,70 --sliced
+    wl sm-mlp-neighbour --workload mlp --targets "" --pair "" --neighbour unlimited
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+      wl sm-allreduce --workload allreduce --targets 30,50,90 --pair 50,50 --sliced --neighbour unlimited
+      PYVGPU_SM_TURN=0 wl sm-allreduce-sliced --workload allreduce --targets 50 --pair ""
+      wl sm-tp-decode --workload tp-decode --targets 50 --pair 50,50 --sliced
+    else
+      say "(one GPU: the all-reduce and tensor-parallel rows need two)"
+    fi ;;
   mps)
     say "## MPS mode against MPS alone and pyvgpu's turns (spin kernel)"
     $PY -m pyvgpu bench sm --workload spin --targets 30,70 --pair 30,70 --mode mps --png "" \
@@ -113,7 +133,7 @@ for part in $PARTS; do
     $PY -m pyvgpu bench startup --runs 5 --output "$W/startup.json" 2>&1 | tail -10 | block; pack ;;
   none) ;;  # install and warm up only (for the probes in scripts/probe)
   *)
-    say "unknown part: $part (tests, compute, scenarios, vpmm, startup)" ;;
+    say "unknown part: $part (tests, compute, scenarios, workloads, mps, vpmm, startup)" ;;
   esac
 done
 cp "$S" "$W/"; pack

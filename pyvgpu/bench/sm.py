@@ -46,7 +46,8 @@ from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import parse_percent
 from pyvgpu.shim import BENCH_BIN
 
-WORKLOADS = ("spin", "graph", "matmul", "mlp")
+WORKLOADS = ("spin", "graph", "matmul", "mlp", "decode", "allreduce", "tp-decode")
+TORCH_WORKLOADS = WORKLOADS[2:]
 NEIGHBOURS = ("none", "unlimited")
 KERNEL_NS = 200_000  # the spin kernel's target length
 GOAL_POINTS = 5.0
@@ -69,7 +70,7 @@ def _calibrate(env: dict[str, str]) -> tuple[int, float]:
 
 
 def _command(workload: str, seconds: float, iters: int) -> list[str]:
-    if workload in ("matmul", "mlp"):
+    if workload in TORCH_WORKLOADS:
         return [sys.executable, "-m", "pyvgpu.bench.sm_worker", str(seconds), workload]
     return [str(BENCH_BIN), "sm", str(seconds), str(iters), "graph" if workload == "graph" else "kernel"]
 
@@ -142,6 +143,7 @@ class _Run:
             out["time_share_charged"] = 100 * (ss[-1]["charged_ns"] - ss[0]["charged_ns"]) / dt
             out["turn_wait_share"] = 100 * (ss[-1]["turn_wait_ns"] - ss[0]["turn_wait_ns"]) / dt
             out["borrowed_share"] = 100 * (ss[-1]["borrow_ns"] - ss[0]["borrow_ns"]) * ss[-1]["scale"] / dt
+            out["throttled_share"] = 100 * (ss[-1]["throttle_s"] - ss[0]["throttle_s"]) * 1e9 / dt
         return out
 
 
@@ -157,7 +159,12 @@ def _turn_stats(turns: Path) -> dict:
     es = sched.entries(turns)
     if not es:
         return {}
-    e = es[0]
+    e = dict(es[0])
+    for other in es[1:]:  # a load over several GPUs: the counters of every GPU together
+        for k, v in other.items():
+            if isinstance(v, int) and isinstance(e.get(k), int) and k not in ("key", "holder", "max_wait_ns"):
+                e[k] += v
+    e["gpus"] = len(es)
     e["gap_mean_ms"] = e["gap_ns"] / e["gaps"] / 1e6 if e["gaps"] else None
     e["max_wait_ms"] = e["max_wait_ns"] / 1e6
     e["drain_mean_ms"] = e["drain_ns"] / e["drains"] / 1e6 if e["drains"] else None
@@ -293,7 +300,8 @@ def _burst(workload: str, iters: int, env0: dict[str, str], tmp: Path, share: in
 
 
 def _unit(result: dict) -> str:
-    return {"mlp": "steps", "matmul": "matmuls"}.get(result["workload"], "kernels")
+    return {"mlp": "steps", "matmul": "matmuls", "decode": "tokens", "allreduce": "all-reduces",
+            "tp-decode": "tokens"}.get(result["workload"], "kernels")
 
 
 def _pct(x: float | None, width: int = 6) -> str:
@@ -311,14 +319,14 @@ def table(result: dict) -> str:
              "  throughput = throughput / unlimited; time: NVML (the device, all groups on it), turns held, "
              "GPU time charged",
              f"  {'run':<20} {'target':>6} {'thruput':>8} {'error':>6} {'NVML':>6} {'turns':>6} {'charged':>8} "
-             f"{'waited':>7}"]
+             f"{'waited':>7} {'held':>6}"]
     for r in result["runs"]:
         name = r["kind"] + (f" ({r['priority']})" if r.get("priority") else "")
         target = f"{r['target']:>5}%" if r["target"] is not None else "  none"
         err = f"{r['error_points']:>+6.1f}" if r["error_points"] is not None else "      "
         lines.append(f"  {name:<20} {target} {_pct(r['achieved'], 9)} {err} {_pct(r.get('time_share_nvml'))} "
                      f"{_pct(r.get('time_share_turns'))} {_pct(r.get('time_share_charged'), 9)} "
-                     f"{_pct(r.get('turn_wait_share'), 8)}")
+                     f"{_pct(r.get('turn_wait_share'), 8)} {_pct(r.get('throttled_share'), 7)}")
     lines.append(f"  largest error (single, pair) {result['max_error_points']:.1f} points "
                  f"(goal: within {result['goal_points']:.0f})")
     if not result.get("turns", True):

@@ -1,10 +1,19 @@
 """The PyTorch loads of `pyvgpu bench sm`.
 
-    python -m pyvgpu.bench.sm_worker SECONDS [matmul|mlp]
+    python -m pyvgpu.bench.sm_worker SECONDS [matmul|mlp|decode|allreduce|tp-decode]
 
 ``matmul``: bf16 4096x4096 matmuls back to back (compute-bound: every kernel fills the GPU for ~200 us).
 ``mlp``: training steps of a small MLP (6 x Linear 1024 with ReLU, batch 256, SGD): kernels of tens of
 microseconds with the host between them, a launch-bound load that leaves the GPU idle part of the time.
+
+``decode``: transformers ``generate`` on a GPT-2-small shape (12 layers, width 768) with random weights
+from a config (no download), fp16, batch 8, 32-token prompt, 64 new tokens, greedy: many small kernels
+and a host sync per token. Counts tokens.
+``allreduce``: one process per GPU (2 by default, ``PYVGPU_BENCH_RANKS``), NCCL all-reduce of 256 MiB
+fp32 in a loop; a collective kernel's duration includes waiting for its peers. Counts all-reduces (rank 0).
+``tp-decode``: a tensor-parallel decode step over the same ranks: 24 layers of a 4096-wide MLP block split
+column/row-wise, one all-reduce per layer, batch 8, one token a step: launch-bound and collective-bound at
+once. Counts tokens (rank 0).
 
 Prints "P <CLOCK_MONOTONIC ns> <matmuls or steps done>" four times a second, like pv_bench sm; the queue is
 bounded by waiting on an event 8 marks back.
@@ -49,14 +58,116 @@ def _mlp(torch):
     return step
 
 
+DECODE_BATCH, DECODE_PROMPT, DECODE_NEW = 8, 32, 64
+ALLREDUCE_BYTES = 256 << 20
+TP_LAYERS, TP_WIDTH, TP_BATCH = 24, 4096, 8
+
+
+def _decode(torch):
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).to(device="cuda", dtype=torch.float16).eval()
+    ids = torch.randint(0, cfg.vocab_size, (DECODE_BATCH, DECODE_PROMPT), device="cuda")
+    mask = torch.ones_like(ids)
+
+    def step() -> int:
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=mask, max_new_tokens=DECODE_NEW, min_new_tokens=DECODE_NEW,
+                           do_sample=False, pad_token_id=0)
+        return DECODE_BATCH * DECODE_NEW
+
+    return step
+
+
+def _allreduce(torch, dist):
+    x = torch.ones(ALLREDUCE_BYTES // 4, device="cuda")
+
+    def step() -> int:
+        dist.all_reduce(x)
+        return 1
+
+    return step
+
+
+def _tp_decode(torch, dist):
+    """Megatron-style MLP blocks split over the ranks: column-parallel up, row-parallel down, all-reduce."""
+    world = dist.get_world_size()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    up = [torch.randn(TP_WIDTH, 4 * TP_WIDTH // world, device="cuda", dtype=torch.float16, generator=g) * 0.01
+          for _ in range(TP_LAYERS)]
+    down = [torch.randn(4 * TP_WIDTH // world, TP_WIDTH, device="cuda", dtype=torch.float16, generator=g) * 0.01
+            for _ in range(TP_LAYERS)]
+    x0 = torch.randn(TP_BATCH, TP_WIDTH, device="cuda", dtype=torch.float16)
+
+    def step() -> int:
+        x = x0
+        for u, d in zip(up, down, strict=True):
+            h = torch.nn.functional.gelu(x @ u) @ d
+            dist.all_reduce(h)
+            x = x + h
+        x.sum().item()  # the host reads each token, as a decode loop does
+        return TP_BATCH
+
+    return step
+
+
+def _ranks(seconds: float, kind: str) -> None:
+    """Start one process per GPU (this module again, with RANK set) and pass rank 0's lines on."""
+    import os
+    import socket
+    import subprocess
+
+    n = int(os.environ.get("PYVGPU_BENCH_RANKS", "2"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(n):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        env.setdefault("NCCL_NVLS_ENABLE", "0")
+        procs.append(subprocess.Popen([sys.executable, "-m", "pyvgpu.bench.sm_worker", str(seconds), kind], env=env,
+                                      stdout=None if r == 0 else subprocess.DEVNULL))
+    rcs = [p.wait() for p in procs]
+    if any(rcs):
+        raise SystemExit(f"sm_worker {kind}: ranks exited {rcs}")
+
+
+def _go_on(torch, dist, end: int, steps: int) -> bool:
+    """Whether to run another step. Ranks must run the same number of collectives, so every 8 steps they
+    agree (one tiny all-reduce: any rank past the end stops them all)."""
+    if dist is None:
+        return time.monotonic_ns() < end
+    if steps % 8:
+        return True
+    flag = torch.tensor([int(time.monotonic_ns() >= end)], device="cuda", dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() == 0
+
+
 def main() -> None:
-    import torch
+    import os
 
     seconds = float(sys.argv[1])
     kind = sys.argv[2] if len(sys.argv) > 2 else "matmul"
-    if kind not in ("matmul", "mlp"):
-        raise SystemExit(f"sm_worker: unknown load {kind!r} (matmul or mlp)")
-    step = _matmul(torch) if kind == "matmul" else _mlp(torch)
+    if kind not in ("matmul", "mlp", "decode", "allreduce", "tp-decode"):
+        raise SystemExit(f"sm_worker: unknown load {kind!r} (matmul, mlp, decode, allreduce or tp-decode)")
+    collective = kind in ("allreduce", "tp-decode")
+    if collective and "RANK" not in os.environ:
+        return _ranks(seconds, kind)
+    import torch
+
+    if collective:
+        import torch.distributed as dist
+
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+        step = _allreduce(torch, dist) if kind == "allreduce" else _tp_decode(torch, dist)
+    else:
+        step = {"matmul": _matmul, "mlp": _mlp, "decode": _decode}[kind](torch)
     for _ in range(5):
         step()
     torch.cuda.synchronize()
@@ -65,8 +176,10 @@ def main() -> None:
     t0 = time.monotonic_ns()
     end, next_print = t0 + int(seconds * 1e9), t0
     print(f"P {t0} 0", flush=True)
-    while time.monotonic_ns() < end:
+    steps = 0
+    while _go_on(torch, dist if collective else None, end, steps):
         launched += step()
+        steps += 1
         if len(ring) == 8:
             ev, n = ring.pop(0)
             ev.synchronize()
@@ -80,6 +193,9 @@ def main() -> None:
             next_print = now + 250_000_000
     torch.cuda.synchronize()
     print(f"P {time.monotonic_ns()} {launched}", flush=True)
+    if collective:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
