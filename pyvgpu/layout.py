@@ -135,8 +135,8 @@ CTX = Struct(
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
 MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/mps.py MODES)
-REGION_VERSION = 10  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
-#                     10: a slot's launches leave out those its sm_launches count
+REGION_VERSION = 11  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
+#                     10: a slot's launches leave out those its sm_launches count; 11: gangs (sm_gang, sm_devs)
 VISIBLE_MIG = 1 << 31  # REGION_HEADER.visible[g]: group device g is a MIG instance of that GPU
 VISIBLE_INDEX = VISIBLE_MIG - 1  # the NVML index in REGION_HEADER.visible[g]
 GROUP_NAME_BYTES = 64
@@ -164,6 +164,9 @@ REGION_HEADER = Struct(
         # read by every launch under a share, beside sm_any: one line
         Field("priority", "u32", doc="the group's priority, HAMi's CUDA_TASK_PRIORITY: 0 high, 1 low (default)"),
         Field("sm_borrow", "u32", doc="1: the group may use idle GPU time beyond its share (work-conserving)"),
+        Field("sm_gang", "u32", doc="0, or the group launches under a share on several devices: (its lowest "
+                                    "device + 1) | (their count << 8); they share that device's budget and turn "
+                                    "(pyvgpu/jit/gang.py)"),
         Field("n_visible", "u32", doc="devices of the group (--devices); 0 = as the program's CUDA sees them"),
         Field("visible", "u32", MAX_DEVICES, doc="NVML (physical) index of each group device (its GPU's for a MIG "
               "instance, with VISIBLE_MIG set)"),
@@ -171,6 +174,9 @@ REGION_HEADER = Struct(
         Field("ev_next", "u64", doc="events written so far; the next goes to ring entry ev_next % N_EVENTS"),
         Field("mode", "u32", doc="device mode of the group: 0 hami-core (pyvgpu's limiter), 1 mps (pyvgpu/mps.py)"),
         Field("mps_active_threads", "u32", doc="mode mps: the clients' CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0 = none"),
+        Field("sm_devs", "u64", doc="devices the group's live processes launched on under a share (a bit each; "
+                                    "the watcher's, pyvgpu/jit/gang.py)"),
+        Field("turn_gid", "u32", doc="the turn id the group's processes share while it is a gang (0: none yet)"),
     ],
     align=64,
     doc="region header",
@@ -201,6 +207,7 @@ REGION_DEVICE = Struct(
         Field("limit_created", "u64", doc="the memory limit the group was created with (`limits set` leaves it): "
                                           "a process whose variables still name it follows the group's limit"),
         Field("sm_limit_created", "u32", doc="the compute share the group was created with, likewise"),
+        Field("sm_dev_mark", "u64", doc="controller: the GPU's turn entry charged_ns at its last step"),
     ],
     align=64,
     doc="per-device state of a group",
@@ -258,7 +265,7 @@ SLOT_FREE, SLOT_LIVE = 0, 1
 # an entry whose turn word says which process may launch on it now, so that
 # the GPU never holds two groups' deep queues at once (pyvgpu/jit/turn.py).
 SCHED_MAGIC = int.from_bytes(b"PVTURN01", "little")
-SCHED_VERSION = 4  # 4: the holder's fields in two cache lines
+SCHED_VERSION = 5  # 4: the holder's fields in two cache lines; 5: charged_ns
 SCHED_ENTRIES = 64  # GPUs (MIG instances count as GPUs: they have UUIDs of their own)
 # Ranks of a launch in the turns, most urgent first (pyvgpu/jit/turn.py): within its share ("due") before
 # best effort (no share, or borrowing beyond it); high priority before low within each.
@@ -310,6 +317,8 @@ SCHED_ENTRY = Struct(
         Field("joins", "u64", doc="times a process that had launched outside the turns let that work finish "
                                   "before its first launch under them"),
         Field("join_ns", "u64", doc="ns those waits took"),
+        Field("charged_ns", "u64", doc="GPU time (ns, scaled) the groups with a share here were charged, added by "
+                                       "each group's controller once a period (pyvgpu/jit/controller.py)"),
     ],
     align=64,
     doc="one GPU's turn",

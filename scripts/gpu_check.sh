@@ -96,12 +96,13 @@ for part in $PARTS; do
     wl() {  # wl NAME ARGS...: one bench sm run, its table into the summary
       name=$1; shift
       say "### bench sm $*"
-      $PY -m pyvgpu bench sm --seconds "${SECONDS_PER_RUN:-6}" "$@" --png "$(png "$name.png")" \
+      $PY -m pyvgpu bench sm "$@" --png "$(png "$name.png")" \
         --output "$W/$name.json" 2>&1 | tail -16 | block; pack
     }
-    wl sm-decode --workload decode --targets 30,50,70 --pair 50,50 --sliced --neighbour unlimited
-    wl sm-decode-3070 --workload decode --targets "" --pair 30,70 --sliced
+    wl sm-decode --workload decode --targets ${DECODE_TARGETS:-30,50,70} --pair 50,50 --sliced --neighbour unlimited
+    wl sm-decode-3070 --workload decode --targets "" --pair 30,70 ${DECODE_3070_SLICED---sliced}
     wl sm-mlp-neighbour --workload mlp --targets "" --pair "" --neighbour unlimited
+    [ -n "${WITH_SPIN:-}" ] && wl sm-spin --workload spin --targets 30,70 --pair 30,70 --neighbour unlimited
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
       wl sm-allreduce --workload allreduce --targets 30,50,90 --pair 50,50 --sliced --neighbour unlimited
       PYVGPU_SM_TURN=0 wl sm-allreduce-sliced --workload allreduce --targets 50 --pair ""

@@ -83,6 +83,7 @@ class _Run:
         self.region_path = region_path
         self.progress: list[tuple[int, int]] = []
         self.series: list[dict] = []
+        self._cost = self._charged = 0.0
         self.t0 = time.monotonic()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
@@ -97,11 +98,15 @@ class _Run:
             os.close(r.fd)
             d = r.device(0)
             scale = (d.sm_scale or 65536) / 65536
-            charged = sum(r.slot(i).dev[0].sm_cost_ns for i in range(r.header.n_slots) if r.slot(i).state)
+            cost = sum(r.slot(i).dev[0].sm_cost_ns for i in range(r.header.n_slots) if r.slot(i).state)
+            # integrated at the scale of each moment (the scale changes; a process that exits takes its count)
+            self._charged += max(0, cost - self._cost) * scale
+            self._cost = cost
+            charged = self._charged
             self.series.append({"t": round(time.monotonic() - self.t0, 3), "mono": time.monotonic(),
                                 "util": d.sm_util / 100, "scale": scale, "state": d.sm_state,
                                 "throttle_s": d.sm_throttle_ns / 1e9, "turn_ns": d.sm_turn_ns,
-                                "turn_wait_ns": d.sm_turn_wait_ns, "charged_ns": charged * scale,
+                                "turn_wait_ns": d.sm_turn_wait_ns, "charged_ns": charged,
                                 "borrow_ns": d.sm_borrow_ns})
 
     def finish(self, timeout: float, util: UtilSampler | None = None, cut_at: float = 1 / 3) -> dict:

@@ -4,14 +4,15 @@ Runs on the shim's watcher thread (``control``, from the svc_tick service), with
 no GIL and no call into the CUDA driver. Every CONTROL_PERIOD_NS one process of
 the group takes the step for each limited device (a lease in the region). It
 reads the device's utilization from NVML and, while the group is the only one
-on the device, corrects ``sm_scale`` by sqrt(measured / target): a damped
-multiplicative step that converges geometrically without overshoot. While
-others share the device, NVML cannot tell their time from ours, so the scale
-holds. It lowers the scale only while the group spent its whole budget in the
-period (SATURATED of it): a program that asked for less, or could not launch
-for a while (its CPU was busy), is not a reason to give more. A period in
-which the group borrowed idle time beyond its share (--sm-borrow) holds the
-scale too: NVML then reads above the target on purpose.
+on the device, corrects ``sm_scale`` by sqrt(measured / charged): a damped
+multiplicative step that converges geometrically without overshoot, and makes
+the GPU time the group is charged the time the GPU was busy (under a saturated
+budget the charge is the share, so NVML's reading comes to the share). While
+others share the device, NVML cannot tell their time from ours; then the scale
+only comes down, when every group with a share on the GPU together (each adds
+its charge to the GPU's turn entry) was charged more than NVML saw the GPU
+busy. A period in which the group borrowed idle time beyond its share
+(--sm-borrow) holds the scale: NVML then reads above the target on purpose.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from numba import njit
 
 from pyvgpu import abi
 from pyvgpu import layout as L
+from pyvgpu.jit import gang
 from pyvgpu.jit.context import HELPER
-from pyvgpu.jit.fields import CTX, DEV, HDR, NVML_UTILIZATION, REGION, SLOT
+from pyvgpu.jit.fields import CTX, DEV, HDR, NVML_UTILIZATION, REGION, SLOT, TURN
 from pyvgpu.jit.intrinsics import load_u32, monotonic_ns, stack_buffer, stack_u64
 from pyvgpu.jit.limiter import Q16
 from pyvgpu.jit.nvml import NO_HANDLE
@@ -32,7 +34,8 @@ from pyvgpu.jit.quota import used_index
 
 CONTROL_PERIOD_NS = 500_000_000
 SCALE_MIN, SCALE_MAX = Q16 // 16, Q16 * 16
-SATURATED = 0.9  # the share of its budget a group must have spent in a period for a reading below target to count
+MIN_CHARGED = 2.0  # percent of a period: below it NVML's whole-percent reading says too little to calibrate on
+OVERCHARGED = 0.8  # the groups here were charged this much more than NVML saw busy before their scales come down
 
 
 @njit
@@ -87,7 +90,6 @@ def step(ctx, region, dev, handle, limit, period):
     mark = DEV.xchg_sm_cost_mark(d, cost)
     charged = np.float64(cost - mark) if cost >= mark else 0.0  # a reclaimed slot takes its count along
     spent = charged * scale / Q16 / max(np.float64(period), 1.0)  # of the device's time
-    saturated = spent * 100.0 >= SATURATED * np.float64(limit)
     borrow = DEV.load_sm_borrow_ns(d)
     borrow_mark = DEV.xchg_sm_borrow_mark(d, borrow)
     borrowed = borrow > borrow_mark  # NVML then shows time beyond the share, on purpose
@@ -97,16 +99,48 @@ def step(ctx, region, dev, handle, limit, period):
                    * 1e4)
     DEV.store_sm_group_util(d, np.uint32(mine))
     DEV.add_sm_steps(d, 1)
+    everyone = device_charged(ctx, d, dev, charged * scale / Q16, period)
     if borrowed:
         DEV.store_sm_state(d, L.SM_STATE_BORROWING)
         return
     if not alone:
         DEV.store_sm_state(d, L.SM_STATE_HOLDING)
+        # Every group with a share here was charged more than the GPU was busy, all of them and whoever
+        # else together: the timings are inflated (another context's kernels between a timed kernel's
+        # events), so the charges come down, never up (an unshared neighbour's time is in NVML's figure).
+        if everyone >= MIN_CHARGED and u < everyone * OVERCHARGED:
+            scale_by(d, scale, np.float64(u) / everyone)
         return
     DEV.store_sm_state(d, L.SM_STATE_CALIBRATING)
-    if u == limit or (u < limit and not saturated):
-        return
-    ratio = max(0.5, min(2.0, max(np.float64(u), 0.5) / np.float64(limit)))
+    pct = spent * 100.0
+    if pct >= MIN_CHARGED:
+        # Alone, what the group was charged should be what the GPU was busy, saturated or not: the cost
+        # model times kernels between events, which also counts the host's launch gaps of a launch-bound
+        # program (a decode loop was charged twice its NVML time), and a kernel whose arguments make it
+        # longer than its estimate is charged too little. Saturated, this is the old rule (the limiter
+        # keeps the charge at the share, so NVML's reading comes to the share).
+        scale_by(d, scale, np.float64(u) / pct)
+
+
+@njit
+def device_charged(ctx, d, dev, charged_ns, period):
+    """Add the group's charge of this period (ns, scaled) to its GPU's turn entry, where every group with a
+    share adds its own, and return what all of them were charged in about this period, in percent of the
+    device's time (0 without a turn entry)."""
+    e = CTX.get_turn_entry(ctx, dev)
+    if e <= np.uint64(1):
+        return 0.0
+    total = TURN.add_charged_ns(e, np.uint64(charged_ns)) + np.uint64(charged_ns)
+    mark = DEV.xchg_sm_dev_mark(d, total)
+    if mark == 0 or total < mark:
+        return 0.0
+    return np.float64(total - mark) * 100.0 / max(np.float64(period), 1.0)
+
+
+@njit
+def scale_by(d, scale, ratio):
+    """One damped step of the scale towards ratio (measured / charged)."""
+    ratio = max(0.25, min(2.0, ratio))  # at most halved (a quarter under the root) or doubled in a step
     new = scale * math.sqrt(ratio)
     new = max(np.float64(SCALE_MIN), min(np.float64(SCALE_MAX), new))
     DEV.store_sm_scale(d, np.uint64(new))
@@ -118,6 +152,7 @@ def control(ctx):
     region = CTX.get_region(ctx)
     if region == 0 or HDR.get_sm_any(region) == 0:
         return
+    gang.update(ctx, region)
     now = np.uint64(monotonic_ns())
     for dev in range(L.MAX_DEVICES):
         d = REGION.device(region, dev)

@@ -32,9 +32,9 @@ import numpy as np
 from numba import njit
 
 from pyvgpu import abi
-from pyvgpu.jit import clock, cost, limiter, turn
+from pyvgpu.jit import clock, cost, gang, limiter, turn
 from pyvgpu.jit.context import REAL, call_real, current_device, stream_of
-from pyvgpu.jit.fields import CTX, DEV, LAUNCH_CONFIG, LAUNCH_PARAMS, REGION, SLOT
+from pyvgpu.jit.fields import CTX, DEV, HDR, LAUNCH_CONFIG, LAUNCH_PARAMS, REGION, SLOT
 from pyvgpu.jit.intrinsics import load_i32, monotonic_ns, stack_u64, unlikely
 from pyvgpu.jit.nvml import handle as nvml_handle
 
@@ -93,8 +93,11 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         count_launch(ctx)
         return call_real(ctx, idx, args, notfound)
     limit = limiter.share(region, dev) if limited else np.uint32(0)
+    g = HDR.get_sm_gang(region) if limit != 0 else np.uint32(0)  # on sm_any's line
+    tdev = gang.lead(g, dev)  # whose budget and turn: dev's, or the gang's lead device's
+    gang.join(ctx, region, g)
     now = clock.now(ctx)  # the TSC, anchored to CLOCK_MONOTONIC about once a millisecond (clock.py)
-    e = turn.entry(ctx, dev)  # the device's turn entry (a load, once known): looked up here only
+    e = turn.entry(ctx, tdev)  # the device's turn entry (a load, once known): looked up here only
     if limit == 0 and not turn.active_on(e, now):  # no group with a share takes turns here
         count_launch(ctx)
         CTX.set_turn_out(ctx, CTX.get_turn_out(ctx) | (np.uint64(1) << np.uint64(dev)))
@@ -103,12 +106,12 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
     slot = cost.cost_slot(ctx, key)
     c = cost.cost_of(ctx, slot)
-    if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, dev, now)
+    if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, tdev, now)
                            and not turn.share_waits(ctx, e, now)):
         rank = limiter.rank(region, True)
-        wait, n = limiter.throttle(ctx, region, dev, c, limit, now)
+        wait, n = limiter.throttle(ctx, region, dev, tdev, gang.size(g), c, limit, now)
         if unlikely(wait > 0):
-            now = limiter.hold(ctx, region, dev, wait, stream, True, rank)
+            now = limiter.hold(ctx, region, tdev, wait, stream, True, rank)
     else:
         # best effort: no share here, or a share spent while the group may borrow idle time and nobody
         # with a share waits. No budget is charged (the group is not in debt when it stops borrowing), but
@@ -120,7 +123,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
     # the count first: sm_pending is on a line of its own, which 63 launches in 64 leave unread
     if unlikely((n & np.uint64(HARVEST_EVERY - 1)) == 0 and CTX.load_sm_pending(ctx) != 0):
         cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones
-    turn.take(ctx, region, dev, e, stream, now, c, rank, limit != 0)
+    turn.take(ctx, region, tdev, e, stream, now, c, rank, limit != 0)
     s = -1
     if unlikely(cost.new_kernel(ctx, slot) or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
                                                and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
@@ -130,7 +133,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
     rc = call_real(ctx, idx, args, notfound)
     if unlikely(s >= 0):
         cost.sample_end(ctx, s, stream, rc)
-        if CTX.get_sm_default_cost(ctx) == 0 and turn.takes_turns(ctx, dev):
+        if CTX.get_sm_default_cost(ctx) == 0 and turn.takes_turns(ctx, tdev):
             # the process's first timing: until it has one, every launch would join the turns' queue
             # estimate at cost 0 (turn.py)
             cost.wait_for(ctx, s)
@@ -201,7 +204,7 @@ def multi_device(ctx, idx, args, notfound):
     key = cost.shape_key(P.get_function(plist), P.get_gridDimX(plist), P.get_gridDimY(plist),
                          P.get_gridDimZ(plist), P.get_blockDimX(plist), P.get_blockDimY(plist),
                          P.get_blockDimZ(plist))
-    wait, _ = limiter.throttle(ctx, region, dev, cost.cost_of(ctx, cost.cost_slot(ctx, key)), limit,
+    wait, _ = limiter.throttle(ctx, region, dev, dev, 1, cost.cost_of(ctx, cost.cost_slot(ctx, key)), limit,
                                monotonic_ns())  # counts the launch
     if wait > 0:
         limiter.hold(ctx, region, dev, wait, np.uint64(0), False, 0)  # streams of several devices: no turns

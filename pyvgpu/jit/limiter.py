@@ -99,15 +99,18 @@ def per_share(ctx, dev, x, limit):
 
 
 @njit
-def throttle(ctx, region, dev, cost, limit, now):
-    """Charge cost (ns of GPU time) to the group's budget on dev, and count the launch (``charge_slot``).
-    Returns how long the launch must wait for the budget (ns, <= 0: it may go now), and the count before
-    it."""
-    d = REGION.device(region, dev)
-    scale = DEV.get_sm_scale(d)
+def throttle(ctx, region, dev, lead, k, cost, limit, now):
+    """Charge cost (ns of GPU time on dev) to the group's budget, and count the launch (``charge_slot``).
+    The budget is dev's own, or in a gang of k devices the lead device's, charged 1/k of the cost
+    (pyvgpu/jit/gang.py). Returns how long the launch must wait for the budget (ns, <= 0: it may go now),
+    and the count before it."""
+    scale = DEV.get_sm_scale(REGION.device(region, dev))
     if unlikely(scale == 0):
         scale = np.uint64(Q16)
     charge = np.int64(per_share(ctx, dev, cost * scale // np.uint64(Q16) * np.uint64(100), limit))
+    if unlikely(k > 1):
+        charge //= np.int64(k)
+    d = REGION.device(region, lead)
     while True:
         old = np.int64(DEV.load_sm_tat(d))
         base = old if old > now else now

@@ -41,8 +41,8 @@ Time slicing only costs while both queues are deep. Two launch-bound programs
 whole turns would halve both. So a launch may go *beside* the holder when
 its queue, the holder's and the GPU's (``qend``) are all shorter than
 CORUN_NS: the turn is for deep queues, which it keeps apart. A launch of a
-less urgent rank than the holder's goes beside it only while the queues are
-empty, one kernel at a time, and never beside a high-priority holder.
+less urgent rank than the holder's goes beside it by the same rule, but never
+beside a high-priority holder.
 
 Ranks (pyvgpu.layout.RANK_*): a launch within its group's share is *due*; a
 launch of a group without a share, or borrowing beyond its share
@@ -427,15 +427,16 @@ def corun(ctx, e, w, rank, dev, now, cost):
     """This launch may go beside the holder: its queue, the holder's and the GPU's are short, and it runs
     into nobody's reservation.
 
-    Beside a holder of a more urgent rank, only while the queues are empty (one kernel at a time fills
-    the holder's idle moments; the holder's next kernel waits at most for it), and never beside a
-    high-priority holder (high priority keeps its turn's idle moments to itself, for its latency)."""
+    A best-effort launch goes beside a due holder by the same rule, as long as the GPU's queue with its
+    kernel ends within CORUN_NS (a longer kernel only into an empty queue, one at a time): a launch-bound
+    holder leaves the GPU idle most of its turn, and a neighbour that only filled it one kernel at a time
+    got a tenth of what the GPU had left (an MLP beside a --sm 50 MLP), while the holder's next kernel
+    still waits at most CORUN_NS behind the neighbour's. Never beside a high-priority holder, which keeps
+    its turn's idle moments to itself, for its latency."""
     held_rank = TURN.load_rank(e)
     limit = CORUN_NS
-    if rank > held_rank:
-        if held_rank % 2 == 0:
-            return False
-        limit = 0
+    if rank > held_rank and held_rank % 2 == 0:
+        return False
     held_until = to_ns((w & LOW32) - np.uint64(LEASE_NS >> UNIT_SHIFT), now)
     if held_until > now + limit:
         return False
@@ -448,6 +449,8 @@ def corun(ctx, e, w, rank, dev, now, cost):
     start = device_queue_end(e, now)
     if start > now + limit:
         return False
+    if rank > held_rank and start > now and start + np.int64(cost) > now + limit:
+        return False  # beside a more urgent holder, a kernel goes into a busy queue only if it is short
     return start + np.int64(cost) <= reserved(e, rank, CTX.get_turn_id(ctx), now)
 
 
@@ -578,7 +581,10 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
                     D.note_stream(ctx, dev, stream)
                     return
                 continue
-        elif holder(w) == me:  # another thread of this process holds it
+        elif holder(w) == me:  # another thread of this process holds it, or another rank of its gang
+            if CTX.get_turn_mine(ctx, dev) == 0:  # a gang's rank: its slice counts from here (pyvgpu/jit/gang.py)
+                CTX.set_turn_mine(ctx, dev, 1)
+                CTX.set_turn_since(ctx, dev, np.uint64(now))
             CTX.set_turn_qend(ctx, dev, np.uint64(queue_on_device(e, now, cost)))
             D.note_stream(ctx, dev, stream)
             return

@@ -167,7 +167,7 @@ _Static_assert(sizeof(pv_ctx_t) == 71360, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 10
+#define PV_REGION_VERSION 11
 #define PV_REGION_DEVICES_OFF 512
 #define PV_REGION_SLOTS_OFF 15872
 #define PV_REGION_SLOT_SIZE 768
@@ -196,14 +196,16 @@ typedef struct __attribute__((aligned(64))) pv_region_header {
     uint32_t sm_any;  /* devices with a compute limit; 0 lets launches skip the limiter */
     uint32_t priority;  /* the group's priority, HAMi's CUDA_TASK_PRIORITY: 0 high, 1 low (default) */
     uint32_t sm_borrow;  /* 1: the group may use idle GPU time beyond its share (work-conserving) */
+    uint32_t sm_gang;  /* 0, or the group launches under a share on several devices: (its lowest device + 1) | (their count << 8); they share that device's budget and turn (pyvgpu/jit/gang.py) */
     uint32_t n_visible;  /* devices of the group (--devices); 0 = as the program's CUDA sees them */
     uint32_t visible[16];  /* NVML (physical) index of each group device (its GPU's for a MIG instance, with VISIBLE_MIG set) */
     uint8_t visible_uuid[256];  /* its UUID (a MIG instance's own), 16 raw bytes */
-    uint8_t _pad1[4];
     uint64_t ev_next;  /* events written so far; the next goes to ring entry ev_next % N_EVENTS */
     uint32_t mode;  /* device mode of the group: 0 hami-core (pyvgpu's limiter), 1 mps (pyvgpu/mps.py) */
     uint32_t mps_active_threads;  /* mode mps: the clients' CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, 0 = none */
-    uint8_t _pad2[16];
+    uint64_t sm_devs;  /* devices the group's live processes launched on under a share (a bit each; the watcher's, pyvgpu/jit/gang.py) */
+    uint32_t turn_gid;  /* the turn id the group's processes share while it is a gang (0: none yet) */
+    uint8_t _pad1[4];
 } pv_region_header_t;
 _Static_assert(offsetof(pv_region_header_t, magic) == 0, "pv_region_header.magic");
 _Static_assert(offsetof(pv_region_header_t, version) == 8, "pv_region_header.version");
@@ -222,12 +224,15 @@ _Static_assert(offsetof(pv_region_header_t, sm_switch) == 136, "pv_region_header
 _Static_assert(offsetof(pv_region_header_t, sm_any) == 140, "pv_region_header.sm_any");
 _Static_assert(offsetof(pv_region_header_t, priority) == 144, "pv_region_header.priority");
 _Static_assert(offsetof(pv_region_header_t, sm_borrow) == 148, "pv_region_header.sm_borrow");
-_Static_assert(offsetof(pv_region_header_t, n_visible) == 152, "pv_region_header.n_visible");
-_Static_assert(offsetof(pv_region_header_t, visible) == 156, "pv_region_header.visible");
-_Static_assert(offsetof(pv_region_header_t, visible_uuid) == 220, "pv_region_header.visible_uuid");
+_Static_assert(offsetof(pv_region_header_t, sm_gang) == 152, "pv_region_header.sm_gang");
+_Static_assert(offsetof(pv_region_header_t, n_visible) == 156, "pv_region_header.n_visible");
+_Static_assert(offsetof(pv_region_header_t, visible) == 160, "pv_region_header.visible");
+_Static_assert(offsetof(pv_region_header_t, visible_uuid) == 224, "pv_region_header.visible_uuid");
 _Static_assert(offsetof(pv_region_header_t, ev_next) == 480, "pv_region_header.ev_next");
 _Static_assert(offsetof(pv_region_header_t, mode) == 488, "pv_region_header.mode");
 _Static_assert(offsetof(pv_region_header_t, mps_active_threads) == 492, "pv_region_header.mps_active_threads");
+_Static_assert(offsetof(pv_region_header_t, sm_devs) == 496, "pv_region_header.sm_devs");
+_Static_assert(offsetof(pv_region_header_t, turn_gid) == 504, "pv_region_header.turn_gid");
 _Static_assert(sizeof(pv_region_header_t) == 512, "sizeof pv_region_header");
 
 /* per-device state of a group */
@@ -253,7 +258,9 @@ typedef struct __attribute__((aligned(64))) pv_region_device {
     uint64_t sm_borrow_mark;  /* controller: sm_borrow_ns at its last step */
     uint64_t limit_created;  /* the memory limit the group was created with (`limits set` leaves it): a process whose variables still name it follows the group's limit */
     uint32_t sm_limit_created;  /* the compute share the group was created with, likewise */
-    uint8_t _pad0[44];
+    uint8_t _pad0[4];
+    uint64_t sm_dev_mark;  /* controller: the GPU's turn entry charged_ns at its last step */
+    uint8_t _pad1[32];
 } pv_region_device_t;
 _Static_assert(offsetof(pv_region_device_t, limit) == 0, "pv_region_device.limit");
 _Static_assert(offsetof(pv_region_device_t, used) == 8, "pv_region_device.used");
@@ -276,11 +283,12 @@ _Static_assert(offsetof(pv_region_device_t, sm_borrow_ns) == 120, "pv_region_dev
 _Static_assert(offsetof(pv_region_device_t, sm_borrow_mark) == 128, "pv_region_device.sm_borrow_mark");
 _Static_assert(offsetof(pv_region_device_t, limit_created) == 136, "pv_region_device.limit_created");
 _Static_assert(offsetof(pv_region_device_t, sm_limit_created) == 144, "pv_region_device.sm_limit_created");
+_Static_assert(offsetof(pv_region_device_t, sm_dev_mark) == 152, "pv_region_device.sm_dev_mark");
 _Static_assert(sizeof(pv_region_device_t) == 192, "sizeof pv_region_device");
 
 /* The machine's turn file (pyvgpu/sched.py). */
 #define PV_SCHED_MAGIC 0x31304e5255545650ULL
-#define PV_SCHED_VERSION 4
+#define PV_SCHED_VERSION 5
 #define PV_SCHED_ENTRIES 64
 #define PV_SCHED_SIZE 16448
 
