@@ -46,12 +46,11 @@ def main() -> int:
         wrap += ["--allocator", "vpmm"]
     elif a.allocator == "expandable_segments":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    code = ("import json, sys; from pyvgpu.bench import vpmm_loops as L; "
-            f"r = L.run_repro({a.seconds}, int(sys.argv[1]), empty_cache={a.empty_cache}); print(json.dumps(r))")
+    loop = [sys.executable, "-m", "pyvgpu.bench.vpmm_loops", "repro", str(a.seconds)]
     failed = 0
     for run in range(a.runs):
-        p = subprocess.run([*wrap, "--", sys.executable, "-c", code, str(run)], env=env, capture_output=True,
-                           text=True, timeout=max(600, 4 * a.seconds + 300))
+        p = subprocess.run([*wrap, "--", *loop, str(run), *(["--empty-cache"] if a.empty_cache else [])], env=env,
+                           capture_output=True, text=True, timeout=max(600, 4 * a.seconds + 300))
         lines = p.stdout.strip().splitlines()
         if p.returncode != 0 and not lines:
             print(f"run {run + 1}: could not run (exit {p.returncode}): {p.stderr.strip()[-1500:]}")

@@ -2,7 +2,8 @@
 
     python -m pyvgpu.bench.vpmm_loops decode SECONDS [SEED]   transformers' generate, GPT-2 architecture
     python -m pyvgpu.bench.vpmm_loops train SECONDS [SEED]    8 x Linear 2048 (fp32, batch 1024), Adam
-    python -m pyvgpu.bench.vpmm_loops repro SECONDS [SEED]    decode for SECONDS, delete the model, train
+    python -m pyvgpu.bench.vpmm_loops repro SECONDS [SEED] [--empty-cache]
+                                      decode for SECONDS, delete the model, train 8 x Linear 2048 for 5 s
 
 Each prints one JSON line: throughput, peak reserved (torch.cuda.max_memory_reserved; under VPMM every
 byte the pool took) and, under VPMM, the pool's figures. Run them under `pyvgpu wrap` (with
@@ -253,8 +254,11 @@ def run_repro(seconds: float, seed: int, train_seconds: float = 5.0, empty_cache
 
 
 def main(argv: list[str]) -> int:
+    empty = "--empty-cache" in argv  # repro: empty_cache() between the two loops
+    argv = [a for a in argv if a != "--empty-cache"]
     if len(argv) < 2 or argv[0] not in ("decode", "train", "repro"):
-        print("usage: python -m pyvgpu.bench.vpmm_loops decode|train|repro SECONDS [SEED]", file=sys.stderr)
+        print("usage: python -m pyvgpu.bench.vpmm_loops decode|train|repro SECONDS [SEED] [--empty-cache]",
+              file=sys.stderr)
         return 2
     try:
         seconds = float(argv[1])
@@ -263,7 +267,10 @@ def main(argv: list[str]) -> int:
         print(f"vpmm_loops: SECONDS {argv[1]!r} and SEED must be numbers", file=sys.stderr)
         return 2
     try:
-        r = {"decode": run_decode, "train": run_train, "repro": run_repro}[argv[0]](seconds, seed)
+        if argv[0] == "repro":
+            r = run_repro(seconds, seed, empty_cache=empty)
+        else:
+            r = {"decode": run_decode, "train": run_train}[argv[0]](seconds, seed)
     except PyvgpuError as e:
         print(f"pyvgpu: {e}", file=sys.stderr)
         return 2
