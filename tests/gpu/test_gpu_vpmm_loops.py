@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import PYVGPU, clean_env, run
+
+HERE = Path(__file__).resolve().parent
 
 
 def loop(kind: str, seconds: float, *wrap: str, env: dict | None = None) -> dict:
@@ -43,3 +46,16 @@ def test_training_threads_meet_the_pools_context():
     assert r["steps"] > 0
     print("entered without a context:", r["pool"]["entered_without_context"],
           "with another:", r["pool"]["entered_with_another_context"])
+
+
+@pytest.mark.parametrize("kind", ["trim", "small"])
+def test_the_first_backward_allocates_on_a_thread_without_a_context(kind):
+    """The first backward's first allocation, on autograd's worker thread before its first kernel: one that
+    needs new pages (right after empty_cache) and one under a page (cuMemAllocAsync). Both must succeed, and
+    the pool must have seen a call come without a context (what the fix switches for)."""
+    p = run([*PYVGPU, "wrap", "--allocator", "vpmm", "--", sys.executable, str(HERE / "torch_vpmm_threads.py"), kind],
+            env=clean_env(), timeout=600)
+    print(p.stdout[-3000:], p.stderr[-3000:])
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["ok"], r.get("error")
+    assert r["pool"]["entered_without_context"] > 0, r["pool"]
