@@ -56,8 +56,8 @@ def main() -> int:
             print(f"run {run + 1}: could not run (exit {p.returncode}): {p.stderr.strip()[-1500:]}")
             return 2
         r = json.loads(lines[-1])
-        d = r["decode"]
-        head = (f"run {run + 1}: {a.allocator}, {r['model']}, decoded {d['seconds']:.1f} s "
+        d = r.get("decode") or {"seconds": 0.0, "generate_calls": 0, "tokens_per_s": 0.0}
+        head = (f"run {run + 1}: {a.allocator}, {r.get('model')}, decoded {d['seconds']:.1f} s "
                 f"({d['generate_calls']} generate calls, {d['tokens_per_s']:.0f} tokens/s), peak reserved "
                 f"{r['peak_reserved'] / 2**30:.2f} GiB")
         if "pool" in r:

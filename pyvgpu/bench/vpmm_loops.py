@@ -232,8 +232,12 @@ def run_repro(seconds: float, seed: int, train_seconds: float = 5.0, empty_cache
     8 x Linear 2048 training loop and train. ``ok`` False with ``error`` and ``phase`` on a failure."""
     torch = need_gpu()
     out: dict = {"workload": "repro", "decode_seconds": seconds}
-    model, out["model"] = decode_model(torch)
-    out["decode"] = decode(torch, model, seconds, random.Random(seed))
+    try:
+        model, out["model"] = decode_model(torch)
+        out["decode"] = decode(torch, model, seconds, random.Random(seed))
+    except RuntimeError as e:
+        out.update(ok=False, phase="decode", error=str(e), **figures(torch))
+        return out
     del model
     gc.collect()
     if empty_cache:
