@@ -170,7 +170,7 @@ def train(torch: Any, model: Any, seconds: float, steps: int = 0) -> dict:
     except RuntimeError as e:
         raise LoopError(phase, n, e) from e
     took = time.perf_counter() - t0
-    return {"steps": n, "seconds": took, "steps_per_s": n / took, "loss": float(loss) if loss is not None else None}
+    return {"steps": n, "seconds": took, "steps_per_s": n / took, "loss": loss.item() if loss is not None else None}
 
 
 class LoopError(RuntimeError):
