@@ -516,15 +516,32 @@ def bench_vpmm(
                                   "default 2M): larger pages defragment less often, round up more."),
     direct: bool = typer.Option(False, "--direct", help="Replay the trace on a VPMM pool in this process, "
                                 "without PyTorch (also on a fake driver): the allocator's own ops/s and calls."),
+    workload: str = typer.Option("trace", "--workload", metavar="trace|decode|train|all",
+                                 help="'decode': transformers' generate (GPT-2 architecture, 8 x 1024, fp16, random "
+                                      "weights; batch 1-32, prompt 16-512, 16-64 new tokens), tokens/s; 'train': "
+                                      "8 x Linear 2048 with Adam, steps/s; 'all': both and the trace (a diagnostic)."),
+    seconds: float = typer.Option(16.0, "--seconds", min=1.0, metavar="S", help="Length of each decode/train run."),
+    rounds: int = typer.Option(2, "--rounds", min=1, metavar="N",
+                               help="Runs per allocator for decode/train, the allocators taking turns."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
     """A fragmenting trace (inference with growing sequences) under PyTorch's caching allocator,
     expandable_segments and VPMM: peak live, peak reserved, refused requests, ops/s, VPMM's driver calls per
-    operation (needs PyTorch and a GPU; --direct needs neither)."""
+    operation (needs PyTorch and a GPU; --direct needs neither). --workload decode|train runs real loops
+    instead: throughput and peak reserved per allocator."""
     from pyvgpu.bench import vpmm as bench
     from pyvgpu.errors import PyvgpuError
 
+    if workload != "trace" and not direct:
+        from pyvgpu.bench import vpmm_workloads as loops
+
+        try:
+            result = loops.run(workload, seconds=seconds, rounds=rounds, cap=cap, page_size=page_size)
+        except PyvgpuError as e:
+            raise _fail(str(e)) from None
+        _emit(result, loops.table(result), as_json, output)
+        return
     try:
         if direct:
             result = bench.run_direct(steps=steps, page_size=page_size)

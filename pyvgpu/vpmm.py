@@ -17,11 +17,12 @@ module, never the other way round.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import mmap
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -129,11 +130,12 @@ class VirtualMemoryPool:
         except OSError as e:
             raise PyvgpuError(f"VPMM needs the CUDA driver (libcuda.so.1): {e}") from None
         self._cu = cu
-        self._context(cu, device)
+        self._ctx = ctypes.c_void_p(self._primary(cu, device))
         self._prop = _Prop(type=1, loc_type=1, loc_id=device)  # pinned device memory
         self._access = _Access(loc_type=1, loc_id=device, flags=3)  # read and write
         gran = ctypes.c_size_t()
-        rc = cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(self._prop), 0)
+        with self._current():
+            rc = cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(self._prop), 0)
         if rc != 0:
             raise PyvgpuError(f"VPMM: device {device} has no VMM support (cuMemGetAllocationGranularity -> {rc})")
         if self.page_size % gran.value:
@@ -154,11 +156,13 @@ class VirtualMemoryPool:
         hd[T.H_PAGE], hd[T.H_VA], hd[T.H_DEV], hd[T.H_GAP] = self.page_size, self.va_size, device, self.gap
         hd[T.H_PROP], hd[T.H_ACCESS] = ctypes.addressof(self._prop), ctypes.addressof(self._access)
         hd[T.H_NEXT_ID] = 1
+        hd[T.H_CTX] = self._ctx.value  # every entry point's driver calls run with it current (issue 32)
         for f, name in enumerate(T.FN_NAMES):
             hd[T.H_FN + f] = ctypes.cast(getattr(cu, name), ctypes.c_void_p).value
         mempool = ctypes.c_void_p()
-        if cu.cuDeviceGetDefaultMemPool(ctypes.byref(mempool), device) == 0 and mempool.value:
-            hd[T.H_MEMPOOL] = mempool.value  # where the small requests' memory is cached
+        with self._current():
+            if cu.cuDeviceGetDefaultMemPool(ctypes.byref(mempool), device) == 0 and mempool.value:
+                hd[T.H_MEMPOOL] = mempool.value  # where the small requests' memory is cached
         refusals, limit = _watch(env, device)
         if refusals:
             hd[T.H_WATCH_REFUSALS], hd[T.H_WATCH_LIMIT] = refusals, limit
@@ -175,17 +179,36 @@ class VirtualMemoryPool:
 
 
     @staticmethod
-    def _context(cu: ctypes.CDLL, device: int) -> None:
-        """Make device's primary context current in this thread if none is (the driver API needs one)."""
-        cur = ctypes.c_void_p()
+    def _primary(cu: ctypes.CDLL, device: int) -> int:
+        """Device's primary context, retained for the pool's life (the process's: PyTorch's tensors live in
+        it). Every driver call of the pool runs with it current, on any thread (issue 32: taking whatever
+        context the creating thread had made a pool of the second GPU use the first one's). A thread with no
+        context at all gets it current, as the CUDA runtime's first call on a thread would do."""
         if cu.cuInit(0) != 0:
             raise PyvgpuError("VPMM: cuInit failed; is there a GPU (pyvgpu doctor)?")
-        if cu.cuCtxGetCurrent(ctypes.byref(cur)) == 0 and cur.value:
-            return
         ctx = ctypes.c_void_p()
         rc = cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device)
-        if rc != 0 or cu.cuCtxSetCurrent(ctx) != 0:
+        if rc != 0 or not ctx.value:
             raise PyvgpuError(f"VPMM: no context on device {device} (cuDevicePrimaryCtxRetain -> {rc})")
+        cur = ctypes.c_void_p()
+        if cu.cuCtxGetCurrent(ctypes.byref(cur)) == 0 and not cur.value and cu.cuCtxSetCurrent(ctx) != 0:
+            raise PyvgpuError(f"VPMM: cannot make device {device}'s primary context current")
+        return ctx.value
+
+    @contextlib.contextmanager
+    def _current(self) -> Iterator[None]:
+        """The pool's context current on this thread for the Python side's own driver calls; the thread's
+        own is given back after (the entry points do the same in numba: pyvgpu.jit.vpmm_driver.ctx_enter)."""
+        cur = ctypes.c_void_p()
+        if self._cu.cuCtxGetCurrent(ctypes.byref(cur)) != 0 or cur.value == self._ctx.value:
+            yield
+            return
+        if self._cu.cuCtxSetCurrent(self._ctx) != 0:
+            raise PyvgpuError(f"VPMM: cannot make device {self.device}'s primary context current")
+        try:
+            yield
+        finally:
+            self._cu.cuCtxSetCurrent(cur)
 
     def _check(self, rc: int, what: str, after: str = "the pool is unchanged") -> int:
         if rc >= 0:
@@ -301,6 +324,10 @@ class VirtualMemoryPool:
                 "frees": int(hd[T.H_FREES]), "moved_pages": int(hd[T.H_MOVED]),
                 "in_place_pages": int(hd[T.H_INPLACE]), "released_pages": int(hd[T.H_RELEASED]),
                 "trims": int(hd[T.H_TRIMS]), "ooms": int(hd[T.H_OOMS]), "retries": int(hd[T.H_RETRIES]),
+                # calls that came from a thread without the pool's context current (they switched to it)
+                "context_switches": int(hd[T.H_CTX_NONE] + hd[T.H_CTX_OTHER]),
+                "entered_without_context": int(hd[T.H_CTX_NONE]),
+                "entered_with_another_context": int(hd[T.H_CTX_OTHER]),
                 "vmm_calls": vmm, "vmm_calls_per_op": vmm / ops if ops else 0.0, "calls": self.calls()}
 
     def memory_stats(self) -> dict[str, int]:

@@ -450,7 +450,8 @@ def preallocate(reg, hd, pg, scr, n):
 # --- the C entry points (cfuncs: no GIL) ------------------------------------------------------
 # A pool's state is described by a block of eight int64: the addresses and lengths of its region table,
 # page table, header and scratch. The entries take that block's address, so one compiled set serves every
-# pool; a spinlock in the header serialises callers.
+# pool; a spinlock in the header serialises callers. Every entry that calls the driver does it with the
+# pool's context current on the calling thread (vpmm_driver.ctx_enter), whatever thread that is.
 
 S_REG, S_NREG, S_PG, S_NPG, S_HD, S_NHD, S_SCR, S_NSCR, N_STATE = range(9)
 
@@ -481,7 +482,10 @@ def unlock(hd_addr):
 def entry_malloc(state, size, stream):
     reg, pg, hd, scr, hd_addr = views(state)
     lock(hd_addr)
-    r = malloc(reg, hd, pg, scr, size, stream)
+    r = prev = D.ctx_enter(hd)
+    if prev >= D.CTX_KEPT:
+        r = malloc(reg, hd, pg, scr, size, stream)
+        D.ctx_leave(hd, prev)
     unlock(hd_addr)
     return r
 
@@ -492,13 +496,16 @@ def entry_free(state, ptr, stream, size):
     capture even small requests are pages); otherwise, under a page, it came from cuMemAllocAsync."""
     reg, pg, hd, scr, hd_addr = views(state)
     lock(hd_addr)
-    i = find(reg, hd, ptr)
-    if i >= 0 and reg[i, STATE] == MALLOC:
-        r = free(reg, hd, pg, scr, ptr, stream)
-    elif 0 < size < hd[H_PAGE]:
-        r = small_free(hd, ptr, stream, size)
-    else:
-        r = np.int64(CUDA_ERROR_INVALID_VALUE)
+    r = prev = D.ctx_enter(hd)
+    if prev >= D.CTX_KEPT:
+        i = find(reg, hd, ptr)
+        if i >= 0 and reg[i, STATE] == MALLOC:
+            r = free(reg, hd, pg, scr, ptr, stream)
+        elif 0 < size < hd[H_PAGE]:
+            r = small_free(hd, ptr, stream, size)
+        else:
+            r = np.int64(CUDA_ERROR_INVALID_VALUE)
+        D.ctx_leave(hd, prev)
     unlock(hd_addr)
     return r
 
@@ -509,13 +516,16 @@ def entry_trim(state, release):
     released (0 without release), or a negative error."""
     reg, pg, hd, scr, hd_addr = views(state)
     lock(hd_addr)
-    if release:
-        r = release_free(reg, hd, pg, scr)
-    else:
-        r = settle(reg, hd)
-        if r == 0:
-            rc = unmap_stale(reg, hd, pg)
-            r = driver_error(rc) if rc != CUDA_SUCCESS else np.int64(0)
+    r = prev = D.ctx_enter(hd)
+    if prev >= D.CTX_KEPT:
+        if release:
+            r = release_free(reg, hd, pg, scr)
+        else:
+            r = settle(reg, hd)
+            if r == 0:
+                rc = unmap_stale(reg, hd, pg)
+                r = driver_error(rc) if rc != CUDA_SUCCESS else np.int64(0)
+        D.ctx_leave(hd, prev)
     unlock(hd_addr)
     return r
 
@@ -524,7 +534,10 @@ def entry_trim(state, release):
 def entry_preallocate(state, n):
     reg, pg, hd, scr, hd_addr = views(state)
     lock(hd_addr)
-    r = preallocate(reg, hd, pg, scr, n)
+    r = prev = D.ctx_enter(hd)
+    if prev >= D.CTX_KEPT:
+        r = preallocate(reg, hd, pg, scr, n)
+        D.ctx_leave(hd, prev)
     unlock(hd_addr)
     return r
 
@@ -543,10 +556,13 @@ def entry_capture(state, stream, what):
     """what: 1 a capture begins on stream, 0 it ended, -N release the memory of capture N (-0: every one)."""
     reg, pg, hd, scr, hd_addr = views(state)
     lock(hd_addr)
-    if what >= 0:
-        r = notify_capture(hd, stream, what == 1)
-    else:
-        r = release_graph(reg, hd, -what - 1)
+    r = prev = D.ctx_enter(hd)
+    if prev >= D.CTX_KEPT:
+        if what >= 0:
+            r = notify_capture(hd, stream, what == 1)
+        else:
+            r = release_graph(reg, hd, -what - 1)
+        D.ctx_leave(hd, prev)
     unlock(hd_addr)
     return r
 

@@ -20,6 +20,8 @@ from pyvgpu.jit.vpmm_tables import (
     F_ALLOC_ASYNC,
     F_CAPTURE_MODE,
     F_CREATE,
+    F_CTX_GET,
+    F_CTX_SET,
     F_CTX_SYNC,
     F_EV_CREATE,
     F_EV_QUERY,
@@ -36,6 +38,9 @@ from pyvgpu.jit.vpmm_tables import (
     H_ACCESS,
     H_ACCESS_PAGES,
     H_CALLS,
+    H_CTX,
+    H_CTX_NONE,
+    H_CTX_OTHER,
     H_EVENTS,
     H_MEMPOOL,
     H_NEV,
@@ -53,6 +58,48 @@ from pyvgpu.jit.vpmm_tables import (
 @njit(inline="always")
 def _count(hd, f):
     hd[H_CALLS + f] += 1
+
+
+# --- the context: every entry point's driver calls run in the pool's ------------------------------
+# The driver API acts on the calling thread's current context, and the pool is called from threads that
+# may have none or another: PyTorch's autograd worker (c10::cuda::SetDevice skips cudaSetDevice when
+# cudaGetDevice already names the device, so the thread has no context until its first kernel binds one),
+# a Python thread, or the thread of another GPU. So each entry point makes the device's primary context
+# current for its calls and gives the thread its own back (docs/vpmm.md, issue 32).
+CTX_KEPT = -1  # ctx_enter's answer when the pool's context was already current: nothing to give back
+
+
+@njit
+def ctx_enter(hd):
+    """Make the pool's context current on this thread. Returns the thread's context to give back to
+    ctx_leave (0: it had none), CTX_KEPT when the pool's was current already, or -1000 - CUresult."""
+    _count(hd, F_CTX_GET)
+    out = stack_u64()
+    rc = call_i32(fn(hd, F_CTX_GET), (out,))
+    if rc != CUDA_SUCCESS:
+        return driver_error(rc)
+    cur = np.int64(load_u64(out))
+    if cur == hd[H_CTX]:
+        return np.int64(CTX_KEPT)
+    _count(hd, F_CTX_SET)
+    rc = call_i32(fn(hd, F_CTX_SET), (np.uint64(hd[H_CTX]),))
+    if rc != CUDA_SUCCESS:
+        return driver_error(rc)
+    if cur == 0:
+        hd[H_CTX_NONE] += 1
+    else:
+        hd[H_CTX_OTHER] += 1
+    return cur
+
+
+@njit
+def ctx_leave(hd, prev):
+    """Give the thread its context back (prev from ctx_enter). A context the driver will not make current
+    again (destroyed meanwhile) leaves the pool's current: a valid one, and the thread's was unusable."""
+    if prev == CTX_KEPT or prev < 0:
+        return
+    _count(hd, F_CTX_SET)
+    call_i32(fn(hd, F_CTX_SET), (np.uint64(prev),))
 
 
 @njit

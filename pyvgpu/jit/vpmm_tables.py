@@ -34,15 +34,18 @@ EV_DEFERRED = -2  # freed on a capturing stream: its event is recorded once the 
 (H_NREG, H_PAGE, H_VA, H_DEV, H_NEXT_ID, H_PAGES, H_NROOTS, H_LIVE, H_SMALL, H_PROP, H_ACCESS, H_NEV,
  H_LOCK, H_DEFRAGS, H_GAP, H_NPG, H_EPOCH, H_CAP_STREAM, H_OOMS, H_RETRIES, H_RELEASED, H_TRIMS,
  H_WATCH_REFUSALS, H_WATCH_LIMIT, H_SEEN_REFUSALS, H_SEEN_LIMIT, H_MEMPOOL, H_NSIDE, H_LAZY_LIMIT,
- H_CAPTURE_ACTIVE, H_UNSETTLED, H_PRESSURE, H_INPLACE, H_MOVED, H_MALLOCS, H_FREES) = range(36)
+ H_CAPTURE_ACTIVE, H_UNSETTLED, H_PRESSURE, H_INPLACE, H_MOVED, H_MALLOCS, H_FREES, H_CTX, H_CTX_NONE,
+ H_CTX_OTHER) = range(39)
+# H_CTX: the device's primary context, made current around every entry point's driver calls (vpmm_driver.ctx_enter);
+# H_CTX_NONE / H_CTX_OTHER: entries that found no context current on their thread / another one (switches).
 # driver functions, from H_FN on
 (F_RESERVE, F_CREATE, F_MAP, F_SET_ACCESS, F_UNMAP, F_EV_CREATE, F_EV_RECORD, F_EV_QUERY, F_WAIT,
  F_ALLOC_ASYNC, F_FREE_ASYNC, F_RELEASE, F_ADDR_FREE, F_IS_CAPTURING, F_POOL_TRIM, F_CTX_SYNC, F_CAPTURE_MODE,
- N_FN) = range(18)
+ F_CTX_GET, F_CTX_SET, N_FN) = range(20)
 FN_NAMES = ("cuMemAddressReserve", "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuEventCreate",
             "cuEventRecord", "cuEventQuery", "cuStreamWaitEvent", "cuMemAllocAsync", "cuMemFreeAsync",
             "cuMemRelease", "cuMemAddressFree", "cuStreamIsCapturing", "cuMemPoolTrimTo", "cuCtxSynchronize",
-            "cuThreadExchangeStreamCaptureMode")
+            "cuThreadExchangeStreamCaptureMode", "cuCtxGetCurrent", "cuCtxSetCurrent")
 H_FN = 48
 H_CALLS = H_FN + 32  # calls made, per driver function (same order)
 H_ACCESS_PAGES = H_CALLS + 32  # pages covered by cuMemSetAccess calls

@@ -58,6 +58,8 @@ enum {
 struct fake_ctx {
     int dev;  /* the CUdevice (ordinal) it was made for */
     int phys; /* its physical device: the index of all per-device state */
+    int dead; /* destroyed (cuCtxDestroy, or a primary context released to no reference): kept, never freed */
+    int refs; /* a primary context's retains */
 };
 
 typedef struct {
@@ -403,6 +405,7 @@ struct fake_event {
     uint64_t rec;        /* when it was recorded */
     int timing;          /* 0: CU_EVENT_DISABLE_TIMING */
     int recorded;
+    int phys;            /* the device of the context it was created in */
 };
 #define START_EVENT_NS 50000 /* a launch this soon after a timing event is the kernel it times */
 static struct fake_event *g_start_event; /* a timing event recorded right before the next kernel */
@@ -425,8 +428,9 @@ static struct fake_event *g_start_event; /* a timing event recorded right before
 struct fake_stream {
     uint32_t magic, dead;
     uint64_t last_end;
+    int phys; /* the device of the context it was created in (the NULL stream: the current context's) */
 };
-static struct fake_stream g_default_stream = {STREAM_MAGIC, 0, 0};
+static struct fake_stream g_default_stream = {STREAM_MAGIC, 0, 0, -1};
 static struct fake_stream *g_streams[MAX_STREAMS]; /* every stream made, for the lookup below */
 static unsigned g_nstreams;
 
@@ -444,6 +448,15 @@ static struct fake_stream *fake_stream_of(CUstream s) {
             return x;
         }
     return &g_default_stream; /* not one of ours: as the fake always treated streams */
+}
+
+/* The physical device of stream s's context: the current context's for the NULL stream and for
+ * handles the fake did not make; -1 with no context current. */
+static int stream_phys(CUstream s) {
+    struct fake_stream *x = fake_stream_of(s);
+    if (x && x != &g_default_stream)
+        return x->phys;
+    return t_cur ? t_cur->phys : -1;
 }
 
 static void run_kernel(uint64_t d, CUstream stream) {
@@ -473,11 +486,32 @@ static void run_kernel(uint64_t d, CUstream stream) {
         if (!g_init)                                                                                             \
             return CUDA_ERROR_NOT_INITIALIZED;                                                                   \
     } while (0)
+/* Contexts are strict, as a real driver is for the calls that act on the current context: a call made
+ * with no context current, or with a destroyed one (cuCtxDestroy, a primary context released to no
+ * reference), fails with CUDA_ERROR_INVALID_CONTEXT. CTX_ON(phys) is stricter than the driver documents
+ * for the calls that name their device (cuMemCreate, cuMemMap, cuMemSetAccess) or act on a stream or
+ * event of a context (the NULL stream is the current context's): the current context must be of that
+ * device, so that a caller working under another device's context (whose NULL stream, events,
+ * cuMemAllocAsync and cuCtxSynchronize are that device's) is caught here. Every such refusal is counted:
+ * fakecuda_ctx_refusals(). The VMM calls need a context here too (the driver's documentation lists no
+ * CUDA_ERROR_INVALID_CONTEXT for them; tests/gpu/vpmm_ctx_probe.py asks a real one). */
+static uint64_t g_ctx_refusals;
+static int ctx_refused(void) {
+    __atomic_add_fetch(&g_ctx_refusals, 1, __ATOMIC_RELAXED);
+    return CUDA_ERROR_INVALID_CONTEXT;
+}
+EXPORT uint64_t fakecuda_ctx_refusals(void) { return __atomic_load_n(&g_ctx_refusals, __ATOMIC_ACQUIRE); }
 #define NEED_CTX()                                                                                               \
     do {                                                                                                         \
         NEED_INIT();                                                                                             \
-        if (!t_cur)                                                                                              \
-            return CUDA_ERROR_INVALID_CONTEXT;                                                                   \
+        if (!t_cur || t_cur->dead)                                                                               \
+            return ctx_refused();                                                                                \
+    } while (0)
+#define CTX_ON(want)                                                                                             \
+    do {                                                                                                         \
+        NEED_CTX();                                                                                              \
+        if (t_cur->phys != (want))                                                                               \
+            return ctx_refused();                                                                                \
     } while (0)
 
 /* ---- CUDA_VISIBLE_DEVICES -------------------------------------------------- */
@@ -627,7 +661,7 @@ EXPORT CUresult cuInit(unsigned flags) {
     if (!parsed) {
         rc = parse_visible();
         for (int d = 0; d < g_ndev; d++)
-            g_primary[d] = (struct fake_ctx){d, g_phys[d]};
+            g_primary[d] = (struct fake_ctx){d, g_phys[d], 0, 0};
         g_init = rc == CUDA_SUCCESS;
         parsed = 1;
     }
@@ -774,20 +808,36 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
         return CUDA_ERROR_INVALID_DEVICE;
     take_context_memory(p);
     sim_register(sim(), p);
+    pthread_mutex_lock(&g_mu);
+    g_primary[d].refs++;
+    g_primary[d].dead = 0; /* (re)created: a real driver may give another handle; the fake keeps one */
+    pthread_mutex_unlock(&g_mu);
     *c = &g_primary[d];
     return CUDA_SUCCESS;
 }
 
+/* The last release destroys the primary context: threads where it is current then fail with
+ * CUDA_ERROR_INVALID_CONTEXT, as on a real driver. */
+static CUresult primary_release(CUdevice d) {
+    NEED_INIT();
+    if (phys_of(d) < 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    CUresult rc = g_primary[d].refs > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (g_primary[d].refs > 0 && --g_primary[d].refs == 0)
+        g_primary[d].dead = 1;
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     COUNT(cuDevicePrimaryCtxRelease_v2);
-    NEED_INIT();
-    return phys_of(d) < 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+    return primary_release(d);
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d) {
     COUNT(cuDevicePrimaryCtxRelease);
-    NEED_INIT();
-    return phys_of(d) < 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+    return primary_release(d);
 }
 
 EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
@@ -800,7 +850,7 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
         return CUDA_ERROR_INVALID_DEVICE;
     take_context_memory(p);
     sim_register(sim(), p);
-    struct fake_ctx *x = malloc(sizeof *x);
+    struct fake_ctx *x = calloc(1, sizeof *x);
     x->dev = d;
     x->phys = p;
     *c = t_cur = x;
@@ -814,8 +864,8 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
         return CUDA_ERROR_INVALID_VALUE;
     if (t_cur == c)
         t_cur = NULL;
-    if (c < &g_primary[0] || c >= &g_primary[MAX_DEV])
-        free(c);
+    if (c < &g_primary[0] || c >= &g_primary[MAX_DEV]) /* a primary context goes with its last release */
+        c->dead = 1; /* kept, not freed: other threads may still have it current (their calls then fail) */
     return CUDA_SUCCESS;
 }
 
@@ -1104,6 +1154,7 @@ EXPORT CUresult cuEventCreate(struct fake_event **e, unsigned flags) {
         return CUDA_ERROR_INVALID_VALUE;
     *e = calloc(1, sizeof **e);
     (*e)->timing = !(flags & 2);
+    (*e)->phys = t_cur->phys;
     return CUDA_SUCCESS;
 }
 
@@ -1114,6 +1165,8 @@ EXPORT CUresult cuEventRecord(struct fake_event *e, CUstream s) {
     NEED_CTX();
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
+    CTX_ON(e->phys); /* the event, the stream and the current context: one context */
+    CTX_ON(stream_phys(s));
     struct fake_stream *x = fake_stream_of(s);
     if (!x)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -1174,6 +1227,7 @@ EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
     COUNT(cuStreamIsCapturing);
     FAULT(cuStreamIsCapturing);
     NEED_CTX();
+    CTX_ON(stream_phys(s));
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
     *status = capturing(s); /* NONE, or ACTIVE for a stream fakecuda_capture() marked */
@@ -1265,6 +1319,7 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
     if (!x || i >= MAX_STREAMS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     x->magic = STREAM_MAGIC;
+    x->phys = t_cur->phys;
     __atomic_store_n(&g_streams[i], x, __ATOMIC_RELEASE);
     *s = x;
     return CUDA_SUCCESS;
@@ -1442,6 +1497,7 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
     COUNT(cuMemAllocAsync);
     FAULT(cuMemAllocAsync);
     NEED_CTX();
+    CTX_ON(stream_phys(s));
     return pool_alloc(default_pool(t_cur->phys), p, size);
 }
 
@@ -1483,6 +1539,7 @@ static CUresult free_any(CUdeviceptr p) {
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     COUNT(cuMemFreeAsync);
     NEED_CTX();
+    CTX_ON(stream_phys(s));
     return free_any(p);
 }
 
@@ -1495,6 +1552,7 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
 EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) {
     COUNT(cuMemPoolTrimTo);
     FAULT(cuMemPoolTrimTo);
+    NEED_CTX();
     int i = pool_index(pool);
     if (i < 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1539,7 +1597,7 @@ EXPORT CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop
     COUNT(cuMemCreate);
     FAULT(cuMemCreate);
     CAPTURE_UNSAFE();
-    NEED_INIT();
+    NEED_CTX();
     if (!h || !prop || !size || size % VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
     const int *pr = prop; /* CUmemAllocationProp: type, handleTypes, location {type, id} */
@@ -1553,6 +1611,7 @@ EXPORT CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop
     int dev = phys_of(pr[3]); /* location id: a CUdevice */
     if (dev < 0)
         return CUDA_ERROR_INVALID_DEVICE;
+    CTX_ON(dev);
     pthread_mutex_lock(&g_mu);
     if (g_used[dev] + size > g_cap[dev]) {
         pthread_mutex_unlock(&g_mu);
@@ -1570,6 +1629,7 @@ EXPORT CUresult cuMemRelease(unsigned long long h) {
     COUNT(cuMemRelease);
     FAULT(cuMemRelease);
     CAPTURE_UNSAFE();
+    NEED_CTX();
     pthread_mutex_lock(&g_mu);
     struct alloc *a = tab_find(h);
     int deferred = a && a->pool < 0 && a->maps > 0 && !a->released;
@@ -1597,6 +1657,7 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, C
     COUNT(cuMemAddressReserve);
     FAULT(cuMemAddressReserve);
     CAPTURE_UNSAFE();
+    NEED_CTX();
     if (!p || !size)
         return CUDA_ERROR_INVALID_VALUE;
     static uint64_t next_va = 0x600000000000ULL; /* apart from every device's allocation range */
@@ -1610,6 +1671,7 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, C
 EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
     COUNT(cuMemAddressFree);
     FAULT(cuMemAddressFree);
+    NEED_CTX();
     return CUDA_SUCCESS;
 }
 
@@ -1638,6 +1700,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long l
     COUNT(cuMemMap);
     FAULT(cuMemMap);
     CAPTURE_UNSAFE();
+    NEED_CTX();
     if (!p || !size || !h || p % VMM_GRANULARITY || size % VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
@@ -1645,6 +1708,10 @@ EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long l
     if (!a || a->pool >= 0 || a->released) { /* not a live VMM handle */
         pthread_mutex_unlock(&g_mu);
         return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (a->size && t_cur->phys != a->dev) { /* device memory of another device than the context's */
+        pthread_mutex_unlock(&g_mu);
+        return ctx_refused();
     }
     for (uint64_t v = p; v < p + size; v += VMM_GRANULARITY) {
         uint64_t *e = map_find(v, 0);
@@ -1666,6 +1733,7 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
     COUNT(cuMemUnmap);
     FAULT(cuMemUnmap);
     CAPTURE_UNSAFE();
+    NEED_CTX();
     if (!p || !size || p % VMM_GRANULARITY || size % VMM_GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
@@ -1703,6 +1771,7 @@ EXPORT CUresult cuStreamWaitEvent(CUstream s, struct fake_event *e, unsigned fla
     FAULT(cuStreamWaitEvent);
     CAPTURE_SAFE(capturing(s));
     NEED_CTX();
+    CTX_ON(stream_phys(s)); /* the event may be another context's, as on a real driver */
     return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
@@ -1711,8 +1780,12 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, siz
     COUNT(cuMemSetAccess);
     FAULT(cuMemSetAccess);
     CAPTURE_UNSAFE();
+    NEED_CTX();
     if (!p || !size || !desc)
         return CUDA_ERROR_INVALID_VALUE;
+    const int *ad = desc; /* CUmemAccessDesc: location {type, id}, flags */
+    if (ad[0] == 1)       /* a device */
+        CTX_ON(phys_of(ad[1]));
     if (p % VMM_GRANULARITY || size % VMM_GRANULARITY)
         return CUDA_SUCCESS; /* not ours to check: a range of other sizes is mapped by another caller */
     pthread_mutex_lock(&g_mu);
