@@ -16,6 +16,8 @@
 #   workloads bench sm on decode, the MLP beside an unlimited neighbour, and (2 GPUs) all-reduce and
 #             tensor-parallel decode: alone, pairs taking turns and time-sliced, beside an unlimited neighbour
 #   mps       bench sm under --mode mps (MPS alone), the memory view and OOM under MPS with and without pyvgpu
+#   vpmm-loops VPMM on real loops: the context probe, the issue-32 repro (before the fix too, from .old),
+#             the loop tests, bench vpmm --workload all, a soak (SOAK_SECONDS)
 #   vpmm      bench vpmm (mapped/live, ops/s against expandable_segments and the default allocator)
 #   startup   bench startup (time to the first CUDA call, raw and wrapped)
 #   none      install and warm up only
@@ -129,6 +131,24 @@ for part in $PARTS; do
   vpmm)
     say "## VPMM"
     $PY -m pyvgpu bench vpmm --output "$W/bench-vpmm.json" 2>&1 | tail -10 | block; pack ;;
+  vpmm-loops)
+    say "## VPMM on real loops (issue 32): the context probe, the crash before and after, the loop tests, the benchmark, a soak"
+    $PY -m pyvgpu warmup --vpmm 2>&1 | tail -1 | block
+    $PY "$ROOT/tests/gpu/vpmm_ctx_probe.py" 2>&1 | tail -12 | block; pack
+    if [ -d "$ROOT/.old" ]; then  # the tree before the fix, installed apart: the crash as the issue saw it
+      say "### before the fix ($(cat "$ROOT/.old/.commit" 2>/dev/null))"
+      $PY -m pip install -q --no-build-isolation --no-deps --target "$W/old" "$ROOT/.old" 2>&1 | grep -v -i warn | tail -2
+      cp "$ROOT/pyvgpu/bench/vpmm_loops.py" "$W/old/pyvgpu/bench/"  # the loop itself, which the old tree lacks
+      (cd "$W" && PYTHONPATH="$W/old" timeout 150 $PY "$ROOT/scripts/vpmm_repro.py" --runs 1 2>&1 | tail -4) | block; pack
+    fi
+    say "### after the fix"
+    timeout 200 $PY "$ROOT/scripts/vpmm_repro.py" --runs "${REPRO_RUNS:-2}" 2>&1 | tail -6 | block; pack
+    (cd "$ROOT/tests" && timeout 300 $PY -m pytest -p no:cacheprovider -q -rA gpu/test_gpu_vpmm_loops.py 2>&1 |
+      grep -E "^(PASSED|FAILED|ERROR|SKIPPED) |passed|failed") | block; pack
+    timeout 300 $PY -m pyvgpu bench vpmm --workload all --seconds "${LOOP_SECONDS:-8}" --rounds "${LOOP_ROUNDS:-1}" \
+      --cap 40G --output "$W/bench-vpmm-loops.json" 2>&1 | tail -14 | block; pack
+    timeout $((${SOAK_SECONDS:-120} + 120)) $PY "$ROOT/scripts/vpmm_soak.py" --seconds "${SOAK_SECONDS:-120}" 2>&1 |
+      tail -4 | block; pack ;;
   startup)
     say "## Start-up"
     $PY -m pyvgpu bench startup --runs 5 --output "$W/startup.json" 2>&1 | tail -10 | block; pack ;;
