@@ -131,10 +131,14 @@ for part in $PARTS; do
   vpmm)
     say "## VPMM"
     $PY -m pyvgpu bench vpmm --output "$W/bench-vpmm.json" 2>&1 | tail -10 | block; pack ;;
+  spin)
+    say "## Spin alone at 30 and 70, and the 30/70 pair (what held before, kept)"
+    $PY -m pyvgpu bench sm --workload spin --targets 30,70 --pair 30,70 --png "" --output "$W/sm-spin.json" 2>&1 |
+      tail -9 | block; pack ;;
   vpmm-loops)
     say "## VPMM on real loops (issue 32): the context probe, the crash before and after, the loop tests, the benchmark, a soak"
     $PY -m pyvgpu warmup --vpmm 2>&1 | tail -1 | block
-    $PY "$ROOT/tests/gpu/vpmm_ctx_probe.py" 2>&1 | tail -12 | block; pack
+    [ -n "${PROBE:-}" ] && { $PY "$ROOT/tests/gpu/vpmm_ctx_probe.py" 2>&1 | tail -12 | block; pack; }
     if [ -d "$ROOT/.old" ]; then  # the tree before the fix, installed apart: the crash as the issue saw it
       say "### before the fix ($(cat "$ROOT/.old/.commit" 2>/dev/null))"
       $PY -m pip install -q --no-build-isolation --no-deps --target "$W/old" "$ROOT/.old" 2>&1 | grep -v -i warn | tail -2
