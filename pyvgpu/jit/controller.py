@@ -88,7 +88,9 @@ def step(ctx, region, dev, handle, limit, period):
     # device's reading while alone; else what it spent, at most that reading.
     cost = group_cost(ctx, region, dev)
     mark = DEV.xchg_sm_cost_mark(d, cost)
-    charged = np.float64(cost - mark) if cost >= mark else 0.0  # a reclaimed slot takes its count along
+    # A reclaimed slot takes its count along; the first step has no mark, and the count holds what the group
+    # was charged before its share (best effort beside others) too.
+    charged = np.float64(cost - mark) if mark != 0 and cost >= mark else 0.0
     spent = charged * scale / Q16 / max(np.float64(period), 1.0)  # of the device's time
     borrow = DEV.load_sm_borrow_ns(d)
     borrow_mark = DEV.xchg_sm_borrow_mark(d, borrow)

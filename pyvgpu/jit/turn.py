@@ -41,8 +41,8 @@ Time slicing only costs while both queues are deep. Two launch-bound programs
 whole turns would halve both. So a launch may go *beside* the holder when
 its queue, the holder's and the GPU's (``qend``) are all shorter than
 CORUN_NS: the turn is for deep queues, which it keeps apart. A launch of a
-less urgent rank than the holder's goes beside it by the same rule, but never
-beside a high-priority holder.
+less urgent rank than the holder's goes beside it while the GPU's queue with
+its kernel ends within BESIDE_DUE_NS, and never beside a high-priority holder.
 
 Ranks (pyvgpu.layout.RANK_*): a launch within its group's share is *due*; a
 launch of a group without a share, or borrowing beyond its share
@@ -99,6 +99,7 @@ MAX_LEASE_NS = 1_000_000_000  # the longest lease, however much work is queued
 SLICE_NS = 50_000_000  # the longest a holder keeps the turn while another of its rank waits
 MIN_TURN_NS = 2_000_000  # a holder with a short queue keeps the turn this long before a waiter of its rank gets it
 CORUN_NS = 500_000  # a launch goes beside the holder while both queues are shorter than this
+BESIDE_DUE_NS = 100_000  # a best-effort launch goes beside a due holder while the GPU's queue ends within this
 BEST_EFFORT_QUEUE_NS = 2_000_000  # the most a best-effort holder queues while a group with a share takes turns
 WANT_FRESH_NS = 1_000_000  # a waiter looks at least this often (its `want` mark is this fresh)
 RESERVE_NS = 2_000_000_000  # a reservation further ahead than this is ignored
@@ -427,16 +428,19 @@ def corun(ctx, e, w, rank, dev, now, cost):
     """This launch may go beside the holder: its queue, the holder's and the GPU's are short, and it runs
     into nobody's reservation.
 
-    A best-effort launch goes beside a due holder by the same rule, as long as the GPU's queue with its
-    kernel ends within CORUN_NS (a longer kernel only into an empty queue, one at a time): a launch-bound
-    holder leaves the GPU idle most of its turn, and a neighbour that only filled it one kernel at a time
-    got a tenth of what the GPU had left (an MLP beside a --sm 50 MLP), while the holder's next kernel
-    still waits at most CORUN_NS behind the neighbour's. Never beside a high-priority holder, which keeps
-    its turn's idle moments to itself, for its latency."""
+    A best-effort launch goes beside a due holder while the GPU's queue with its kernel ends within
+    BESIDE_DUE_NS (a longer kernel only into an empty queue, one at a time): a launch-bound holder leaves
+    the GPU idle most of its turn, and a neighbour that only filled it one kernel at a time got a tenth of
+    what the GPU had left (an MLP beside a --sm 50 MLP), while the holder's next kernel waits at most
+    BESIDE_DUE_NS behind the neighbour's (a launch-bound share beside 200 us kernels allowed CORUN_NS
+    fell to half its speed). Never beside a high-priority holder, which keeps its turn's idle moments to
+    itself, for its latency."""
     held_rank = TURN.load_rank(e)
     limit = CORUN_NS
-    if rank > held_rank and held_rank % 2 == 0:
-        return False
+    if rank > held_rank:
+        if held_rank % 2 == 0:
+            return False
+        limit = BESIDE_DUE_NS
     held_until = to_ns((w & LOW32) - np.uint64(LEASE_NS >> UNIT_SHIFT), now)
     if held_until > now + limit:
         return False
