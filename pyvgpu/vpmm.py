@@ -10,7 +10,9 @@ least the device's VMM granularity, default 2 MiB), VPMM_VA_SIZE (bytes of
 address space per reserved chunk, default 8 TiB), VPMM_PAGES (pages mapped at
 start, default 0), VPMM_GAP (address space left free on each side of a span
 placed in a fresh hole, so that it can grow in place; default 1 GiB, 0 packs
-spans as the seed's pictures do). The allocator core is ``pyvgpu.jit.vpmm``;
+spans as the seed's pictures do), VPMM_CONTEXT (pool: every driver call runs in
+the device's primary context, on any thread; caller, a diagnostic: in whatever
+context the calling thread has, as before issue 32). The allocator core is ``pyvgpu.jit.vpmm``;
 PyTorch's side is ``pyvgpu.vpmm_torch`` (``enable()`` makes VPMM PyTorch's allocator); it imports this
 module, never the other way round.
 """
@@ -125,6 +127,11 @@ class VirtualMemoryPool:
         self.va_size = _config(va_size, env, "VPMM_VA_SIZE", DEFAULT_VA)
         self.gap = _config(gap, env, "VPMM_GAP", DEFAULT_GAP, allow_zero=True)
         n_pages = _config(pages, env, "VPMM_PAGES", 0, allow_zero=True)
+        self.context = env.get("VPMM_CONTEXT", "").strip() or "pool"
+        if self.context not in ("pool", "caller"):
+            raise PyvgpuError(f"VPMM_CONTEXT={self.context}: give 'pool' (the default: every driver call in the "
+                              "device's primary context) or 'caller' (a diagnostic: the calling thread's, as "
+                              "before issue 32)")
         try:
             cu = ctypes.CDLL("libcuda.so.1")
         except OSError as e:
@@ -156,7 +163,9 @@ class VirtualMemoryPool:
         hd[T.H_PAGE], hd[T.H_VA], hd[T.H_DEV], hd[T.H_GAP] = self.page_size, self.va_size, device, self.gap
         hd[T.H_PROP], hd[T.H_ACCESS] = ctypes.addressof(self._prop), ctypes.addressof(self._access)
         hd[T.H_NEXT_ID] = 1
-        hd[T.H_CTX] = self._ctx.value  # every entry point's driver calls run with it current (issue 32)
+        # every entry point's driver calls run with it current (issue 32); VPMM_CONTEXT=caller (a diagnostic)
+        # leaves them in whatever context the calling thread has, as before
+        hd[T.H_CTX] = 0 if self.context == "caller" else self._ctx.value
         for f, name in enumerate(T.FN_NAMES):
             hd[T.H_FN + f] = ctypes.cast(getattr(cu, name), ctypes.c_void_p).value
         mempool = ctypes.c_void_p()

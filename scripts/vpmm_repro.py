@@ -1,7 +1,7 @@
 """Issue 32's crash, as the issue ran it: prints PASS, or FAIL with the error.
 
     python scripts/vpmm_repro.py [--seconds 16] [--runs 1] [--allocator vpmm|default|expandable_segments]
-                                 [--memory 40G] [--empty-cache] [--torch-decoder]
+                                 [--memory 40G] [--empty-cache] [--torch-decoder] [--context pool|caller]
 
 Under `pyvgpu wrap --memory 40G --allocator vpmm` (the default), decode for --seconds with transformers'
 GPT-2 architecture (8 layers, width 1024, fp16, random weights from a config: nothing is downloaded), batch
@@ -29,9 +29,13 @@ def main() -> int:
     ap.add_argument("--memory", default="40G", help="the wrap's --memory cap ('' for none)")
     ap.add_argument("--empty-cache", action="store_true", help="empty_cache() between the two loops")
     ap.add_argument("--torch-decoder", action="store_true", help="decode with plain PyTorch, not transformers")
+    ap.add_argument("--context", choices=("pool", "caller"), default="pool",
+                    help="VPMM_CONTEXT: 'caller' makes VPMM's driver calls in the calling thread's context, as "
+                         "before the fix (to see the failure again)")
     a = ap.parse_args()
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env["VPMM_CONTEXT"] = a.context
     if a.torch_decoder:
         env["PYVGPU_DECODE"] = "torch"
     else:

@@ -63,3 +63,21 @@ def test_every_driver_call_runs_in_the_pools_context(env, kind, thread_context, 
         assert pool["context_switches"] > 0
         assert (pool["entered_without_context"] > 0) == (kind in ("none", "shim"))
         assert (pool["entered_with_another_context"] > 0) == (kind in ("other", "dead"))
+
+
+def test_with_the_switch_off_the_old_failure_comes_back(env):
+    """VPMM_CONTEXT=caller (a diagnostic) makes the calls in the calling thread's context, as before the fix:
+    from a thread without one, the first call fails with the issue's CUresult 201. (On a GPU the same switch
+    shows whether the driver refuses them there: tests/gpu/test_gpu_vpmm_loops.py.)"""
+    r = scenario(dict(env, VPMM_CONTEXT="caller"), "none")
+    assert r["failed"] == "small request: PyvgpuError: VPMM malloc(1000): the driver returned CUresult 201; the " \
+                          "pool is unchanged"
+    assert r["ctx_refusals"] == 1
+
+
+def test_vpmm_context_takes_pool_or_caller():
+    from pyvgpu.errors import PyvgpuError
+    from pyvgpu.vpmm import VirtualMemoryPool
+
+    with pytest.raises(PyvgpuError, match=r"VPMM_CONTEXT=thread: give 'pool' \(the default"):
+        VirtualMemoryPool(env={"VPMM_CONTEXT": "thread"})

@@ -72,7 +72,10 @@ CTX_KEPT = -1  # ctx_enter's answer when the pool's context was already current:
 @njit
 def ctx_enter(hd):
     """Make the pool's context current on this thread. Returns the thread's context to give back to
-    ctx_leave (0: it had none), CTX_KEPT when the pool's was current already, or -1000 - CUresult."""
+    ctx_leave (0: it had none), CTX_KEPT when the pool's was current already (or VPMM_CONTEXT=caller left
+    H_CTX 0: the calls run in whatever the thread has, as before issue 32), or -1000 - CUresult."""
+    if hd[H_CTX] == 0:
+        return np.int64(CTX_KEPT)
     _count(hd, F_CTX_GET)
     out = stack_u64()
     rc = call_i32(fn(hd, F_CTX_GET), (out,))

@@ -48,14 +48,27 @@ def test_training_threads_meet_the_pools_context():
           "with another:", r["pool"]["entered_with_another_context"])
 
 
+def first_backward(kind: str, context: str) -> dict:
+    p = run([*PYVGPU, "wrap", "--allocator", "vpmm", "--", sys.executable, str(HERE / "torch_vpmm_threads.py"), kind],
+            env=clean_env(VPMM_CONTEXT=context), timeout=600)
+    print(p.stdout[-3000:], p.stderr[-3000:])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("kind", ["trim", "small"])
 def test_the_first_backward_allocates_on_a_thread_without_a_context(kind):
     """The first backward's first allocation, on autograd's worker thread before its first kernel: one that
     needs new pages (right after empty_cache) and one under a page (cuMemAllocAsync). Both must succeed, and
     the pool must have seen a call come without a context (what the fix switches for)."""
-    p = run([*PYVGPU, "wrap", "--allocator", "vpmm", "--", sys.executable, str(HERE / "torch_vpmm_threads.py"), kind],
-            env=clean_env(), timeout=600)
-    print(p.stdout[-3000:], p.stderr[-3000:])
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r = first_backward(kind, "pool")
     assert r["ok"], r.get("error")
     assert r["pool"]["entered_without_context"] > 0, r["pool"]
+
+
+@pytest.mark.parametrize("kind", ["trim", "small"])
+def test_root_cause_the_same_allocation_fails_in_the_threads_own_context(kind):
+    """The root cause on this driver: with the switch off (VPMM_CONTEXT=caller, the calls in the calling
+    thread's context, as before the fix) the same first backward fails with CUDA_ERROR_INVALID_CONTEXT. If this
+    passes instead, the driver took those calls without a context and docs/vpmm.md's account is wrong."""
+    r = first_backward(kind, "caller")
+    assert not r["ok"] and "CUresult 201" in r["error"], r
