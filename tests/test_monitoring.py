@@ -553,7 +553,7 @@ def test_the_dashboard_asks_for_what_the_exporter_serves(tmp_path, monkeypatch):
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     assert len(exprs) >= 10
     for expr in exprs:
-        render.Parser(expr, {"group": ".*", "__rate_interval": "1m"}).expr()  # parses
+        render.Parser(expr, {"node": ".*", "instance": ".*", "group": ".*", "__rate_interval": "1m"}).expr()  # parses
         for name in re.findall(r"\bpyvgpu_\w+", expr):
             assert name in served, (name, expr)
         for group in re.findall(r"by \(([^)]*)\)", expr):

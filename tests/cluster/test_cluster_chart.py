@@ -594,6 +594,7 @@ def test_the_service_monitor_scrapes_the_exporter_on_every_node():
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["namespaceSelector"]["matchNames"] == [NS]
     (ep,) = sm["spec"]["endpoints"]
+    assert ep["honorLabels"] is True  # the series' pod/namespace/container are the GPU user's, not renamed
     port = next(p for p in svc["spec"]["ports"] if p["name"] == ep["port"])
     exporter = container(one(docs, "DaemonSet", "node"), "exporter")
     assert next(p for p in exporter["ports"] if p["name"] == port["targetPort"])["containerPort"] == \
