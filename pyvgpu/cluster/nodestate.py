@@ -13,6 +13,8 @@ a reboot):
                                                      rename or remove files in it (unless they run as root)
     /run/pyvgpu/containers/UID_NAME/vgpu.region      the container's region (pyvgpu.region), created by the
                                                      device plugin's Allocate with the container's limits
+    /run/pyvgpu/containers/UID_NAME.json  0600 root  what Allocate gave the container (pod, GPUs), in no
+                                                     mount: the exporter's labels (pyvgpu.cluster.records)
 
 The region file must be writable by the container's processes (they account their allocations in it),
 and the device plugin does not always know which uid they run as:
