@@ -10,7 +10,14 @@ so the figures are as current as the scrape. It runs beside dcgm-exporter:
   stderr, once per file and reason), never an HTTP 500;
 * every per-device series carries ``UUID`` and ``gpu`` (the machine's index),
   the label names dcgm-exporter uses, so ``on(UUID)`` joins the two; the
-  group's own device index is ``vgpu_device``;
+  group's own device index is ``vgpu_device``. A MIG instance is labelled as
+  dcgm-exporter labels it: its parent GPU's ``UUID`` and ``gpu``, with
+  ``GPU_I_ID`` and ``GPU_I_PROFILE``;
+* on a Kubernetes node (``--state-dir``) the series also carry ``pod``,
+  ``namespace`` and ``container`` (dcgm-exporter's Kubernetes labels), and all
+  of these labels come from the record the node agent wrote at Allocate
+  (pyvgpu.cluster.records), never from the region, which the container can
+  write;
 * a private group (one `pyvgpu wrap` made for its program) with no live
   member left drops out at the next scrape; its file stays for the next wrap
   to remove (see ``_visible``).
@@ -25,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -33,9 +41,12 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from pyvgpu import __version__, devices
+from pyvgpu import layout as L
 from pyvgpu import status as st
 
-DEVICE_LABELS = ["group", "vgpu_device", "gpu", "UUID"]
+DEVICE_LABELS = ["group", "vgpu_device", "gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "pod", "namespace", "container"]
+NO_PLACE = ("", "", "", "")  # gpu, UUID, GPU_I_ID, GPU_I_PROFILE unknown (absent in Prometheus)
+NO_POD = ("", "", "")
 MACHINE_TTL_S = 300.0  # NVML's device list is asked again after this long (devices rarely change)
 
 
@@ -47,13 +58,17 @@ class RegionCollector(Collector):
     """Turns each scrape into a read of every group region."""
 
     def __init__(self, group: str | None = None, region_path: str | None = None,
-                 machine=devices.machine, state_dir: str | None = None) -> None:
+                 machine=devices.machine, state_dir: str | None = None, migs=None) -> None:
         self.group = group
         self.region_path = region_path
         self.state_dir = state_dir
         self._machine_fn = machine
         self._machine: list[devices.Gpu] | None = None
         self._machine_at = -MACHINE_TTL_S
+        self._migs_fn = migs or _mig_instances
+        self._migs: dict[str, devices.Gpu] = {}
+        self._migs_at = -MACHINE_TTL_S
+        self._noted: set[tuple[str, str]] = set()
         self._logged: set[tuple[str, str]] = set()
         # Scrapes may come at once (several Prometheus servers); reclaiming and reading one at a time is
         # cheap (milliseconds) and keeps two reclaims of one dead member apart.
@@ -65,26 +80,71 @@ class RegionCollector(Collector):
             self._machine, self._machine_at = self._machine_fn(), now
         return self._machine
 
+    def migs(self) -> dict[str, devices.Gpu]:
+        """{MIG instance UUID: the instance} of this machine, asked of NVML at most every MACHINE_TTL_S."""
+        now = time.monotonic()
+        if now - self._migs_at >= MACHINE_TTL_S:
+            self._migs, self._migs_at = {m.uuid: m for m in self._migs_fn() or []}, now
+        return self._migs
+
     def _skip(self, path, why: str) -> None:
         key = (str(path), why)
         if key not in self._logged:
             self._logged.add(key)
             log(f"skipped {path}: {why}")
 
-    def gpu_of(self, g: dict) -> dict[int, tuple[str, str]]:
-        """{group device: (machine index, UUID)}, as far as it is known.
+    def _note(self, path, why: str) -> None:
+        key = (str(path), why)
+        if key not in self._noted:
+            self._noted.add(key)
+            log(f"{path}: {why}; its series carry no pod or GPU labels")
 
-        With --devices the region records both. Without, group device d is the
-        machine's device d (what the shim's NVML view assumes too), trusted only
-        when the group was made seeing as many devices as this machine has: a
-        group made in a container that sees fewer devices numbers them its own way.
+    def gpu_of(self, g: dict) -> dict[int, tuple[str, str, str, str]]:
+        """{group device: (machine index, UUID, GPU_I_ID, GPU_I_PROFILE)}, as far as it is known.
+
+        With --devices the region records the devices (a MIG instance: its parent's
+        index and its own UUID, turned here into dcgm-exporter's parent UUID, GPU
+        instance id and profile). Without, group device d is the machine's device d
+        (what the shim's NVML view assumes too), trusted only when the group was made
+        seeing as many devices as this machine has: a group made in a container that
+        sees fewer devices numbers them its own way.
         """
         if g["gpus"]:
-            return {x["index"]: (str(x["nvml_index"]), x["uuid"]) for x in g["gpus"]}
+            return {x["index"]: self._mig_place(x["nvml_index"], x["uuid"]) if x.get("mig")
+                    else (str(x["nvml_index"]), x["uuid"], "", "") for x in g["gpus"]}
         gpus = self.machine()
         if gpus and g.get("n_physical") == len(gpus):
-            return {x.index: (str(x.index), x.uuid) for x in gpus}
+            return {x.index: (str(x.index), x.uuid, "", "") for x in gpus}
         return {}
+
+    def _mig_place(self, index: int, uuid: str) -> tuple[str, str, str, str]:
+        m = self.migs().get(uuid)
+        if m is None:  # not (or no longer) on this machine: its own UUID, no parent to name
+            return str(index), uuid, "", ""
+        return str(m.index), m.parent, str(m.gi) if m.gi >= 0 else "", _profile(m.name)
+
+    def cluster_labels(self, g: dict) -> tuple[str, dict[int, tuple[str, str, str, str]], tuple[str, str, str]]:
+        """A region of a node's state dir (--state-dir): (group name, gpu_of's mapping, (pod, namespace,
+        container)), from the directory's name and the node agent's record alone."""
+        from pyvgpu.cluster import nodestate, records
+        from pyvgpu.errors import PyvgpuError
+
+        d = Path(g["path"]).parent
+        uid, _, cname = d.name.partition("_")
+        name = nodestate.region_name(uid, cname)
+        try:
+            rec = records.read(d)
+        except PyvgpuError as e:
+            self._note(d, str(e))
+            return name, {}, NO_POD
+        where = {}
+        for i, e in enumerate(rec["gpus"][: L.MAX_DEVICES]):
+            if isinstance(e, dict):
+                idx, gi = e.get("index"), e.get("gpu_instance")
+                where[i] = (str(idx) if isinstance(idx, int) else "", str(e.get("uuid") or ""),
+                            str(gi) if isinstance(gi, int) and "mig_uuid" in e else "",
+                            str(e.get("profile") or "") if "mig_uuid" in e else "")
+        return name, where, (str(rec.get("pod") or ""), str(rec.get("namespace") or ""), cname)
 
     def collect(self) -> Iterator:
         with self._lock:
@@ -127,13 +187,15 @@ class RegionCollector(Collector):
         for g in groups:
             if not _visible(g):
                 continue
-            name = g["name"]
-            where = self.gpu_of(g)
+            if self.state_dir is not None and not (self.group or self.region_path):
+                name, where, pod = self.cluster_labels(g)
+            else:
+                name, where, pod = g["name"], self.gpu_of(g), NO_POD
             mode.add_metric([name, g["mode"]], 1)
             if g["mps_active_threads"]:
                 mps_threads.add_metric([name], g["mps_active_threads"])
             for d in g["devices"]:
-                lab = _labels(name, where, d["index"])
+                lab = _labels(name, where, d["index"], pod)
                 if d["limit"]:
                     limit.add_metric(lab, d["limit"])
                 group_used.add_metric(lab, d["used"])
@@ -151,14 +213,23 @@ class RegionCollector(Collector):
                 launches.add_metric([name, pid], p["launches"])
                 for dev, kinds in p["devices"].items():
                     for kind, n in kinds.items():
-                        used.add_metric([*_labels(name, where, int(dev)), pid, kind], n)
+                        used.add_metric([*_labels(name, where, int(dev), pod), pid, kind], n)
         yield from (limit, used, group_used, sm_limit, sm_util, oom, held, launches, info, build, mode, mps_threads)
 
 
-def _labels(name: str, where: dict[int, tuple[str, str]], d: int) -> list[str]:
-    """DEVICE_LABELS of group device d; gpu and UUID empty (absent in Prometheus) where unknown."""
-    gpu, uuid = where.get(d, ("", ""))
-    return [name, str(d), gpu, uuid]
+def _labels(name: str, where: dict[int, tuple[str, str, str, str]], d: int, pod: tuple[str, str, str]) -> list[str]:
+    """DEVICE_LABELS of group device d; a label empty (absent in Prometheus) where unknown."""
+    return [name, str(d), *where.get(d, NO_PLACE), *pod]
+
+
+def _profile(name: str) -> str:
+    """A MIG instance's profile from its NVML name ("NVIDIA A100-SXM4-40GB MIG 1g.5gb" -> "1g.5gb")."""
+    return name.rsplit(" MIG ", 1)[1].strip() if " MIG " in name else ""
+
+
+def _mig_instances() -> list[devices.Gpu]:
+    inv = devices.inventory()
+    return inv[1] if inv else []
 
 
 def _visible(g: dict) -> bool:

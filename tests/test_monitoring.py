@@ -553,10 +553,29 @@ def test_the_dashboard_asks_for_what_the_exporter_serves(tmp_path, monkeypatch):
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     assert len(exprs) >= 10
     for expr in exprs:
-        render.Parser(expr, {"group": ".*", "__rate_interval": "1m"}).expr()  # parses
+        render.Parser(expr, {"node": ".*", "instance": ".*", "group": ".*", "__rate_interval": "1m"}).expr()  # parses
         for name in re.findall(r"\bpyvgpu_\w+", expr):
             assert name in served, (name, expr)
         for group in re.findall(r"by \(([^)]*)\)", expr):
             assert {x.strip() for x in group.split(",")} <= labels, expr
         for legend in re.findall(r"\{\{\s*(\w+)\s*\}\}", json.dumps(dash)):
             assert legend in labels, legend
+
+
+def test_exporter_labels_a_mig_group_as_dcgm_exporter_does(tmp_path, monkeypatch):
+    """A group on a MIG instance (wrap --devices MIG-...): its parent GPU's UUID and index, GPU_I_ID and
+    GPU_I_PROFILE, where the series used to carry the instance's own MIG- UUID."""
+    from pyvgpu import devices, exporter
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    parent = "GPU-fa4ec0da-0000-0000-0000-000000000000"
+    mig = devices.Gpu(0, "MIG-fa4ec0da-4d49-0000-0000-000000000001", "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 10 << 30,
+                      parent=parent, gi=9, ci=0)
+    region.create(tmp_path / "pyvgpu/groups/m.region", "m", [MiB] + [0] * (L.MAX_DEVICES - 1), visible=[mig])
+    gpu = devices.Gpu(0, parent, "NVIDIA A100-SXM4-80GB", 80 << 30, mig_mode=True)
+    fams = {f.name: f for f in exporter.RegionCollector(machine=lambda: [gpu], migs=lambda: [mig]).collect()}
+    (lim,) = fams["pyvgpu_memory_limit_bytes"].samples
+    assert {k: lim.labels[k] for k in ("UUID", "gpu", "GPU_I_ID", "GPU_I_PROFILE")} == \
+        {"UUID": parent, "gpu": "0", "GPU_I_ID": "9", "GPU_I_PROFILE": "1g.10gb"}
+    (info,) = fams["pyvgpu_device_info"].samples
+    assert info.labels["modelName"] == "NVIDIA A100-SXM4-80GB"

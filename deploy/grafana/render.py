@@ -5,7 +5,7 @@
 SCRAPES is what record_fake_run.py writes: one {"t", "text"} per scrape. Each
 panel's queries are evaluated at every scrape by a small evaluator of the PromQL
 the dashboard uses (selectors with =, !=, =~, !~; rate and increase over a range;
-sum and count, optionally by labels; a number times an expression), laid out on
+sum and count, optionally by labels; a number times an expression; `and on(labels)`), laid out on
 Grafana's 24-column grid. It is a rendering of the dashboard's panels from the
 same data Prometheus would hold, not a Grafana screenshot: styling differs.
 """
@@ -62,7 +62,8 @@ def tokens(text: str) -> list[tuple[str, str]]:
 
 
 class Parser:
-    """expr := term ('*' term)?; term := NUMBER | agg | func | selector | '(' expr ')'."""
+    """expr := product ('and' 'on' labels product)?; product := term ('*' term)?;
+    term := NUMBER | agg | func | selector | '(' expr ')'."""
 
     def __init__(self, text: str, variables: dict[str, str]):
         for k, v in variables.items():
@@ -81,6 +82,15 @@ class Parser:
         return tok
 
     def expr(self):
+        left = self.product()
+        if self.peek() == ("name", "and"):
+            self.take()
+            self.take("on")
+            on = self.labels()
+            return ("and", on, left, self.product())
+        return left
+
+    def product(self):
         left = self.term()
         if self.peek() == ("op", "*"):
             self.take("*")
@@ -178,6 +188,11 @@ def evaluate(node, i: int, times: list[float], snaps: list[dict[str, Vector]]) -
         if isinstance(a, float):
             a, b = b, a
         return {lab: v * b for lab, v in a.items()} if isinstance(a, dict) else a * b
+    if kind == "and":  # the left's elements whose `on` labels some element of the right has
+        _, on, left, right = node
+        a, b = evaluate(left, i, times, snaps), evaluate(right, i, times, snaps)
+        have = {Labels(x for x in lab if x[0] in on) for lab in b}
+        return {lab: v for lab, v in a.items() if Labels(x for x in lab if x[0] in on) in have}
     if kind == "range":
         _, fn, sel, window = node
         points: dict[Labels, list[tuple[float, float]]] = defaultdict(list)
@@ -262,7 +277,7 @@ def render(dashboard: dict, times: list[float], snaps: list[dict[str, Vector]], 
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
 
-    variables = {"group": ".*", "__rate_interval": "4s", "datasource": "prometheus"}
+    variables = {"node": ".*", "instance": ".*", "group": ".*", "__rate_interval": "4s", "datasource": "prometheus"}
     rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in dashboard["panels"])
     unit_px, row_px = 1600 / 24, 30
     fig = plt.figure(figsize=(16, (rows * row_px + 60) / 100), dpi=100, facecolor=BG)

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyvgpu import limits as lim
-from pyvgpu.cluster import codec, keys, nodelock, nodestate
+from pyvgpu.cluster import codec, keys, nodelock, nodestate, records
 from pyvgpu.cluster import gpus as G
 from pyvgpu.cluster.errors import ClusterInputError
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
@@ -132,11 +132,13 @@ def container_env(cfg: AllocateConfig, devs: tuple[ContainerDevice, ...]) -> dic
 class Allocator:
     def __init__(self, cfg: AllocateConfig, kube: Kube, health: Callable[[], dict[str, str | None]],
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 migs: Callable[[], dict[str, list[str]]] = G.mig_positions) -> None:
+                 migs: Callable[[], dict[str, list[str]]] = G.mig_positions,
+                 inventory: Callable[[], list[G.GpuInfo]] = list) -> None:
         self.cfg = cfg
         self.kube = kube
         self.health = health
         self.migs = migs
+        self.inventory = inventory  # the node's GPUs (indexes, MIG instances): the exporter's labels (records)
         self.clock = clock
         self.sleep = sleep
 
@@ -205,6 +207,7 @@ class Allocator:
         answers = []
         try:
             health = self.health()
+            inventory = self._inventory()
             for i in entries:
                 devs = pd[i]
                 if i >= len(ctrs):
@@ -228,6 +231,7 @@ class Allocator:
                     raise AllocateError("INTERNAL", f"pod {ns}/{name} container {cname}: cannot create its region "
                                                     f"under {self.cfg.state.containers}: {e}") from None
                 made.append((uid, cname))
+                self._record(uid, cname, ns, name, devs, inventory)
                 mounts = [Mount(self.cfg.region_mount, str(self.cfg.state.container_dir(uid, cname)), False),
                           Mount(self.cfg.turns_mount, str(self.cfg.state.turn_path), False)]
                 mounts += [Mount(d, d, True) for d in self.cfg.runtime.mounts]
@@ -289,6 +293,25 @@ class Allocator:
                                                        "scheduler with another table. pyvgpu does not create MIG "
                                                        "instances; the node agent registers the new ones")
         return (dataclasses.replace(d, uuid=have[inst], usedcores=0),), [gpu]
+
+    def _inventory(self) -> list[G.GpuInfo]:
+        try:
+            return list(self.inventory())
+        except PyvgpuError as e:  # the record then has UUIDs without indexes; the container still starts
+            log.warning("cannot read the node's GPUs for the exporter's labels: %s", e)
+            return []
+
+    def _record(self, uid: str, cname: str, ns: str, name: str, devs: tuple[ContainerDevice, ...],
+                inventory: list[G.GpuInfo]) -> None:
+        """The node agent's record of what this container got (pyvgpu.cluster.records)."""
+        d = self.cfg.state.container_dir(uid, cname)
+        try:
+            records.write(d, pod=name, namespace=ns, pod_uid=uid, container=cname,
+                          group=nodestate.region_name(uid, cname),
+                          gpus=records.gpu_entries([x.uuid for x in devs], inventory))
+        except OSError as e:
+            raise AllocateError("INTERNAL", f"pod {ns}/{name} container {cname}: cannot write its record beside "
+                                            f"{d}: {e}") from None
 
     def _undo(self, made: list[tuple[str, str]]) -> None:
         for uid, cname in made:

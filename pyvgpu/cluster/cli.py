@@ -124,15 +124,22 @@ def _node_options(node_name: str | None, **kw):
     return NodeOptions(node=node, **kw)
 
 
-def _run_daemon(fn, opts_factory) -> None:
-    from pyvgpu.cluster import daemon
+def _run_daemon(command: str, fn, opts_factory) -> None:
+    from pyvgpu.cluster import daemon, extras
     from pyvgpu.errors import PyvgpuError
 
     daemon.setup_logging()
     try:
+        extras.require(command)
         fn(opts_factory())
     except (PyvgpuError, FileNotFoundError) as e:
         typer.echo(f"pyvgpu: {e}", err=True)
+        raise typer.Exit(2) from None
+    except ImportError as e:  # the extra's module is there but broken (a missing submodule): say the same
+        msg = extras.from_import_error(command, e)
+        if msg is None:
+            raise
+        typer.echo(f"pyvgpu: {msg}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -167,7 +174,7 @@ def device_plugin(
     Allocate, which gives each container its GPUs, limits, region and the shim (HAMi's environment)."""
     from pyvgpu.cluster import daemon
 
-    _run_daemon(daemon.device_plugin, lambda: _node_options(
+    _run_daemon("device-plugin", daemon.device_plugin, lambda: _node_options(
         node_name, split=split, resource=resource, plugin_dir=plugin_dir, kubeconfig=kubeconfig,
         state_dir=state_dir, runtime_dirs=list(runtime_dir or []), api_retry_s=api_retry,
         health_interval=health_interval, agent_interval=agent_interval, with_agent=with_agent))
@@ -190,7 +197,7 @@ def node_agent(
     state, and reclaim the regions of deleted pods."""
     from pyvgpu.cluster import daemon
 
-    _run_daemon(daemon.node_agent, lambda: _node_options(
+    _run_daemon("node-agent", daemon.node_agent, lambda: _node_options(
         node_name, split=split, kubeconfig=kubeconfig, state_dir=state_dir, agent_interval=interval,
         health_interval=health_interval))
 
@@ -222,12 +229,13 @@ def scheduler(
     to it. kube-scheduler's KubeSchedulerConfiguration names it (deploy/helm/pyvgpu)."""
     import os
 
-    from pyvgpu.cluster import daemon
+    from pyvgpu.cluster import daemon, extras
     from pyvgpu.cluster.config import ClusterConfig
     from pyvgpu.errors import PyvgpuError
 
     daemon.setup_logging()
     try:
+        extras.require("scheduler", {"kubernetes": "kubernetes"})
         if not 0 < port < 65536:
             raise PyvgpuError(f"--port {port}: give a TCP port 1..65535")
         if node_policy not in ("binpack", "spread"):

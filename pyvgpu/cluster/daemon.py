@@ -77,6 +77,21 @@ def _agent(opts: NodeOptions, kube, devices):
                            opts.agent_interval, agent.pair_scores(devices.gpus))
 
 
+def _inventory(devices):
+    """The node's GPUs for Allocate's records: read now (MIG instances as they are, like Allocate's MIG
+    lookup), else those read at the start."""
+    from pyvgpu.cluster import gpus
+    from pyvgpu.errors import PyvgpuError
+
+    def read():
+        try:
+            return gpus.inventory()
+        except PyvgpuError:
+            return devices.gpus
+
+    return read
+
+
 def device_plugin(opts: NodeOptions) -> None:
     from pyvgpu.cluster import nodestate, runtime
     from pyvgpu.cluster.allocate import AllocateConfig, Allocator
@@ -91,7 +106,7 @@ def device_plugin(opts: NodeOptions) -> None:
     devices = _devices(opts)
     kube = Kube(opts.kubeconfig, timeout=opts.api_timeout_s)
     allocator = Allocator(AllocateConfig(opts.node, state, rt, opts.api_retry_s), kube,
-                          lambda: devices.snapshot()[1])
+                          lambda: devices.snapshot()[1], inventory=_inventory(devices))
     service = DevicePluginService(devices, opts.split, allocator, threading.Event())
     server = PluginServer(opts.plugin_dir, opts.resource, service, poll=opts.poll)
     threads = [threading.Thread(target=_health_loop, args=(devices, opts.health_interval, stop), daemon=True,

@@ -13,6 +13,8 @@ a reboot):
                                                      rename or remove files in it (unless they run as root)
     /run/pyvgpu/containers/UID_NAME/vgpu.region      the container's region (pyvgpu.region), created by the
                                                      device plugin's Allocate with the container's limits
+    /run/pyvgpu/containers/UID_NAME.json  0600 root  what Allocate gave the container (pod, GPUs), in no
+                                                     mount: the exporter's labels (pyvgpu.cluster.records)
 
 The region file must be writable by the container's processes (they account their allocations in it),
 and the device plugin does not always know which uid they run as:
@@ -100,6 +102,11 @@ def _chmod_dir(path: Path, mode: int) -> None:
         os.chown(path, 0, 0)
 
 
+def region_name(pod_uid: str, container: str) -> str:
+    """The group name a container's region is made with."""
+    return f"{pod_uid[:8]}_{container}"[: L.GROUP_NAME_BYTES - 1]
+
+
 @dataclass(frozen=True)
 class NodeState:
     root: Path = DEFAULT_ROOT
@@ -149,7 +156,7 @@ class NodeState:
         tmp = d / f".{REGION_FILE}.{secrets.token_hex(4)}"
         try:
             mode = MODE_REGION_OWNED if owner.uid is not None else MODE_REGION_SHARED
-            region.create(tmp, f"{pod_uid[:8]}_{container}"[: L.GROUP_NAME_BYTES - 1], limits, mode=mode, sm=sm)
+            region.create(tmp, region_name(pod_uid, container), limits, mode=mode, sm=sm)
             if owner.uid is not None:
                 fd = os.open(tmp, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
                 try:
@@ -165,7 +172,11 @@ class NodeState:
         return final
 
     def remove_container(self, pod_uid: str, container: str) -> None:
-        shutil.rmtree(self.container_dir(pod_uid, container), ignore_errors=True)
+        from pyvgpu.cluster import records
+
+        d = self.container_dir(pod_uid, container)
+        shutil.rmtree(d, ignore_errors=True)
+        records.remove(d)
 
     def container_dirs(self) -> list[tuple[str, str, Path]]:
         """(pod UID, container, directory) of every container directory."""
@@ -184,6 +195,8 @@ class NodeState:
         """Remove the directories of pods not in `keep_uids` made before `listed_at` (the time the pod list
         was read: a directory made after it may belong to a pod the list did not see yet), with a margin
         for the coarse clock of file times."""
+        from pyvgpu.cluster import records
+
         removed = []
         listed_at -= RECLAIM_MARGIN_S
         for uid, _, p in self.container_dirs():
@@ -195,5 +208,18 @@ class NodeState:
             except FileNotFoundError:
                 continue
             shutil.rmtree(p, ignore_errors=True)
+            records.remove(p)
             removed.append(p)
+        # a record whose directory is gone (Allocate was stopped between the two)
+        try:
+            orphans = [r for r in self.containers.glob("*" + records.SUFFIX) if not r.with_suffix("").exists()]
+        except OSError:
+            orphans = []
+        for r in orphans:
+            uid = r.name.partition("_")[0]
+            try:
+                if uid not in keep_uids and r.lstat().st_mtime < listed_at:
+                    r.unlink()
+            except FileNotFoundError:
+                pass
         return removed

