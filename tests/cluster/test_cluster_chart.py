@@ -294,7 +294,7 @@ def test_the_webhook_reaches_the_extender_over_tls():
     cert = base64.b64decode(secret["data"]["tls.crt"]).decode()
     ca = base64.b64decode(hook["clientConfig"]["caBundle"]).decode()
     assert f"{svc['metadata']['name']}.{NS}.svc" in cert and ca in cert
-    assert hook["rules"][0]["resources"] == ["pods"] and hook["rules"][0]["operations"] == ["CREATE"]
+    assert hook["rules"][0]["resources"] == ["pods"] and hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
     excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
     assert NS in excluded and "kube-system" in excluded  # the scheduler's own pods never wait for it
     own = render(VALUE_SETS["own-certificate"])
