@@ -165,9 +165,12 @@ def device_plugin(
     agent_interval: float = typer.Option(30.0, "--agent-interval", metavar="SECONDS",
                                          help="With --node-agent: how often it checks the node's registration "
                                               "and reclaims regions."),
-    scheduler_name: str = typer.Option("pyvgpu-scheduler", "--scheduler-name", metavar="NAME",
-                                       help="The scheduler whose pods Allocate serves (spec.schedulerName); "
-                                            "a pod any other scheduler placed gets no GPU."),
+    scheduler_names: list[str] = typer.Option(None, "--scheduler-name", metavar="NAME",
+                                              help="A scheduler whose pods Allocate serves (spec.schedulerName; "
+                                                   "default pyvgpu-scheduler; repeatable, e.g. with "
+                                                   "hami-scheduler while moving from HAMi). A pod any other "
+                                                   "scheduler placed gets no GPU: its annotations are not "
+                                                   "pyvgpu's."),
 ) -> None:
     """Serve the kubelet's device-plugin API (v1beta1): split x GPUs virtual devices with NVML health, and
     Allocate, which gives each container its GPUs, limits, region and the shim (HAMi's environment)."""
@@ -177,7 +180,7 @@ def device_plugin(
         node_name, split=split, resource=resource, plugin_dir=plugin_dir, kubeconfig=kubeconfig,
         state_dir=state_dir, runtime_dirs=list(runtime_dir or []), api_retry_s=api_retry,
         health_interval=health_interval, agent_interval=agent_interval, with_agent=with_agent,
-        scheduler_names=(scheduler_name,)))
+        scheduler_names=tuple(scheduler_names or ("pyvgpu-scheduler",))))
 
 
 @cluster_app.command("node-agent")

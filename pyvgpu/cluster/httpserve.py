@@ -1,7 +1,8 @@
 """A bounded HTTP(S) listener for the scheduler: who may call which verb, and how much one request may cost.
 
 Every request is bounded in bytes (MAX_BODY; 413 above it), in time (a socket timeout on every read and
-write, so an idle or trickling client loses its thread after SOCKET_TIMEOUT_S) and in nesting (MAX_DEPTH).
+write, so an idle or trickling client loses its thread after SOCKET_TIMEOUT_S), in nesting (MAX_DEPTH) and
+in threads (MAX_CONNECTIONS open at once).
 The TLS handshake runs in the connection's own thread, never in the accept loop: one client that opens a
 TCP connection and says nothing cannot hold up the API server's admission calls. The listen backlog is
 sized for kube-scheduler's parallelism (it calls filter and bind from many goroutines at once).
@@ -20,6 +21,7 @@ import ipaddress
 import json
 import socket
 import ssl
+import threading
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -27,6 +29,7 @@ MAX_BODY = 4 << 20  # a filter for 5000 nodes by name is ~100 KB; a NodeList of 
 MAX_DEPTH = 64  # a pod or node object nests ~10 deep
 SOCKET_TIMEOUT_S = 10.0
 BACKLOG = 128  # kube-scheduler runs up to 16 binds and many filters at once; 5 (Python's default) reset ours
+MAX_CONNECTIONS = 512  # open at once (a thread each); more are closed at once rather than grow without bound
 EXTENDER_VERBS = frozenset({"/filter", "/prioritize", "/bind"})
 
 
@@ -114,6 +117,7 @@ class BoundedServer(ThreadingHTTPServer):
         self.tls = tls
         self.token = token
         self.timeout_s = timeout_s
+        self.open_connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.loopback = is_loopback(address[0])
         super().__init__(address, handler)
 
@@ -121,6 +125,22 @@ class BoundedServer(ThreadingHTTPServer):
         sock, addr = self.socket.accept()
         sock.settimeout(self.timeout_s)
         return sock, addr
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.open_connections.acquire(blocking=False):
+            self.shutdown_request(request)  # MAX_CONNECTIONS open: this one is closed unanswered
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.open_connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.open_connections.release()
 
     def finish_request(self, request: Any, client_address: Any) -> None:  # runs in the connection's thread
         if self.tls is None:

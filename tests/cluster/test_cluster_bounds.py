@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from itertools import combinations
 
 import pytest
@@ -147,3 +149,26 @@ def test_an_idle_connection_is_closed_after_the_socket_timeout(ext):
         assert s.recv(100) == b""  # the server hung up; before, this waited (and the client timed out)
     finally:
         s.close()
+
+
+def test_connections_beyond_the_cap_are_closed_not_queued_as_threads(ext):
+    srv = ext.srv.httpd
+    srv.open_connections = threading.BoundedSemaphore(2)
+    idle = [socket.create_connection(("127.0.0.1", ext.srv.port), timeout=10) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 10
+        while srv.open_connections._value and time.monotonic() < deadline:  # both accepted, holding threads
+            time.sleep(0.05)
+        third = socket.create_connection(("127.0.0.1", ext.srv.port), timeout=10)
+        assert third.recv(10) == b""  # closed unanswered
+        third.close()
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the idle ones' threads end, their places free again
+        if _raw(ext, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200"):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the server did not take connections again")

@@ -67,6 +67,8 @@ def test_the_chart_routes_updates_to_the_webhook_and_names_the_writers():
     writers = _cli_params(ext["args"])["annotation_writers"]
     sa = {d["metadata"]["name"] for d in by_kind(docs, "ServiceAccount")}
     assert len(writers) == 2 and {w.rsplit(":", 1)[1] for w in writers} == sa
+    plugin = container(one(docs, "DaemonSet", "node"), "device-plugin")
+    assert _cli_params(plugin["args"])["scheduler_names"] == ["pyvgpu-scheduler"]  # whose pods Allocate serves
 
 
 # --- usage -----------------------------------------------------------------------------------------------
