@@ -257,8 +257,10 @@ def exporter(
                                   help="Export the containers' regions of a Kubernetes node's state directory "
                                        "(pyvgpu cluster device-plugin --state-dir, e.g. /run/pyvgpu) instead of "
                                        "the runtime dir's groups."),
+    cache: float = typer.Option(1.0, "--cache-seconds", min=0.0, max=60.0, metavar="SECONDS",
+                                help="Scrapes within this long of a read share it (0: read at every scrape)."),
 ) -> None:
-    """Serve Prometheus metrics for every group under the runtime dir, read afresh at each scrape.
+    """Serve Prometheus metrics for every group under the runtime dir, read afresh (at most once a second).
 
     Every per-device series carries the GPU's UUID and the machine's index (labels UUID and gpu, as
     dcgm-exporter's), so the two join. Metrics: pyvgpu_memory_limit_bytes, pyvgpu_memory_used_bytes,
@@ -272,7 +274,7 @@ def exporter(
         raise _fail(f"--state-dir {state_dir}: no such directory; give the node state directory the device plugin "
                     "was given (--state-dir, default /run/pyvgpu)")
     try:
-        srv = ex.server(port, address, group, region, state_dir)
+        srv = ex.server(port, address, group, region, state_dir, cache)
     except OSError as e:
         raise _fail(ex.listen_error(address, port, e)) from None
     import signal

@@ -1,7 +1,8 @@
 """`pyvgpu exporter`: Prometheus metrics for every group under the runtime dir.
 
 Each scrape reads the regions afresh (the same snapshot as `pyvgpu status`),
-so the figures are as current as the scrape. It runs beside dcgm-exporter:
+or shares the read of a scrape less than SCRAPE_CACHE_S ago, so many scrapers
+cost one read. It runs beside dcgm-exporter:
 
 * served by prometheus-client's threaded WSGI server, one thread per
   connection, so a half-open or slow client holds only its own thread and
@@ -48,6 +49,8 @@ DEVICE_LABELS = ["group", "vgpu_device", "gpu", "UUID", "GPU_I_ID", "GPU_I_PROFI
 NO_PLACE = ("", "", "", "")  # gpu, UUID, GPU_I_ID, GPU_I_PROFILE unknown (absent in Prometheus)
 NO_POD = ("", "", "")
 MACHINE_TTL_S = 300.0  # NVML's device list is asked again after this long (devices rarely change)
+# One read of the regions serves every scrape within this long: many scrapers at once cost one read
+SCRAPE_CACHE_S = 1.0
 
 
 def log(msg: str) -> None:
@@ -58,7 +61,8 @@ class RegionCollector(Collector):
     """Turns each scrape into a read of every group region."""
 
     def __init__(self, group: str | None = None, region_path: str | None = None,
-                 machine=devices.machine, state_dir: str | None = None, migs=None) -> None:
+                 machine=devices.machine, state_dir: str | None = None, migs=None,
+                 cache_s: float = SCRAPE_CACHE_S, clock=time.monotonic) -> None:
         self.group = group
         self.region_path = region_path
         self.state_dir = state_dir
@@ -73,6 +77,10 @@ class RegionCollector(Collector):
         # Scrapes may come at once (several Prometheus servers); reclaiming and reading one at a time is
         # cheap (milliseconds) and keeps two reclaims of one dead member apart.
         self._lock = threading.Lock()
+        self._cache_s = cache_s
+        self._clock = clock
+        self._groups: list[dict] | None = None
+        self._groups_at = 0.0
 
     def machine(self) -> list[devices.Gpu] | None:
         now = time.monotonic()
@@ -148,12 +156,15 @@ class RegionCollector(Collector):
 
     def collect(self) -> Iterator:
         with self._lock:
-            skipped: list = []
-            groups = st.collect(group=self.group, region_path=self.region_path, skipped=skipped, strict=False,
-                                state_dir=self.state_dir)
-            for path, why in skipped:
-                self._skip(path, why)
-            yield from self._families(groups)
+            if self._groups is None or self._clock() - self._groups_at >= self._cache_s:
+                skipped: list = []
+                self._groups = st.collect(group=self.group, region_path=self.region_path, skipped=skipped,
+                                          strict=False, state_dir=self.state_dir)
+                self._groups_at = self._clock()
+                for path, why in skipped:
+                    self._skip(path, why)
+            groups = self._groups
+        yield from self._families(groups)
 
     def _families(self, groups: list[dict]) -> Iterator:
         limit = GaugeMetricFamily("pyvgpu_memory_limit_bytes", "The group's memory cap on the device (absent: none)",
@@ -249,14 +260,15 @@ class _Quiet(WSGIRequestHandler):
 
 
 def server(port: int, address: str = "0.0.0.0", group: str | None = None,
-           region_path: str | None = None, state_dir: str | None = None) -> WSGIServer:
+           region_path: str | None = None, state_dir: str | None = None,
+           cache_s: float = SCRAPE_CACHE_S) -> WSGIServer:
     """A threaded server for /metrics on address:port (port 0: any free one; see ``server_port``).
 
     IPv4 or IPv6 by the address, as prometheus-client's start_http_server
     chooses. The caller runs ``serve_forever`` (on any thread) and ``shutdown``.
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RegionCollector(group, region_path, state_dir=state_dir))
+    registry.register(RegionCollector(group, region_path, state_dir=state_dir, cache_s=cache_s))
     family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
 
     class Server(ThreadingWSGIServer):

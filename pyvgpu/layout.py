@@ -30,7 +30,7 @@ KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX011", "little")  # 11: count_calls (10: the launch clock's line, 9: records)
+CTX_MAGIC = int.from_bytes(b"PVCTX012", "little")  # 12: turn_waited (11: count_calls, 10: the launch clock's line)
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -88,6 +88,8 @@ CTX = Struct(
                                           "another holder then means its lease lapsed"),
             Field("sm_recip", "u64", doc="the share it last charged at << 33 | 2^32 // share + 1: the charge's "
                                          "division as a multiply (pyvgpu/jit/limiter.py); 0 = none yet"),
+            Field("turn_waited", "u64", doc="its waits for the turn, counted over time (turn.py wait_debt): the debt "
+                                            "in ns >> 10 << 32 | when its last wait ended (CLOCK_MONOTONIC >> 10)"),
         ), size=64, doc="per CUDA device, what a launch under a share reads: one cache line each"),
         Field("slot_index", "i32"),
         Field("region_fd", "i32", doc="fd holding this process's slot lock"),

@@ -229,6 +229,11 @@ def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SL
 REGION_FIX = "use a region of your own (--group NAME, or --region PATH in a directory only you can write)"
 
 
+# A reader (status, the exporter) reads every slot of a region: a member writing a huge n_slots into the
+# header (and growing the file to match) would make each read cost gigabytes. No pyvgpu makes more.
+MAX_SLOTS = 4 * L.DEFAULT_SLOTS
+
+
 def open_region(path: Path, writable: bool = True, env: Mapping[str, str] = os.environ) -> Region:
     """Map an existing region, checking that it is one of ours, of this version, whole and not foreign.
 
@@ -262,6 +267,10 @@ def open_region(path: Path, writable: bool = True, env: Mapping[str, str] = os.e
             raise PyvgpuError(f"region {path} has layout version {head.version}, this pyvgpu uses "
                               f"{L.REGION_VERSION}; stop the group's programs and remove the file, or use the "
                               "pyvgpu version that created it")
+        if head.n_slots > MAX_SLOTS:
+            raise PyvgpuError(f"region {path} claims {head.n_slots} process slots, more than the {MAX_SLOTS} any "
+                              "pyvgpu makes (corrupt, or written to make its readers read too much); remove it and "
+                              "start the group again")
         expect = L.region_size(head.n_slots)
         if (head.size != st.st_size or head.size != expect or head.n_devices != L.MAX_DEVICES
                 or head.devices_off != L.REGION_DEVICES_OFF or head.slots_off != L.REGION_SLOTS_OFF

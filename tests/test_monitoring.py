@@ -302,8 +302,8 @@ def test_exporter_scrape_over_loopback(env, tmp_path):
     env = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
     a = Member(env, "--memory", "64M", "--group", "team-a")
     b = Member(env, "--memory", "0=32M", "--sm", "30", "--group", "team-b")
-    ex = subprocess.Popen([*PYVGPU, "exporter", "--port", "0", "--address", "127.0.0.1"], env=env,
-                          stderr=subprocess.PIPE, text=True, cwd="/")
+    ex = subprocess.Popen([*PYVGPU, "exporter", "--port", "0", "--address", "127.0.0.1", "--cache-seconds", "0"],
+                          env=env, stderr=subprocess.PIPE, text=True, cwd="/")
     try:
         assert a(f"alloc {3 * MiB}") == 0 and a(f"alloc {80 * MiB}") == 2
         assert b(f"alloc {MiB}") == 0
@@ -456,7 +456,7 @@ def test_exporter_labels_join_dcgm_exporters(env, tmp_path):
 def test_exporter_drops_a_dead_private_group_at_the_next_scrape(env, tmp_path):
     env = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
     c = Member(env, "--memory", "64M")  # a private group
-    ex = Exporter(env)
+    ex = Exporter(env, "127.0.0.1", "--cache-seconds", "0")
     try:
         assert c(f"alloc {MiB}") == 0
         names = {s.labels["group"] for s in scrape(ex.url)["pyvgpu_memory_limit_bytes"]}

@@ -98,6 +98,7 @@ class AllocateConfig:
     region_mount: str = REGION_MOUNT
     turns_mount: str = TURNS_MOUNT
     extra_env: dict[str, str] = field(default_factory=dict)
+    scheduler_names: tuple[str, ...] = ("pyvgpu-scheduler",)  # only their pods' annotations are pyvgpu's
 
 
 def _bind_time(pod: dict) -> int:
@@ -170,9 +171,12 @@ class Allocator:
         for p in pods:
             meta = p.get("metadata") or {}
             annos = meta.get("annotations") or {}
+            spec = p.get("spec") or {}
             if (annos.get(keys.POD_BIND_PHASE) != keys.BIND_ALLOCATING or annos.get(keys.POD_NODE) != node
+                    or spec.get("nodeName") != node
+                    or (spec.get("schedulerName") or "default-scheduler") not in self.cfg.scheduler_names
                     or meta.get("deletionTimestamp") or (p.get("status") or {}).get("phase", "Pending") != "Pending"):
-                continue
+                continue  # only a pod one of pyvgpu's schedulers bound here carries annotations pyvgpu wrote
             cands.append(p)
         cands.sort(key=lambda p: (_bind_time(p), p["metadata"].get("creationTimestamp", ""),
                                   p["metadata"].get("namespace", ""), p["metadata"]["name"]))
@@ -183,9 +187,10 @@ class Allocator:
                 pd = codec.decode_pod_devices(p["metadata"]["annotations"].get(keys.POD_TO_ALLOCATE, ""),
                                               f"{where}: {keys.POD_TO_ALLOCATE}")
             except ClusterInputError as e:
+                # one broken pod fails itself, never the node: the kubelet's request may be another pod's
+                log.warning("%s; the pod is marked %s: failed and skipped", e, keys.POD_BIND_PHASE)
                 self._fail(p, None)
-                raise AllocateError("FAILED_PRECONDITION", f"{e}; the pod is marked {keys.POD_BIND_PHASE}: failed "
-                                                           "and must be scheduled again") from None
+                continue
             pending = [i for i, c in enumerate(pd) if c]
             if len(pending) >= len(want) and all(len(pd[i]) == n for i, n in zip(pending, want, strict=False)):
                 return p, pending[: len(want)]

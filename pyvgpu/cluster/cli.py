@@ -60,6 +60,9 @@ def explain(
     gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="spread|binpack|topology-aware",
                                    help="The scheduler's default GPU policy (a pod's hami.io/gpu-scheduler-policy "
                                         "overrides it)."),
+    scheduler_name: str = typer.Option("pyvgpu-scheduler", "--scheduler-name", metavar="NAME",
+                                       help="Pods of this schedulerName count on their nodes; others carry no "
+                                            "allocation pyvgpu trusts."),
 ) -> None:
     """Where would the scheduler put POD, and why not elsewhere? Prints the decision, the annotations it would
     write, and per node: fits or not, its score, and which container, GPU and limit refused it.
@@ -80,7 +83,7 @@ def explain(
             raise ClusterInputError("--node-policy", f"{node_policy!r}: use binpack or spread")
         if gpu_policy not in ("binpack", "spread", "topology-aware"):
             raise ClusterInputError("--gpu-policy", f"{gpu_policy!r}: use spread, binpack or topology-aware")
-        cfg = ClusterConfig(node_policy=node_policy, gpu_policy=gpu_policy)
+        cfg = ClusterConfig(node_policy=node_policy, gpu_policy=gpu_policy, scheduler_names=(scheduler_name,))
         docs = {}
         for option, path in (("--nodes", nodes), ("--pods", pods), ("--pod", pod)):
             docs[option] = _load(path, option)
@@ -169,6 +172,12 @@ def device_plugin(
     agent_interval: float = typer.Option(30.0, "--agent-interval", metavar="SECONDS",
                                          help="With --node-agent: how often it checks the node's registration "
                                               "and reclaims regions."),
+    scheduler_names: list[str] = typer.Option(None, "--scheduler-name", metavar="NAME",
+                                              help="A scheduler whose pods Allocate serves (spec.schedulerName; "
+                                                   "default pyvgpu-scheduler; repeatable, e.g. with "
+                                                   "hami-scheduler while moving from HAMi). A pod any other "
+                                                   "scheduler placed gets no GPU: its annotations are not "
+                                                   "pyvgpu's."),
 ) -> None:
     """Serve the kubelet's device-plugin API (v1beta1): split x GPUs virtual devices with NVML health, and
     Allocate, which gives each container its GPUs, limits, region and the shim (HAMi's environment)."""
@@ -177,7 +186,8 @@ def device_plugin(
     _run_daemon("device-plugin", daemon.device_plugin, lambda: _node_options(
         node_name, split=split, resource=resource, plugin_dir=plugin_dir, kubeconfig=kubeconfig,
         state_dir=state_dir, runtime_dirs=list(runtime_dir or []), api_retry_s=api_retry,
-        health_interval=health_interval, agent_interval=agent_interval, with_agent=with_agent))
+        health_interval=health_interval, agent_interval=agent_interval, with_agent=with_agent,
+        scheduler_names=tuple(scheduler_names or ("pyvgpu-scheduler",))))
 
 
 @cluster_app.command("node-agent")
@@ -224,6 +234,19 @@ def scheduler(
                                           "webhooks over TLS only); needs --tls-cert-file and --tls-key-file."),
     tls_cert: str = typer.Option(None, "--tls-cert-file", metavar="PATH", help="PEM certificate for --webhook-port."),
     tls_key: str = typer.Option(None, "--tls-key-file", metavar="PATH", help="PEM key for --webhook-port."),
+    address: str = typer.Option("127.0.0.1", "--address", metavar="IP",
+                                help="Address of --port. kube-scheduler calls the extender on localhost; any "
+                                     "other address needs --token-file."),
+    token_file: str = typer.Option(None, "--token-file", metavar="PATH",
+                                   help="A bearer token (16+ characters) that lets callers beyond localhost use "
+                                        "/filter, /prioritize and /bind, on --port or --webhook-port."),
+    client_ca: str = typer.Option(None, "--client-ca-file", metavar="PATH",
+                                  help="PEM CA: on --webhook-port, a client certificate it signed may call the "
+                                       "extender verbs (kube-scheduler's extender tlsConfig)."),
+    annotation_writers: list[str] = typer.Option(None, "--annotation-writer", metavar="USER",
+                                                 help="A user (system:serviceaccount:NS:NAME) the webhook lets "
+                                                      "write the hami.io allocation annotations; give the "
+                                                      "scheduler's and the node agent's. Repeatable."),
 ) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind) and the mutating webhook that sends GPU pods
     to it. kube-scheduler's KubeSchedulerConfiguration names it (deploy/helm/pyvgpu)."""
@@ -246,13 +269,16 @@ def scheduler(
             raise PyvgpuError(f"--lock-expire {lock_expire}: give a positive number of seconds")
         if webhook_port is not None and not (tls_cert and tls_key):
             raise PyvgpuError("--webhook-port needs --tls-cert-file and --tls-key-file (webhooks are called over TLS)")
-        for opt, path in (("--tls-cert-file", tls_cert), ("--tls-key-file", tls_key)):
+        for opt, path in (("--tls-cert-file", tls_cert), ("--tls-key-file", tls_key), ("--token-file", token_file),
+                          ("--client-ca-file", client_ca)):
             if path and not os.path.isfile(path):
                 raise PyvgpuError(f"{opt} {path}: no such file")
         from pyvgpu.cluster import extender
 
-        extender.run(kubeconfig, port, name, ClusterConfig(node_policy=node_policy, gpu_policy=gpu_policy),
-                     lock_expire, webhook_port, tls_cert, tls_key)
-    except (PyvgpuError, OSError) as e:
+        cfg = ClusterConfig(node_policy=node_policy, gpu_policy=gpu_policy, scheduler_names=(name,))
+        extender.run(kubeconfig, port, name, cfg,
+                     lock_expire, webhook_port, tls_cert, tls_key, address, token_file, client_ca,
+                     tuple(annotation_writers or ()))
+    except (PyvgpuError, OSError, ValueError) as e:
         typer.echo(f"pyvgpu: {e}", err=True)
         raise typer.Exit(2) from None

@@ -80,6 +80,10 @@ class ClusterConfig:
     # How many placements of a multi-container pod one node's search may try before it gives up.
     # One container never searches; only containers that share GPUs and do not fit the first way do.
     search_budget: int = 20_000
+    # Pods whose spec.schedulerName is one of these count on their node and are Allocate's candidates: the
+    # webhook lets only pyvgpu write their allocation annotations. A pod any other scheduler placed (or none)
+    # carries nothing pyvgpu trusts (docs/security.md).
+    scheduler_names: tuple[str, ...] = ("pyvgpu-scheduler",)
 
     def mig_geometries(self, device_type: str) -> tuple[Geometry, ...]:
         """The geometries of a GPU model: the first table entry with a model that is a substring of it."""

@@ -48,6 +48,7 @@ class NodeOptions:
     agent_interval: float = 30.0
     poll: float = 0.5
     with_agent: bool = False
+    scheduler_names: tuple[str, ...] = ("pyvgpu-scheduler",)  # whose pods Allocate serves
 
 
 def _devices(opts: NodeOptions):
@@ -105,7 +106,8 @@ def device_plugin(opts: NodeOptions) -> None:
     rt.check()
     devices = _devices(opts)
     kube = Kube(opts.kubeconfig, timeout=opts.api_timeout_s)
-    allocator = Allocator(AllocateConfig(opts.node, state, rt, opts.api_retry_s), kube,
+    allocator = Allocator(AllocateConfig(opts.node, state, rt, opts.api_retry_s,
+                                         scheduler_names=opts.scheduler_names), kube,
                           lambda: devices.snapshot()[1], inventory=_inventory(devices))
     service = DevicePluginService(devices, opts.split, allocator, threading.Event())
     server = PluginServer(opts.plugin_dir, opts.resource, service, poll=opts.poll)

@@ -21,15 +21,15 @@ the pod back in its queue and retries it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import ssl
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from pyvgpu.cluster import keys, usage, webhook
+from pyvgpu.cluster import httpserve, keys, usage, webhook
 from pyvgpu.cluster.config import ClusterConfig
 from pyvgpu.cluster.decide import decide_on
 from pyvgpu.cluster.errors import ClusterInputError
@@ -39,7 +39,7 @@ from pyvgpu.cluster.nodelock import LockBusy, NodeLock
 from pyvgpu.cluster.request import pod_request
 
 log = logging.getLogger("pyvgpu.cluster.scheduler")
-MAX_BODY = 256 << 20
+MAX_BODY = httpserve.MAX_BODY
 MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
 
 
@@ -84,9 +84,13 @@ class Scheduler:
                  lock_expire_s: float = 300.0, informer: Informer | None = None) -> None:
         self.kube = kube
         self.cfg = cfg or ClusterConfig()
+        if name not in self.cfg.scheduler_names:  # its own pods count on their nodes
+            self.cfg = dataclasses.replace(self.cfg, scheduler_names=(*self.cfg.scheduler_names, name))
         self.name = name
         self.informer = informer or Informer(kube, self.cfg)
         self.lock = NodeLock(kube, lock_expire_s)
+        # users (service accounts) the webhook lets write the allocation annotations (webhook.py)
+        self.annotation_writers: frozenset[str] = frozenset()
         self.metrics = Metrics()
         self._node_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -173,6 +177,8 @@ class Scheduler:
         node, uid = args.get("Node") or "", args.get("PodUID") or ""
         if not name or not node:
             return "invalid", "pyvgpu: bind needs PodName and Node"
+        if not uid:
+            return "invalid", f"pyvgpu: bind of pod {ns}/{name} needs its PodUID (kube-scheduler always sends it)"
         who = f"pod {ns}/{name}"
         try:
             pod = self.kube.get_pod(ns, name)
@@ -182,8 +188,11 @@ class Scheduler:
             return "error", f"pyvgpu: {e}"
         except KubeUnreachable as e:
             return "api_unreachable", f"pyvgpu: {e}"
-        if uid and (pod.get("metadata") or {}).get("uid") != uid:
+        if (pod.get("metadata") or {}).get("uid") != uid:
             return "pod_gone", f"pyvgpu: {who} was deleted and created again (UID {uid} is gone)"
+        refused = self._not_ours(pod, who)
+        if refused:
+            return refused
         try:
             req = pod_request(pod, self.cfg)
         except ClusterInputError as e:
@@ -225,8 +234,8 @@ class Scheduler:
             try:
                 self.kube.bind(ns, name, uid, node)
             except (KubeError, KubeUnreachable) as e:
-                self._undo(ns, name, e)
-                raise
+                if not self._undo(ns, name, uid, node, e):
+                    raise
             patched.setdefault("spec", {})["nodeName"] = node
             self.informer.assume(patched)
             log.info("bound %s to node %s: %s", who, node, annos[keys.POD_TO_ALLOCATE])
@@ -237,22 +246,47 @@ class Scheduler:
             except (KubeError, KubeUnreachable) as e:
                 log.error("could not release the lock of node %s: %s; it expires", node, e)
 
-    def _undo(self, ns: str, name: str, why: Exception) -> None:
+    def _not_ours(self, pod: dict, who: str) -> tuple[str, str] | None:
+        """Why bind must not touch this pod: one meant for another scheduler, or one already bound (its
+        annotations are what its node counts; rewriting or undoing them would free GPUs in use)."""
+        spec = pod.get("spec") or {}
+        sched = spec.get("schedulerName") or "default-scheduler"
+        if sched != self.name:
+            return "not_ours", (f"pyvgpu: {who} names the scheduler {sched!r}, not {self.name!r}: {self.name} "
+                                "binds only its own pods; nothing was changed")
+        if spec.get("nodeName"):
+            return "already_bound", f"pyvgpu: {who} is already bound to node {spec['nodeName']}; nothing was changed"
+        return None
+
+    def _undo(self, ns: str, name: str, uid: str, node: str, why: Exception) -> bool:
         """The Binding failed after the annotations were written: take them back, so the pod's GPUs do not
-        count on the node (nothing to do when the pod is gone)."""
+        count on the node. The pod is read again first: a Binding whose answer was lost (a timeout) may have
+        landed, and a bound pod's annotations are never taken back. True when the pod is bound to `node`
+        (the bind succeeded after all)."""
         if isinstance(why, KubeError) and why.not_found:
-            return
+            return False
         try:
-            self.kube.patch_pod(ns, name, {"metadata": {"annotations": {
+            pod = self.kube.get_pod(ns, name)
+            meta = pod.get("metadata") or {}
+            if meta.get("uid") != uid:
+                return False
+            bound = (pod.get("spec") or {}).get("nodeName")
+            if bound:
+                log.warning("the Binding of pod %s/%s failed (%s) but the pod is bound to %s: its annotations stay",
+                            ns, name, why, bound)
+                return bound == node
+            self.kube.patch_pod(ns, name, {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {
                 keys.POD_NODE: None, keys.POD_TO_ALLOCATE: None, keys.POD_ALLOCATED: None,
                 keys.POD_BIND_PHASE: keys.BIND_FAILED}}})
         except (KubeError, KubeUnreachable) as e:
+            # left as written: the node over-counts this pod until the annotations are rewritten, never under
             log.error("could not take back the annotations of pod %s/%s after a failed bind: %s", ns, name, e)
+        return False
 
     # -- webhook -------------------------------------------------------------------------------------------
 
     def admit(self, body: dict) -> dict:
-        return webhook.review(body, self.cfg, self.name)
+        return webhook.review(body, self.cfg, self.name, self.annotation_writers)
 
 
 def _handler(s: Scheduler):
@@ -297,20 +331,23 @@ def _handler(s: Scheduler):
             verbs = {"/filter": s.filter, "/prioritize": s.prioritize, "/bind": s.bind, "/webhook": s.admit,
                      "/mutate": s.admit}
             fn = verbs.get(path)
-            n = int(self.headers.get("Content-Length") or 0)
-            if n > MAX_BODY:
+            try:
+                raw = httpserve.read_body(self.headers, self.rfile)
+            except httpserve.BadRequest as e:
                 self.close_connection = True
-                return self._send(413, f"request body of {n} bytes is over {MAX_BODY}", "text/plain")
-            raw = self.rfile.read(n)
+                return self._send(e.code, f"pyvgpu scheduler {path}: {e}", "text/plain")
             if fn is None:
                 return self._send(404, f"no such verb {path}: use /filter, /prioritize, /bind or /webhook",
                                   "text/plain")
+            if path in httpserve.EXTENDER_VERBS and not self.server.may_call_extender(self):
+                return self._send(403, f"pyvgpu scheduler {path}: the extender verbs are served to kube-scheduler "
+                                       "on localhost; on this port they need the bearer token of --token-file or a "
+                                       "client certificate signed by --client-ca-file", "text/plain")
             try:
-                body = json.loads(raw)
-                if not isinstance(body, dict):
-                    raise ValueError("expected a JSON object")
-                out = fn(body)
-            except (ValueError, KeyError, TypeError) as e:
+                out = fn(httpserve.parse_object(raw))
+            except httpserve.BadRequest as e:
+                return self._send(e.code, f"pyvgpu scheduler {path}: bad request: {e}", "text/plain")
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 return self._send(400, f"pyvgpu scheduler {path}: bad request: {e}", "text/plain")
             self._send(200, out)
 
@@ -318,21 +355,24 @@ def _handler(s: Scheduler):
 
 
 class Server:
-    """The HTTP listener (and, with a certificate, an HTTPS one for the webhook)."""
+    """The HTTP listener of the extender verbs, on localhost unless `host` says otherwise (then a token is
+    required), and with a certificate an HTTPS one for the webhook, health and metrics (pyvgpu.cluster.httpserve
+    says who may call what)."""
 
-    def __init__(self, scheduler: Scheduler, port: int, host: str = "0.0.0.0", tls_port: int | None = None,
-                 cert: str | None = None, key: str | None = None) -> None:
+    def __init__(self, scheduler: Scheduler, port: int, host: str = "127.0.0.1", tls_port: int | None = None,
+                 cert: str | None = None, key: str | None = None, token_file: str | None = None,
+                 client_ca: str | None = None, tls_host: str = "0.0.0.0") -> None:
         self.scheduler = scheduler
-        self.httpd = ThreadingHTTPServer((host, port), _handler(scheduler))
-        self.httpd.daemon_threads = True
+        token = httpserve.load_token(token_file)
+        if not httpserve.is_loopback(host) and token is None:
+            raise ValueError(f"--address {host} exposes /filter, /prioritize and /bind beyond localhost: give "
+                             "--token-file (a bearer token callers must send), or keep the default 127.0.0.1")
+        self.httpd = httpserve.BoundedServer((host, port), _handler(scheduler), token=token)
         self.port = self.httpd.server_address[1]
         self.httpsd = None
         if tls_port is not None:
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ctx.load_cert_chain(cert, key)
-            self.httpsd = ThreadingHTTPServer((host, tls_port), _handler(scheduler))
-            self.httpsd.daemon_threads = True
-            self.httpsd.socket = ctx.wrap_socket(self.httpsd.socket, server_side=True)
+            ctx = httpserve.tls_context(cert, key, client_ca)
+            self.httpsd = httpserve.BoundedServer((tls_host, tls_port), _handler(scheduler), tls=ctx, token=token)
             self.tls_port = self.httpsd.server_address[1]
 
     def start(self) -> None:
@@ -348,16 +388,21 @@ class Server:
 
 
 def run(kubeconfig: str | None, port: int, name: str, cfg: ClusterConfig, lock_expire_s: float,
-        tls_port: int | None = None, cert: str | None = None, key: str | None = None) -> None:
+        tls_port: int | None = None, cert: str | None = None, key: str | None = None, address: str = "127.0.0.1",
+        token_file: str | None = None, client_ca: str | None = None, writers: tuple[str, ...] = ()) -> None:
     from pyvgpu.cluster.daemon import _stop_on_signals
 
     stop = _stop_on_signals()
     kube = Kube(kubeconfig)
     s = Scheduler(kube, cfg, name, lock_expire_s)
-    srv = Server(s, port, tls_port=tls_port, cert=cert, key=key)
+    s.annotation_writers = frozenset(writers)
+    if not writers:
+        log.warning("no --annotation-writer: the webhook refuses every change to the hami.io allocation "
+                    "annotations, also the node agent's; name the scheduler's and the node agent's service accounts")
+    srv = Server(s, port, address, tls_port=tls_port, cert=cert, key=key, token_file=token_file, client_ca=client_ca)
     s.start(stop)
     srv.start()
-    log.info("extender on port %d%s, scheduler name %s, API server %s", srv.port,
+    log.info("extender on %s:%d%s, scheduler name %s, API server %s", address, srv.port,
              f", webhook over TLS on {tls_port}" if tls_port else "", name, kube.server)
     stop.wait()
     srv.stop()

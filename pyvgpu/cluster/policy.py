@@ -9,6 +9,7 @@ nodes are scored in goroutines, so its ties fall either way):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from itertools import combinations
 from typing import TypeVar
@@ -17,6 +18,9 @@ from pyvgpu.cluster import keys
 from pyvgpu.cluster.model import DeviceUsage, NodeResult
 
 T = TypeVar("T")
+# Up to this many n-GPU sets are all scored and sorted (every node of up to 16 GPUs: C(16, 8) = 12870);
+# beyond it the search is bounded (linked_sets).
+EXACT_TOPOLOGY_SETS = 20_000
 
 
 def order_devices(scored: list[tuple[float, DeviceUsage, T]], policy: str) -> list[tuple[float, DeviceUsage, T]]:
@@ -67,10 +71,39 @@ def sets(ordered: Sequence[T], n: int, *, topology: bool, scores: dict[str, dict
         for i in sorted(range(len(ordered)), key=lambda i: (sums[i], i)):
             yield (ordered[i],)
         return
-    combos = list(combinations(range(len(ordered)), n))
-    total = [sum(pair(scores, ids[a], ids[b]) for a, b in combinations(c, 2)) for c in combos]
-    for k in sorted(range(len(combos)), key=lambda k: -total[k]):  # sorted is stable: ties keep preference order
-        yield tuple(ordered[i] for i in combos[k])
+    for combo in linked_sets(ids, n, scores):
+        yield tuple(ordered[i] for i in combo)
+
+
+def linked_sets(ids: Sequence[str], n: int, scores: dict[str, dict[str, int]]) -> Iterator[tuple[int, ...]]:
+    """Index sets of n of the GPUs `ids` (in preference order), the highest sum of link scores first.
+
+    Exact while there are at most EXACT_TOPOLOGY_SETS sets: all are scored, ties keep preference order.
+    Beyond that (C(64, 8) is 4.4e9 sets) bounded and lazy: first one set grown greedily from each GPU
+    (each step adds the GPU with the most links into the set), best first; then every other set in
+    preference order, generated only as far as the caller reads (plan() stops at search_budget tries).
+    Memory and time before the first set: O(len(ids)^2 * n)."""
+    m = len(ids)
+    if math.comb(m, n) <= EXACT_TOPOLOGY_SETS:
+        combos = list(combinations(range(m), n))
+        total = [sum(pair(scores, ids[a], ids[b]) for a, b in combinations(c, 2)) for c in combos]
+        for k in sorted(range(len(combos)), key=lambda k: -total[k]):  # stable: ties keep preference order
+            yield combos[k]
+        return
+    link = [[pair(scores, ids[a], ids[b]) if a != b else 0 for b in range(m)] for a in range(m)]
+    grown: dict[tuple[int, ...], int] = {}
+    for seed in range(m):
+        chosen, gain = [seed], list(link[seed])
+        while len(chosen) < n:
+            best = max((j for j in range(m) if j not in chosen), key=lambda j: (gain[j], -j))
+            chosen.append(best)
+            gain = [g + x for g, x in zip(gain, link[best], strict=True)]
+        key = tuple(sorted(chosen))
+        grown[key] = sum(link[a][b] for a, b in combinations(key, 2))
+    yield from sorted(grown, key=lambda k: (-grown[k], k))
+    for combo in combinations(range(m), n):
+        if combo not in grown:
+            yield combo
 
 
 def rank_nodes(results: list[NodeResult], policy: str) -> list[NodeResult]:

@@ -1,7 +1,8 @@
 """What is in use on each node: registered GPUs, minus what the pods bound to them hold.
 
-A pod counts against a node when it has not ended (phase not Succeeded or Failed) and names the node,
-in spec.nodeName or, before the binding lands, in hami.io/vgpu-node (HAMi tracks pods by that
+A pod counts against a node when a pyvgpu scheduler places it (spec.schedulerName: the webhook lets no
+one else write its allocation annotations), it has not ended (phase not Succeeded or Failed) and names
+the node, in spec.nodeName or, before the binding lands, in hami.io/vgpu-node (HAMi tracks pods by that
 annotation: pkg/scheduler/scheduler.go onAddPod). Its GPUs come from hami.io/vgpu-devices-allocated.
 While it binds (hami.io/bind-phase: allocating) the device plugin pops containers off
 hami.io/vgpu-devices-to-allocate one by one (HAMi pkg/device-plugin/.../plugin/util.go), so each
@@ -22,6 +23,9 @@ from pyvgpu.cluster.errors import ClusterInputError
 from pyvgpu.cluster.model import DeviceUsage, NodeInfo, PodDevices
 
 _ENDED = ("Succeeded", "Failed")
+# A registration of more GPUs is refused: every filter reads each node's GPUs, and the biggest machines
+# have 16 (the policy's search is bounded too; this bounds the rest of a decision).
+MAX_GPUS_PER_NODE = 128
 
 
 def items(obj: Any, kind: str) -> list[dict]:
@@ -69,6 +73,10 @@ def node_info(node: dict, cfg: ClusterConfig, i: int = 0) -> NodeInfo:
     if not devices:
         info.error = f"{keys.NODE_REGISTER} lists no GPU"
         return info
+    if len(devices) > MAX_GPUS_PER_NODE:
+        info.error = (f"{keys.NODE_REGISTER} lists {len(devices)} GPUs, more than the {MAX_GPUS_PER_NODE} pyvgpu "
+                      "takes from one node: check the node agent; nothing is placed on this node")
+        return info
     cordoned = {u.strip() for u in str(annos.get(keys.NODE_DEVICE_CORDON, "")).split(",") if u.strip()}
     for d in devices:
         du = DeviceUsage.of(d)
@@ -81,6 +89,12 @@ def node_info(node: dict, cfg: ClusterConfig, i: int = 0) -> NodeInfo:
         info.devices.append(du)
     info.pair_scores = scores
     return info
+
+
+def placed_by_us(pod: dict, cfg: ClusterConfig) -> bool:
+    """Whether one of pyvgpu's schedulers places this pod: only then are its allocation annotations pyvgpu's
+    (the webhook refuses them from anyone else), so only then do they count."""
+    return ((pod.get("spec") or {}).get("schedulerName") or "default-scheduler") in cfg.scheduler_names
 
 
 def pod_node(pod: dict) -> str | None:
@@ -179,7 +193,7 @@ def node_infos(nodes: Any, pods: Any, cfg: ClusterConfig | None = None,
         raise ClusterInputError("NodeList", f"node {dup!r} is listed twice")
     for i, pod in enumerate(items(pods, "Pod")):
         meta, _ = _meta(pod, i, "Pod")
-        if (pod.get("status") or {}).get("phase") in _ENDED:
+        if (pod.get("status") or {}).get("phase") in _ENDED or not placed_by_us(pod, cfg):
             continue
         ns = str(meta.get("namespace") or "default")
         if exclude is not None and (ns, str(meta["name"])) == exclude:

@@ -11,6 +11,11 @@ pkg/device/nvidia/device.go MutateAdmission):
 * a privileged container that asks GPUs is refused: it would see every GPU of the node;
 * a pod that asks GPUs and already names a node is refused: no scheduler would run for it.
 Pods that ask no GPU are admitted unchanged.
+
+The allocation annotations (ALLOCATION_KEYS: which node and GPUs a pod holds, its bind phase) are what
+usage and Allocate read, so only pyvgpu writes them: on CREATE a pod carrying any of them is refused, and on
+UPDATE a change to any of them is refused, unless the request's user is one of `writers` (the scheduler's
+and the node agent's service accounts; docs/security.md has the RBAC).
 """
 
 from __future__ import annotations
@@ -19,9 +24,34 @@ import base64
 import json
 from typing import Any
 
+from pyvgpu.cluster import keys
 from pyvgpu.cluster.config import ClusterConfig
 
 DEFAULT_SCHEDULER = "default-scheduler"
+ALLOCATION_KEYS = (keys.POD_NODE, keys.POD_TIME, keys.POD_TO_ALLOCATE, keys.POD_ALLOCATED, keys.POD_BIND_PHASE,
+                   keys.POD_BIND_TIME)
+
+
+def _annotations(obj: Any) -> dict:
+    annos = ((obj or {}).get("metadata") or {}).get("annotations") if isinstance(obj, dict) else None
+    return annos if isinstance(annos, dict) else {}
+
+
+def forged_annotations(req: dict, writers: frozenset[str]) -> str | None:
+    """Why the request must be refused: it sets or changes an allocation annotation and its user is not one
+    of `writers`. None when it may go on."""
+    user = ((req.get("userInfo") or {}).get("username")) or ""
+    if user in writers:
+        return None
+    new, old = _annotations(req.get("object")), _annotations(req.get("oldObject"))
+    if req.get("operation", "CREATE") == "CREATE":
+        old = {}
+    changed = sorted(k for k in ALLOCATION_KEYS if new.get(k) != old.get(k))
+    if not changed:
+        return None
+    who = user or "an unnamed user"
+    return (f"annotation {changed[0]} is written by pyvgpu's scheduler and node agent alone, not by {who}: "
+            f"remove it from the pod (use {keys.GPU_POLICY} or {keys.NODE_POLICY} to steer placement)")
 
 
 def _ptr(*parts: str) -> str:
@@ -70,7 +100,28 @@ def mutate(pod: dict, cfg: ClusterConfig, scheduler_name: str) -> tuple[bool, st
     return True, "", ops
 
 
-def review(body: dict, cfg: ClusterConfig, scheduler_name: str) -> dict:
+def _check_shape(pod: dict) -> None:
+    """ValueError (a 400) for a pod whose spec or containers are not objects: the API server never sends one."""
+    spec = pod.get("spec")
+    if spec is not None and not isinstance(spec, dict):
+        raise ValueError("the pod's spec is not an object")
+    for part in ("initContainers", "containers"):
+        ctrs = (spec or {}).get(part)
+        if ctrs is None:
+            continue
+        if not isinstance(ctrs, list):
+            raise ValueError(f"spec.{part} is not a list")
+        for i, c in enumerate(ctrs):
+            if not isinstance(c, dict):
+                raise ValueError(f"spec.{part}[{i}] is not an object")
+            res = c.get("resources")
+            if res is not None and (not isinstance(res, dict)
+                                    or any(not isinstance(res.get(k), (dict, type(None))) for k in ("limits",
+                                                                                                       "requests"))):
+                raise ValueError(f"spec.{part}[{i}].resources: expected limits and requests as objects")
+
+
+def review(body: dict, cfg: ClusterConfig, scheduler_name: str, writers: frozenset[str] = frozenset()) -> dict:
     """An AdmissionReview answer for an AdmissionReview request. Raises ValueError for a malformed one."""
     if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
         raise ValueError("expected an AdmissionReview with a request")
@@ -80,7 +131,14 @@ def review(body: dict, cfg: ClusterConfig, scheduler_name: str) -> dict:
         raise ValueError("the AdmissionReview request has no uid")
     pod: Any = req.get("object")
     resp: dict[str, Any] = {"uid": uid, "allowed": True}
-    if isinstance(pod, dict) and pod.get("kind", "Pod") == "Pod" and req.get("operation", "CREATE") == "CREATE":
+    is_pod = isinstance(pod, dict) and pod.get("kind", "Pod") == "Pod"
+    if is_pod:
+        _check_shape(pod)
+    forged = forged_annotations(req, writers) if is_pod else None
+    if forged:
+        resp["allowed"] = False
+        resp["status"] = {"code": 403, "reason": "Forbidden", "message": forged}
+    elif is_pod and req.get("operation", "CREATE") == "CREATE":
         allowed, message, ops = mutate(pod, cfg, scheduler_name)
         resp["allowed"] = allowed
         if not allowed:

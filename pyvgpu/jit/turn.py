@@ -111,6 +111,14 @@ ACTIVE_NS = 1_000_000_000  # after its last launch, a group with a share keeps t
 # that does not play fair (any member of the turn file can write a turn word). Past it the process stops
 # taking turns on that device (it time-slices there) and logs a turn_timeout event (docs/security.md).
 MAX_WAIT_NS = 5_000_000_000
+# The bound counts a process's waits over time (wait_debt): each ns waited adds one; each ns between its
+# waits pays RUN_CREDIT back, and each wait that ends in a launch pays LAUNCH_CREDIT_NS. A process gives
+# up once it owes MAX_WAIT_NS: one that waits more than RUN_CREDIT times as long as it runs, and makes
+# fewer than 1 s / LAUNCH_CREDIT_NS launches a second, for seconds. Fair contention does not owe: up to
+# RUN_CREDIT + 1 saturating processes of one rank take slices in turn, and a best-effort process that
+# fills the gaps of a share one kernel at a time launches far more often.
+RUN_CREDIT = 8
+LAUNCH_CREDIT_NS = 5_000_000
 UNIT_SHIFT = 10
 LOW32 = np.uint64(0xFFFFFFFF)
 NO_RESERVATION = np.int64(1 << 62)
@@ -210,6 +218,82 @@ def anyone_waits(e, me, now):
     return reserved(e, L.N_RANKS - 1, me, now) < now + SLICE_NS
 
 
+# --- bounded waits (issue 29; docs/security.md): every value read from the turn file is checked against
+# the reader's own clock, and every wait counts towards one bound kept over time ------------------------
+
+@njit(inline="always")
+def trusted_until(t, now, longest):
+    """A deadline t (ns) read from the turn file holds at now: ahead, but no further than anyone writes
+    one (``longest``, with LEASE_NS of slack). A value further ahead was written by a process that does
+    not play fair (or before a reboot of the clock) and is not believed."""
+    return now < t <= now + longest + LEASE_NS
+
+
+@njit
+def heal_queue(e, now):
+    """Before taking a turn nobody holds: the last holder drained its work before it freed the turn (or
+    its lease, which outlasts its queue, lapsed), so the GPU's queue under turns holds at most launches
+    made beside it. An end more than SLICE_NS ahead was written by a process that does not play fair (a
+    taker would inherit it as its own queue and hold back for it): cut back to now."""
+    q = TURN.load_qend(e)
+    if unlikely(np.int64(q) > now + SLICE_NS):
+        TURN.cas_qend(e, q, np.uint64(now))
+
+
+@njit
+def wait_debt(ctx, dev, t0):
+    """What this process owes on dev (ns) when a wait starts at t0: each ns it waited for the turn added
+    one, each ns since its last wait ended pays RUN_CREDIT back. Kept over time, not per wait, so a
+    process that keeps each wait short (a want or reservation refreshed, a holder that lets go now and
+    then) still runs it up."""
+    v = CTX.get_turn_waited(ctx, dev)
+    debt = np.int64(v >> np.uint64(32)) << UNIT_SHIFT
+    if debt == 0:
+        return np.int64(0)
+    ran = ahead(units(t0), v & LOW32) << UNIT_SHIFT
+    if ran < -MAX_WAIT_NS:  # its last wait ended over half the clock's wrap (36 min) ago: paid long since
+        return np.int64(0)
+    if ran > 0:  # (< 0: another thread's wait ended after this one began)
+        debt -= RUN_CREDIT * ran
+    return debt if debt > 0 else np.int64(0)
+
+
+@njit
+def settle_wait(ctx, dev, t0, now):
+    """A wait of this process on dev, [t0, now), ended (in a launch): it adds to the debt what another
+    thread's wait did not count already (threads waiting at once count the time once), less the launch's
+    credit."""
+    v = CTX.get_turn_waited(ctx, dev)
+    start = t0
+    if v != 0:
+        last = to_ns(v & LOW32, now)
+        if last > start:
+            start = last
+    debt = wait_debt(ctx, dev, t0) + (now - start if now > start else 0) - LAUNCH_CREDIT_NS
+    if debt < 0:
+        debt = np.int64(0)
+    u = np.uint64(debt >> UNIT_SHIFT)
+    if u > LOW32:
+        u = LOW32
+    CTX.set_turn_waited(ctx, dev, (u << np.uint64(32)) | units(now))
+
+
+@njit(inline="always")
+def stalled(ctx, dev, t0, now):
+    """A wait that began at t0 has run this process's debt past MAX_WAIT_NS."""
+    return wait_debt(ctx, dev, t0) + (now - t0) >= MAX_WAIT_NS
+
+
+@njit
+def give_up(ctx, region, dev, e, rank, t0, now, who):
+    """Stop taking turns on dev (the process time-slices there from now on), count the wait, and record a
+    turn_timeout event: the debt it reached and ``who`` held the turn (its id in turn words)."""
+    debt = wait_debt(ctx, dev, t0) + (now - t0)
+    CTX.set_turn_entry(ctx, dev, _NONE)
+    count_wait(ctx, region, dev, e, rank, t0, now)
+    events.record(CTX.get_region(ctx), L.EV_TURN_TIMEOUT, dev, 0, debt, who)
+
+
 # --- looking up a device's entry --------------------------------------------------------
 
 @njit
@@ -262,7 +346,8 @@ def takes_turns(ctx, dev):
 def mark_active(ctx, e, now):
     """A group with a share launches on this GPU: the others take turns with it for ACTIVE_NS."""
     until = np.uint64(now + ACTIVE_NS)
-    if unlikely(TURN.load_active(e) + np.uint64(ACTIVE_NS // 4) < until):
+    a = TURN.load_active(e)
+    if unlikely(a + np.uint64(ACTIVE_NS // 4) < until or a > until + np.uint64(LEASE_NS)):  # late, or forged ahead
         TURN.store_active(e, until)
         SCHED.store_active(CTX.get_sched(ctx), until)
 
@@ -290,7 +375,7 @@ def share_waits(ctx, e, now):
 @njit
 def active_on(e, now):
     """A group with a share takes turns on entry e's GPU now: a launch without a share takes part."""
-    return e > _NONE and np.int64(TURN.load_active(e)) > now
+    return e > _NONE and trusted_until(np.int64(TURN.load_active(e)), now, ACTIVE_NS)
 
 
 # --- accounting --------------------------------------------------------------------------
@@ -313,6 +398,7 @@ def count_held(ctx, region, dev, start, end):
 def count_wait(ctx, region, dev, e, rank, t0, now):
     if likely(now <= t0):
         return
+    settle_wait(ctx, dev, t0, now)
     waited = np.uint64(now - t0)
     TURN.add_wait_ns(e, waited)
     DEV.add_sm_turn_wait_ns(REGION.device(region, dev), waited)
@@ -538,6 +624,11 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
                     and np.int64(TURN.load_active(e)) > now):
             # a best-effort holder beside groups with a share: its queue stays short, so that it can hand
             # over quickly when one of them comes back
+            if unlikely(stalled(ctx, dev, t0, now)):
+                CTX.set_turn_mine(ctx, dev, 0)
+                free_turn(e, me)
+                give_up(ctx, region, dev, e, rank, t0, now, me)
+                return
             sleep_ns(POLL_NS)
             now = monotonic_ns()
             w = TURN.load_turn(e)
@@ -559,6 +650,7 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
                         or now + np.int64(cost) // 2 > reserved(e, rank, me, now)
                         or (holder(w) == me and now - t0 < HANDOFF_NS and waits(e, rank, me, now)))
             if not yield_to:
+                heal_queue(e, now)
                 qend = device_queue_end(e, now) + np.int64(cost)
                 if TURN.cas_turn(e, w, word(me, lease_for(qend, now))) == w:
                     CTX.set_turn_mine(ctx, dev, 1)
@@ -597,10 +689,8 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
             CTX.set_turn_qend(ctx, dev, np.uint64(queue_on_device(e, now, cost)))
             count_wait(ctx, region, dev, e, rank, t0, now)
             return
-        if now - t0 >= MAX_WAIT_NS:  # a holder that does not let go: stop taking turns here
-            CTX.set_turn_entry(ctx, dev, _NONE)
-            count_wait(ctx, region, dev, e, rank, t0, now)
-            events.record(CTX.get_region(ctx), L.EV_TURN_TIMEOUT, dev, 0, now - t0, holder(w))
+        if stalled(ctx, dev, t0, now):  # a holder that does not let go, or forged words: stop taking turns here
+            give_up(ctx, region, dev, e, rank, t0, now, holder(w))
             return
         TURN.store_want(e, rank, word(me, now))
         TURN.add_sleepers(e, 1)

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3131305854435650ULL
+#define PV_CTX_MAGIC 0x3231305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/layout.py) */
 typedef struct __attribute__((aligned(64))) pv_ctx {
@@ -52,7 +52,7 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
         uint32_t turn_mine;  /* 1 from when this process takes the device's turn until it frees it: another holder then means its lease lapsed */
         uint8_t _pad4[4];
         uint64_t sm_recip;  /* the share it last charged at << 33 | 2^32 // share + 1: the charge's division as a multiply (pyvgpu/jit/limiter.py); 0 = none yet */
-        uint8_t _pad5[8];
+        uint64_t turn_waited;  /* its waits for the turn, counted over time (turn.py wait_debt): the debt in ns >> 10 << 32 | when its last wait ended (CLOCK_MONOTONIC >> 10) */
     } dev[16];
     int32_t slot_index;
     int32_t region_fd;  /* fd holding this process's slot lock */
@@ -68,9 +68,9 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     int32_t pool_dev[64];
     uint64_t ctx_charged[16];  /* context bytes charged per device (1: measured, none) */
     uint32_t nvml_state;  /* 0 untried, 1 initialised by us, 2 unavailable */
-    uint8_t _pad6[4];
+    uint8_t _pad5[4];
     uint64_t sm_tick_ns;  /* CLOCK_MONOTONIC of the last reclaim by the watcher */
-    uint8_t _pad7[8];
+    uint8_t _pad6[8];
     struct {  /* the cost table (pyvgpu/jit/cost.py): a kernel's key and estimate share a line */
         uint64_t cost_key;  /* kernel key (function and shape, or graph), 0 = free */
         uint64_t cost_ns;  /* its estimated GPU time in ns */
@@ -80,7 +80,7 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t samp_ctx[8];  /* CUcontext the sample's events belong to */
     uint64_t samp_start[8];  /* CUevent before the launch */
     uint64_t samp_end[8];  /* CUevent after the launch */
-    uint8_t _pad8[16];
+    uint8_t _pad7[16];
     struct {  /* the streams a drain waits for; a launch compares its stream with the first ones */
         uint64_t turn_stream;  /* a stream this process launched on under turns, handle + 1 (0 = free) */
         uint64_t turn_stream_dev;  /* the CUDA device it launched on */
@@ -90,11 +90,11 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t drain_ev;  /* CUevent for a stream the table had no room for, before a hand-over */
     uint64_t drain_ctx;  /* CUcontext drain_ev belongs to */
     uint32_t turn_stream_lock;  /* spinlock between a drain and cuStreamDestroy */
-    uint8_t _pad9[4];
+    uint8_t _pad8[4];
     uint64_t turn_streams_lost;  /* launches on streams the table had no room for (not drained) */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad10[28];
+    uint8_t _pad9[28];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
@@ -131,6 +131,7 @@ _Static_assert(offsetof(pv_ctx_t, dev[0].turn_held) == 1688, "pv_ctx.turn_held")
 _Static_assert(offsetof(pv_ctx_t, dev[0].sm_nvml) == 1696, "pv_ctx.sm_nvml");
 _Static_assert(offsetof(pv_ctx_t, dev[0].turn_mine) == 1704, "pv_ctx.turn_mine");
 _Static_assert(offsetof(pv_ctx_t, dev[0].sm_recip) == 1712, "pv_ctx.sm_recip");
+_Static_assert(offsetof(pv_ctx_t, dev[0].turn_waited) == 1720, "pv_ctx.turn_waited");
 _Static_assert(offsetof(pv_ctx_t, slot_index) == 2688, "pv_ctx.slot_index");
 _Static_assert(offsetof(pv_ctx_t, region_fd) == 2692, "pv_ctx.region_fd");
 _Static_assert(offsetof(pv_ctx_t, n_slots) == 2696, "pv_ctx.n_slots");

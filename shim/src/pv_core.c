@@ -249,6 +249,7 @@ static void atfork_child(void) {
     pv_ctx.turn_id = 0;
     for (size_t d = 0; d < sizeof pv_ctx.dev / sizeof pv_ctx.dev[0]; d++) {
         pv_ctx.dev[d].turn_entry = pv_ctx.dev[d].turn_since = pv_ctx.dev[d].turn_qend = pv_ctx.dev[d].turn_held = 0;
+        pv_ctx.dev[d].turn_waited = 0; /* the parent's waits are not the child's debt */
         pv_ctx.dev[d].turn_mine = 0; /* the parent's turn is not the child's to lose */
     }
     /* the parent's streams and events are not the child's (pyvgpu/jit/drain.py) */

@@ -36,11 +36,11 @@ def ctr(name: str = "main", gpus: int | str | None = 1, mem: int | str | None = 
 
 def pod(name: str = "new", containers: list[dict] | None = None, annotations: dict | None = None,
         node_name: str | None = None, allocated: str | None = None, phase: str = "Running",
-        init: list[dict] | None = None, namespace: str = "default") -> dict:
+        init: list[dict] | None = None, namespace: str = "default", scheduler: str = "pyvgpu-scheduler") -> dict:
     annos = dict(annotations or {})
     if allocated is not None:
         annos[keys.POD_ALLOCATED] = allocated
-    spec: dict = {"containers": containers if containers is not None else [ctr()]}
+    spec: dict = {"containers": containers if containers is not None else [ctr()], "schedulerName": scheduler}
     if init:
         spec["initContainers"] = init
     if node_name:

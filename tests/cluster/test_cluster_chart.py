@@ -544,7 +544,7 @@ def test_the_webhook_reaches_the_extender_over_tls(tmp_path):
     assert vol["secret"]["secretName"] == secret["metadata"]["name"]
     _tls_handshake(secret["data"]["tls.crt"], secret["data"]["tls.key"], hook["clientConfig"]["caBundle"],
                    f"{svc['metadata']['name']}.{NS}.svc", tmp_path)
-    assert hook["rules"][0]["resources"] == ["pods"] and hook["rules"][0]["operations"] == ["CREATE"]
+    assert hook["rules"][0]["resources"] == ["pods"] and hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
     excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
     assert NS in excluded and "kube-system" in excluded  # the scheduler's own pods never wait for it
     own = render(VALUE_SETS["own-certificate"])
