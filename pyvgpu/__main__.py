@@ -1,3 +1,3 @@
-from pyvgpu.cli import main
+from pyvgpu.fastwrap import main
 
 main()

@@ -27,9 +27,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import json
 import os
-import platform
 import stat
 import sys
 import time
@@ -56,7 +54,7 @@ def cache_dir() -> Path:
 
 
 def cache_key() -> str:
-    h = hashlib.sha256(f"{pyvgpu.__version__}|{hooks.table_hash()}|{platform.machine()}|{FORMAT}".encode())
+    h = hashlib.sha256(f"{pyvgpu.__version__}|{hooks.table_hash()}|{os.uname().machine}|{FORMAT}".encode())
     pkg = Path(pyvgpu.__file__).parent
     for pattern in _SOURCES:
         for path in sorted(pkg.glob(pattern)):
@@ -156,6 +154,8 @@ def cli_workers() -> int:
 
 def estimate_seconds(workers: int) -> float:
     """How long a compile should take here: the package's own build time scaled to ``workers``."""
+    import json
+
     try:
         facts = json.loads(cblib.info_path(packaged_path()).read_text())
         cpu_seconds = float(facts["build_seconds"]) * max(1, int(facts["build_workers"]))

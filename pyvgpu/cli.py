@@ -31,6 +31,7 @@ app = typer.Typer(
     add_completion=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits it
 )
 bench_app = typer.Typer(help="Benchmarks that print figures, raw against wrapped, measured in one run.",
                         no_args_is_help=True, rich_markup_mode=None)
@@ -135,26 +136,12 @@ def wrap(
 
     Example: pyvgpu wrap --memory 4G --sm 30 --devices 1 python train.py --lr 0.1
     """
-    import os
+    from pyvgpu import fastwrap  # the same checks and messages as a plain wrap parsed without typer
 
-    from pyvgpu import wrap as w
-    from pyvgpu.errors import PyvgpuError
-
-    try:
-        env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None),
-                          on_error=on_error.value if on_error else None, memory=memory, sm=sm, group=group,
-                          region_path=region, devices=devices, allocator=allocator, mode=mode, priority=priority,
-                          sm_borrow=sm_borrow)
-    except PyvgpuError as e:
-        raise _fail(str(e)) from None
-    except OSError as e:  # preparing the vGPU, not running the program: say which file
-        raise _fail(f"cannot prepare the vGPU: {e.filename or ''}: {e.strerror}".replace(": :", ":")) from None
-    try:
-        w.exec_wrapped(command, env)
-    except PyvgpuError as e:
-        raise _fail(str(e), 127 if str(e).startswith("program not found") else 2) from None
-    except OSError as e:
-        raise _fail(f"cannot run {command[0]!r}: {e.strerror}", 126) from None
+    raise typer.Exit(fastwrap.run(command, stats=stats, stats_file=stats_file, memory=memory, sm=sm,
+                                  devices=devices, allocator=allocator, group=group, region=region,
+                                  on_error=on_error.value if on_error else None, mode=mode, priority=priority,
+                                  sm_borrow=sm_borrow))
 
 
 @app.command()
@@ -444,12 +431,26 @@ def bench_startup(
     runs: int = typer.Option(5, min=1, metavar="N", help="Runs per case."),
     python: list[str] = typer.Option(None, "--python", metavar="PATH",
                                      help="Another interpreter to time as a host (repeat the option for more)."),
+    concurrent: int = typer.Option(0, "--concurrent", min=0, metavar="N",
+                                   help="Instead: start N `pyvgpu wrap --group` at once (and N bare programs), "
+                                        "seconds until all exit and the CPU each wrap spent."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
-    """Time to the first CUDA call per host kind: raw, wrapped, started as a container, with an empty cache."""
-    from pyvgpu.bench import startup
+    """Time to the first CUDA call per host kind: raw, wrapped, started as a container, with an empty cache
+    (or, with --concurrent N, N wraps at once in one group)."""
     from pyvgpu.errors import PyvgpuError
+
+    if concurrent:
+        from pyvgpu.bench import wraps
+
+        try:
+            result = wraps.run(concurrent=concurrent, runs=runs)
+        except PyvgpuError as e:
+            raise _fail(str(e)) from None
+        _emit(result, wraps.table(result), as_json, output)
+        return
+    from pyvgpu.bench import startup
 
     try:
         result = startup.run(runs=runs, pythons=python or [])

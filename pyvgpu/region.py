@@ -18,7 +18,6 @@ import ctypes
 import mmap
 import os
 import re
-import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,7 +62,7 @@ def group_path(name: str) -> Path:
 
 
 def new_private_path() -> Path:
-    return private_runtime_dir("private") / f"{os.getpid()}-{secrets.token_hex(4)}.region"
+    return private_runtime_dir("private") / f"{os.getpid()}-{os.urandom(4).hex()}.region"
 
 
 def path_from_env(env: Mapping[str, str]) -> Path | None:
@@ -210,7 +209,7 @@ def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SL
     size = L.region_size(n_slots)
     header = bytearray(L.REGION_SLOTS_OFF)
     _fill(header, name, limits, n_slots, n_physical, sm or [0] * L.MAX_DEVICES, visible or [], priority, sm_borrow)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}"
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         os.fchmod(fd, mode)
