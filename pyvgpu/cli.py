@@ -39,6 +39,9 @@ app.add_typer(bench_app, name="bench")
 limits_app = typer.Typer(help="Change a running group's limits.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(limits_app, name="limits")
 app.add_typer(cluster_app, name="cluster")
+group_app = typer.Typer(help="Named groups: when each was made and last used, and removing them.",
+                        no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(group_app, name="group")
 
 
 class OnError(str, enum.Enum):
@@ -210,6 +213,36 @@ def limits_set(
         raise _fail(str(e)) from None
     for line in change.text():
         typer.echo(line)
+
+
+@group_app.command("ls")
+def group_ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List this user's named groups: when each was made, last used, its live members and limits.
+
+    A group with no live member unused for PYVGPU_GROUP_IDLE_HOURS (default 12; 0: never) expires: this
+    removes it, and the next `pyvgpu wrap --group NAME` starts it afresh.
+    """
+    from pyvgpu import groups
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        found = groups.list_groups()
+        typer.echo(json.dumps({"groups": found}, indent=1) if as_json else groups.render(found))
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+
+
+@group_app.command("rm")
+def group_rm(name: str = typer.Argument(..., metavar="NAME", help="The named group to remove.")) -> None:
+    """Remove a named group that has no live member (its limits go with it)."""
+    from pyvgpu import groups
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        path = groups.remove(name)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    typer.echo(f"removed group {name!r} ({path})")
 
 
 @app.command()

@@ -523,14 +523,21 @@ def set_sm_switch(path: Path, on: bool) -> None:
         os.close(r.fd)
 
 
+def has_live_member(r: Region) -> bool:
+    """Does a process of the group live? Every member holds a lock on its slot's bytes: one query over all
+    the slots tells (a loop over 1024 slots in Python cost `pyvgpu wrap` ~3 ms per region)."""
+    import fcntl
+    import struct
+
+    lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF, r.header.n_slots * L.REGION_SLOT.size, 0)
+    return struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))[0] != fcntl.F_UNLCK
+
+
 def gc_private() -> int:
     """Remove private regions whose processes are all gone; returns how many."""
     d = runtime_dir() / "private"
     if not d.is_dir():
         return 0
-    import fcntl
-    import struct
-
     removed = 0
     for p in d.glob("*.region"):
         try:
@@ -538,11 +545,7 @@ def gc_private() -> int:
         except PyvgpuError:
             continue
         try:
-            # Every member holds a lock on its slot's bytes: one query over all the slots tells whether any
-            # member lives (a loop over 1024 slots in Python cost `pyvgpu wrap` ~3 ms per region).
-            lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF, r.header.n_slots * L.REGION_SLOT.size,
-                             0)
-            busy = struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))[0] != fcntl.F_UNLCK
+            busy = has_live_member(r)
             # a region nobody ever joined is young: keep it for a minute (its wrap may still be starting)
             young = time.time_ns() - r.header.created_ns < 60 * 10**9
             if not busy and not young:

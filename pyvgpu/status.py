@@ -193,7 +193,11 @@ def collect(group: str | None = None, region_path: str | None = None,
             continue
         try:
             reclaimed = services.reclaim(r) if isinstance(r.map, mmap.mmap) else 0  # a read-only snapshot cannot
-            out.append(describe(r, reclaimed))
+            shown = describe(r, reclaimed)
+            # a private group lives as long as its program: once no member lives it is gone (the next wrap
+            # removes the file), unless asked for by name
+            if not (is_private(p) and not explicit and not any(pr["alive"] for pr in shown["processes"])):
+                out.append(shown)
         except (PyvgpuError, ValueError, IndexError, OSError) as e:  # a region that changed under us, or damaged
             if explicit:
                 raise PyvgpuError(f"region {p}: {e}") from None

@@ -194,6 +194,11 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
                               f"such as --region {Path(region_path) / 'NAME.region'}")
     elif group:
         path = region.group_path(group)
+        from pyvgpu import groups  # a named group's lifecycle: the idle expiry, the join notes
+
+        expired = groups.expire_if_idle(path, env)
+        if expired:
+            print(f"pyvgpu: {expired}", file=sys.stderr)
     elif env.get("CUDA_DEVICE_MEMORY_SHARED_CACHE"):
         path = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).absolute()
     else:
@@ -201,8 +206,22 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
         path = region.new_private_path()
     name = group or path.stem
     existed = path.exists()
-    r = region.create_or_open(path, name, limits, source, n_physical, shares, sm_source, chosen,
-                              f"--devices {device_spec}", prio, prio_source, borrow, borrow_source)
+    try:
+        r = region.create_or_open(path, name, limits, source, n_physical, shares, sm_source, chosen,
+                                  f"--devices {device_spec}", prio, prio_source, borrow, borrow_source)
+    except PyvgpuError as e:
+        if group and existed:
+            from pyvgpu import groups
+
+            raise PyvgpuError(f"{e}{groups.idle_hint(path)}") from None
+        raise
+    if group:
+        from pyvgpu import groups
+
+        groups.touch(path)
+        if existed:
+            for note in groups.join_notes(r, limits, source, shares, sm_source):
+                print(f"pyvgpu: note: {note}", file=sys.stderr)
     if mode is not None:
         want = mps.check_mode(mode)
         if not existed:
