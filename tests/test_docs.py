@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -14,9 +15,28 @@ CITED = re.compile(r"(?:docs/)?runs/([A-Za-z0-9_.\-]+)")
 IN_GIT_HISTORY = "in git at"  # a citation of a file since pruned names the commit that still has it
 
 
+SKIP_DIRS = {"build", "dist", "node_modules"}  # build outputs; hidden folders (.git) and *.egg-info too
+
+
 def _docs() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return [ROOT / f for f in out.split() if not f.startswith("docs/runs/")]
+    """The repository's Markdown files outside docs/runs, found by walking the tree: the suite also runs from
+    a `git archive` tarball, which has no .git."""
+    out = []
+    for d, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(x for x in dirs if not x.startswith(".") and x not in SKIP_DIRS
+                         and not x.endswith(".egg-info") and Path(d, x) != RUNS)
+        out += [Path(d, f) for f in sorted(files) if f.endswith(".md")]
+    return sorted(out)
+
+
+def test_the_docs_found_without_git_are_the_tracked_ones():
+    if not (ROOT / ".git").exists():  # a tarball: nothing to compare with, the walk is all there is
+        return
+    tracked = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True)
+    want = sorted(ROOT / f for f in tracked.stdout.split() if not f.startswith("docs/runs/"))
+    untracked = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "*.md"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.split()
+    assert [p for p in _docs() if str(p.relative_to(ROOT)) not in untracked] == want
 
 
 def test_every_run_directory_follows_the_naming_scheme():
