@@ -23,7 +23,7 @@ class Check:
 def _shim() -> Check:
     path = shim.shim_path()
     if not path.exists():
-        return Check("shim built", False, f"{path} is missing", "reinstall pyvgpu: pip install builds it with gcc")
+        return Check("shim built", False, f"{path} is missing", shim.missing_fix())
     try:
         lib = shim.open_shim(path)
         got = lib.pyvgpu_table_hash().decode()

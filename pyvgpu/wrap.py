@@ -35,7 +35,9 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
     first if none fits, with progress on stderr)."""
     shim = shim_path()
     if not shim.exists():
-        raise PyvgpuError(f"the shim {shim} is missing; reinstall pyvgpu (pip install builds it with gcc)")
+        from pyvgpu.shim import missing_fix
+
+        raise PyvgpuError(f"the shim {shim} is missing; {missing_fix()}")
     if on_error is not None and on_error not in ON_ERROR_CHOICES:
         raise PyvgpuError(f"--on-error {on_error!r} is not one of {', '.join(ON_ERROR_CHOICES)}")
     env = dict(base)
