@@ -41,6 +41,7 @@ FORMAT = 2
 _SOURCES = ("abi.py", "structs.py", "hooks.py", "layout.py", "jit/*.py")  # what the machine code is compiled from
 # CPU-seconds one compile took on the 2-core development box (numba 0.68): the estimate when nothing better is known
 DEFAULT_CPU_SECONDS = 200.0
+WARMUP = "`pyvgpu warmup`"  # why a compile runs, when the user asked for it
 LOCK_WAIT_S = 1800  # the longest a process waits for another one's compile (minutes on a loaded 2-core box)
 
 
@@ -214,6 +215,9 @@ def _compile(directory: Path, key: str, workers: int, why: str, again: bool) -> 
     """Compile the library tuned for this CPU into ``directory`` (unless, with ``again`` False, another
     process did while this one waited for the lock)."""
     problem = writable_problem(directory)
+    if problem and why == WARMUP:  # the user ran warmup: naming warmup again would not help
+        raise PyvgpuError(f"`pyvgpu warmup` cannot write the callback cache ({problem}); set PYVGPU_CACHE_DIR "
+                          "to a writable directory of your own and run it again")
     if problem:
         raise PyvgpuError(
             f"no compiled callbacks fit this pyvgpu and the cache cannot be written ({problem}); set "
@@ -261,4 +265,4 @@ def warmup(directory: Path | None = None, force: bool = False, workers: int = 1)
         m = _tuned(directory, key)
         if m is not None:
             return m
-    return _compile(directory, key, workers, "`pyvgpu warmup`", again=force)
+    return _compile(directory, key, workers, WARMUP, again=force)

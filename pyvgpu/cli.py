@@ -562,6 +562,9 @@ def bench_vpmm(
     from pyvgpu.bench import vpmm as bench
     from pyvgpu.errors import PyvgpuError
 
+    if direct and cap is not None:
+        raise _fail(f"--cap {cap}: --direct replays the trace in this process, under no cap; leave --cap out, or "
+                    "drop --direct to run each allocator under `--memory SIZE`")
     try:
         if direct:
             result = bench.run_direct(steps=steps, page_size=page_size)

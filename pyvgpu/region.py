@@ -38,6 +38,9 @@ _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 
 def runtime_dir() -> Path:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.exists(xdg) and not os.path.isdir(xdg):
+        raise PyvgpuError(f"XDG_RUNTIME_DIR={xdg} is not a directory; set it to a directory of your own, or unset "
+                          f"it (pyvgpu then keeps its groups in /tmp/pyvgpu-{os.getuid()})")
     base = Path(xdg) / "pyvgpu" if xdg and os.access(xdg, os.W_OK) else Path(f"/tmp/pyvgpu-{os.getuid()}")
     return base
 
@@ -371,9 +374,9 @@ def check_devices(region: Region, wanted: list[Gpu], source: str) -> None:
     """A process asking for other devices than its group's gets a clear error."""
     have = region.visible()
     if wanted and [g.uuid for g in wanted] != [u for _, u in have]:
-        h = ",".join(str(i) for i, _ in have) or "the devices CUDA sees (no --devices)"
+        h = "devices " + ",".join(str(i) for i, _ in have) if have else "every device CUDA sees (no --devices)"
         w = ",".join(str(g.index) for g in wanted)
-        raise PyvgpuError(f"group {region.name!r} ({region.path}) uses devices {h}, but {source} asks for {w}; "
+        raise PyvgpuError(f"group {region.name!r} ({region.path}) uses {h}, but {source} asks for {w}; "
                           "use the group's devices, or start a group of your own")
 
 

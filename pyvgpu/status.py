@@ -134,7 +134,7 @@ def event_text(e: dict) -> str:
     if kind == "oom":
         what = f"refused {human(e['a'])} for the cap on {dev} (group used {human(e['b'])}), pid {e['pid']}"
     elif kind == "reclaim":
-        what = f"reclaimed {human(e['a'])} on {dev} from pid {e['pid']}, which died"
+        what = f"reclaimed {human(e['a'])} on {dev} from pid {e['pid']}, which ended"
     elif kind == "memory_limit":
         old = human(e["a"]) if e["a"] else "none"
         new = human(e["b"]) if e["b"] else "none"
@@ -218,7 +218,7 @@ def render(groups: list[dict]) -> str:
             mode += f", MPS active threads {g['mps_active_threads']}%"
         lines.append(f"group {g['name']}  ({g['path']}){mode}")
         if g["reclaimed_now"]:
-            lines.append(f"  reclaimed {human(g['reclaimed_now'])} from processes that died")
+            lines.append(f"  reclaimed {human(g['reclaimed_now'])} from processes that ended")
         if g["gpus"]:
             lines.append("  devices: " + ", ".join(
                 f"{x['index']} = " + (f"MIG instance {x['uuid']} of nvidia-smi {x['nvml_index']}" if x["mig"]

@@ -94,6 +94,7 @@ def test_bench_overhead_runs_on_the_fake(env, tmp_path):
         s = r["ops"][op]
         assert s["raw_ns"] > 0 and s["hook_ns"] > 0 and s["ratio"] > 0
     assert "ratio" in p.stdout and f"wrote {out}" in p.stderr
+    assert "note: no GPU here" in p.stdout  # the fake's ratios say nothing about a GPU's
     from pyvgpu import cache
 
     assert r["callbacks"] == cache.read()["library"] and f"callbacks: {r['callbacks']}" in p.stdout

@@ -23,3 +23,73 @@ def test_an_unbuilt_source_tree_says_to_install_and_run_elsewhere(env, tmp_path)
     assert p.stderr.count("\n") == 1, p.stderr
     assert f"imported from its source tree {tree}" in p.stderr and "pip install ." in p.stderr
     assert "reinstall" not in p.stderr
+
+
+def _wrap(env, *args, **kw):
+    from helpers import PYVGPU, run
+
+    return run([*PYVGPU, "wrap", *args], env=env, **kw)
+
+
+def test_xdg_runtime_dir_that_is_a_file_is_named(env, tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("")
+    p = _wrap(dict(env, XDG_RUNTIME_DIR=str(f)), "-m", "64M", "--", "true")
+    assert p.returncode == 2
+    assert p.stderr == (f"pyvgpu: XDG_RUNTIME_DIR={f} is not a directory; set it to a directory of your own, or "
+                        f"unset it (pyvgpu then keeps its groups in /tmp/pyvgpu-{__import__('os').getuid()})\n")
+
+
+def test_warmup_that_cannot_write_its_cache_does_not_say_run_warmup(env, tmp_path):
+    from helpers import PYVGPU, run
+
+    f = tmp_path / "afile"
+    f.write_text("")
+    p = run([*PYVGPU, "warmup"], env=dict(env, PYVGPU_CACHE_DIR=str(f / "cache")))
+    assert p.returncode == 2
+    assert "`pyvgpu warmup` cannot write the callback cache" in p.stderr and "PYVGPU_CACHE_DIR" in p.stderr
+    assert "run `pyvgpu warmup`" not in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_doctor_checks_the_callback_cache(env):
+    from helpers import PYVGPU, run
+
+    p = run([*PYVGPU, "doctor"], env=env)
+    assert "callback cache: " in p.stdout
+
+
+def test_a_join_with_other_devices_reads_well(env, tmp_path):
+    e = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
+    assert _wrap(e, "-g", "d", "-m", "64M", "--", "true").returncode == 0
+    p = _wrap(e, "-g", "d", "-d", "0", "--", "true")
+    assert p.returncode == 2
+    assert "uses every device CUDA sees (no --devices), but --devices 0 asks for 0" in p.stderr
+
+
+def test_bench_vpmm_checks_cap_and_says_direct_ignores_it(env):
+    from helpers import PYVGPU, run
+
+    p = run([*PYVGPU, "bench", "vpmm", "--direct", "--cap", "banana"], env=env)
+    assert p.returncode == 2 and "--cap banana: --direct replays the trace in this process" in p.stderr
+    p = run([*PYVGPU, "bench", "vpmm", "--cap", "banana"], env=env)
+    assert p.returncode == 2 and "--cap: 'banana' is not a size" in p.stderr
+
+
+def test_ctrl_c_before_the_program_starts_prints_no_traceback(env, tmp_path):
+    import signal
+    import time
+
+    e = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                          "from pyvgpu import fastwrap, wrap\n"
+                          "def slow(*a, **k):\n    time.sleep(60)\n"
+                          "wrap.build_env = slow\n"  # stands for a wrap still preparing the vGPU
+                          "print('ready', flush=True)\n"
+                          "fastwrap.main(['wrap', '-m', '64M', '--', 'true'])\n"],
+                         env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "ready\n"
+    time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130
+    assert err == "pyvgpu: interrupted\n"
