@@ -196,9 +196,10 @@ def limits_set(
                                 "that had none takes turns with its share from its next launch."),
     priority: str = typer.Option(None, "--priority", metavar="high|low",
                                  help="New priority of the group on the GPU: high or low (HAMi's 0 and 1)."),
-    sm_borrow: str = typer.Option(None, "--sm-borrow", metavar="on|off",
-                                  help="on: the group may use idle GPU time beyond its share (work-conserving); "
-                                       "off: the share is a hard cap."),
+    sm_borrow: bool = typer.Option(None, "--sm-borrow/--sm-cap",
+                                   help="--sm-borrow: the group may use idle GPU time beyond its share "
+                                        "(work-conserving); --sm-cap: the share is a hard cap. The same flags as "
+                                        "`pyvgpu wrap`'s."),
 ) -> None:
     """Change the limits of a running group; its processes follow at their next call.
 
@@ -208,7 +209,8 @@ def limits_set(
     from pyvgpu.errors import PyvgpuError
 
     try:
-        change = live.set_limits(_group_path(group, region), memory, sm, priority, sm_borrow)
+        change = live.set_limits(_group_path(group, region), memory, sm, priority,
+                                 None if sm_borrow is None else "on" if sm_borrow else "off")
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     for line in change.text():
@@ -232,9 +234,16 @@ def group_ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) 
         raise _fail(str(e)) from None
 
 
-@group_app.command("rm")
-def group_rm(name: str = typer.Argument(..., metavar="NAME", help="The named group to remove.")) -> None:
-    """Remove a named group that has no live member (its limits go with it)."""
+class _NameCommand(TyperCommand):
+    """A usage line with NAME, and no typer type placeholder for it (its help says what it is)."""
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        return ["[OPTIONS]", "NAME"]
+
+
+@group_app.command("rm", cls=_NameCommand)
+def group_rm(name: str = typer.Argument(..., metavar="NAME", hidden=True)) -> None:
+    """Remove the named group NAME, which must have no live member (its limits go with it)."""
     from pyvgpu import groups
     from pyvgpu.errors import PyvgpuError
 
@@ -577,13 +586,16 @@ def bench_vpmm(
 
 @bench_app.command("schedule")
 def bench_schedule(
-    sizes: str = typer.Option("100,1000,5000", help="Cluster sizes (nodes of 8 GPUs) to time one decision at."),
-    repeats: int = typer.Option(20, min=1, help="Decisions timed per size and case (the median is reported)."),
-    arrivals: int = typer.Option(10_000, min=0, help="Pod arrivals in the packing run (0 skips it)."),
-    pack_nodes: int = typer.Option(50, min=1, help="Nodes of 8 GPUs in the packing run."),
-    loads: str = typer.Option("0.8,1.0", help="Offered loads of the packing run (1 = as many pods as fit on "
-                                               "average), comma-separated."),
-    seed: int = typer.Option(1, help="Seed of the random cluster and pods: one seed, one result."),
+    sizes: str = typer.Option("100,1000,5000", metavar="N,...",
+                              help="Cluster sizes (nodes of 8 GPUs) to time one decision at."),
+    repeats: int = typer.Option(20, min=1, metavar="N",
+                                help="Decisions timed per size and case (the median is reported)."),
+    arrivals: int = typer.Option(10_000, min=0, metavar="N", help="Pod arrivals in the packing run (0 skips it)."),
+    pack_nodes: int = typer.Option(50, min=1, metavar="N", help="Nodes of 8 GPUs in the packing run."),
+    loads: str = typer.Option("0.8,1.0", metavar="LOAD,...",
+                              help="Offered loads of the packing run (1 = as many pods as fit on average), "
+                                   "comma-separated."),
+    seed: int = typer.Option(1, metavar="N", help="Seed of the random cluster and pods: one seed, one result."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of the table."),
     output: Path = typer.Option(None, "--output", metavar="PATH", help="Also write the result as JSON to PATH."),
 ) -> None:

@@ -150,10 +150,13 @@ def test_help_has_one_grammar(env):
     p = run([*PYVGPU, "--help"], env=env)
     assert "--install-completion" in p.stdout
     for cmd in (["wrap"], ["status"], ["top"], ["exporter"], ["warmup"], ["doctor"], ["limits", "set"],
-                ["bench", "overhead"], ["bench", "startup"], ["bench", "sm"], ["bench", "vpmm"]):
+                ["bench", "overhead"], ["bench", "startup"], ["bench", "sm"], ["bench", "vpmm"], ["bench", "schedule"],
+                ["group", "ls"], ["group", "rm"]):
         p = run([*PYVGPU, *cmd, "--help"], env=env)
         assert p.returncode == 0, p.stderr
         assert "<" not in p.stdout.replace("<=", ""), (cmd, p.stdout)
+        assert "on|off" not in p.stdout, cmd  # on/off settings are flag pairs (--sm-borrow/--sm-cap) everywhere
+        assert run([*PYVGPU, *cmd, "-h"], env=env).stdout == p.stdout  # -h is --help
         if cmd[0] == "bench" or cmd[0] in ("status", "doctor", "warmup"):
             assert "--json " in p.stdout
     assert "pip install 'pyvgpu[bench]'" in run([*PYVGPU, "bench", "sm", "--help"], env=env).stdout
