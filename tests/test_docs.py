@@ -59,3 +59,24 @@ def test_every_run_directory_is_cited_and_every_citation_exists():
     present = {p.name for p in RUNS.iterdir()}
     assert cited <= present, f"cited but missing from docs/runs: {sorted(cited - present)}"
     assert present <= cited, f"in docs/runs but cited by no doc: {sorted(present - cited)}"
+
+
+CITED_FILE = re.compile(r"(?:docs/)?runs/([A-Za-z0-9_.\-]+)/([A-Za-z0-9_.*\-/]+[A-Za-z0-9*])")
+# a run folder cited by a short name (`issue5-h100/top.txt`) instead of its path under docs/runs
+SHORT_RUN = re.compile(r"`([a-z0-9-]*(?:h100|h200|2core)[a-z0-9-]*)/[^`\s]+`")
+
+
+def test_every_cited_run_file_exists_and_run_folders_are_cited_by_their_path():
+    missing, short = [], []
+    for doc in _docs():
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            if IN_GIT_HISTORY in line:
+                continue
+            for m in CITED_FILE.finditer(line):
+                if not list((RUNS / m.group(1)).glob(m.group(2))):
+                    missing.append(f"{doc.relative_to(ROOT)}:{n}: {m.group(0)}")
+            for m in SHORT_RUN.finditer(line):
+                if "runs/" not in line[max(0, m.start() - 5):m.start() + 1]:
+                    short.append(f"{doc.relative_to(ROOT)}:{n}: {m.group(0)}")
+    assert not missing, f"cited run files that do not exist: {missing}"
+    assert not short, f"run folders cited by a short name, not docs/runs/<folder>/...: {short}"
