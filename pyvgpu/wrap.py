@@ -266,14 +266,30 @@ def driver_problem(env: Mapping[str, str]) -> str | None:
     return None
 
 
+def _executable(path: str) -> bool:
+    return os.path.exists(path) and os.access(path, os.X_OK) and not os.path.isdir(path)
+
+
+def _which(cmd: str, path: str | None) -> str | None:
+    """shutil.which's answer on POSIX, without importing shutil (and the compression modules it pulls in:
+    a twentieth of a plain wrap's start)."""
+    if os.path.dirname(cmd):
+        return cmd if _executable(cmd) else None
+    if path is None:
+        path = os.environ.get("PATH") or os.confstr("CS_PATH") or os.defpath
+    for d in path.split(os.pathsep) if path else []:
+        candidate = os.path.join(d, cmd)
+        if _executable(candidate):
+            return candidate
+    return None
+
+
 def exec_wrapped(command: Sequence[str], env: Mapping[str, str]) -> None:
     """Replace this process with ``command``; say so in one line first when there is no CUDA driver (the
     program may not need a GPU, so it runs anyway)."""
     if not command:
         raise PyvgpuError("no program given: use `pyvgpu wrap [OPTIONS] -- PROGRAM [ARGS...]`")
-    import shutil  # here: its import is a tenth of a plain wrap's start
-
-    if shutil.which(command[0], path=env.get("PATH")) is None and not os.path.exists(command[0]):
+    if _which(command[0], env.get("PATH")) is None and not os.path.exists(command[0]):
         raise PyvgpuError(f"program not found: {command[0]!r} (not a file, and not on PATH)")
     problem = driver_problem(env)
     if problem:

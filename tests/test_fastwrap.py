@@ -110,5 +110,16 @@ def test_a_plain_wrap_imports_neither_typer_nor_pydantic_nor_rich(env, tmp_path)
     assert p.returncode == 0, p.stderr
     imported = {line.rsplit("|", 1)[1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
     assert "pyvgpu.wrap" in imported and "pyvgpu.region" in imported
-    heavy = {m for m in imported if m.split(".")[0] in ("typer", "click", "pydantic", "rich", "subprocess", "numba")}
+    heavy = {m for m in imported
+             if m.split(".")[0] in ("typer", "click", "pydantic", "rich", "subprocess", "numba", "shutil")}
     assert not heavy, sorted(heavy)
+
+
+@pytest.mark.parametrize("cmd", ["true", "sh", "/bin/sh", "no-such-program-here", "./x", "/tmp", "bin/sh", "tmp"])
+@pytest.mark.parametrize("path", [None, "/usr/bin:/bin", "", "/nonexistent", ":/bin"])
+def test_the_program_lookup_is_shutil_which(cmd, path):
+    import shutil
+
+    from pyvgpu.wrap import _which
+
+    assert _which(cmd, path) == shutil.which(cmd, path=path)
