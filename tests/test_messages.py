@@ -93,3 +93,15 @@ def test_ctrl_c_before_the_program_starts_prints_no_traceback(env, tmp_path):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130
     assert err == "pyvgpu: interrupted\n"
+
+
+def test_a_context_above_the_cap_says_what_it_needs_and_the_fix(env, fake):
+    from helpers import PYVGPU, run
+
+    env = dict(env, FAKECUDA_CTX_BYTES="16M")  # the fake's context takes 16 MiB, as PyTorch's ~0.5 GiB on an H100
+    p = run([*PYVGPU, "wrap", "--memory", "8M", "--", str(fake / "host_mem_linked"), "boundary", "1"], env=env)
+    assert "FAIL p_retain(&g_ctx, d) -> 2" in p.stdout, p.stdout + p.stderr  # CUDA_ERROR_OUT_OF_MEMORY
+    lines = [line for line in p.stderr.splitlines() if "CUDA context" in line]
+    assert lines == ["pyvgpu: a CUDA context on device 0 needs 16 MiB of device memory, but the group's memory cap is "
+                     "8 MiB (0 MiB in use); give a cap of at least 16 MiB (`pyvgpu wrap --memory`, or `pyvgpu limits "
+                     "set --memory` for a running group)"], p.stderr
