@@ -1,3 +1,3 @@
-from pyvgpu.fastwrap import main
+from pyvgpu.entry import main
 
 main()

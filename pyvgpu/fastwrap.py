@@ -1,4 +1,4 @@
-"""The `pyvgpu` entry point, and `pyvgpu wrap` without typer.
+"""`pyvgpu wrap` without typer: its parser, and the wrap both command lines run.
 
 `pyvgpu wrap` is on the path of every wrapped program's start, and many
 start at once (job arrays, `xargs -P`, launchers). Importing typer (and the
@@ -98,19 +98,3 @@ def run(command: list[str], *, stats: bool = False, stats_file: str | None = Non
     except OSError as e:
         return fail(f"cannot run {command[0]!r}: {e.strerror}", 126)
     return 0  # not reached: exec_wrapped replaces this process
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """`pyvgpu`: a plain wrap here, everything else through the typer command line (pyvgpu/cli.py)."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    try:
-        parsed = parse(args[1:]) if args[:1] == ["wrap"] else None
-        if parsed is not None:
-            opts, command = parsed
-            sys.exit(run(command, **opts))
-        from pyvgpu.cli import main as typer_main
-
-        typer_main()
-    except KeyboardInterrupt:  # Ctrl-C before the program started (or in a command): no traceback
-        print("pyvgpu: interrupted", file=sys.stderr)
-        sys.exit(130)
