@@ -80,3 +80,15 @@ def test_every_cited_run_file_exists_and_run_folders_are_cited_by_their_path():
                     short.append(f"{doc.relative_to(ROOT)}:{n}: {m.group(0)}")
     assert not missing, f"cited run files that do not exist: {missing}"
     assert not short, f"run folders cited by a short name, not docs/runs/<folder>/...: {short}"
+
+
+FIGURE = re.compile(r"\b\d+\.\d+/\d+\.\d+%|\b[01]\.\d{4}\b")  # a pair's shares (27.7/68.7%), an overhead ratio
+
+
+def test_the_readmes_measured_figures_are_the_measurements():
+    """A figure the README quotes comes from a run docs/measurements.md or docs/compute.md records: one source,
+    so the README cannot drift from it (or from itself)."""
+    recorded = (ROOT / "docs" / "measurements.md").read_text() + (ROOT / "docs" / "compute.md").read_text()
+    quoted = set(FIGURE.findall((ROOT / "README.md").read_text()))
+    assert quoted, "the README quotes no figure: the pattern is stale"
+    assert not sorted(f for f in quoted if f not in recorded), "README figures found in no measurement"
