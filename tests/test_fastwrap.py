@@ -123,3 +123,24 @@ def test_the_program_lookup_is_shutil_which(cmd, path):
     from pyvgpu.wrap import _which
 
     assert _which(cmd, path) == shutil.which(cmd, path=path)
+
+
+def test_bench_startup_concurrent_runs_waves_of_wraps(env, tmp_path):
+    out = tmp_path / "c.json"
+    p = run([*FAST, "bench", "startup", "--concurrent", "4", "--runs", "1", "--output", str(out)], env=env)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    assert r["concurrent"] == 4 and r["machine"]["cores"] >= 1
+    assert len(r["samples"]["wrapped_s"]) == 1 and len(r["samples"]["single_cpu_ms"]) == 5
+    assert all(v > 0 for v in r["median"].values())
+    assert "4 x pyvgpu wrap --group --memory at once" in p.stdout and "goal <= 3.0 s" in p.stdout
+
+
+def test_a_wave_that_fails_says_which_and_why():
+    from pyvgpu.bench.wraps import _wave
+    from pyvgpu.errors import PyvgpuError
+
+    with pytest.raises(PyvgpuError, match="2 of 2 processes failed; the first: exit 3: boom"):
+        _wave([["sh", "-c", "echo boom >&2; exit 3"]] * 2, {"PATH": "/usr/bin:/bin"})
+    with pytest.raises(PyvgpuError, match="had not ended after 0.5 s; killed"):
+        _wave([["sleep", "30"]], {"PATH": "/usr/bin:/bin"}, timeout_s=0.5)

@@ -30,6 +30,7 @@ from pyvgpu.errors import PyvgpuError
 
 GOAL_S = 3.0  # 100 wraps at once in one group on the 2-core box (issue 31)
 GOAL_CPU_MS = 30.0  # CPU one wrap spends before its exec
+WAVE_TIMEOUT_S = 600.0  # the longest a wave may take (100 wraps took 43 s at worst on the loaded 2-core box)
 
 
 def wrap_command() -> list[str]:
@@ -38,26 +39,58 @@ def wrap_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "pyvgpu"]
 
 
-def _wave(cmds: list[list[str]], env: dict[str, str]) -> tuple[float, list[float]]:
-    """Start every command at once; seconds from the first start to the last exit, and each one's CPU s."""
-    t0 = time.perf_counter()
-    procs = [subprocess.Popen(c, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE) for c in cmds]
-    cpu: list[float] = []
-    failed: list[str] = []
-    for p in procs:
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        cpu.append(usage.ru_utime + usage.ru_stime)
-        err = p.stderr.read().decode(errors="replace") if p.stderr else ""
-        if p.stderr:
-            p.stderr.close()
-        if p.returncode != 0:
-            failed.append(f"exit {p.returncode}: {err.strip()[-500:]}")
-    took = time.perf_counter() - t0
-    if failed:
-        raise PyvgpuError(f"{len(failed)} of {len(cmds)} processes failed; the first: {failed[0]}")
-    return took, cpu
+def _wave(cmds: list[list[str]], env: dict[str, str], timeout_s: float = WAVE_TIMEOUT_S) -> tuple[float, list[float]]:
+    """Start every command at once; seconds from the first start to the last exit, and each one's CPU s.
+    Each one's stderr goes to a file of its own (a pipe nobody reads could fill and stall it); a wave that
+    has not ended within timeout_s is killed (by a timer: the waits themselves block, costing no CPU that
+    the wave would be measured with) and reported."""
+    import threading
+
+    errs = [tempfile.TemporaryFile() for _ in cmds]
+    expired = threading.Event()
+    procs: list[subprocess.Popen] = []
+
+    def kill_all() -> None:
+        expired.set()
+        for p in procs:
+            if p.returncode is None:
+                try:
+                    p.kill()
+                except OSError:
+                    pass
+
+    timer = threading.Timer(timeout_s, kill_all)
+    try:
+        t0 = time.perf_counter()
+        procs += [subprocess.Popen(c, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+                  for c, err in zip(cmds, errs, strict=True)]
+        timer.start()
+        cpu = []
+        for p in procs:
+            _, status, usage = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            cpu.append(usage.ru_utime + usage.ru_stime)
+        took = time.perf_counter() - t0
+    finally:
+        timer.cancel()
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                p.wait()
+    try:
+        if expired.is_set():
+            raise PyvgpuError(f"the wave of {len(cmds)} processes had not ended after {timeout_s:g} s; killed")
+        failed = []
+        for p, err in zip(procs, errs, strict=True):
+            if p.returncode != 0:
+                err.seek(0)
+                failed.append(f"exit {p.returncode}: {err.read(4000).decode(errors='replace').strip()[-500:]}")
+        if failed:
+            raise PyvgpuError(f"{len(failed)} of {len(cmds)} processes failed; the first: {failed[0]}")
+        return took, cpu
+    finally:
+        for err in errs:
+            err.close()
 
 
 def run(concurrent: int = 100, runs: int = 3, memory: str = "1G", program: str = "true") -> dict:
