@@ -1,3 +1,3 @@
-from pyvgpu.cli import main
+from pyvgpu.entry import main
 
 main()

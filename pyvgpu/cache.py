@@ -27,9 +27,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import json
 import os
-import platform
 import stat
 import sys
 import time
@@ -43,6 +41,7 @@ FORMAT = 2
 _SOURCES = ("abi.py", "structs.py", "hooks.py", "layout.py", "jit/*.py")  # what the machine code is compiled from
 # CPU-seconds one compile took on the 2-core development box (numba 0.68): the estimate when nothing better is known
 DEFAULT_CPU_SECONDS = 200.0
+WARMUP = "`pyvgpu warmup`"  # why a compile runs, when the user asked for it
 LOCK_WAIT_S = 1800  # the longest a process waits for another one's compile (minutes on a loaded 2-core box)
 
 
@@ -56,7 +55,7 @@ def cache_dir() -> Path:
 
 
 def cache_key() -> str:
-    h = hashlib.sha256(f"{pyvgpu.__version__}|{hooks.table_hash()}|{platform.machine()}|{FORMAT}".encode())
+    h = hashlib.sha256(f"{pyvgpu.__version__}|{hooks.table_hash()}|{os.uname().machine}|{FORMAT}".encode())
     pkg = Path(pyvgpu.__file__).parent
     for pattern in _SOURCES:
         for path in sorted(pkg.glob(pattern)):
@@ -156,6 +155,8 @@ def cli_workers() -> int:
 
 def estimate_seconds(workers: int) -> float:
     """How long a compile should take here: the package's own build time scaled to ``workers``."""
+    import json
+
     try:
         facts = json.loads(cblib.info_path(packaged_path()).read_text())
         cpu_seconds = float(facts["build_seconds"]) * max(1, int(facts["build_workers"]))
@@ -214,6 +215,9 @@ def _compile(directory: Path, key: str, workers: int, why: str, again: bool) -> 
     """Compile the library tuned for this CPU into ``directory`` (unless, with ``again`` False, another
     process did while this one waited for the lock)."""
     problem = writable_problem(directory)
+    if problem and why == WARMUP:  # the user ran warmup: naming warmup again would not help
+        raise PyvgpuError(f"`pyvgpu warmup` cannot write the callback cache ({problem}); set PYVGPU_CACHE_DIR "
+                          "to a writable directory of your own and run it again")
     if problem:
         raise PyvgpuError(
             f"no compiled callbacks fit this pyvgpu and the cache cannot be written ({problem}); set "
@@ -261,4 +265,4 @@ def warmup(directory: Path | None = None, force: bool = False, workers: int = 1)
         m = _tuned(directory, key)
         if m is not None:
             return m
-    return _compile(directory, key, workers, "`pyvgpu warmup`", again=force)
+    return _compile(directory, key, workers, WARMUP, again=force)

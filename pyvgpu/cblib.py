@@ -24,12 +24,8 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import os
-import shutil
 import stat
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +40,8 @@ Table = L.CBLIB.ctypes_class()
 
 def compiler() -> str:
     """The C compiler that links (CC, else gcc, else cc)."""
+    import shutil
+
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not cc:
         raise PyvgpuError("no C compiler found (CC, gcc or cc); install gcc: it links the compiled callbacks")
@@ -109,6 +107,9 @@ def table_source(symbols: dict[str, str], entries: dict[str, str], *, key: str, 
 
 def link(obj: bytes, source: str, out: Path) -> None:
     """Link the object and the table source into the shared object ``out`` (written atomically)."""
+    import subprocess
+    import tempfile
+
     out = Path(out)
     cc = compiler()
     with tempfile.TemporaryDirectory(prefix="pyvgpu-cblib-") as tmp:
@@ -137,6 +138,8 @@ def hash_path(lib: Path) -> Path:
 
 def _write(path: Path, data: bytes, mode: int) -> None:
     """Write a file whole under a temporary name, then rename it into place (never a half-written one)."""
+    import tempfile
+
     fd, part = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -167,6 +170,8 @@ def build(out: Path, *, key: str, tuned: bool, cpu_id: int = 0, workers: int = 1
             os.environ.pop("NUMBA_OPT", None)
         else:
             os.environ["NUMBA_OPT"] = saved
+    import json
+
     link(obj, table_source(symbols, entries, key=key, cpu=cpu, cpu_id=cpu_id if tuned else 0), out)
     import llvmlite
     import numba

@@ -31,6 +31,7 @@ app = typer.Typer(
     add_completion=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits it
 )
 bench_app = typer.Typer(help="Benchmarks that print figures, raw against wrapped, measured in one run.",
                         no_args_is_help=True, rich_markup_mode=None)
@@ -38,6 +39,9 @@ app.add_typer(bench_app, name="bench")
 limits_app = typer.Typer(help="Change a running group's limits.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(limits_app, name="limits")
 app.add_typer(cluster_app, name="cluster")
+group_app = typer.Typer(help="Named groups: when each was made and last used, and removing them.",
+                        no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(group_app, name="group")
 
 
 class OnError(str, enum.Enum):
@@ -135,26 +139,12 @@ def wrap(
 
     Example: pyvgpu wrap --memory 4G --sm 30 --devices 1 python train.py --lr 0.1
     """
-    import os
+    from pyvgpu import fastwrap  # the same checks and messages as a plain wrap parsed without typer
 
-    from pyvgpu import wrap as w
-    from pyvgpu.errors import PyvgpuError
-
-    try:
-        env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None),
-                          on_error=on_error.value if on_error else None, memory=memory, sm=sm, group=group,
-                          region_path=region, devices=devices, allocator=allocator, mode=mode, priority=priority,
-                          sm_borrow=sm_borrow)
-    except PyvgpuError as e:
-        raise _fail(str(e)) from None
-    except OSError as e:  # preparing the vGPU, not running the program: say which file
-        raise _fail(f"cannot prepare the vGPU: {e.filename or ''}: {e.strerror}".replace(": :", ":")) from None
-    try:
-        w.exec_wrapped(command, env)
-    except PyvgpuError as e:
-        raise _fail(str(e), 127 if str(e).startswith("program not found") else 2) from None
-    except OSError as e:
-        raise _fail(f"cannot run {command[0]!r}: {e.strerror}", 126) from None
+    raise typer.Exit(fastwrap.run(command, stats=stats, stats_file=stats_file, memory=memory, sm=sm,
+                                  devices=devices, allocator=allocator, group=group, region=region,
+                                  on_error=on_error.value if on_error else None, mode=mode, priority=priority,
+                                  sm_borrow=sm_borrow))
 
 
 @app.command()
@@ -206,9 +196,10 @@ def limits_set(
                                 "that had none takes turns with its share from its next launch."),
     priority: str = typer.Option(None, "--priority", metavar="high|low",
                                  help="New priority of the group on the GPU: high or low (HAMi's 0 and 1)."),
-    sm_borrow: str = typer.Option(None, "--sm-borrow", metavar="on|off",
-                                  help="on: the group may use idle GPU time beyond its share (work-conserving); "
-                                       "off: the share is a hard cap."),
+    sm_borrow: bool = typer.Option(None, "--sm-borrow/--sm-cap",
+                                   help="--sm-borrow: the group may use idle GPU time beyond its share "
+                                        "(work-conserving); --sm-cap: the share is a hard cap. The same flags as "
+                                        "`pyvgpu wrap`'s."),
 ) -> None:
     """Change the limits of a running group; its processes follow at their next call.
 
@@ -218,11 +209,49 @@ def limits_set(
     from pyvgpu.errors import PyvgpuError
 
     try:
-        change = live.set_limits(_group_path(group, region), memory, sm, priority, sm_borrow)
+        change = live.set_limits(_group_path(group, region), memory, sm, priority,
+                                 None if sm_borrow is None else "on" if sm_borrow else "off")
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     for line in change.text():
         typer.echo(line)
+
+
+@group_app.command("ls")
+def group_ls(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List this user's named groups: when each was made, last used, its live members and limits.
+
+    A group with no live member unused for PYVGPU_GROUP_IDLE_HOURS (default 12; 0: never) expires: this
+    removes it, and the next `pyvgpu wrap --group NAME` starts it afresh.
+    """
+    from pyvgpu import groups
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        found = groups.list_groups()
+        typer.echo(json.dumps({"groups": found}, indent=1) if as_json else groups.render(found))
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+
+
+class _NameCommand(TyperCommand):
+    """A usage line with NAME, and no typer type placeholder for it (its help says what it is)."""
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        return ["[OPTIONS]", "NAME"]
+
+
+@group_app.command("rm", cls=_NameCommand)
+def group_rm(name: str = typer.Argument(..., metavar="NAME", hidden=True)) -> None:
+    """Remove the named group NAME, which must have no live member (its limits go with it)."""
+    from pyvgpu import groups
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        path = groups.remove(name)
+    except PyvgpuError as e:
+        raise _fail(str(e)) from None
+    typer.echo(f"removed group {name!r} ({path})")
 
 
 @app.command()
@@ -446,12 +475,26 @@ def bench_startup(
     runs: int = typer.Option(5, min=1, metavar="N", help="Runs per case."),
     python: list[str] = typer.Option(None, "--python", metavar="PATH",
                                      help="Another interpreter to time as a host (repeat the option for more)."),
+    concurrent: int = typer.Option(0, "--concurrent", min=0, metavar="N",
+                                   help="Instead: start N `pyvgpu wrap --group` at once (and N bare programs), "
+                                        "seconds until all exit and the CPU each wrap spent."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     output: Path = typer.Option(None, "--output", "-o", metavar="PATH", help=OUTPUT_HELP),
 ) -> None:
-    """Time to the first CUDA call per host kind: raw, wrapped, started as a container, with an empty cache."""
-    from pyvgpu.bench import startup
+    """Time to the first CUDA call per host kind: raw, wrapped, started as a container, with an empty cache
+    (or, with --concurrent N, N wraps at once in one group)."""
     from pyvgpu.errors import PyvgpuError
+
+    if concurrent:
+        from pyvgpu.bench import wraps
+
+        try:
+            result = wraps.run(concurrent=concurrent, runs=runs)
+        except PyvgpuError as e:
+            raise _fail(str(e)) from None
+        _emit(result, wraps.table(result), as_json, output)
+        return
+    from pyvgpu.bench import startup
 
     try:
         result = startup.run(runs=runs, pythons=python or [])
@@ -535,6 +578,9 @@ def bench_vpmm(
     from pyvgpu.bench import vpmm as bench
     from pyvgpu.errors import PyvgpuError
 
+    if direct and cap is not None:
+        raise _fail(f"--cap {cap}: --direct replays the trace in this process, under no cap; leave --cap out, or "
+                    "drop --direct to run each allocator under `--memory SIZE`")
     if workload != "trace" and not direct:
         from pyvgpu.bench import vpmm_workloads as loops
 
@@ -556,13 +602,16 @@ def bench_vpmm(
 
 @bench_app.command("schedule")
 def bench_schedule(
-    sizes: str = typer.Option("100,1000,5000", help="Cluster sizes (nodes of 8 GPUs) to time one decision at."),
-    repeats: int = typer.Option(20, min=1, help="Decisions timed per size and case (the median is reported)."),
-    arrivals: int = typer.Option(10_000, min=0, help="Pod arrivals in the packing run (0 skips it)."),
-    pack_nodes: int = typer.Option(50, min=1, help="Nodes of 8 GPUs in the packing run."),
-    loads: str = typer.Option("0.8,1.0", help="Offered loads of the packing run (1 = as many pods as fit on "
-                                               "average), comma-separated."),
-    seed: int = typer.Option(1, help="Seed of the random cluster and pods: one seed, one result."),
+    sizes: str = typer.Option("100,1000,5000", metavar="N,...",
+                              help="Cluster sizes (nodes of 8 GPUs) to time one decision at."),
+    repeats: int = typer.Option(20, min=1, metavar="N",
+                                help="Decisions timed per size and case (the median is reported)."),
+    arrivals: int = typer.Option(10_000, min=0, metavar="N", help="Pod arrivals in the packing run (0 skips it)."),
+    pack_nodes: int = typer.Option(50, min=1, metavar="N", help="Nodes of 8 GPUs in the packing run."),
+    loads: str = typer.Option("0.8,1.0", metavar="LOAD,...",
+                              help="Offered loads of the packing run (1 = as many pods as fit on average), "
+                                   "comma-separated."),
+    seed: int = typer.Option(1, metavar="N", help="Seed of the random cluster and pods: one seed, one result."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of the table."),
     output: Path = typer.Option(None, "--output", metavar="PATH", help="Also write the result as JSON to PATH."),
 ) -> None:

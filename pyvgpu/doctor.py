@@ -23,7 +23,7 @@ class Check:
 def _shim() -> Check:
     path = shim.shim_path()
     if not path.exists():
-        return Check("shim built", False, f"{path} is missing", "reinstall pyvgpu: pip install builds it with gcc")
+        return Check("shim built", False, f"{path} is missing", shim.missing_fix())
     try:
         lib = shim.open_shim(path)
         got = lib.pyvgpu_table_hash().decode()
@@ -81,6 +81,21 @@ def _cache() -> Check:
                  f"into {d} (about {est:.0f} s, once); `pyvgpu warmup` does it now")
 
 
+def _cache_dir() -> Check:
+    """Where `pyvgpu warmup` (and a wrap whose sources changed) writes: writable and this user's."""
+    d = cache.cache_dir()
+    fix = "set PYVGPU_CACHE_DIR to a writable directory of your own"
+    problem = cache.dir_problem(d)
+    if problem is None:
+        probe = d if d.exists() else next((p for p in d.parents if p.exists()), d)
+        if not os.access(probe, os.W_OK | os.X_OK):
+            problem = f"{probe} is not writable by this user"
+    if problem:
+        return Check("callback cache", False, f"{d}: {problem}, so `pyvgpu warmup` cannot tune the callbacks "
+                     "for this CPU (the packaged ones still work)", fix, required=False)
+    return Check("callback cache", True, f"{d}, writable (`pyvgpu warmup` tunes the callbacks for this CPU)")
+
+
 def _runtime() -> Check:
     from pyvgpu import region
     from pyvgpu.errors import PyvgpuError
@@ -114,7 +129,7 @@ def _turns() -> Check:
 
 
 def run_checks() -> list[Check]:
-    return [_shim(), _driver(), _nvml(), _cache(), _runtime(), _turns()]
+    return [_shim(), _driver(), _nvml(), _cache(), _cache_dir(), _runtime(), _turns()]
 
 
 def as_json(checks: list[Check]) -> list[dict]:

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import os
 import re
-import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 from pyvgpu import layout
 from pyvgpu.errors import PyvgpuError
@@ -48,6 +46,8 @@ def not_ascii(text: str, where: str, what: str, example: str) -> None:
     """Raise if ``text`` holds a character outside ASCII, naming it (``４``, ``²`` look like digits but are not)."""
     for ch in text:
         if not ch.isascii():
+            import unicodedata
+
             name = unicodedata.name(ch, "unnamed character")
             raise PyvgpuError(f"{where}: {text!r} has the character {ch!r} ({name}, U+{ord(ch):04X}); write "
                               f"{what} with ASCII digits and letters only, e.g. {example}")
@@ -59,6 +59,16 @@ def _ascii_int(text: str) -> int | None:
     return int(t) if t and len(t) <= 30 and t.isascii() and t.isdigit() else None
 
 
+def _scaled(num: str, shift: int) -> int:
+    """``num`` (digits, maybe with a point) times 2**shift, rounded down to a whole byte, exactly.
+    Whole numbers need no Fraction (whose import is a tenth of `pyvgpu wrap`'s start)."""
+    if "." not in num:
+        return int(num) << shift
+    from fractions import Fraction
+
+    return int(Fraction(num) * (1 << shift))
+
+
 def parse_size(text: str, where: str) -> int:
     """Bytes in ``text`` (the grammar above); ``where`` names the source in errors (an option or variable)."""
     text = text or ""
@@ -67,13 +77,15 @@ def parse_size(text: str, where: str) -> int:
     unit = m.group("unit").lower() if m else ""
     if m and unit in _DECIMAL_UNITS:
         num, letter = m.group("num"), unit[0].upper()
+        from fractions import Fraction
+
         decimal = int(Fraction(num) * 10 ** (3 * _DECIMAL_UNITS[unit]))
         raise PyvgpuError(f"{where}: {text!r} is ambiguous (Kubernetes reads {letter}B as powers of 10, HAMi and "
                           f"nvidia-smi as powers of 2); write {num}{letter} or {num}{letter}i for binary units, as "
                           f"pyvgpu reads them, or {decimal} (bytes) for decimal ones")
     if not m or unit not in _SHIFT:
         raise PyvgpuError(f"{where}: {text!r} is not a size; give {SIZE_HELP}")
-    value = int(Fraction(m.group("num")) * (1 << _SHIFT[unit]))  # rounded down to a whole byte
+    value = _scaled(m.group("num"), _SHIFT[unit])
     if value > _MAX:
         raise PyvgpuError(f"{where}: {text!r} is too large (the most is {_MAX} bytes)")
     if value == 0:

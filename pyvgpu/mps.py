@@ -21,8 +21,6 @@ Variable names and formats are NVIDIA's (the CUDA MPS documentation,
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,6 +35,8 @@ START_TIMEOUT_S = 10.0  # the daemon makes its control pipe within this, or the 
 
 
 def control_binary(env: Mapping[str, str]) -> str:
+    import shutil
+
     found = shutil.which(CONTROL, path=env.get("PATH"))
     if not found:
         raise PyvgpuError(f"--mode mps needs {CONTROL} (the NVIDIA driver's MPS daemon) on PATH; install the "
@@ -71,6 +71,8 @@ def client_env(memory: lim.MemoryLimits, active_threads: int, n_devices: int) ->
 
 def _answers(control: str, env: Mapping[str, str]) -> bool:
     """Does a control daemon listen on env's pipe directory? (a bounded query)"""
+    import subprocess
+
     try:
         p = subprocess.run([control], input="get_server_list\n", env=dict(env), capture_output=True, text=True,
                            timeout=5)
@@ -81,6 +83,8 @@ def _answers(control: str, env: Mapping[str, str]) -> bool:
 
 def ensure_daemon(pipe_dir: Path, log_dir: Path, env: Mapping[str, str]) -> bool:
     """Join the MPS control daemon on pipe_dir, or start it. True if this call started it."""
+    import subprocess
+
     control = control_binary(env)
     denv = dict(env, CUDA_MPS_PIPE_DIRECTORY=str(pipe_dir), CUDA_MPS_LOG_DIRECTORY=str(log_dir))
     denv.pop("LD_PRELOAD", None)  # the daemon and its server run unwrapped: they serve every group

@@ -18,7 +18,6 @@ import ctypes
 import mmap
 import os
 import re
-import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,6 +38,9 @@ _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 
 def runtime_dir() -> Path:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.exists(xdg) and not os.path.isdir(xdg):
+        raise PyvgpuError(f"XDG_RUNTIME_DIR={xdg} is not a directory; set it to a directory of your own, or unset "
+                          f"it (pyvgpu then keeps its groups in /tmp/pyvgpu-{os.getuid()})")
     base = Path(xdg) / "pyvgpu" if xdg and os.access(xdg, os.W_OK) else Path(f"/tmp/pyvgpu-{os.getuid()}")
     return base
 
@@ -63,7 +65,7 @@ def group_path(name: str) -> Path:
 
 
 def new_private_path() -> Path:
-    return private_runtime_dir("private") / f"{os.getpid()}-{secrets.token_hex(4)}.region"
+    return private_runtime_dir("private") / f"{os.getpid()}-{os.urandom(4).hex()}.region"
 
 
 def path_from_env(env: Mapping[str, str]) -> Path | None:
@@ -210,7 +212,7 @@ def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SL
     size = L.region_size(n_slots)
     header = bytearray(L.REGION_SLOTS_OFF)
     _fill(header, name, limits, n_slots, n_physical, sm or [0] * L.MAX_DEVICES, visible or [], priority, sm_borrow)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}"
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         os.fchmod(fd, mode)
@@ -381,9 +383,9 @@ def check_devices(region: Region, wanted: list[Gpu], source: str) -> None:
     """A process asking for other devices than its group's gets a clear error."""
     have = region.visible()
     if wanted and [g.uuid for g in wanted] != [u for _, u in have]:
-        h = ",".join(str(i) for i, _ in have) or "the devices CUDA sees (no --devices)"
+        h = "devices " + ",".join(str(i) for i, _ in have) if have else "every device CUDA sees (no --devices)"
         w = ",".join(str(g.index) for g in wanted)
-        raise PyvgpuError(f"group {region.name!r} ({region.path}) uses devices {h}, but {source} asks for {w}; "
+        raise PyvgpuError(f"group {region.name!r} ({region.path}) uses {h}, but {source} asks for {w}; "
                           "use the group's devices, or start a group of your own")
 
 
@@ -533,14 +535,21 @@ def set_sm_switch(path: Path, on: bool) -> None:
         os.close(r.fd)
 
 
+def has_live_member(r: Region) -> bool:
+    """Does a process of the group live? Every member holds a lock on its slot's bytes: one query over all
+    the slots tells (a loop over 1024 slots in Python cost `pyvgpu wrap` ~3 ms per region)."""
+    import fcntl
+    import struct
+
+    lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF, r.header.n_slots * L.REGION_SLOT.size, 0)
+    return struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))[0] != fcntl.F_UNLCK
+
+
 def gc_private() -> int:
     """Remove private regions whose processes are all gone; returns how many."""
     d = runtime_dir() / "private"
     if not d.is_dir():
         return 0
-    import fcntl
-    import struct
-
     removed = 0
     for p in d.glob("*.region"):
         try:
@@ -548,11 +557,7 @@ def gc_private() -> int:
         except PyvgpuError:
             continue
         try:
-            # Every member holds a lock on its slot's bytes: one query over all the slots tells whether any
-            # member lives (a loop over 1024 slots in Python cost `pyvgpu wrap` ~3 ms per region).
-            lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF, r.header.n_slots * L.REGION_SLOT.size,
-                             0)
-            busy = struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))[0] != fcntl.F_UNLCK
+            busy = has_live_member(r)
             # a region nobody ever joined is young: keep it for a minute (its wrap may still be starting)
             young = time.time_ns() - r.header.created_ns < 60 * 10**9
             if not busy and not young:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import grp
 import os
-import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -94,7 +93,7 @@ def path(env: Mapping[str, str]) -> Path:
 def _write_new(p: Path, mode: int, gid: int | None = None) -> None:
     """Link a complete, empty turn file into place unless one is there already (never a half-made one)."""
     head = Header(magic=L.SCHED_MAGIC, version=L.SCHED_VERSION, n_entries=L.SCHED_ENTRIES, size=L.SCHED_SIZE)
-    tmp = p.parent / f".{p.name}.{os.getpid()}.{secrets.token_hex(4)}"
+    tmp = p.parent / f".{p.name}.{os.getpid()}.{os.urandom(4).hex()}"
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         if gid is not None:

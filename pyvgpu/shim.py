@@ -16,6 +16,18 @@ def shim_path() -> Path:
     return Path(os.environ.get("PYVGPU_SHIM") or PACKAGE_DIR / "libpyvgpu.so")
 
 
+def missing_fix() -> str:
+    """What to do when the shim is missing: reinstall, or, when pyvgpu is imported from its unbuilt source
+    tree (run from the checkout's root, or on PYTHONPATH), use the installed one."""
+    root = PACKAGE_DIR.parent
+    if (root / "pyproject.toml").is_file() and (root / "shim" / "src").is_dir():
+        return (f"this pyvgpu is imported from its source tree {root}, which is not built (the current directory "
+                "or PYTHONPATH comes first); install it with `pip install .` and run from another directory "
+                "(e.g. `cd /tmp`; `pytest`, not `python -m pytest`, from the root), or build it in place with "
+                "`python scripts/build_native.py`")
+    return "reinstall pyvgpu (pip install builds it with gcc)"
+
+
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.pyvgpu_installed.restype = ctypes.c_int
     lib.pyvgpu_table_hash.restype = ctypes.c_char_p

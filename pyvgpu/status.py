@@ -134,7 +134,7 @@ def event_text(e: dict) -> str:
     if kind == "oom":
         what = f"refused {human(e['a'])} for the cap on {dev} (group used {human(e['b'])}), pid {e['pid']}"
     elif kind == "reclaim":
-        what = f"reclaimed {human(e['a'])} on {dev} from pid {e['pid']}, which died"
+        what = f"reclaimed {human(e['a'])} on {dev} from pid {e['pid']}, which ended"
     elif kind == "memory_limit":
         old = human(e["a"]) if e["a"] else "none"
         new = human(e["b"]) if e["b"] else "none"
@@ -193,7 +193,11 @@ def collect(group: str | None = None, region_path: str | None = None,
             continue
         try:
             reclaimed = services.reclaim(r) if isinstance(r.map, mmap.mmap) else 0  # a read-only snapshot cannot
-            out.append(describe(r, reclaimed))
+            shown = describe(r, reclaimed)
+            # a private group lives as long as its program: once no member lives it is gone (the next wrap
+            # removes the file), unless asked for by name
+            if not (is_private(p) and not explicit and not any(pr["alive"] for pr in shown["processes"])):
+                out.append(shown)
         except (PyvgpuError, ValueError, IndexError, OSError) as e:  # a region that changed under us, or damaged
             if explicit:
                 raise PyvgpuError(f"region {p}: {e}") from None
@@ -214,7 +218,7 @@ def render(groups: list[dict]) -> str:
             mode += f", MPS active threads {g['mps_active_threads']}%"
         lines.append(f"group {g['name']}  ({g['path']}){mode}")
         if g["reclaimed_now"]:
-            lines.append(f"  reclaimed {human(g['reclaimed_now'])} from processes that died")
+            lines.append(f"  reclaimed {human(g['reclaimed_now'])} from processes that ended")
         if g["gpus"]:
             lines.append("  devices: " + ", ".join(
                 f"{x['index']} = " + (f"MIG instance {x['uuid']} of nvidia-smi {x['nvml_index']}" if x["mig"]

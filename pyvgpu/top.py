@@ -118,12 +118,14 @@ def render(now: Snapshot, before: Snapshot | None) -> Group:
         table.add_section()
     parts: list = [table if groups else Text(f"no groups under {st.R.runtime_dir()}")]
     if groups:
-        parts.append(Text("dev: the group's device (=gN: the machine's GPU N); SM/share: its use and share of the "
-                          "device's time, (30%) when off; held: time its launches waited; pid!: dead", style="dim"))
+        # two lines under 80 columns: a legend that wraps moves every refresh of a live view down a line
+        parts.append(Text("dev: the group's device (=gN: the machine's GPU N); pid!: dead; held: time its\n"
+                          "launches waited; SM/share: its use and share of the GPU's time, (30%) when off",
+                          style="dim", no_wrap=True, overflow="ellipsis"))
     latest = sorted(((e, g["name"]) for g in groups for e in g["events"]), key=lambda x: x[0]["time_ns"])[-8:]
     if latest:
         parts.append(Text("latest events", style="bold"))
-        parts.extend(Text(f"  {name}: {st.event_text(e)}") for e, name in latest)
+        parts.extend(Text(f"  {name}: {st.event_text(e)}", no_wrap=True, overflow="ellipsis") for e, name in latest)
     return Group(*parts)
 
 
@@ -163,6 +165,16 @@ def run(group: str | None = None, region_path: str | None = None, interval: floa
         time.sleep(interval)
         console.print(render(take(group, region_path), before))
         return
+    if not console.is_terminal:  # piped or logged: a frame per interval, one after the other (as `top -b`)
+        try:
+            while True:
+                time.sleep(interval)
+                now = take(group, region_path)
+                console.print(render(now, before))
+                console.file.flush()
+                before = now
+        except (KeyboardInterrupt, BrokenPipeError):
+            return
     try:
         with _keys() as keys, Live(render(before, None), console=console, screen=False, auto_refresh=False) as live:
             while not _wait_for_q(interval, keys):

@@ -7,7 +7,6 @@ its exit code and signals reach the caller unchanged.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,7 +35,9 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
     first if none fits, with progress on stderr)."""
     shim = shim_path()
     if not shim.exists():
-        raise PyvgpuError(f"the shim {shim} is missing; reinstall pyvgpu (pip install builds it with gcc)")
+        from pyvgpu.shim import missing_fix
+
+        raise PyvgpuError(f"the shim {shim} is missing; {missing_fix()}")
     if on_error is not None and on_error not in ON_ERROR_CHOICES:
         raise PyvgpuError(f"--on-error {on_error!r} is not one of {', '.join(ON_ERROR_CHOICES)}")
     env = dict(base)
@@ -195,6 +196,11 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
                               f"such as --region {Path(region_path) / 'NAME.region'}")
     elif group:
         path = region.group_path(group)
+        from pyvgpu import groups  # a named group's lifecycle: the idle expiry, the join notes
+
+        expired = groups.expire_if_idle(path, env)
+        if expired:
+            print(f"pyvgpu: {expired}", file=sys.stderr)
     elif env.get("CUDA_DEVICE_MEMORY_SHARED_CACHE"):
         path = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).absolute()
     else:
@@ -202,8 +208,22 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
         path = region.new_private_path()
     name = group or path.stem
     existed = path.exists()
-    r = region.create_or_open(path, name, limits, source, n_physical, shares, sm_source, chosen,
-                              f"--devices {device_spec}", prio, prio_source, borrow, borrow_source)
+    try:
+        r = region.create_or_open(path, name, limits, source, n_physical, shares, sm_source, chosen,
+                                  f"--devices {device_spec}", prio, prio_source, borrow, borrow_source)
+    except PyvgpuError as e:
+        if group and existed:
+            from pyvgpu import groups
+
+            raise PyvgpuError(f"{e}{groups.idle_hint(path)}") from None
+        raise
+    if group:
+        from pyvgpu import groups
+
+        groups.touch(path)
+        if existed:
+            for note in groups.join_notes(r, limits, source, shares, sm_source):
+                print(f"pyvgpu: note: {note}", file=sys.stderr)
     if mode is not None:
         want = mps.check_mode(mode)
         if not existed:
@@ -246,12 +266,30 @@ def driver_problem(env: Mapping[str, str]) -> str | None:
     return None
 
 
+def _executable(path: str) -> bool:
+    return os.path.exists(path) and os.access(path, os.X_OK) and not os.path.isdir(path)
+
+
+def _which(cmd: str, path: str | None) -> str | None:
+    """shutil.which's answer on POSIX, without importing shutil (and the compression modules it pulls in:
+    a twentieth of a plain wrap's start)."""
+    if os.path.dirname(cmd):
+        return cmd if _executable(cmd) else None
+    if path is None:
+        path = os.environ.get("PATH") or os.confstr("CS_PATH") or os.defpath
+    for d in path.split(os.pathsep) if path else []:
+        candidate = os.path.join(d, cmd)
+        if _executable(candidate):
+            return candidate
+    return None
+
+
 def exec_wrapped(command: Sequence[str], env: Mapping[str, str]) -> None:
     """Replace this process with ``command``; say so in one line first when there is no CUDA driver (the
     program may not need a GPU, so it runs anyway)."""
     if not command:
         raise PyvgpuError("no program given: use `pyvgpu wrap [OPTIONS] -- PROGRAM [ARGS...]`")
-    if shutil.which(command[0], path=env.get("PATH")) is None and not os.path.exists(command[0]):
+    if _which(command[0], env.get("PATH")) is None and not os.path.exists(command[0]):
         raise PyvgpuError(f"program not found: {command[0]!r} (not a file, and not on PATH)")
     problem = driver_problem(env)
     if problem:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(TESTS / "fakecuda"))
 
 from helpers import clean_env  # noqa: E402
 
-from pyvgpu.shim import shim_path  # noqa: E402
+from pyvgpu.shim import missing_fix, shim_path  # noqa: E402
 
 # VPMM's allocator is compiled by numba at its first use (about a minute on a 2-core machine; cached per
 # source version in the user's cache). When VPMM tests were collected, the suite starts that compile in the
@@ -75,8 +75,7 @@ def pytest_sessionfinish(session):
 def pytest_sessionstart(session):
     if not shim_path().exists():
         raise pytest.UsageError(
-            f"{shim_path()} is missing: the pyvgpu under test has no shim. Install it (pip install '.[test]') "
-            "or build it in place (python scripts/build_native.py), then run pytest again."
+            f"{shim_path()} is missing: the pyvgpu under test has no shim; {missing_fix()}."
         )
 
 

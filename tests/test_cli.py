@@ -94,6 +94,7 @@ def test_bench_overhead_runs_on_the_fake(env, tmp_path):
         s = r["ops"][op]
         assert s["raw_ns"] > 0 and s["hook_ns"] > 0 and s["ratio"] > 0
     assert "ratio" in p.stdout and f"wrote {out}" in p.stderr
+    assert "note: no GPU here" in p.stdout  # the fake's ratios say nothing about a GPU's
     from pyvgpu import cache
 
     assert r["callbacks"] == cache.read()["library"] and f"callbacks: {r['callbacks']}" in p.stdout
@@ -149,10 +150,13 @@ def test_help_has_one_grammar(env):
     p = run([*PYVGPU, "--help"], env=env)
     assert "--install-completion" in p.stdout
     for cmd in (["wrap"], ["status"], ["top"], ["exporter"], ["warmup"], ["doctor"], ["limits", "set"],
-                ["bench", "overhead"], ["bench", "startup"], ["bench", "sm"], ["bench", "vpmm"]):
+                ["bench", "overhead"], ["bench", "startup"], ["bench", "sm"], ["bench", "vpmm"], ["bench", "schedule"],
+                ["group", "ls"], ["group", "rm"]):
         p = run([*PYVGPU, *cmd, "--help"], env=env)
         assert p.returncode == 0, p.stderr
         assert "<" not in p.stdout.replace("<=", ""), (cmd, p.stdout)
+        assert "on|off" not in p.stdout, cmd  # on/off settings are flag pairs (--sm-borrow/--sm-cap) everywhere
+        assert run([*PYVGPU, *cmd, "-h"], env=env).stdout == p.stdout  # -h is --help
         if cmd[0] == "bench" or cmd[0] in ("status", "doctor", "warmup"):
             assert "--json " in p.stdout
     assert "pip install 'pyvgpu[bench]'" in run([*PYVGPU, "bench", "sm", "--help"], env=env).stdout

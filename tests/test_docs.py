@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -14,9 +15,28 @@ CITED = re.compile(r"(?:docs/)?runs/([A-Za-z0-9_.\-]+)")
 IN_GIT_HISTORY = "in git at"  # a citation of a file since pruned names the commit that still has it
 
 
+SKIP_DIRS = {"build", "dist", "node_modules"}  # build outputs; hidden folders (.git) and *.egg-info too
+
+
 def _docs() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return [ROOT / f for f in out.split() if not f.startswith("docs/runs/")]
+    """The repository's Markdown files outside docs/runs, found by walking the tree: the suite also runs from
+    a `git archive` tarball, which has no .git."""
+    out = []
+    for d, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(x for x in dirs if not x.startswith(".") and x not in SKIP_DIRS
+                         and not x.endswith(".egg-info") and Path(d, x) != RUNS)
+        out += [Path(d, f) for f in sorted(files) if f.endswith(".md")]
+    return sorted(out)
+
+
+def test_the_docs_found_without_git_are_the_tracked_ones():
+    if not (ROOT / ".git").exists():  # a tarball: nothing to compare with, the walk is all there is
+        return
+    tracked = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True)
+    want = sorted(ROOT / f for f in tracked.stdout.split() if not f.startswith("docs/runs/"))
+    untracked = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "*.md"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.split()
+    assert [p for p in _docs() if str(p.relative_to(ROOT)) not in untracked] == want
 
 
 def test_every_run_directory_follows_the_naming_scheme():
@@ -39,3 +59,36 @@ def test_every_run_directory_is_cited_and_every_citation_exists():
     present = {p.name for p in RUNS.iterdir()}
     assert cited <= present, f"cited but missing from docs/runs: {sorted(cited - present)}"
     assert present <= cited, f"in docs/runs but cited by no doc: {sorted(present - cited)}"
+
+
+CITED_FILE = re.compile(r"(?:docs/)?runs/([A-Za-z0-9_.\-]+)/([A-Za-z0-9_.*\-/]+[A-Za-z0-9*])")
+# a run folder cited by a short name (`issue5-h100/top.txt`) instead of its path under docs/runs
+SHORT_RUN = re.compile(r"`([a-z0-9-]*(?:h100|h200|2core)[a-z0-9-]*)/[^`\s]+`")
+
+
+def test_every_cited_run_file_exists_and_run_folders_are_cited_by_their_path():
+    missing, short = [], []
+    for doc in _docs():
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            if IN_GIT_HISTORY in line:
+                continue
+            for m in CITED_FILE.finditer(line):
+                if not list((RUNS / m.group(1)).glob(m.group(2))):
+                    missing.append(f"{doc.relative_to(ROOT)}:{n}: {m.group(0)}")
+            for m in SHORT_RUN.finditer(line):
+                if "runs/" not in line[max(0, m.start() - 5):m.start() + 1]:
+                    short.append(f"{doc.relative_to(ROOT)}:{n}: {m.group(0)}")
+    assert not missing, f"cited run files that do not exist: {missing}"
+    assert not short, f"run folders cited by a short name, not docs/runs/<folder>/...: {short}"
+
+
+FIGURE = re.compile(r"\b\d+\.\d+/\d+\.\d+%|\b[01]\.\d{4}\b")  # a pair's shares (27.7/68.7%), an overhead ratio
+
+
+def test_the_readmes_measured_figures_are_the_measurements():
+    """A figure the README quotes comes from a run docs/measurements.md or docs/compute.md records: one source,
+    so the README cannot drift from it (or from itself)."""
+    recorded = (ROOT / "docs" / "measurements.md").read_text() + (ROOT / "docs" / "compute.md").read_text()
+    quoted = set(FIGURE.findall((ROOT / "README.md").read_text()))
+    assert quoted, "the README quotes no figure: the pattern is stale"
+    assert not sorted(f for f in quoted if f not in recorded), "README figures found in no measurement"

@@ -223,7 +223,7 @@ def test_reclaim_is_logged(env, tmp_path):
     assert g["reclaimed_now"] == 5 * MiB
     assert [(e["kind"], e["device"], e["pid"], e["a"]) for e in g["events"]] == [("reclaim", 0, pid, 5 * MiB)]
     text = run([*PYVGPU, "status", "--region", str(reg)], env=env).stdout
-    assert f"reclaimed 5 MiB on device 0 from pid {pid}, which died" in text
+    assert f"reclaimed 5 MiB on device 0 from pid {pid}, which ended" in text
 
 
 # --- status, top, exporter --------------------------------------------------------------------------

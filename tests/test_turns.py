@@ -296,7 +296,7 @@ def test_priority_and_borrowing_options(env, tmp_path):
     assert p.returncode == 0 and p.stdout.split() == ["0", "1"], p.stderr
     r = region.open_region(path, writable=False)
     assert (r.header.priority, r.header.sm_borrow) == (0, 1)
-    p = run([*PYVGPU, "limits", "set", "--region", str(path), "--priority", "low", "--sm-borrow", "off"], env=env)
+    p = run([*PYVGPU, "limits", "set", "--region", str(path), "--priority", "low", "--sm-cap"], env=env)
     assert p.returncode == 0 and "priority: low" in p.stdout and "off (a hard cap)" in p.stdout, p.stderr
     r = region.open_region(path, writable=False)
     assert (r.header.priority, r.header.sm_borrow) == (1, 0)
@@ -312,7 +312,7 @@ def test_priority_and_borrowing_options(env, tmp_path):
             env=dict(env, CUDA_TASK_PRIORITY="0"))
     assert p.returncode == 0 and region.open_region(tmp_path / "h.region", writable=False).header.priority == 0
     for args, says in ((["wrap", "--priority", "urgent", "--", "true"], "--priority"),
-                       (["limits", "set", "--region", str(path), "--sm-borrow", "maybe"], "--sm-borrow")):
+                       (["limits", "set", "--region", str(path), "--priority", "urgent"], "--priority")):
         p = run([*PYVGPU, *args], env=env)
         assert p.returncode == 2 and says in p.stderr and "give" in p.stderr, p.stderr
     for var, value in (("CUDA_TASK_PRIORITY", "7"), ("PYVGPU_SM_BORROW", "perhaps")):

@@ -93,4 +93,7 @@ def table(result: dict) -> str:
                      f"{s['ratio']:>7.4f} "
                      f"{'<=' + str(s['goal']):>7} | {'':>20}{s['separate_raw_ns']:>8.0f} "
                      f"{s['separate_wrapped_ns']:>8.0f} {s['separate_ratio']:>7.4f}")
+    if result["machine"]["gpu"].startswith("no nvidia-smi"):
+        lines.append("  note: no GPU here (a fake or absent driver): the raw calls take nanoseconds, so the ratios "
+                     "say nothing about a real GPU's; run it on one")
     return "\n".join(lines)

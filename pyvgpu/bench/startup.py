@@ -69,6 +69,8 @@ def container_env(base: dict[str, str], tmp: Path) -> dict[str, str]:
 
 
 def run(runs: int = 5, pythons: list[str] | None = None) -> dict:
+    if not shim.shim_path().exists():
+        raise PyvgpuError(f"the shim {shim.shim_path()} is missing; {shim.missing_fix()}")
     lib = cache.read()
     if lib is None:
         raise PyvgpuError("no compiled callbacks fit this pyvgpu; run `pyvgpu warmup` first, so that the "

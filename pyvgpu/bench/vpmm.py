@@ -26,6 +26,9 @@ import time
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import human
 
+DIRECT_HINT = ("`pyvgpu bench vpmm --direct` replays the trace on a VPMM pool without PyTorch or a GPU (also on "
+               "a fake driver)")
+
 MiB = 1 << 20
 MODES = ("default", "expandable_segments", "vpmm")
 
@@ -191,6 +194,12 @@ def run(steps: int = 600, cap: str | None = None, page_size: str | None = None) 
 
     if page_size is not None:
         parse_size(page_size, "--page-size")  # a clear error before anything runs
+    if cap is not None:
+        parse_size(cap, "--cap")
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise PyvgpuError(f"bench vpmm runs PyTorch, which is not installed here; {DIRECT_HINT}")
     results = {}
     for mode in MODES:
         env = dict(os.environ)
@@ -207,7 +216,9 @@ def run(steps: int = 600, cap: str | None = None, page_size: str | None = None) 
         p = subprocess.run([*wrap, "--", sys.executable, "-m", "pyvgpu.bench.vpmm", mode, str(steps)], env=env,
                            capture_output=True, text=True, timeout=1200)
         if p.returncode != 0:
-            raise PyvgpuError(f"bench vpmm: the {mode} run failed: {p.stderr.strip()[-800:]}")
+            last = next((line.strip() for line in reversed(p.stderr.splitlines()) if line.strip()), "no output")
+            raise PyvgpuError(f"bench vpmm: the {mode} run failed ({last[-300:]}); it needs PyTorch with a GPU: "
+                              f"{DIRECT_HINT}")
         results[mode] = json.loads(p.stdout.strip().splitlines()[-1])
     return {"bench": "vpmm", "steps": steps, "cap": cap, "page_size": page_size or "2M", "ops": len(trace(steps)),
             "results": results}

@@ -24,11 +24,12 @@ from numba import njit
 
 from pyvgpu import abi
 from pyvgpu import layout as L
+from pyvgpu.jit import ctxmsg
 from pyvgpu.jit import devices as D
 from pyvgpu.jit import ptrtable as T
 from pyvgpu.jit import quota as Q
 from pyvgpu.jit.context import HELPER, call_real, current_device
-from pyvgpu.jit.fields import CTX
+from pyvgpu.jit.fields import CTX, DEV, REGION
 from pyvgpu.jit.intrinsics import load_u64
 from pyvgpu.jit.nvml import device_used
 
@@ -56,7 +57,10 @@ def measured_context(ctx, idx, args, notfound, dev, pctx, primary):
     if Q.charge_or_refuse(ctx, dev, L.KIND_CONTEXT, n):
         CTX.set_ctx_charged(ctx, dev, n)
         return rc
-    # it does not fit: give the context back and refuse, as for any allocation
+    # it does not fit: give the context back and refuse, as for any allocation, and say why on stderr (a program
+    # reports only "out of memory" at its first CUDA call)
+    d = REGION.device(CTX.get_region(ctx), dev)
+    ctxmsg.report(dev, n, DEV.load_limit(d), DEV.load_used(d))
     if primary:
         HELPER.cuDevicePrimaryCtxRelease_v2(ctx, dev)
     else:

@@ -1,0 +1,100 @@
+"""`pyvgpu wrap` without typer: its parser, and the wrap both command lines run.
+
+`pyvgpu wrap` is on the path of every wrapped program's start, and many
+start at once (job arrays, `xargs -P`, launchers). Importing typer (and the
+pydantic and rich it pulls in) costs several times what the wrap itself
+does, so a plain wrap is parsed here, by hand, and never imports them.
+
+The hand parser reads only what it is sure of: wrap's own options, in the
+forms click accepts (`--memory 4G`, `--memory=4G`, `-m 4G`, `-m4G`, a
+repeated option's last value), then PROGRAM and its arguments untouched.
+Anything else (`--help`, an unknown or misspelt option, a missing value, a
+value that looks like an option, no PROGRAM, another command) goes to the
+typer command line, which gives its usual message. Both paths then run
+:func:`run`, so every check and message after parsing is the same code.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+# wrap's options: flag -> (parameter, value); option taking a value -> parameter (as in pyvgpu/cli.py `wrap`)
+FLAGS = {"--stats": ("stats", True), "--sm-borrow": ("sm_borrow", True), "--sm-cap": ("sm_borrow", False)}
+VALUED = {"--stats-file": "stats_file", "--memory": "memory", "-m": "memory", "--sm": "sm", "--devices": "devices",
+          "-d": "devices", "--allocator": "allocator", "--group": "group", "-g": "group", "--region": "region",
+          "--on-error": "on_error", "--mode": "mode", "--priority": "priority"}
+ON_ERROR = ("closed", "open")  # typer's choice, case-insensitive (cli.OnError)
+DEFAULTS = {"stats": False, "stats_file": None, "memory": None, "sm": None, "devices": None, "allocator": None,
+            "group": None, "region": None, "on_error": None, "mode": None, "priority": None, "sm_borrow": None}
+
+
+def parse(args: Sequence[str]) -> tuple[dict, list[str]] | None:
+    """wrap's options and the command, from the arguments after `wrap`; None: leave it to typer."""
+    opts = dict(DEFAULTS)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg[:1] != "-" or arg == "-":  # PROGRAM: options stop here, as with `docker run`
+            break
+        if arg in FLAGS:
+            name, flag = FLAGS[arg]
+            opts[name] = flag
+            i += 1
+            continue
+        if arg.startswith("--"):
+            opt, eq, value = arg.partition("=")
+            attached = bool(eq)
+        else:
+            opt, value = arg[:2], arg[2:]
+            attached = bool(value)
+        if opt not in VALUED:
+            return None
+        if not attached:
+            if i + 1 >= len(args) or args[i + 1][:1] == "-":
+                return None
+            value = args[i + 1]
+            i += 1
+        i += 1
+        if opt == "--on-error":
+            if value.lower() not in ON_ERROR:
+                return None
+            value = value.lower()
+        opts[VALUED[opt]] = value
+    command = list(args[i:])
+    return (opts, command) if command else None
+
+
+def fail(msg: str, code: int = 2) -> int:
+    print(f"pyvgpu: {msg}", file=sys.stderr)
+    return code
+
+
+def run(command: list[str], *, stats: bool = False, stats_file: str | None = None, memory: str | None = None,
+        sm: str | None = None, devices: str | None = None, allocator: str | None = None, group: str | None = None,
+        region: str | None = None, on_error: str | None = None, mode: str | None = None,
+        priority: str | None = None, sm_borrow: bool | None = None) -> int:
+    """Prepare the vGPU and exec ``command`` in it; returns an exit code only when it could not."""
+    import os
+
+    from pyvgpu import wrap as w
+    from pyvgpu.errors import PyvgpuError
+
+    try:
+        env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None), on_error=on_error,
+                          memory=memory, sm=sm, group=group, region_path=region, devices=devices,
+                          allocator=allocator, mode=mode, priority=priority, sm_borrow=sm_borrow)
+    except PyvgpuError as e:
+        return fail(str(e))
+    except OSError as e:  # preparing the vGPU, not running the program: say which file
+        return fail(f"cannot prepare the vGPU: {e.filename or ''}: {e.strerror}".replace(": :", ":"))
+    try:
+        w.exec_wrapped(command, env)
+    except PyvgpuError as e:
+        return fail(str(e), 127 if str(e).startswith("program not found") else 2)
+    except OSError as e:
+        return fail(f"cannot run {command[0]!r}: {e.strerror}", 126)
+    return 0  # not reached: exec_wrapped replaces this process
