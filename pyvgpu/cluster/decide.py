@@ -40,11 +40,12 @@ def decide(nodes: Any, pods: Any, pod: dict, config: ClusterConfig | None = None
 def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | None = None) -> Decision:
     """The same decision on nodes already read, with their usage (what a long-running scheduler keeps)."""
     cfg = config or ClusterConfig()
+    warnings = gather_warnings(req, nodes)
     if not req.wants_gpus:
         verdicts = tuple(NodeResult(n.name, True, None if n.error else node_score(n.devices),
                                     "the pod asks no GPU: any node will do, as far as GPUs go")
                          for n in sorted(nodes, key=lambda n: n.name))
-        return Decision(req.key, None, (), {}, verdicts, req, req.node_policy, req.gpu_policy)
+        return Decision(req.key, None, (), {}, verdicts, req, req.node_policy, req.gpu_policy, warnings)
     fit, unfit = [], []
     by_name = {}
     gpu = [c for c in req.containers if c.nums > 0]
@@ -65,7 +66,7 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
     ranked = rank_nodes(fit, req.node_policy)
     verdicts = tuple(ranked) + tuple(sorted(unfit, key=lambda r: r.name))
     if not ranked:
-        return Decision(req.key, None, (), {}, verdicts, req, req.node_policy, req.gpu_policy)
+        return Decision(req.key, None, (), {}, verdicts, req, req.node_policy, req.gpu_policy, warnings)
     best = ranked[0].name
     placed = plan(by_name[best], req, cfg)
     if not placed.fits:  # feasible() and plan() share their checks; this would be a bug, said plainly
@@ -77,4 +78,22 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
         keys.POD_ALLOCATED: encoded,  # HAMi's filter writes both with one value (PatchAnnotations)
         keys.POD_BIND_PHASE: keys.BIND_ALLOCATING,  # written at bind, with hami.io/bind-time
     }
-    return Decision(req.key, best, placed.placements, annotations, verdicts, req, req.node_policy, req.gpu_policy)
+    return Decision(req.key, best, placed.placements, annotations, verdicts, req, req.node_policy, req.gpu_policy,
+                    warnings)
+
+
+MAX_WARNINGS = 20  # a decision carries this many skipped pods' lines at most, then a count
+
+
+def gather_warnings(req: PodRequest, nodes: list[NodeInfo]) -> tuple[str, ...]:
+    """The pod's lenient readings, then the pods skipped on the nodes (bounded: a count past MAX_WARNINGS)."""
+    out = list(req.warnings)
+    skipped = 0
+    for n in nodes:
+        for w in n.warnings:
+            if skipped < MAX_WARNINGS:
+                out.append(w)
+            skipped += 1
+    if skipped > MAX_WARNINGS:
+        out.append(f"and {skipped - MAX_WARNINGS} more pod(s) skipped for an allocation that cannot be read")
+    return tuple(out)

@@ -64,10 +64,13 @@ def mig_pick(dev: DeviceUsage, mem: int) -> tuple[int, int, MigTemplate] | None:
     return None
 
 
-def usage_reason(dev: DeviceUsage, ctr: ContainerRequest, mem: int) -> str | None:
-    """Why `dev`, as used now, cannot take one more GPU of `ctr` (which takes `mem` MiB on it); None if it can."""
+def usage_reason(dev: DeviceUsage, ctr: ContainerRequest, mem: int, mutex: bool = False) -> str | None:
+    """Why `dev`, as used now, cannot take one more GPU of `ctr` (which takes `mem` MiB on it); None if it can.
+    `mutex`: the pod's GPU policy names mutex, so a GPU anything uses is refused."""
     if dev.used >= dev.count:
         return f"no free slot ({dev.used}/{dev.count} used)"
+    if mutex and dev.used > 0:
+        return f"{keys.GPU_POLICY} mutex takes only unused GPUs; {dev.used} container(s) use it"
     if dev.totalmem - dev.usedmem < mem:
         return f"memory: {dev.totalmem - dev.usedmem} MiB free of {dev.totalmem}, needs {mem}"
     cores = ctr.coresreq
@@ -85,9 +88,9 @@ def usage_reason(dev: DeviceUsage, ctr: ContainerRequest, mem: int) -> str | Non
     return None
 
 
-def fits(dev: DeviceUsage, ctr: ContainerRequest, mem: int) -> bool:
+def fits(dev: DeviceUsage, ctr: ContainerRequest, mem: int, mutex: bool = False) -> bool:
     """usage_reason(...) is None, without building the reason: the hot loop of a decision."""
-    if dev.used >= dev.count or dev.totalmem - dev.usedmem < mem:
+    if dev.used >= dev.count or (mutex and dev.used > 0) or dev.totalmem - dev.usedmem < mem:
         return False
     cores = ctr.coresreq
     total = dev.totalcore

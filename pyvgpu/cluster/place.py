@@ -41,9 +41,9 @@ def _candidates(devs: list[DeviceUsage], statics: list[str | None], ctr: Contain
     for d, s in zip(devs, statics, strict=True):
         if s is None:
             mem = ctr.memory_on(d.totalmem)
-            if fits(d, ctr, mem):
-                out.append((device_score(d, mem, ctr.coresreq), d, mem))
-    return order_devices(out, req.gpu_policy)
+            if fits(d, ctr, mem, req.mutex):
+                out.append((device_score(d, mem, ctr.coresreq, weights=req.weights), d, mem))
+    return order_devices(out, req)
 
 
 def _options(cands: list[Candidate], ctr: ContainerRequest, req: PodRequest,
@@ -149,7 +149,8 @@ def count_fit(devices: list[DeviceUsage], ctr: ContainerRequest, req: PodRequest
             continue
         total = d.totalcore
         mem = memreq if memreq > 0 else d.totalmem * pct // 100
-        if (d.used >= d.count or d.totalmem - d.usedmem < mem or total - d.usedcores < cores
+        if (d.used >= d.count or (req.mutex and d.used > 0) or d.totalmem - d.usedmem < mem
+                or total - d.usedcores < cores
                 or (cores == 100 and total == 100 and d.used > 0) or (cores == 0 and total and d.usedcores >= total)
                 or (d.mode == keys.MIG and mig_pick(d, mem) is None)):
             continue
@@ -173,7 +174,7 @@ def container_reason(devs: list[DeviceUsage], statics: list[str | None], ctr: Co
     numa: dict[int, int] = {}
     memreq, pct = ctr.memreq, ctr.mem_percentage
     for d, s in zip(devs, statics, strict=True):
-        r = s or usage_reason(d, ctr, memreq if memreq > 0 else d.totalmem * pct // 100)
+        r = s or usage_reason(d, ctr, memreq if memreq > 0 else d.totalmem * pct // 100, req.mutex)
         if r:
             refusals.append(f"GPU {d.index} {d.id}: {r}")
         else:
