@@ -33,9 +33,11 @@ from pyvgpu.cluster import keys, usage, webhook
 from pyvgpu.cluster.config import ClusterConfig
 from pyvgpu.cluster.decide import decide_on
 from pyvgpu.cluster.errors import ClusterInputError
+from pyvgpu.cluster.inflight import InFlight
 from pyvgpu.cluster.informer import Informer
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
 from pyvgpu.cluster.nodelock import LockBusy, NodeLock
+from pyvgpu.cluster.recent import RecentRanks
 from pyvgpu.cluster.request import pod_request
 
 log = logging.getLogger("pyvgpu.cluster.scheduler")
@@ -88,6 +90,8 @@ class Scheduler:
         self.informer = informer or Informer(kube, self.cfg)
         self.lock = NodeLock(kube, lock_expire_s)
         self.metrics = Metrics()
+        self.inflight = InFlight()  # filter's and bind's promises, counted until the cache has them
+        self.ranks = RecentRanks()  # filter's ranking, for the prioritize call that follows
         self._node_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -103,6 +107,7 @@ class Scheduler:
         names, nodes = _names_and_nodes(args)
         req = pod_request(pod, self.cfg)
         infos = self.informer.node_infos(names, exclude=(req.namespace, req.name), extra_nodes=nodes)
+        infos = self.inflight.apply(infos, (req.namespace, req.name), self.informer.counts)
         return decide_on(infos, req, self.cfg), names, nodes
 
     def filter(self, args: dict) -> dict:
@@ -119,6 +124,10 @@ class Scheduler:
                 self.metrics.filter_total.labels("no_gpu").inc()
                 return self._filter_result(names, nodes, {}, {})
             feasible = d.feasible
+            if d.node is not None:  # kube-scheduler's likely pick: counted for the next pods until bind ends
+                self.inflight.reserve((d.request.namespace, d.request.name), d.node, d.devices,
+                                      d.init_containers)
+            self.ranks.put((d.request.namespace, d.request.name), d.request.uid, feasible)
             failed = {n.name: f"pyvgpu: {n.reason}" for n in d.nodes if not n.fits}
             self.metrics.refused_nodes.inc(len(failed))
             self.metrics.filter_total.labels("fits" if feasible else "denied").inc()
@@ -140,17 +149,30 @@ class Scheduler:
         return out
 
     def prioritize(self, args: dict) -> list[dict]:
-        try:
-            d, names, _ = self._decide(args)
-        except ClusterInputError:
-            names, _ = _names_and_nodes(args)
-            return [{"Host": n, "Score": 0} for n in names]
-        ranked = d.feasible if d.request.wants_gpus else []
+        ranked = self._recent_rank(args)
+        if ranked is not None:
+            names = _names_and_nodes(args)[0]
+        else:
+            try:
+                d, names, _ = self._decide(args)
+            except ClusterInputError:
+                names, _ = _names_and_nodes(args)
+                return [{"Host": n, "Score": 0} for n in names]
+            ranked = d.feasible if d.request.wants_gpus else []
         score = {}
         for i, n in enumerate(ranked):
             score[n] = MAX_PRIORITY if len(ranked) == 1 else round(MAX_PRIORITY * (len(ranked) - 1 - i)
                                                                    / (len(ranked) - 1))
         return [{"Host": n, "Score": score.get(n, 0)} for n in names]
+
+    def _recent_rank(self, args: dict) -> list[str] | None:
+        pod = args.get("Pod")
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        if not isinstance(meta, dict) or not meta.get("name"):
+            return None
+        names = _names_and_nodes(args)[0]
+        return self.ranks.get((str(meta.get("namespace") or "default"), str(meta["name"])), str(meta.get("uid") or ""),
+                              names)
 
     # -- bind ----------------------------------------------------------------------------------------------
 
@@ -165,6 +187,8 @@ class Scheduler:
             result, err = self._bind(args)
             return {"Error": err}
         finally:
+            if result != "bound":  # kube-scheduler filters the pod again; its promise ends here
+                self.inflight.release((args.get("PodNamespace") or "default", args.get("PodName") or ""))
             self.metrics.bind_total.labels(result).inc()
             self.metrics.bind_seconds.observe(time.perf_counter() - t0)
 
@@ -192,6 +216,7 @@ class Scheduler:
             if not req.wants_gpus:
                 self.kube.bind(ns, name, uid, node)
                 return "bound", ""
+            self._reserve_for_bind(req, node)
             with self._node_lock(node):
                 return self._bind_locked(pod, req, ns, name, uid, node)
         except LockBusy as e:
@@ -212,7 +237,8 @@ class Scheduler:
             fresh += [p for p in self.informer.in_flight(node, (ns, name))
                       if ((p["metadata"].get("namespace") or "default"), p["metadata"]["name"]) not in seen]
             info = usage.node_infos([node_obj], fresh, self.cfg, exclude=(ns, name))
-            d = decide_on(info, req, self.cfg)
+            d = decide_on(self.inflight.apply(info, (ns, name), self.informer.counts, self.inflight.order((ns, name))),
+                          req, self.cfg)
             if d.node is None:
                 why = d.nodes[0].reason if d.nodes else "no such node"
                 return "no_longer_fits", f"pyvgpu: {who} no longer fits on node {node}: {why}"
@@ -229,6 +255,7 @@ class Scheduler:
                 raise
             patched.setdefault("spec", {})["nodeName"] = node
             self.informer.assume(patched)
+            self.inflight.release((ns, name))  # the cache counts the written annotations now
             log.info("bound %s to node %s: %s", who, node, annos[keys.POD_TO_ALLOCATE])
             return "bound", ""
         finally:
@@ -236,6 +263,16 @@ class Scheduler:
                 self.lock.release(node, ns, name)
             except (KubeError, KubeUnreachable) as e:
                 log.error("could not release the lock of node %s: %s; it expires", node, e)
+
+    def _reserve_for_bind(self, req, node: str) -> None:
+        """The pod's GPUs on the node kube-scheduler chose count for the others' filters from now on (filter
+        reserved its own first choice, which kube-scheduler may not have taken)."""
+        key = (req.namespace, req.name)
+        infos = self.inflight.apply(self.informer.node_infos([node], exclude=key), key, self.informer.counts,
+                                    self.inflight.order(key))
+        d = decide_on(infos, req, self.cfg)
+        if d.node is not None:
+            self.inflight.reserve(key, d.node, d.devices, d.init_containers, keep_order=True)
 
     def _undo(self, ns: str, name: str, why: Exception) -> None:
         """The Binding failed after the annotations were written: take them back, so the pod's GPUs do not
