@@ -17,7 +17,7 @@ import logging
 import threading
 from collections.abc import Iterable
 
-from pyvgpu.cluster import usage
+from pyvgpu.cluster import keys, usage
 from pyvgpu.cluster.config import ClusterConfig
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
 from pyvgpu.cluster.model import NodeInfo
@@ -28,6 +28,37 @@ log = logging.getLogger("pyvgpu.cluster.informer")
 def _pod_key(p: dict) -> tuple[str, str]:
     m = p.get("metadata") or {}
     return m.get("namespace") or "default", m.get("name") or ""
+
+
+def slim(pod: dict) -> dict:
+    """The parts of a pod the scheduler reads: names, the GPU annotations, node, phase, whether its init
+    containers are done. The cache keeps this, not the whole object: a cluster's pods carry managed fields,
+    environments and statuses that would otherwise stay in memory and be walked by the garbage collector."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    annos = meta.get("annotations") or {}
+    out_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+                if k in meta}
+    if isinstance(annos, dict):
+        out_meta["annotations"] = {k: v for k, v in annos.items()
+                                   if isinstance(k, str) and k.startswith(_KEPT_ANNOTATIONS)}
+    out_spec = {k: spec[k] for k in ("nodeName", "schedulerName") if k in spec}
+    for part in ("initContainers", "containers"):
+        items = spec.get(part)
+        if isinstance(items, list):
+            out_spec[part] = [{"name": c.get("name")} if isinstance(c, dict) else {} for c in items]
+    out_status = {"phase": status.get("phase")} if "phase" in status else {}
+    inits = status.get("initContainerStatuses")
+    if isinstance(inits, list):
+        out_status["initContainerStatuses"] = [
+            {"state": {"terminated": {"exitCode": ((st.get("state") or {}).get("terminated") or {}).get("exitCode")}}}
+            if isinstance(st, dict) and isinstance((st.get("state") or {}).get("terminated"), dict) else {"state": {}}
+            for st in inits]
+    return {"metadata": out_meta, "spec": out_spec, "status": out_status}
+
+
+_KEPT_ANNOTATIONS = ("hami.io/", "nvidia.com/")
 
 
 def _rv(obj: dict) -> int:
@@ -75,6 +106,7 @@ class Informer:
                     self._replace(kind, listing.get("items") or [], rv)
                     self._listed[kind].set()
                     if all(e.is_set() for e in self._listed.values()):
+                        self.warm()  # the first filter finds every node's usage built
                         self.ready.set()
                 for event in self.kube.watch(kind, rv, self.watch_s):
                     if stop.is_set():
@@ -124,6 +156,7 @@ class Informer:
         if pod is None:
             self.pods.pop(key, None)
             return
+        pod = slim(pod)
         self.pods[key] = pod
         node = usage.pod_node(pod)
         self._pod_node[key] = node
@@ -154,8 +187,17 @@ class Informer:
     def assume(self, pod: dict) -> None:
         """The scheduler's own write, counted now (the watch brings the API server's copy later)."""
         with self.lock:
-            self._set_pod(copy.deepcopy(pod))
+            self._set_pod(pod)  # slim() copies what it keeps
             self._bump()
+
+    def counts(self, key: tuple[str, str], node: str) -> bool:
+        """Whether the cache counts pod `key` on `node`: it names the node and has an allocation there."""
+        with self.lock:
+            pod = self.pods.get(key)
+            if pod is None or self._pod_node.get(key) != node:
+                return False
+            annos = (pod.get("metadata") or {}).get("annotations") or {}
+            return bool(annos.get(keys.POD_ALLOCATED) or annos.get(keys.POD_TO_ALLOCATE))
 
     def pod(self, namespace: str, name: str) -> dict | None:
         with self.lock:
@@ -186,6 +228,13 @@ class Informer:
                 else:
                     out.append(self._infos[name])
         return out
+
+    def warm(self) -> None:
+        """Build the usage of every node whose cached usage is out of date (after a list: all of them)."""
+        with self.lock:
+            names = [n for n in self.nodes if n in self._dirty or n not in self._infos]
+        for i in range(0, len(names), 256):  # in slices, so filters are not kept waiting on the lock long
+            self.node_infos(names[i:i + 256])
 
     def _build(self, node: dict, pods: list[dict]) -> NodeInfo:
         return usage.node_infos([node], pods, self.cfg)[0]
