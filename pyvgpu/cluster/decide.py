@@ -16,7 +16,7 @@ from pyvgpu.cluster import codec, keys
 from pyvgpu.cluster.config import ClusterConfig
 from pyvgpu.cluster.fit import has_filters
 from pyvgpu.cluster.model import Decision, NodeInfo, NodeResult, PodRequest
-from pyvgpu.cluster.place import count_fit, feasible, plan, why_not
+from pyvgpu.cluster.place import brief_reason, count_fit, feasible, plan, why_not
 from pyvgpu.cluster.policy import rank_nodes
 from pyvgpu.cluster.request import pod_request
 from pyvgpu.cluster.score import node_score
@@ -37,8 +37,10 @@ def decide(nodes: Any, pods: Any, pod: dict, config: ClusterConfig | None = None
     return decide_on(node_infos(nodes, pods, cfg, exclude=(req.namespace, req.name)), req, cfg)
 
 
-def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | None = None) -> Decision:
-    """The same decision on nodes already read, with their usage (what a long-running scheduler keeps)."""
+def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | None = None,
+              brief: bool = False) -> Decision:
+    """The same decision on nodes already read, with their usage (what a long-running scheduler keeps).
+    `brief`: a refusing node's reason is place.brief_reason (refusals counted by kind), not every GPU's."""
     cfg = config or ClusterConfig()
     warnings = gather_warnings(req, nodes)
     if not req.wants_gpus:
@@ -62,7 +64,7 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
         if count_fit(n.devices, single, req, filtered) if single is not None else feasible(n, req, cfg):
             fit.append(NodeResult(n.name, True, score))
         else:
-            unfit.append(NodeResult(n.name, False, score, why_not(n, req, cfg)))
+            unfit.append(NodeResult(n.name, False, score, brief_reason(n, req, cfg) if brief else why_not(n, req, cfg)))
     ranked = rank_nodes(fit, req.node_policy)
     verdicts = tuple(ranked) + tuple(sorted(unfit, key=lambda r: r.name))
     if not ranked:

@@ -100,7 +100,7 @@ class Scheduler:
 
     # -- filter and prioritize -----------------------------------------------------------------------------
 
-    def _decide(self, args: dict):
+    def _decide(self, args: dict, brief: bool = False):
         pod = args.get("Pod")
         if not isinstance(pod, dict):
             raise ValueError("Pod: expected the pod being scheduled")
@@ -108,13 +108,13 @@ class Scheduler:
         req = pod_request(pod, self.cfg)
         infos = self.informer.node_infos(names, exclude=(req.namespace, req.name), extra_nodes=nodes)
         infos = self.inflight.apply(infos, (req.namespace, req.name), self.informer.counts)
-        return decide_on(infos, req, self.cfg), names, nodes
+        return decide_on(infos, req, self.cfg, brief=brief), names, nodes
 
     def filter(self, args: dict) -> dict:
         t0 = time.perf_counter()
         try:
             try:
-                d, names, nodes = self._decide(args)
+                d, names, nodes = self._decide(args, brief=True)  # per-GPU detail: `cluster explain`
             except ClusterInputError as e:
                 names, nodes = _names_and_nodes(args)
                 self.metrics.filter_total.labels("invalid").inc()

@@ -101,3 +101,33 @@ def fits(dev: DeviceUsage, ctr: ContainerRequest, mem: int, mutex: bool = False)
     if cores == 0 and total and dev.usedcores >= total:
         return False
     return dev.mode != keys.MIG or mig_pick(dev, mem) is not None
+
+
+def refusal_kind(dev: DeviceUsage, ctr: ContainerRequest, mem: int, req: PodRequest, filtered: bool) -> str | None:
+    """The word for why `dev` refuses one GPU of `ctr` (the first failing check of static_reason, then
+    usage_reason, in their order), None when it takes it: what a brief reason counts."""
+    if dev.problem:
+        return "inconsistent"
+    if not dev.health:
+        return "unhealthy"
+    if dev.cordoned:
+        return "cordoned"
+    if filtered and static_reason(dev, req) is not None:
+        return "excluded by annotation"
+    cores = ctr.coresreq
+    total = dev.totalcore
+    if dev.used >= dev.count:
+        return "slots"
+    if req.mutex and dev.used > 0:
+        return "mutex"
+    if dev.totalmem - dev.usedmem < mem:
+        return "memory"
+    if total - dev.usedcores < cores:
+        return "cores"
+    if total == 100 and cores == 100 and dev.used > 0:
+        return "in use (asks the whole GPU)"
+    if total and dev.usedcores >= total and cores == 0:
+        return "all cores in use"
+    if dev.mode == keys.MIG and mig_pick(dev, mem) is None:
+        return "MIG instance"
+    return None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pyvgpu.cluster import keys
 from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.fit import fits, has_filters, mig_pick, static_reason, usage_reason
+from pyvgpu.cluster.fit import fits, has_filters, mig_pick, refusal_kind, static_reason, usage_reason
 from pyvgpu.cluster.model import ContainerRequest, DeviceUsage, NodeInfo, Placement, PodRequest
 from pyvgpu.cluster.policy import numa_groups, order_devices, sets
 from pyvgpu.cluster.score import device_score
@@ -218,3 +218,31 @@ def why_not(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = None) -
             _take(d, ctr, mem)
         placed.append(f'container "{ctr.name}"')
     return "no placement found"
+
+
+def brief_reason(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = None) -> str:
+    """A short why_not: how many GPUs take the pod's container, and the refusals counted by kind. What the
+    extender's filter answers for each node (kube-scheduler groups equal reasons in its event; explain gives
+    the long one); a pod of several GPU containers gets the long one."""
+    if node.error:
+        return node.error
+    gpu = [c for c in req.containers if c.nums > 0]
+    if len(gpu) != 1:
+        return why_not(node, req, cfg)
+    ctr = gpu[0]
+    filtered = has_filters(req)
+    kinds: dict[str, int] = {}
+    numa: dict[int, int] = {}
+    for d in node.devices:
+        k = refusal_kind(d, ctr, ctr.memory_on(d.totalmem), req, filtered)
+        if k is None:
+            numa[d.numa] = numa.get(d.numa, 0) + 1
+        else:
+            kinds[k] = kinds.get(k, 0) + 1
+    n_fit = sum(numa.values())
+    out = f'{n_fit} of {len(node.devices)} GPU(s) can take container "{ctr.name}", {ctr.nums} needed'
+    if req.numa_bind and n_fit >= ctr.nums:
+        out += f" on one NUMA node ({keys.NUMA_BIND})"
+    if kinds:
+        out += "; refused for " + ", ".join(f"{k} ({v})" for k, v in sorted(kinds.items()))
+    return out

@@ -66,7 +66,7 @@ def test_a_filtered_pod_counts_for_the_next_filter_before_its_bind(kube, api):
         assert r1["NodeNames"][0] == "node-0"  # equal nodes: by name
         r2 = _filter(e, second, names)  # the first pod's bind has not come yet
         assert r2["NodeNames"] == ["node-1"]
-        assert "being bound" in r2["FailedNodes"]["node-0"] or "2192 MiB free" in r2["FailedNodes"]["node-0"]
+        assert "0 of 1 GPU(s) can take" in r2["FailedNodes"]["node-0"] and "memory (1)" in r2["FailedNodes"]["node-0"]
         # both binds succeed, none collides
         results = {}
 
@@ -146,3 +146,26 @@ def test_prioritize_reuses_the_ranking_filter_just_made():
     assert r.get(("ns", "p"), "u1", ["n1"]) is None  # bounded: the oldest went
     now[0] = 11
     assert r.get(("ns", "s"), "u", ["n1"]) is None  # expired
+
+
+def test_the_cache_is_built_before_ready_and_keeps_slim_pods(kube, api):
+    # item 15: the first filter after start finds every node's usage built; the cache keeps what usage reads
+    api.put_node(registered("node-0", ["GPU-0-0"]))
+    big = pod("big", [gpu_container("main", 1, 1000, 10)], node_name="node-0", phase="Running",
+              annotations={keys.POD_ALLOCATED: "GPU-0-0,NVIDIA,1000,10:;", "team.example/notes": "x" * 1000})
+    big["spec"]["containers"][0]["env"] = [{"name": f"V{i}", "value": "y"} for i in range(50)]
+    big["status"]["initContainerStatuses"] = [{"name": "i", "state": {"terminated": {"exitCode": 0, "reason": "x"}}}]
+    api.put_pod(big)
+    e = Ext(kube)
+    try:
+        e.synced(api)
+        inf = e.s.informer
+        with inf.lock:
+            assert set(inf._infos) == {"node-0"} and not inf._dirty
+            cached = inf.pods[("default", "big")]
+        assert cached["metadata"]["annotations"] == {keys.POD_ALLOCATED: "GPU-0-0,NVIDIA,1000,10:;"}
+        assert cached["spec"]["containers"] == [{"name": "main"}] and cached["spec"]["nodeName"] == "node-0"
+        assert cached["status"]["initContainerStatuses"] == [{"state": {"terminated": {"exitCode": 0}}}]
+        assert inf.node_infos(["node-0"])[0].devices[0].usedmem == 1000
+    finally:
+        e.close()

@@ -209,3 +209,37 @@ def test_a_gpu_only_init_containers_held_is_free_once_they_are_done():
     assert decide(nodes, podlist(p), whole).node is None
     p["status"]["initContainerStatuses"] = [_done(0)]
     assert decide(nodes, podlist(p), whole).node == "n1"
+
+
+# --- the filter's brief reasons count the same refusals as the long ones ------------------------------------
+
+def test_refusal_kind_agrees_with_usage_reason():
+    import random
+
+    from pyvgpu.cluster.fit import refusal_kind, usage_reason
+    from pyvgpu.cluster.model import ContainerRequest, DeviceUsage
+
+    rng = random.Random(7)
+    req = pod_request(pod())
+    mutex = pod_request(pod(annotations={keys.GPU_POLICY: "mutex"}))
+    for _ in range(3000):
+        d = DeviceUsage("GPU-x", 0, rng.choice((1, 2, 10)), 1000, rng.choice((0, 100, 200)), "T", 0, "hami-core",
+                        True, used=rng.randint(0, 10), usedmem=rng.choice((0, 500, 999, 1000)),
+                        usedcores=rng.choice((0, 50, 100, 200)))
+        c = ContainerRequest("m", 1, rng.choice((0, 1, 500, 1000)), 100, rng.choice((0, 1, 50, 100)))
+        for r in (req, mutex):
+            assert (refusal_kind(d, c, c.memory_on(1000), r, False) is None) == \
+                (usage_reason(d, c, c.memory_on(1000), r.mutex) is None)
+
+
+def test_filter_reasons_are_brief_and_explain_keeps_the_long_ones():
+    from pyvgpu.cluster.decide import decide_on
+    from pyvgpu.cluster.usage import node_infos
+
+    nodes = nodelist(node("n1", [gpu("GPU-a", mem=1000), gpu("GPU-b", 1, mem=1000)]))
+    used = podlist(pod("p", node_name="n1", allocated="GPU-a,NVIDIA,900,0:;"))
+    req = pod_request(pod(containers=[ctr(gpus=2, mem=500, cores=10)]))
+    brief = decide_on(node_infos(nodes, used), req, brief=True).nodes[0].reason
+    assert brief == '1 of 2 GPU(s) can take container "main", 2 needed; refused for memory (1)'
+    long = decide_on(node_infos(nodes, used), req).nodes[0].reason
+    assert "GPU 0 GPU-a: memory: 100 MiB free of 1000, needs 500" in long
