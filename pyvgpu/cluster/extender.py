@@ -36,6 +36,7 @@ from pyvgpu.cluster.errors import ClusterInputError
 from pyvgpu.cluster.inflight import InFlight
 from pyvgpu.cluster.informer import Informer
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
+from pyvgpu.cluster.liveness import Liveness
 from pyvgpu.cluster.nodelock import LockBusy, NodeLock
 from pyvgpu.cluster.recent import RecentRanks
 from pyvgpu.cluster.request import pod_request
@@ -43,6 +44,7 @@ from pyvgpu.cluster.request import pod_request
 log = logging.getLogger("pyvgpu.cluster.scheduler")
 MAX_BODY = 256 << 20
 MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
+HANDSHAKE_S = 30.0  # how often the running scheduler asks every node's agent for its handshake
 
 
 class Metrics:
@@ -83,7 +85,7 @@ def _names_and_nodes(args: dict) -> tuple[list[str], dict[str, dict] | None]:
 
 class Scheduler:
     def __init__(self, kube: Kube, cfg: ClusterConfig | None = None, name: str = "pyvgpu-scheduler",
-                 lock_expire_s: float = 300.0, informer: Informer | None = None) -> None:
+                 lock_expire_s: float = 300.0, informer: Informer | None = None, handshake_s: float = 0.0) -> None:
         self.kube = kube
         self.cfg = cfg or ClusterConfig()
         self.name = name
@@ -92,11 +94,24 @@ class Scheduler:
         self.metrics = Metrics()
         self.inflight = InFlight()  # filter's and bind's promises, counted until the cache has them
         self.ranks = RecentRanks()  # filter's ranking, for the prioritize call that follows
+        self.liveness = Liveness()  # nodes whose agent stopped answering the handshake (0 s: not asked)
+        self.handshake_s = handshake_s
         self._node_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
     def start(self, stop: threading.Event) -> None:
         self.informer.start(stop)
+        if self.handshake_s > 0:
+            threading.Thread(target=self._handshakes, args=(stop,), daemon=True, name="handshake").start()
+
+    def _handshakes(self, stop: threading.Event) -> None:
+        def ask(node: str, value: str) -> None:
+            self.kube.patch_node(node, {"metadata": {"annotations": {keys.NODE_HANDSHAKE: value}}})
+
+        while not stop.wait(self.handshake_s):
+            with self.informer.lock:
+                nodes = list(self.informer.nodes.values())
+            self.liveness.check(nodes, ask)
 
     # -- filter and prioritize -----------------------------------------------------------------------------
 
@@ -107,7 +122,7 @@ class Scheduler:
         names, nodes = _names_and_nodes(args)
         req = pod_request(pod, self.cfg)
         infos = self.informer.node_infos(names, exclude=(req.namespace, req.name), extra_nodes=nodes)
-        infos = self.inflight.apply(infos, (req.namespace, req.name), self.informer.counts)
+        infos = self.inflight.apply(self.liveness.apply(infos), (req.namespace, req.name), self.informer.counts)
         return decide_on(infos, req, self.cfg, brief=brief), names, nodes
 
     def filter(self, args: dict) -> dict:
@@ -390,7 +405,7 @@ def run(kubeconfig: str | None, port: int, name: str, cfg: ClusterConfig, lock_e
 
     stop = _stop_on_signals()
     kube = Kube(kubeconfig)
-    s = Scheduler(kube, cfg, name, lock_expire_s)
+    s = Scheduler(kube, cfg, name, lock_expire_s, handshake_s=HANDSHAKE_S)
     srv = Server(s, port, tls_port=tls_port, cert=cert, key=key)
     s.start(stop)
     srv.start()
