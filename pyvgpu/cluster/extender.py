@@ -29,7 +29,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from pyvgpu.cluster import keys, usage, webhook
+from pyvgpu.cluster import events, keys, usage, webhook
 from pyvgpu.cluster.config import ClusterConfig
 from pyvgpu.cluster.decide import decide_on
 from pyvgpu.cluster.errors import ClusterInputError
@@ -96,11 +96,13 @@ class Scheduler:
         self.ranks = RecentRanks()  # filter's ranking, for the prioritize call that follows
         self.liveness = Liveness()  # nodes whose agent stopped answering the handshake (0 s: not asked)
         self.handshake_s = handshake_s
+        self.events = events.Recorder(kube, name)  # why a pod was refused or read leniently, on the pod
         self._node_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
     def start(self, stop: threading.Event) -> None:
         self.informer.start(stop)
+        self.events.start(stop)
         if self.handshake_s > 0:
             threading.Thread(target=self._handshakes, args=(stop,), daemon=True, name="handshake").start()
 
@@ -135,6 +137,8 @@ class Scheduler:
                 self.metrics.filter_total.labels("invalid").inc()
                 reason = f"pyvgpu: {e}"
                 return self._filter_result([], nodes, {}, {n: reason for n in names})
+            if d.warnings:
+                self.events.record(args["Pod"], events.LENIENT_READ, "; ".join(d.warnings))
             if not d.request.wants_gpus:
                 self.metrics.filter_total.labels("no_gpu").inc()
                 return self._filter_result(names, nodes, {}, {})
@@ -149,6 +153,7 @@ class Scheduler:
             if not feasible:
                 log.info("pod %s fits no node of %d: %s", d.pod, len(names),
                          "; ".join(f"{k}: {v}" for k, v in list(failed.items())[:5]))
+                self.events.record(args["Pod"], events.FILTERING_FAILED, events.summary(failed, len(names)))
             return self._filter_result(feasible, nodes, failed, {})
         finally:
             self.metrics.filter_seconds.observe(time.perf_counter() - t0)
@@ -200,6 +205,10 @@ class Scheduler:
         result = "error"
         try:
             result, err = self._bind(args)
+            if err and args.get("PodName"):
+                who = {"metadata": {"name": args.get("PodName"), "namespace": args.get("PodNamespace") or "default",
+                                    "uid": args.get("PodUID")}}
+                self.events.record(who, events.BINDING_FAILED, err)
             return {"Error": err}
         finally:
             if result != "bound":  # kube-scheduler filters the pod again; its promise ends here

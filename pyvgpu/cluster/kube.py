@@ -138,6 +138,10 @@ class Kube:
         self._call(f"bind pod {namespace}/{name} to node {node}", self.api.create_namespaced_pod_binding, name,
                    namespace, body)
 
+    def create_event(self, namespace: str, body: dict) -> dict:
+        """Write one core/v1 Event (pyvgpu.cluster.events)."""
+        return self._call(f"create event in {namespace}", self.api.create_namespaced_event, namespace, body)
+
     # -- watch ---------------------------------------------------------------------------------------------
 
     def watch(self, kind: str, resource_version: str, timeout_seconds: int) -> Iterator[dict]:

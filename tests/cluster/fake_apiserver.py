@@ -7,6 +7,7 @@
     GET    /api/v1/namespaces/NS/pods/NAME
     PATCH  /api/v1/namespaces/NS/pods/NAME                                    JSON merge patch only
     POST   /api/v1/namespaces/NS/pods/NAME/binding
+    POST   /api/v1/namespaces/NS/events                                      kept in k8s_events
 
 It keeps objects with resourceVersions, honours metadata.resourceVersion in a patch (409 Conflict on a
 mismatch, as the real one does), refuses a binding of a bound pod, and streams watch events as the real
@@ -83,6 +84,7 @@ class FakeApiServer:
         self.unexpected: list[str] = []
         self.patches: list[tuple[str, dict]] = []  # (path, patch) in order
         self.bindings: list[tuple[str, str, str]] = []  # (namespace, name, node)
+        self.k8s_events: list[dict] = []  # core/v1 Events written (POST .../namespaces/NS/events)
         self.hooks: list = []  # callables (method, path) -> (status, body) | None, for failure injection
         self.port = 0
         self._httpd: ThreadingHTTPServer | None = None
@@ -247,6 +249,12 @@ def _handler(api: FakeApiServer):
             if len(rest) == 5 and rest[0] == "namespaces" and rest[2] == "pods" and rest[4] == "binding" \
                     and method == "POST":
                 return self._binding(rest[1], rest[3])
+            if len(rest) == 3 and rest[0] == "namespaces" and rest[2] == "events" and method == "POST":
+                body = self._body()
+                with api.cond:
+                    api.k8s_events.append(body)
+                    api.cond.notify_all()
+                return self._send(201, body)
             return self._unexpected(method)
 
         def _unexpected(self, method: str) -> None:
