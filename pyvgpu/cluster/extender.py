@@ -40,6 +40,7 @@ from pyvgpu.cluster.liveness import Liveness
 from pyvgpu.cluster.nodelock import LockBusy, NodeLock
 from pyvgpu.cluster.recent import RecentRanks
 from pyvgpu.cluster.request import pod_request
+from pyvgpu.cluster.usage_metrics import UsageCollector
 
 log = logging.getLogger("pyvgpu.cluster.scheduler")
 MAX_BODY = 256 << 20
@@ -97,6 +98,7 @@ class Scheduler:
         self.liveness = Liveness()  # nodes whose agent stopped answering the handshake (0 s: not asked)
         self.handshake_s = handshake_s
         self.events = events.Recorder(kube, name)  # why a pod was refused or read leniently, on the pod
+        self.metrics.registry.register(UsageCollector(self.informer.all_node_infos))
         self._node_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 

@@ -245,6 +245,12 @@ class Informer:
         for i in range(0, len(names), 256):  # in slices, so filters are not kept waiting on the lock long
             self.node_infos(names[i:i + 256])
 
+    def all_node_infos(self) -> list[NodeInfo]:
+        """Every cached node with its usage (what the usage metrics read when scraped)."""
+        with self.lock:
+            names = sorted(self.nodes)
+        return [i for i in self.node_infos(names) if not i.error]
+
     def _build(self, node: dict, pods: list[dict]) -> NodeInfo:
         return usage.node_infos([node], pods, self.cfg)[0]
 

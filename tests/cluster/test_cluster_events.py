@@ -64,3 +64,25 @@ def test_the_same_event_is_queued_once_per_repeat_interval_and_the_queue_is_boun
     r.record(p, events.FILTERING_FAILED, "m2")
     r.record(p, events.FILTERING_FAILED, "m3")
     assert r._q.qsize() == 2 and r.dropped == 1
+
+
+def test_usage_metrics_under_hamis_names(kube, api):
+    # item 11: allocated memory, cores and slots per node and GPU, from the scheduler's cache
+    api.put_node(registered("node-a", ["GPU-a0", "GPU-a1"], mem=8192))
+    api.put_pod(pod("p", [gpu_container("main", 1, 1000, 30)], node_name="node-a", phase="Running",
+                    annotations={keys.POD_ALLOCATED: "GPU-a1,NVIDIA,1000,30:;"}))
+    e = Ext(kube)
+    try:
+        e.synced(api)
+        code, text = e.get("/metrics")
+        assert code == 200
+        lab = 'device_index="1",device_type="NVIDIA Fake",device_uuid="GPU-a1",node="node-a"'
+        for line in (f"hami_gpu_memory_limit_bytes{{{lab}}} 8.589934592e+09",
+                     f"hami_gpu_core_allocated_ratio{{{lab}}} 30.0", f"hami_gpu_shared_count{{{lab}}} 1.0",
+                     f"hami_gpu_core_limit_ratio{{{lab}}} 100.0",
+                     'hami_gpu_memory_allocated_bytes{device_cores="100",' + lab + "} 1.048576e+09"):
+            assert line in text, line
+        assert 'hami_gpu_shared_count{device_index="0",device_type="NVIDIA Fake",device_uuid="GPU-a0",' \
+               'node="node-a"} 0.0' in text
+    finally:
+        e.close()
