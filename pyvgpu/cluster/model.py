@@ -38,6 +38,7 @@ class DeviceInfo:
     mode: str  # hami-core | mig | mps
     health: bool
     mig_geometries: tuple[Geometry, ...] = ()  # only read for mode "mig"
+    mig_profiles: int = 0  # how many HAMi v2.10 dynamic MIG profiles ("migProfiles") the node offers
 
 
 @dataclass(slots=True)

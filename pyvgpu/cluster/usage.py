@@ -78,7 +78,13 @@ def node_info(node: dict, cfg: ClusterConfig, i: int = 0) -> NodeInfo:
     for d in devices:
         du = DeviceUsage.of(d)
         du.cordoned = d.id in cordoned
-        if du.mode == keys.MIG and not du.geometries:
+        if du.mode == keys.MIG and not du.geometries and d.mig_profiles:
+            # HAMi v2.10 registers dynamic MIG profiles and records each pod's slice in
+            # hami.io/vgpu-mig-allocations; pyvgpu does not place on them yet, and falling back to its own
+            # geometry table could put a pod in a slice the node never offered: the GPU takes nothing new.
+            du.problem = ("registered with HAMi v2.10 dynamic MIG profiles (migProfiles), which pyvgpu does not "
+                          "place pods on yet: this GPU takes no new pod from pyvgpu")
+        elif du.mode == keys.MIG and not du.geometries:
             du.geometries = cfg.mig_geometries(du.type)
             if not du.geometries:
                 du.problem = (f"mode mig, but no MIG geometry is known for {du.type!r}: add its model to the "

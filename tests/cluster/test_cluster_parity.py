@@ -243,3 +243,20 @@ def test_filter_reasons_are_brief_and_explain_keeps_the_long_ones():
     assert brief == '1 of 2 GPU(s) can take container "main", 2 needed; refused for memory (1)'
     long = decide_on(node_infos(nodes, used), req).nodes[0].reason
     assert "GPU 0 GPU-a: memory: 100 MiB free of 1000, needs 500" in long
+
+
+# --- item 3 (part): a HAMi v2.10 node registering dynamic MIG profiles ---------------------------------------
+
+def test_dynamic_mig_profiles_are_never_replaced_by_pyvgpus_own_table():
+    import json
+
+    reg = json.dumps([{"id": "GPU-m", "index": 0, "count": 7, "devmem": 81920, "devcore": 100,
+                       "type": "NVIDIA A100-SXM4-80GB", "numa": 0, "mode": "mig", "health": True,
+                       "migProfiles": [{"name": "1g.10gb", "memory": 10240, "core": 14}]}])
+    nodes = nodelist(node("n1", reg))
+    d = decide(nodes, [], pod(containers=[ctr(gpus=1, mem=10000)]))
+    assert d.node is None
+    assert "dynamic MIG profiles (migProfiles), which pyvgpu does not place pods on yet" in d.nodes[0].reason
+    # without migProfiles the model's known geometries still apply (pyvgpu's own agent writes migtemplate)
+    reg_old = json.dumps([{k: v for k, v in json.loads(reg)[0].items() if k != "migProfiles"}])
+    assert decide(nodelist(node("n1", reg_old)), [], pod(containers=[ctr(gpus=1, mem=10000)])).node == "n1"
