@@ -18,29 +18,38 @@ from pyvgpu.cluster.fit import has_filters
 from pyvgpu.cluster.model import Decision, NodeInfo, NodeResult, PodRequest
 from pyvgpu.cluster.place import brief_reason, count_fit, feasible, plan, why_not
 from pyvgpu.cluster.policy import rank_nodes
+from pyvgpu.cluster.quota import QuotaView, use_of_placements
 from pyvgpu.cluster.request import pod_request
 from pyvgpu.cluster.score import node_score
 from pyvgpu.cluster.usage import node_infos
 
 
-def decide(nodes: Any, pods: Any, pod: dict, config: ClusterConfig | None = None) -> Decision:
+def decide(nodes: Any, pods: Any, pod: dict, config: ClusterConfig | None = None, quotas: Any = None) -> Decision:
     """Decide where `pod` goes, from Kubernetes objects as dicts.
 
     nodes: a NodeList (`kubectl get nodes -o json`), a list of Nodes or one Node.
     pods:  a PodList (`kubectl get pods -A -o json`) or a list of Pods: their usage counts.
     pod:   the Pod to place. Its own entry in `pods`, if any, does not count against it.
+    quotas: a ResourceQuotaList (`kubectl get resourcequotas -A -o json`), or None.
     Raises ClusterInputError (naming the field) for an invalid pod or list; a node with a broken
     registration is a node that does not fit, with the reason.
     """
     cfg = config or ClusterConfig()
     req = pod_request(pod, cfg)
-    return decide_on(node_infos(nodes, pods, cfg, exclude=(req.namespace, req.name)), req, cfg)
+    quota = None
+    if quotas is not None:
+        from pyvgpu.cluster.quota import view_of
+
+        quota = view_of(quotas, pods, req.namespace, cfg, exclude=(req.namespace, req.name))
+    return decide_on(node_infos(nodes, pods, cfg, exclude=(req.namespace, req.name)), req, cfg, quota=quota)
 
 
 def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | None = None,
-              brief: bool = False) -> Decision:
+              brief: bool = False, quota: QuotaView | None = None) -> Decision:
     """The same decision on nodes already read, with their usage (what a long-running scheduler keeps).
-    `brief`: a refusing node's reason is place.brief_reason (refusals counted by kind), not every GPU's."""
+    `brief`: a refusing node's reason is place.brief_reason (refusals counted by kind), not every GPU's.
+    `quota`: the pod's namespace's GPU quota (pyvgpu.cluster.quota): a node where the pod's GPUs would take
+    the namespace over it does not fit."""
     cfg = config or ClusterConfig()
     warnings = gather_warnings(req, nodes)
     if not req.wants_gpus:
@@ -66,11 +75,15 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
         else:
             unfit.append(NodeResult(n.name, False, score, brief_reason(n, req, cfg) if brief else why_not(n, req, cfg)))
     ranked = rank_nodes(fit, req.node_policy)
+    placed = None
+    if quota is not None and ranked:
+        ranked, over, placed = _within_quota(ranked, by_name, req, cfg, quota)
+        unfit += over
     verdicts = tuple(ranked) + tuple(sorted(unfit, key=lambda r: r.name))
     if not ranked:
         return Decision(req.key, None, (), {}, verdicts, req, req.node_policy, req.gpu_policy, warnings)
     best = ranked[0].name
-    placed = plan(by_name[best], req, cfg)
+    placed = placed or plan(by_name[best], req, cfg)
     if not placed.fits:  # feasible() and plan() share their checks; this would be a bug, said plainly
         raise AssertionError(f"node {best} was feasible but no placement was found: {placed.reason}")
     encoded = codec.encode_pod_devices(tuple(tuple(p.entry() for p in c) for c in placed.placements))
@@ -82,6 +95,30 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
     }
     return Decision(req.key, best, placed.placements, annotations, verdicts, req, req.node_policy, req.gpu_policy,
                     warnings)
+
+
+QUOTA_TRIES = 32  # ranked nodes whose placement is checked against the quota before the rest are assumed alike
+
+
+def _within_quota(ranked: list[NodeResult], by_name: dict[str, NodeInfo], req: PodRequest, cfg: ClusterConfig,
+                  quota: QuotaView):
+    """The ranked nodes minus those where the pod's placement takes the namespace over its quota, the refused
+    ones, and the first node's placement. A pod whose use does not depend on the node (MiB asked, no init
+    container asks GPUs) is refused everywhere or nowhere; otherwise the first QUOTA_TRIES nodes are
+    checked one by one and the rest are kept (bind checks the node it gets again)."""
+    gpu = [c for c in req.containers if c.nums > 0]
+    fixed = all(c.memreq > 0 and not c.init for c in gpu)
+    over: list[NodeResult] = []
+    for i, r in enumerate(ranked[:QUOTA_TRIES]):
+        placed = plan(by_name[r.name], req, cfg)
+        why = quota.reason(use_of_placements(placed.placements, sum(1 for c in req.containers if c.init)))
+        if why is None:
+            return ranked[i:], over, placed
+        over.append(NodeResult(r.name, False, r.score, why))
+        if fixed:
+            over += [NodeResult(x.name, False, x.score, why) for x in ranked[i + 1:]]
+            return [], over, None
+    return ranked[QUOTA_TRIES:], over, None
 
 
 MAX_WARNINGS = 20  # a decision carries this many skipped pods' lines at most, then a count

@@ -127,7 +127,8 @@ class Scheduler:
         req = pod_request(pod, self.cfg)
         infos = self.informer.node_infos(names, exclude=(req.namespace, req.name), extra_nodes=nodes)
         infos = self.inflight.apply(self.liveness.apply(infos), (req.namespace, req.name), self.informer.counts)
-        return decide_on(infos, req, self.cfg, brief=brief), names, nodes
+        quota = self.informer.quotas.view(req.namespace, exclude=(req.namespace, req.name))
+        return decide_on(infos, req, self.cfg, brief=brief, quota=quota), names, nodes
 
     def filter(self, args: dict) -> dict:
         t0 = time.perf_counter()
@@ -264,7 +265,7 @@ class Scheduler:
                       if ((p["metadata"].get("namespace") or "default"), p["metadata"]["name"]) not in seen]
             info = usage.node_infos([node_obj], fresh, self.cfg, exclude=(ns, name))
             d = decide_on(self.inflight.apply(info, (ns, name), self.informer.counts, self.inflight.order((ns, name))),
-                          req, self.cfg)
+                          req, self.cfg, quota=self.informer.quotas.view(ns, exclude=(ns, name)))
             if d.node is None:
                 why = d.nodes[0].reason if d.nodes else "no such node"
                 return "no_longer_fits", f"pyvgpu: {who} no longer fits on node {node}: {why}"

@@ -20,8 +20,11 @@ from collections.abc import Iterable
 
 from pyvgpu.cluster import keys, usage
 from pyvgpu.cluster.config import ClusterConfig
+from pyvgpu.cluster.errors import ClusterInputError
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
 from pyvgpu.cluster.model import NodeInfo
+from pyvgpu.cluster.quota import Quotas
+from pyvgpu.cluster.quota import use_of as quota_use
 
 log = logging.getLogger("pyvgpu.cluster.informer")
 
@@ -62,6 +65,17 @@ def slim(pod: dict) -> dict:
 _KEPT_ANNOTATIONS = ("hami.io/", "nvidia.com/")
 
 
+def _quota_use(pod: dict) -> tuple[int, int] | None:
+    """What a cached pod counts against its namespace's quota (None: nothing, or unreadable, or ended)."""
+    if usage.ended(pod) or not usage.pod_node(pod):
+        return None
+    try:
+        pd = usage.pod_devices(pod)
+    except ClusterInputError:
+        return None
+    return quota_use(pd, len((pod.get("spec") or {}).get("initContainers") or []), usage.init_done(pod)) if pd else None
+
+
 def _rv(obj: dict) -> int:
     try:
         return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
@@ -88,13 +102,16 @@ class Informer:
         self.ready = threading.Event()
         self.changed = threading.Condition(self.lock)
         self.generation = 0
-        self.seen = {"node": 0, "pod": 0}  # the latest resourceVersion each kind's cache reflects
+        self.seen = {"node": 0, "pod": 0, "resourcequota": 0}  # the latest resourceVersion each kind reflects
+        self.quotas = Quotas(self.cfg)  # namespaces' GPU limits and use, kept per pod as pods change
 
     # -- the loops -----------------------------------------------------------------------------------------
 
     def start(self, stop: threading.Event) -> list[threading.Thread]:
+        # ResourceQuotas are followed too but do not gate `ready`: a cluster without quotas (or a role that
+        # may not read them) schedules as before, with a warning in the log.
         threads = [threading.Thread(target=self._loop, args=(kind, stop), daemon=True, name=f"informer-{kind}")
-                   for kind in ("node", "pod")]
+                   for kind in ("node", "pod", "resourcequota")]
         for t in threads:
             t.start()
         return threads
@@ -104,10 +121,12 @@ class Informer:
         while not stop.is_set():
             try:
                 if rv is None:
-                    listing = self.kube.list_nodes() if kind == "node" else self.kube.list_pods()
+                    listing = {"node": self.kube.list_nodes, "pod": self.kube.list_pods,
+                               "resourcequota": self.kube.list_quotas}[kind]()
                     rv = (listing.get("metadata") or {}).get("resourceVersion") or "0"
                     self._replace(kind, listing.get("items") or [], rv)
-                    self._listed[kind].set()
+                    if kind in self._listed:
+                        self._listed[kind].set()
                     if all(e.is_set() for e in self._listed.values()):
                         self.warm()  # the first filter finds every node's usage built
                         if self.freeze_gc and not self.ready.is_set():
@@ -141,7 +160,11 @@ class Informer:
     def _replace(self, kind: str, objs: list[dict], rv: str = "0") -> None:
         with self.lock:
             self.seen[kind] = int(rv) if str(rv).isdigit() else 0
-            if kind == "node":
+            if kind == "resourcequota":
+                self.quotas.clear_quotas()
+                for o in objs:
+                    self.quotas.set_quota(o, _pod_key(o))
+            elif kind == "node":
                 self.nodes = {o["metadata"]["name"]: o for o in objs}
                 self._dirty |= set(self.nodes) | set(self._infos)
             else:
@@ -164,8 +187,10 @@ class Informer:
             self._dirty.add(old)
         if pod is None:
             self.pods.pop(key, None)
+            self.quotas.set_pod(key, None)
             return
         pod = slim(pod)
+        self.quotas.set_pod(key, _quota_use(pod))
         self.pods[key] = pod
         node = usage.pod_node(pod)
         self._pod_node[key] = node
@@ -176,7 +201,9 @@ class Informer:
     def apply(self, kind: str, typ: str, obj: dict) -> None:
         with self.lock:
             self.seen[kind] = max(self.seen[kind], _rv(obj))
-            if kind == "node":
+            if kind == "resourcequota":
+                self.quotas.set_quota(None if typ == "DELETED" else obj, _pod_key(obj))
+            elif kind == "node":
                 name = obj["metadata"]["name"]
                 if typ == "DELETED":
                     self.nodes.pop(name, None)

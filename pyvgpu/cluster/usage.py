@@ -111,6 +111,11 @@ def pod_devices(pod: dict) -> PodDevices:
                   pending[i] if i < len(pending) else ()) for i in range(n))
 
 
+def ended(pod: dict) -> bool:
+    """The pod has ended (Succeeded or Failed): it holds nothing."""
+    return (pod.get("status") or {}).get("phase") in _ENDED
+
+
 def init_done(pod: dict) -> bool:
     """Every init container of the pod has exited 0: its status lists them all, each terminated with code 0
     (HAMi: a pod with no init container statuses is not done)."""

@@ -306,11 +306,12 @@ def test_the_webhook_reaches_the_extender_over_tls():
 # pyvgpu.cluster.kube's calls -> the (resource, verb) each needs
 KUBE_CALLS = {"get_node": [("nodes", "get")], "list_nodes": [("nodes", "list")], "patch_node": [("nodes", "patch")],
               "list_pods": [("pods", "list")], "get_pod": [("pods", "get")], "patch_pod": [("pods", "patch")],
-              "bind": [("pods/binding", "create")], "watch": [("nodes", "watch"), ("pods", "watch")],
-              "create_event": [("events", "create")]}
+              "bind": [("pods/binding", "create")],
+              "watch": [("nodes", "watch"), ("pods", "watch"), ("resourcequotas", "watch")],
+              "create_event": [("events", "create")], "list_quotas": [("resourcequotas", "list")]}
 # which calls each component makes (grep of pyvgpu/cluster: extender, informer, nodelock / allocate, agent)
 USES = {"scheduler": ["get_node", "list_nodes", "patch_node", "list_pods", "get_pod", "patch_pod", "bind", "watch",
-                      "create_event"],
+                      "create_event", "list_quotas"],
         "node": ["get_node", "patch_node", "list_pods", "patch_pod"]}
 
 

@@ -3,6 +3,8 @@ leniently, why filtering failed (refusals grouped by reason), why a bind failed.
 
 from __future__ import annotations
 
+import time
+
 from fake_apiserver import gpu_container, pod
 from test_cluster_extender import Ext, bind_args, registered
 
@@ -84,5 +86,29 @@ def test_usage_metrics_under_hamis_names(kube, api):
             assert line in text, line
         assert 'hami_gpu_shared_count{device_index="0",device_type="NVIDIA Fake",device_uuid="GPU-a0",' \
                'node="node-a"} 0.0' in text
+    finally:
+        e.close()
+
+
+def test_namespace_quota_from_a_watched_resourcequota(kube, api):
+    # item 6 live: the scheduler follows ResourceQuotas and each namespace's use as pods come and go
+    api.put_node(registered("node-a", ["GPU-a0", "GPU-a1"], mem=8192))
+    api.put_pod(pod("held", [gpu_container("main", 1, 3000, 10)], namespace="team", node_name="node-a",
+                    phase="Running", annotations={keys.POD_ALLOCATED: "GPU-a0,NVIDIA,3000,10:;"}))
+    e = Ext(kube)
+    try:
+        e.synced(api)
+        ask = api.put_pod(pod("ask", [gpu_container("main", 1, 3000, 10)], namespace="team"))
+        assert e.post("filter", {"Pod": ask, "Nodes": None, "NodeNames": ["node-a"]})["NodeNames"] == ["node-a"]
+        api.put_quota({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q", "namespace": "team"},
+                       "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}}})
+        deadline = time.monotonic() + 20
+        while (r := e.post("filter", {"Pod": ask, "Nodes": None, "NodeNames": ["node-a"]}))["NodeNames"]:
+            assert time.monotonic() < deadline, "the quota was not seen"
+            time.sleep(0.05)
+        assert "ResourceQuota allows 5000 MiB" in r["FailedNodes"]["node-a"]
+        api.delete_pod("team", "held")  # the namespace's use drops as the pod goes
+        e.synced(api)
+        assert e.post("filter", {"Pod": ask, "Nodes": None, "NodeNames": ["node-a"]})["NodeNames"] == ["node-a"]
     finally:
         e.close()

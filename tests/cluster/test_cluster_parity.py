@@ -260,3 +260,38 @@ def test_dynamic_mig_profiles_are_never_replaced_by_pyvgpus_own_table():
     # without migProfiles the model's known geometries still apply (pyvgpu's own agent writes migtemplate)
     reg_old = json.dumps([{k: v for k, v in json.loads(reg)[0].items() if k != "migProfiles"}])
     assert decide(nodelist(node("n1", reg_old)), [], pod(containers=[ctr(gpus=1, mem=10000)])).node == "n1"
+
+
+# --- item 6: namespace quotas (pkg/device/quota.go, nvidia fitQuota) ----------------------------------------
+
+def _quota(ns, mem=None, cores=None, name="gpu"):
+    hard = {}
+    if mem is not None:
+        hard["limits.nvidia.com/gpumem"] = str(mem)
+    if cores is not None:
+        hard["limits.nvidia.com/gpucores"] = str(cores)
+    return {"kind": "ResourceQuotaList", "items": [
+        {"kind": "ResourceQuota", "metadata": {"name": name, "namespace": ns}, "spec": {"hard": hard}}]}
+
+
+def test_namespace_quota_limits_gpu_memory_and_cores():
+    nodes = nodelist(node("n1", [gpu("GPU-a"), gpu("GPU-b", 1)]))
+    used = podlist(pod("p", node_name="n1", allocated="GPU-a,NVIDIA,6000,30:;", namespace="team"),
+                   pod("other", node_name="n1", allocated="GPU-b,NVIDIA,50000,50:;", namespace="elsewhere"))
+    ask = pod(containers=[ctr(gpus=1, mem=4000, cores=20)], namespace="team")
+    assert decide(nodes, used, ask, quotas=_quota("team", mem=10000)).node == "n1"  # 6000 + 4000
+    d = decide(nodes, used, ask, quotas=_quota("team", mem=9999))
+    assert d.node is None
+    assert "namespace team's ResourceQuota allows 9999 MiB of GPU memory; its pods use 6000 and this pod asks " \
+           "4000" in d.nodes[0].reason
+    assert decide(nodes, used, ask, quotas=_quota("team", cores=49)).node is None  # 30 + 20 cores
+    assert decide(nodes, used, ask, quotas=_quota("team", cores=50)).node == "n1"
+    assert decide(nodes, used, ask, quotas=_quota("elsewhere", mem=1)).node == "n1"  # another namespace's
+    # two GPUs of 4000 count 8000; a quota of 0 refuses every pod that asks the resource
+    two = pod(containers=[ctr(gpus=2, mem=4000, cores=20)], namespace="team")
+    assert decide(nodes, used, two, quotas=_quota("team", mem=13999)).node is None
+    assert decide(nodes, [], ask, quotas=_quota("team", mem=0)).node is None
+    # the smallest of two quotas of one namespace applies
+    both = _quota("team", mem=100000)
+    both["items"] += _quota("team", mem=9000, name="small")["items"]
+    assert decide(nodes, used, ask, quotas=both).node is None
