@@ -60,6 +60,9 @@ def explain(
     gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="spread|binpack|topology-aware",
                                    help="The scheduler's default GPU policy (a pod's hami.io/gpu-scheduler-policy "
                                         "overrides it)."),
+    quotas: str = typer.Option(None, "--quotas", metavar="FILE",
+                               help="Namespace GPU quotas: `kubectl get resourcequotas -A -o json` output "
+                                    "(limits.nvidia.com/gpumem and gpucores count)."),
 ) -> None:
     """Where would the scheduler put POD, and why not elsewhere? Prints the decision, the annotations it would
     write, and per node: fits or not, its score, and which container, GPU and limit refused it.
@@ -82,17 +85,18 @@ def explain(
             raise ClusterInputError("--gpu-policy", f"{gpu_policy!r}: use spread, binpack or topology-aware")
         cfg = ClusterConfig(node_policy=node_policy, gpu_policy=gpu_policy)
         docs = {}
-        for option, path in (("--nodes", nodes), ("--pods", pods), ("--pod", pod)):
-            docs[option] = _load(path, option)
+        for option, path in (("--nodes", nodes), ("--pods", pods), ("--pod", pod), ("--quotas", quotas)):
+            docs[option] = _load(path, option) if path is not None else None
         the_pod = docs["--pod"]
         if isinstance(the_pod, dict) and isinstance(the_pod.get("items"), list) and len(the_pod["items"]) == 1:
             the_pod = the_pod["items"][0]
         try:
-            decision = decide(docs["--nodes"], docs["--pods"], the_pod, cfg)
+            decision = decide(docs["--nodes"], docs["--pods"], the_pod, cfg, quotas=docs["--quotas"])
         except ClusterInputError as e:
             # Name the file the field is in: the lists' errors start with NodeList / PodList.
             option, path = (("--nodes", nodes) if e.field.startswith("NodeList") else
-                            ("--pods", pods) if e.field.startswith("PodList") else ("--pod", pod))
+                            ("--pods", pods) if e.field.startswith("PodList") else
+                            ("--quotas", quotas) if e.field.startswith("ResourceQuotaList") else ("--pod", pod))
             raise ClusterInputError(f"{option} {path}: {e.field}", e.detail) from None
     except ClusterInputError as e:
         typer.echo(f"pyvgpu: {e}", err=True)

@@ -151,3 +151,16 @@ def test_bench_schedule_small_run(tmp_path):
     assert table.exit_code == 0 and "one decision (median ms)" in table.output
     bad = CliRunner().invoke(app, ["bench", "schedule", "--sizes", "x"])
     assert bad.exit_code == 2 and "--sizes" in bad.output
+
+
+def test_explain_counts_namespace_quotas(tmp_path):
+    args = files(tmp_path, nodelist(node("n1", [gpu("GPU-a")])), podlist(), pod(containers=[ctr(mem=2000)]))
+    (tmp_path / "quotas.json").write_text(json.dumps({"kind": "ResourceQuotaList", "items": [
+        {"kind": "ResourceQuota", "metadata": {"name": "q", "namespace": "default"},
+         "spec": {"hard": {"limits.nvidia.com/gpumem": "1000"}}}]}))
+    r = explain(*args, "--quotas", str(tmp_path / "quotas.json"))
+    assert r.exit_code == 0 and "no node fits" in r.output and "ResourceQuota allows 1000 MiB" in r.output
+    assert "decision: n1" in explain(*args).output
+    (tmp_path / "quotas.json").write_text('{"items": ["x"]}')
+    r = explain(*args, "--quotas", str(tmp_path / "quotas.json"))
+    assert r.exit_code == 2 and "--quotas" in r.output
