@@ -62,14 +62,32 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
     gpu = [c for c in req.containers if c.nums > 0]
     single = gpu[0] if len(gpu) == 1 else None  # one container asking GPUs: a count decides (place.count_fit)
     filtered = has_filters(req)
+    # Filter's verdicts (NodeResults, shared: never changed) are remembered per node usage and request
+    # shape: a node's usage changes far less often than pods of one shape come (a job's replicas), and the
+    # cache goes with the usage (usage.add_pod clears it; a rebuilt node starts without one).
+    shape = (single, req.numa_bind, req.mutex, (req.use_types, req.nouse_types, req.use_uuids, req.nouse_uuids,
+                                                req.modes) if filtered else None) if brief and single else None
     for n in nodes:
         by_name[n.name] = n
+        if shape is not None and n.fit_cache is not None:
+            verdict = n.fit_cache.get(shape)
+            if verdict is not None:
+                (fit if verdict.fits else unfit).append(verdict)
+                continue
         if n.error:
             unfit.append(NodeResult(n.name, False, None, n.error))
             continue
         score = n.score_cache
         if score is None:
             score = n.score_cache = node_score(n.devices)
+        if shape is not None:
+            memo = n.fit_cache
+            if memo is None or len(memo) >= FIT_CACHE:
+                memo = n.fit_cache = {}
+            verdict = memo[shape] = (NodeResult(n.name, True, score) if count_fit(n.devices, single, req, filtered)
+                                     else NodeResult(n.name, False, score, brief_reason(n, req, cfg)))
+            (fit if verdict.fits else unfit).append(verdict)
+            continue
         if count_fit(n.devices, single, req, filtered) if single is not None else feasible(n, req, cfg):
             fit.append(NodeResult(n.name, True, score))
         else:
@@ -97,6 +115,7 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
                     warnings)
 
 
+FIT_CACHE = 64  # request shapes remembered per node usage
 QUOTA_TRIES = 32  # ranked nodes whose placement is checked against the quota before the rest are assumed alike
 
 
@@ -129,6 +148,8 @@ def gather_warnings(req: PodRequest, nodes: list[NodeInfo]) -> tuple[str, ...]:
     out = list(req.warnings)
     skipped = 0
     for n in nodes:
+        if not n.warnings:
+            continue
         for w in n.warnings:
             if skipped < MAX_WARNINGS:
                 out.append(w)

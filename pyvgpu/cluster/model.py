@@ -86,6 +86,9 @@ class NodeInfo:
     # The node score of the current usage, computed once: usage.add_pod clears it, and so must any other
     # code that changes the devices' usage.
     score_cache: float | None = field(default=None, repr=False, compare=False)
+    # A filter's verdicts (NodeResult) on this usage per request shape (decide.decide_on). Cleared with
+    # score_cache; bounded there.
+    fit_cache: dict | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,7 @@ class Placement:
         return ContainerDevice(uuid, keys.DEVICE_TYPE, self.usedmem, self.usedcores)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class NodeResult:
     """One node's verdict: whether the pod fits, its node score, and why not."""
 

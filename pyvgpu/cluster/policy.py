@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import combinations
+from operator import attrgetter
 from typing import TypeVar
 
 from pyvgpu.cluster import keys
@@ -99,6 +100,13 @@ def sets(ordered: Sequence[T], n: int, *, topology: bool, scores: dict[str, dict
 
 def rank_nodes(results: list[NodeResult], policy: str) -> list[NodeResult]:
     """binpack (default): the fullest node first (highest node score); spread: the emptiest first."""
+    out = sorted(results, key=attrgetter("name"))  # two stable C sorts: by name, then by score
     if policy == keys.SPREAD:
-        return sorted(results, key=lambda r: (r.score, r.name))
-    return sorted(results, key=lambda r: (-(r.score or 0.0), r.name))
+        out.sort(key=_score)
+    else:
+        out.sort(key=_score, reverse=True)  # reverse keeps equal scores in name order
+    return out
+
+
+def _score(r: NodeResult) -> float:
+    return r.score or 0.0

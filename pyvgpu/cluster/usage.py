@@ -166,6 +166,7 @@ def add_pod(node: NodeInfo, pd: PodDevices, n_init: int = 0, sign: int = 1, who:
     as HAMi does. Contradictions (a MIG instance on a non-MIG GPU, two geometries on one GPU) mark the GPU
     with a problem, so it takes nothing new."""
     node.score_cache = None
+    node.fit_cache = None
     by_id = {d.id: d for d in node.devices}
     for uuid, (slots, mem, cores, migs) in collapse(pd, n_init, app_only).items():
         dev = by_id.get(uuid)
