@@ -57,9 +57,10 @@ def explain(
     node_policy: str = typer.Option("binpack", "--node-policy", metavar="binpack|spread",
                                     help="The scheduler's default node policy (a pod's "
                                          "hami.io/node-scheduler-policy overrides it)."),
-    gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="spread|binpack|topology-aware",
-                                   help="The scheduler's default GPU policy (a pod's hami.io/gpu-scheduler-policy "
-                                        "overrides it)."),
+    gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="POLICY",
+                                   help="The scheduler's default GPU policy: spread, binpack, topology-aware, mutex, "
+                                        "numa or a comma list such as binpack,topology-aware (a pod's "
+                                        "hami.io/gpu-scheduler-policy overrides it)."),
     quotas: str = typer.Option(None, "--quotas", metavar="FILE",
                                help="Namespace GPU quotas: `kubectl get resourcequotas -A -o json` output "
                                     "(limits.nvidia.com/gpumem and gpucores count)."),
@@ -81,8 +82,9 @@ def explain(
     try:
         if node_policy not in ("binpack", "spread"):
             raise ClusterInputError("--node-policy", f"{node_policy!r}: use binpack or spread")
-        if gpu_policy not in ("binpack", "spread", "topology-aware"):
-            raise ClusterInputError("--gpu-policy", f"{gpu_policy!r}: use spread, binpack or topology-aware")
+        if not _gpu_policy_ok(gpu_policy):
+            raise ClusterInputError("--gpu-policy", f"{gpu_policy!r}: use spread, binpack, topology-aware, mutex or "
+                                                    "numa, or a comma list of them")
         cfg = ClusterConfig(node_policy=node_policy, gpu_policy=gpu_policy)
         docs = {}
         for option, path in (("--nodes", nodes), ("--pods", pods), ("--pod", pod), ("--quotas", quotas)):
@@ -103,6 +105,18 @@ def explain(
         raise typer.Exit(2) from None
     typer.echo(json.dumps(render.to_json(decision), indent=1) if as_json else render.to_text(decision))
 
+
+
+def _gpu_policy_ok(policy: str) -> bool:
+    """A default GPU policy as a pod's annotation may give it (pyvgpu.cluster.request.gpu_policy_of)."""
+    from pyvgpu.cluster.errors import ClusterInputError
+    from pyvgpu.cluster.request import gpu_policy_of
+
+    try:
+        gpu_policy_of(policy, "--gpu-policy")
+    except ClusterInputError:
+        return False
+    return bool(policy.strip())
 
 
 def _node_options(node_name: str | None, **kw):
@@ -211,8 +225,9 @@ def scheduler(
                              help="The schedulerName the webhook gives GPU pods (kube-scheduler's profile)."),
     node_policy: str = typer.Option("binpack", "--node-policy", metavar="binpack|spread",
                                     help="Default node policy (a pod's hami.io/node-scheduler-policy wins)."),
-    gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="spread|binpack|topology-aware",
-                                   help="Default GPU policy (a pod's hami.io/gpu-scheduler-policy wins)."),
+    gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="POLICY",
+                                   help="Default GPU policy: spread, binpack, topology-aware, mutex, numa or a "
+                                        "comma list (a pod's hami.io/gpu-scheduler-policy wins)."),
     lock_expire: float = typer.Option(300.0, "--lock-expire", metavar="SECONDS",
                                       help="Age after which a node lock (hami.io/mutex.lock) is taken over "
                                            "(HAMi's default: 300)."),
@@ -236,8 +251,9 @@ def scheduler(
             raise PyvgpuError(f"--port {port}: give a TCP port 1..65535")
         if node_policy not in ("binpack", "spread"):
             raise PyvgpuError(f"--node-policy {node_policy!r}: use binpack or spread")
-        if gpu_policy not in ("binpack", "spread", "topology-aware"):
-            raise PyvgpuError(f"--gpu-policy {gpu_policy!r}: use spread, binpack or topology-aware")
+        if not _gpu_policy_ok(gpu_policy):
+            raise PyvgpuError(f"--gpu-policy {gpu_policy!r}: use spread, binpack, topology-aware, mutex or numa, or "
+                              "a comma list of them")
         if lock_expire <= 0:
             raise PyvgpuError(f"--lock-expire {lock_expire}: give a positive number of seconds")
         if webhook_port is not None and not (tls_cert and tls_key):

@@ -15,7 +15,7 @@ from typing import Any
 from pyvgpu.cluster import codec, keys
 from pyvgpu.cluster.config import ClusterConfig
 from pyvgpu.cluster.fit import has_filters
-from pyvgpu.cluster.model import Decision, NodeInfo, NodeResult, PodRequest
+from pyvgpu.cluster.model import Decision, NodeInfo, NodeResult, PodDevices, PodRequest
 from pyvgpu.cluster.place import brief_reason, count_fit, feasible, plan, why_not
 from pyvgpu.cluster.policy import rank_nodes
 from pyvgpu.cluster.quota import QuotaView, use_of_placements
@@ -104,15 +104,20 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
     placed = placed or plan(by_name[best], req, cfg)
     if not placed.fits:  # feasible() and plan() share their checks; this would be a bug, said plainly
         raise AssertionError(f"node {best} was feasible but no placement was found: {placed.reason}")
-    encoded = codec.encode_pod_devices(tuple(tuple(p.entry() for p in c) for c in placed.placements))
-    annotations = {
-        keys.POD_NODE: best,
+    annotations = allocation_annotations(best, tuple(tuple(p.entry() for p in c) for c in placed.placements))
+    return Decision(req.key, best, placed.placements, annotations, verdicts, req, req.node_policy, req.gpu_policy,
+                    warnings)
+
+
+def allocation_annotations(node: str, devices: PodDevices) -> dict[str, str]:
+    """The annotations a decision writes for the pod's GPUs on `node`."""
+    encoded = codec.encode_pod_devices(devices)
+    return {
+        keys.POD_NODE: node,
         keys.POD_TO_ALLOCATE: encoded,
         keys.POD_ALLOCATED: encoded,  # HAMi's filter writes both with one value (PatchAnnotations)
         keys.POD_BIND_PHASE: keys.BIND_ALLOCATING,  # written at bind, with hami.io/bind-time
     }
-    return Decision(req.key, best, placed.placements, annotations, verdicts, req, req.node_policy, req.gpu_policy,
-                    warnings)
 
 
 FIT_CACHE = 64  # request shapes remembered per node usage

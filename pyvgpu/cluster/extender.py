@@ -33,7 +33,7 @@ from pyvgpu.cluster import events, keys, usage, webhook
 from pyvgpu.cluster.config import ClusterConfig
 from pyvgpu.cluster.decide import decide_on
 from pyvgpu.cluster.errors import ClusterInputError
-from pyvgpu.cluster.inflight import InFlight
+from pyvgpu.cluster.inflight import InFlight, kept_promise
 from pyvgpu.cluster.informer import Informer
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
 from pyvgpu.cluster.liveness import Liveness
@@ -264,13 +264,16 @@ class Scheduler:
             fresh += [p for p in self.informer.in_flight(node, (ns, name))
                       if ((p["metadata"].get("namespace") or "default"), p["metadata"]["name"]) not in seen]
             info = usage.node_infos([node_obj], fresh, self.cfg, exclude=(ns, name))
-            d = decide_on(self.inflight.apply(info, (ns, name), self.informer.counts, self.inflight.order((ns, name))),
-                          req, self.cfg, quota=self.informer.quotas.view(ns, exclude=(ns, name)))
-            if d.node is None:
-                why = d.nodes[0].reason if d.nodes else "no such node"
-                return "no_longer_fits", f"pyvgpu: {who} no longer fits on node {node}: {why}"
+            info = self.inflight.apply(info, (ns, name), self.informer.counts, self.inflight.order((ns, name)))
+            quota = self.informer.quotas.view(ns, exclude=(ns, name))
+            annos = kept_promise(self.inflight.promise((ns, name)), info[0], req, quota)
+            if annos is None:
+                d = decide_on(info, req, self.cfg, quota=quota)
+                if d.node is None:
+                    why = d.nodes[0].reason if d.nodes else "no such node"
+                    return "no_longer_fits", f"pyvgpu: {who} no longer fits on node {node}: {why}"
+                annos = dict(d.annotations)
             now = str(int(time.time()))
-            annos = dict(d.annotations)
             annos[keys.POD_TIME] = now
             annos[keys.POD_BIND_TIME] = now
             annos[keys.POD_BIND_PHASE] = keys.BIND_ALLOCATING
@@ -297,6 +300,10 @@ class Scheduler:
         key = (req.namespace, req.name)
         infos = self.inflight.apply(self.informer.node_infos([node], exclude=key), key, self.informer.counts,
                                     self.inflight.order(key))
+        old = self.inflight.promise(key)
+        if old is not None and kept_promise(old, infos[0], req, None) is not None:
+            self.inflight.reserve(key, node, old.devices, old.n_init, keep_order=True)  # still good: renewed
+            return
         d = decide_on(infos, req, self.cfg)
         if d.node is not None:
             self.inflight.reserve(key, d.node, d.devices, d.init_containers, keep_order=True)

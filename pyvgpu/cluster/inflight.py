@@ -25,7 +25,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyvgpu.cluster.model import NodeInfo, PodDevices
+from pyvgpu.cluster.decide import allocation_annotations
+from pyvgpu.cluster.model import NodeInfo, PodDevices, PodRequest
+from pyvgpu.cluster.place import placement_fits
+from pyvgpu.cluster.quota import QuotaView, use_of
 from pyvgpu.cluster.usage import add_pod
 
 PodKey = tuple[str, str]
@@ -67,6 +70,12 @@ class InFlight:
                 self._drop(oldest)
             self._by_pod[pod] = Reservation(node, devices, n_init, self.clock() + self.ttl_s, seq)
             self._by_node.setdefault(node, set()).add(pod)
+
+    def promise(self, pod: PodKey) -> Reservation | None:
+        """The pod's live reservation, if any."""
+        with self._lock:
+            r = self._by_pod.get(pod)
+            return r if r is not None and r.expires > self.clock() else None
 
     def order(self, pod: PodKey) -> int | None:
         """The pod's place in the order of reservations, None when it has none."""
@@ -133,3 +142,15 @@ class InFlight:
                 add_pod(copy, r.devices, r.n_init, who=f"pod {ns}/{name} (being bound)")
             out.append(copy)
         return out
+
+
+def kept_promise(promise: Reservation | None, node: NodeInfo, req: PodRequest,
+                 quota: QuotaView | None) -> dict[str, str] | None:
+    """The annotations of the GPUs the pod was promised on `node`, when they still fit it as used now (and
+    its namespace's quota); else None and bind decides afresh. Keeping the promised GPUs keeps the later
+    pods' promises, which were planned around them, true."""
+    if promise is None or promise.node != node.name or not placement_fits(node, req, promise.devices):
+        return None
+    if quota is not None and quota.reason(use_of(promise.devices, promise.n_init)) is not None:
+        return None
+    return allocation_annotations(node.name, promise.devices)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pyvgpu.cluster import keys
 from pyvgpu.cluster.config import ClusterConfig
 from pyvgpu.cluster.fit import fits, has_filters, mig_pick, refusal_kind, static_reason, usage_reason
-from pyvgpu.cluster.model import ContainerRequest, DeviceUsage, NodeInfo, Placement, PodRequest
+from pyvgpu.cluster.model import ContainerRequest, DeviceUsage, NodeInfo, Placement, PodDevices, PodRequest
 from pyvgpu.cluster.policy import numa_groups, order_devices, sets
 from pyvgpu.cluster.score import device_score
 
@@ -246,3 +246,31 @@ def brief_reason(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = No
     if kinds:
         out += "; refused for " + ", ".join(f"{k} ({v})" for k, v in sorted(kinds.items()))
     return out
+
+
+def placement_fits(node: NodeInfo, req: PodRequest, devices: PodDevices) -> bool:
+    """Whether the GPUs `devices` names (one entry per container, as the allocation encodes them) can still
+    be given to the pod on `node` as it is used now: every check of fit.py, containers in order, init
+    containers each against the node alone. False for a MIG placement (decided afresh) or a shape that does
+    not match the request."""
+    if node.error or len(devices) != len(req.containers):
+        return False
+    devs = {d.id: d.copy() for d in node.devices}
+    base = _state(list(devs.values()))
+    for ctr, entries in zip(req.containers, devices, strict=True):
+        if len(entries) != ctr.nums or len({e.uuid for e in entries}) != len(entries):
+            return False
+        for e in entries:
+            d = devs.get(e.uuid)
+            if d is None or d.mode == keys.MIG or static_reason(d, req) is not None \
+                    or e.usedmem != ctr.memory_on(d.totalmem) or not fits(d, ctr, e.usedmem, req.mutex):
+                return False
+        if ctr.init:
+            continue  # runs alone: the next container sees the node as it was
+        for e in entries:
+            d = devs[e.uuid]
+            d.used += 1
+            d.usedmem += e.usedmem
+            d.usedcores += ctr.coresreq
+    _restore(list(devs.values()), base)
+    return True

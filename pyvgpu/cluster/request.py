@@ -2,8 +2,11 @@
 
 The rules are HAMi's (pkg/device/nvidia/device.go GenerateResourceRequests, checkType, assertNuma;
 pkg/device/devices.go CheckType, CheckUUID; pkg/scheduler/webhook.go and MutateAdmission for the count a
-container gets when it asks memory or cores only). Where HAMi logs and carries on with a value it cannot
-use, this module refuses the pod with an error that names the field: a typo should not schedule.
+container gets when it asks memory or cores only; v2.10 defaultExclusiveCoreIfNeeded for the 100 cores a
+container gets when it asks GPUs and no memory). Where HAMi schedules a value by a rule (gpucores above
+100 clamped, a numa-bind that is not a boolean read as false), this module does the same and says so in
+PodRequest.warnings; where HAMi drops a value it cannot use (a gpumem that is not a whole number, an
+unknown policy word), it refuses the pod with an error that names the field: a typo should not schedule.
 """
 
 from __future__ import annotations

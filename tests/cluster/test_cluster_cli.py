@@ -164,3 +164,11 @@ def test_explain_counts_namespace_quotas(tmp_path):
     (tmp_path / "quotas.json").write_text('{"items": ["x"]}')
     r = explain(*args, "--quotas", str(tmp_path / "quotas.json"))
     assert r.exit_code == 2 and "--quotas" in r.output
+
+
+def test_gpu_policy_option_takes_hamis_comma_lists(tmp_path):
+    args = files(tmp_path, nodelist(node("n1", [gpu("GPU-a"), gpu("GPU-b", 1)])), podlist(),
+                 pod(containers=[ctr(mem=1)]))
+    r = explain(*args, "--json", "--gpu-policy", "binpack,mutex")
+    assert r.exit_code == 0, r.output
+    assert explain(*args, "--gpu-policy", "binpack,bestfit").exit_code == 2

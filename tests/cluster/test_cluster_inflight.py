@@ -169,3 +169,35 @@ def test_the_cache_is_built_before_ready_and_keeps_slim_pods(kube, api):
         assert inf.node_infos(["node-0"])[0].devices[0].usedmem == 1000
     finally:
         e.close()
+
+
+def test_bind_keeps_the_promised_gpus_while_they_still_fit(kube, api):
+    # later pods' promises were planned around this pod's: bind gives it the GPUs it was promised, not a
+    # new choice, unless they no longer fit
+    api.put_node(registered("node-0", ["GPU-a0", "GPU-a1"], mem=8192))
+    e = Ext(kube)
+    try:
+        e.synced(api)
+        binpack = {keys.GPU_POLICY: keys.BINPACK}
+        p = api.put_pod(pod("p", [gpu_container("main", 1, 1000, 10)], annotations=binpack))
+        assert _filter(e, p, ["node-0"])["NodeNames"] == ["node-0"]
+        promised = e.s.inflight.promise(("default", "p")).devices[0][0].uuid
+        assert promised == "GPU-a1"  # equal GPUs: the last listed
+        # another scheduler's pod lands on GPU-a0: binpack deciding afresh would now take GPU-a0
+        api.put_pod(pod("other", [gpu_container("main", 1, 1000, 10)], node_name="node-0", phase="Running",
+                        annotations={keys.POD_ALLOCATED: "GPU-a0,NVIDIA,1000,10:;"}))
+        e.synced(api)
+        assert e.post("bind", bind_args(p, "node-0")) == {"Error": ""}
+        assert api.get_pod("default", "p")["metadata"]["annotations"][keys.POD_TO_ALLOCATE].startswith("GPU-a1,")
+        # a promise that no longer fits is decided afresh
+        q = api.put_pod(pod("q", [gpu_container("main", 1, 6000, 10)], annotations=binpack))
+        assert _filter(e, q, ["node-0"])["NodeNames"] == ["node-0"]
+        taken = e.s.inflight.promise(("default", "q")).devices[0][0].uuid
+        api.put_pod(pod("big", [gpu_container("main", 1, 6000, 10)], node_name="node-0", phase="Running",
+                        annotations={keys.POD_ALLOCATED: f"{taken},NVIDIA,6000,10:;"}))
+        e.synced(api)
+        assert e.post("bind", bind_args(q, "node-0")) == {"Error": ""}
+        other = "GPU-a0" if taken == "GPU-a1" else "GPU-a1"
+        assert api.get_pod("default", "q")["metadata"]["annotations"][keys.POD_TO_ALLOCATE].startswith(f"{other},")
+    finally:
+        e.close()
