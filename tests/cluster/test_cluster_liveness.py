@@ -88,3 +88,17 @@ def test_the_scheduler_asks_and_refuses_a_node_whose_agent_is_gone(kube, api):
             time.sleep(0.05)
     finally:
         stop.set()
+
+
+@pytest.mark.parametrize("replicas, elect", [(1, False), (3, True)])
+def test_scheduler_replicas_elect_a_leader(replicas, elect):
+    # item 12: several scheduler pods; their kube-schedulers elect one (a Lease named kube-scheduler in the
+    # release namespace, which the system:kube-scheduler role bound to them may get and update)
+    import yaml
+    from test_cluster_chart import NS, one, render
+
+    docs = render({"scheduler": {"replicas": replicas}})
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config"))
+    conf = yaml.safe_load(cm["data"]["config.yaml"])
+    assert conf["leaderElection"] == {"leaderElect": elect, "resourceNamespace": NS, "resourceName": "kube-scheduler"}
+    assert one(docs, "Deployment", "scheduler")["spec"]["replicas"] == replicas
