@@ -201,3 +201,13 @@ def test_bind_keeps_the_promised_gpus_while_they_still_fit(kube, api):
         assert api.get_pod("default", "q")["metadata"]["annotations"][keys.POD_TO_ALLOCATE].startswith(f"{other},")
     finally:
         e.close()
+
+
+def test_the_kube_scheduler_shaped_bench_runs_and_over_commits_nothing():
+    # a smoke run of `bench schedule --live-sizes` (figures come from the bench, not from here)
+    from pyvgpu.bench import schedule_live
+
+    r = schedule_live.run_one(4, 12, inflight=3, seed=2, policy="binpack")
+    assert r["bound"] + r["unschedulable"] + r["gave_up"] == 12 and r["bound"] > 0
+    assert r["overcommitted_gpus"] == 0 and set(r["filter_ms"]) == {"p50", "p99"}
+    assert "4 " in schedule_live.table([r]).splitlines()[2]
