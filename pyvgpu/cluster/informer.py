@@ -76,6 +76,12 @@ def _quota_use(pod: dict) -> tuple[int, int] | None:
     return quota_use(pd, len((pod.get("spec") or {}).get("initContainers") or []), usage.init_done(pod)) if pd else None
 
 
+def _usage_inputs(node: dict) -> tuple:
+    """What of a node its usage is built from (usage.node_info): the registration, pair scores, cordon."""
+    annos = (node.get("metadata") or {}).get("annotations") or {}
+    return tuple(annos.get(k) for k in (keys.NODE_REGISTER, keys.NODE_PAIR_SCORE, keys.NODE_DEVICE_CORDON))
+
+
 def _rv(obj: dict) -> int:
     try:
         return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
@@ -205,12 +211,14 @@ class Informer:
                 self.quotas.set_quota(None if typ == "DELETED" else obj, _pod_key(obj))
             elif kind == "node":
                 name = obj["metadata"]["name"]
+                old = self.nodes.get(name)
                 if typ == "DELETED":
                     self.nodes.pop(name, None)
                     self._infos.pop(name, None)
                 else:
                     self.nodes[name] = obj
-                self._dirty.add(name)
+                if old is None or typ == "DELETED" or _usage_inputs(old) != _usage_inputs(obj):
+                    self._dirty.add(name)  # a lock or handshake change alone leaves the node's usage as it was
             else:
                 key = _pod_key(obj)
                 have = self.pods.get(key)

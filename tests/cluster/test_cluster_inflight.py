@@ -211,3 +211,25 @@ def test_the_kube_scheduler_shaped_bench_runs_and_over_commits_nothing():
     assert r["bound"] + r["unschedulable"] + r["gave_up"] == 12 and r["bound"] > 0
     assert r["overcommitted_gpus"] == 0 and set(r["filter_ms"]) == {"p50", "p99"}
     assert "4 " in schedule_live.table([r]).splitlines()[2]
+
+
+def test_a_lock_or_handshake_change_keeps_the_nodes_usage_built(kube, api):
+    # binds lock and unlock nodes, the scheduler asks for handshakes: neither changes a node's usage, so
+    # neither rebuilds it (nor drops the verdicts remembered with it); a registration change does
+    api.put_node(registered("node-0", ["GPU-0-0"]))
+    e = Ext(kube)
+    try:
+        e.synced(api)
+        inf = e.s.informer
+        before = inf.node_infos(["node-0"])[0]
+        n = api.get_node("node-0")
+        n["metadata"]["annotations"][keys.NODE_LOCK] = "2026-01-01T00:00:00Z,default,p"
+        n["metadata"]["annotations"][keys.NODE_HANDSHAKE] = "Requesting_2026-01-01 00:00:00"
+        api.put_node(n)
+        e.synced(api)
+        assert inf.node_infos(["node-0"])[0] is before
+        api.put_node(registered("node-0", ["GPU-0-0", "GPU-0-1"]))
+        e.synced(api)
+        assert len(inf.node_infos(["node-0"])[0].devices) == 2
+    finally:
+        e.close()
