@@ -250,9 +250,11 @@ def brief_reason(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = No
 
 def placement_fits(node: NodeInfo, req: PodRequest, devices: PodDevices) -> bool:
     """Whether the GPUs `devices` names (one entry per container, as the allocation encodes them) can still
-    be given to the pod on `node` as it is used now: every check of fit.py, containers in order, init
-    containers each against the node alone. False for a MIG placement (decided afresh) or a shape that does
-    not match the request."""
+    be given to the pod on `node` as it is used now: the checks of fit.py, containers in order, init
+    containers each against the node alone, except one: a GPU whose cores others filled to 100 still takes
+    a promised container that asks 0 cores. That rule depends on the order pods arrive in (the 0-core
+    container, promised first, fitted; the others filled the cores beside it), and the state is one HAMi
+    reaches too. False for a MIG placement (decided afresh) or a shape that does not match the request."""
     if node.error or len(devices) != len(req.containers):
         return False
     devs = {d.id: d.copy() for d in node.devices}
@@ -263,7 +265,11 @@ def placement_fits(node: NodeInfo, req: PodRequest, devices: PodDevices) -> bool
         for e in entries:
             d = devs.get(e.uuid)
             if d is None or d.mode == keys.MIG or static_reason(d, req) is not None \
-                    or e.usedmem != ctr.memory_on(d.totalmem) or not fits(d, ctr, e.usedmem, req.mutex):
+                    or e.usedmem != ctr.memory_on(d.totalmem):
+                return False
+            if not fits(d, ctr, e.usedmem, req.mutex) and not (
+                    ctr.coresreq == 0 and d.used < d.count and not (req.mutex and d.used > 0)
+                    and d.totalmem - d.usedmem >= e.usedmem and d.usedcores <= d.totalcore):
                 return False
         if ctr.init:
             continue  # runs alone: the next container sees the node as it was

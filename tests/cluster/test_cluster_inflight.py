@@ -233,3 +233,19 @@ def test_a_lock_or_handshake_change_keeps_the_nodes_usage_built(kube, api):
         assert len(inf.node_infos(["node-0"])[0].devices) == 2
     finally:
         e.close()
+
+
+def test_a_promised_zero_core_container_keeps_its_gpu_when_later_pods_filled_the_cores():
+    # x (0 cores) was promised first; y then took the GPU's cores to 100 beside it and was bound first.
+    # x's promise still holds: nothing is over its slots, memory or cores
+    from pyvgpu.cluster.place import placement_fits
+    from pyvgpu.cluster.usage import add_pod
+
+    info = _node()
+    x = pod_request(pod("x", [gpu_container("main", 1, 1000, 0)]))
+    promised = ((ContainerDevice("GPU-a0", "NVIDIA", 1000, 0),),)
+    assert placement_fits(info, x, promised)
+    add_pod(info, ((ContainerDevice("GPU-a0", "NVIDIA", 1000, 100),),))
+    assert placement_fits(info, x, promised)
+    add_pod(info, ((ContainerDevice("GPU-a0", "NVIDIA", 7000, 0),),))
+    assert not placement_fits(info, x, promised)  # the memory is gone: decided afresh
