@@ -612,6 +612,13 @@ def bench_schedule(
                               help="Offered loads of the packing run (1 = as many pods as fit on average), "
                                    "comma-separated."),
     seed: int = typer.Option(1, metavar="N", help="Seed of the random cluster and pods: one seed, one result."),
+    live_sizes: str = typer.Option("", "--live-sizes", metavar="N,...",
+                                   help="Also drive the extender as kube-scheduler does (filter, prioritize, binds "
+                                        "in flight) against the test API server at these node counts, e.g. "
+                                        "1000,5000 (from a checkout; empty skips it)."),
+    live_pods: int = typer.Option(1000, "--live-pods", min=1, metavar="N",
+                                  help="Pending pods scheduled in each live run."),
+    inflight: int = typer.Option(8, "--inflight", min=1, max=64, metavar="N", help="Binds in flight in the live run."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of the table."),
     output: Path = typer.Option(None, "--output", metavar="PATH", help="Also write the result as JSON to PATH."),
 ) -> None:
@@ -621,8 +628,16 @@ def bench_schedule(
     from pyvgpu.errors import PyvgpuError
 
     try:
+        live = [int(x) for x in live_sizes.split(",") if x.strip()] if live_sizes.strip() else []
+    except ValueError:
+        raise _fail(f"--live-sizes {live_sizes!r}: give node counts separated by commas, e.g. 1000,5000") from None
+    try:
         result = bench.run(sizes=sizes, repeats=repeats, arrivals=arrivals, pack_nodes=pack_nodes, seed=seed,
                            loads=loads)
+        if live:
+            from pyvgpu.bench import schedule_live
+
+            result["live"] = schedule_live.run(live, live_pods, inflight, seed)
     except PyvgpuError as e:
         raise _fail(str(e)) from None
     if output:
@@ -631,6 +646,10 @@ def bench_schedule(
         typer.echo(json.dumps(result, indent=1))
     else:
         typer.echo(bench.table(result))
+        if "live" in result:
+            from pyvgpu.bench import schedule_live
+
+            typer.echo("\n" + schedule_live.table(result["live"]))
         if output:
             typer.echo(f"wrote {output}")
 

@@ -57,12 +57,16 @@ def explain(
     node_policy: str = typer.Option("binpack", "--node-policy", metavar="binpack|spread",
                                     help="The scheduler's default node policy (a pod's "
                                          "hami.io/node-scheduler-policy overrides it)."),
-    gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="spread|binpack|topology-aware",
-                                   help="The scheduler's default GPU policy (a pod's hami.io/gpu-scheduler-policy "
-                                        "overrides it)."),
+    gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="POLICY",
+                                   help="The scheduler's default GPU policy: spread, binpack, topology-aware, mutex, "
+                                        "numa or a comma list such as binpack,topology-aware (a pod's "
+                                        "hami.io/gpu-scheduler-policy overrides it)."),
     scheduler_name: str = typer.Option("pyvgpu-scheduler", "--scheduler-name", metavar="NAME",
                                        help="Pods of this schedulerName count on their nodes; others carry no "
                                             "allocation pyvgpu trusts."),
+    quotas: str = typer.Option(None, "--quotas", metavar="FILE",
+                               help="Namespace GPU quotas: `kubectl get resourcequotas -A -o json` output "
+                                    "(limits.nvidia.com/gpumem and gpucores count)."),
 ) -> None:
     """Where would the scheduler put POD, and why not elsewhere? Prints the decision, the annotations it would
     write, and per node: fits or not, its score, and which container, GPU and limit refused it.
@@ -81,27 +85,41 @@ def explain(
     try:
         if node_policy not in ("binpack", "spread"):
             raise ClusterInputError("--node-policy", f"{node_policy!r}: use binpack or spread")
-        if gpu_policy not in ("binpack", "spread", "topology-aware"):
-            raise ClusterInputError("--gpu-policy", f"{gpu_policy!r}: use spread, binpack or topology-aware")
+        if not _gpu_policy_ok(gpu_policy):
+            raise ClusterInputError("--gpu-policy", f"{gpu_policy!r}: use spread, binpack, topology-aware, mutex or "
+                                                    "numa, or a comma list of them")
         cfg = ClusterConfig(node_policy=node_policy, gpu_policy=gpu_policy, scheduler_names=(scheduler_name,))
         docs = {}
-        for option, path in (("--nodes", nodes), ("--pods", pods), ("--pod", pod)):
-            docs[option] = _load(path, option)
+        for option, path in (("--nodes", nodes), ("--pods", pods), ("--pod", pod), ("--quotas", quotas)):
+            docs[option] = _load(path, option) if path is not None else None
         the_pod = docs["--pod"]
         if isinstance(the_pod, dict) and isinstance(the_pod.get("items"), list) and len(the_pod["items"]) == 1:
             the_pod = the_pod["items"][0]
         try:
-            decision = decide(docs["--nodes"], docs["--pods"], the_pod, cfg)
+            decision = decide(docs["--nodes"], docs["--pods"], the_pod, cfg, quotas=docs["--quotas"])
         except ClusterInputError as e:
             # Name the file the field is in: the lists' errors start with NodeList / PodList.
             option, path = (("--nodes", nodes) if e.field.startswith("NodeList") else
-                            ("--pods", pods) if e.field.startswith("PodList") else ("--pod", pod))
+                            ("--pods", pods) if e.field.startswith("PodList") else
+                            ("--quotas", quotas) if e.field.startswith("ResourceQuotaList") else ("--pod", pod))
             raise ClusterInputError(f"{option} {path}: {e.field}", e.detail) from None
     except ClusterInputError as e:
         typer.echo(f"pyvgpu: {e}", err=True)
         raise typer.Exit(2) from None
     typer.echo(json.dumps(render.to_json(decision), indent=1) if as_json else render.to_text(decision))
 
+
+
+def _gpu_policy_ok(policy: str) -> bool:
+    """A default GPU policy as a pod's annotation may give it (pyvgpu.cluster.request.gpu_policy_of)."""
+    from pyvgpu.cluster.errors import ClusterInputError
+    from pyvgpu.cluster.request import gpu_policy_of
+
+    try:
+        gpu_policy_of(policy, "--gpu-policy")
+    except ClusterInputError:
+        return False
+    return bool(policy.strip())
 
 
 def _node_options(node_name: str | None, **kw):
@@ -224,8 +242,9 @@ def scheduler(
                              help="The schedulerName the webhook gives GPU pods (kube-scheduler's profile)."),
     node_policy: str = typer.Option("binpack", "--node-policy", metavar="binpack|spread",
                                     help="Default node policy (a pod's hami.io/node-scheduler-policy wins)."),
-    gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="spread|binpack|topology-aware",
-                                   help="Default GPU policy (a pod's hami.io/gpu-scheduler-policy wins)."),
+    gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="POLICY",
+                                   help="Default GPU policy: spread, binpack, topology-aware, mutex, numa or a "
+                                        "comma list (a pod's hami.io/gpu-scheduler-policy wins)."),
     lock_expire: float = typer.Option(300.0, "--lock-expire", metavar="SECONDS",
                                       help="Age after which a node lock (hami.io/mutex.lock) is taken over "
                                            "(HAMi's default: 300)."),
@@ -263,8 +282,9 @@ def scheduler(
             raise PyvgpuError(f"--port {port}: give a TCP port 1..65535")
         if node_policy not in ("binpack", "spread"):
             raise PyvgpuError(f"--node-policy {node_policy!r}: use binpack or spread")
-        if gpu_policy not in ("binpack", "spread", "topology-aware"):
-            raise PyvgpuError(f"--gpu-policy {gpu_policy!r}: use spread, binpack or topology-aware")
+        if not _gpu_policy_ok(gpu_policy):
+            raise PyvgpuError(f"--gpu-policy {gpu_policy!r}: use spread, binpack, topology-aware, mutex or numa, or "
+                              "a comma list of them")
         if lock_expire <= 0:
             raise PyvgpuError(f"--lock-expire {lock_expire}: give a positive number of seconds")
         if webhook_port is not None and not (tls_cert and tls_key):

@@ -30,7 +30,8 @@ _MIG_SUFFIX = re.compile(r"^(?P<uuid>[^\[\]]+)\[(?P<geometry>\d+)-(?P<instance>\
 
 # --- node registration -----------------------------------------------------------------------------------
 
-_REGISTER_FIELDS = ("id", "index", "count", "devmem", "devcore", "type", "numa", "mode", "health", "migtemplate")
+_REGISTER_FIELDS = ("id", "index", "count", "devmem", "devcore", "type", "numa", "mode", "health", "migtemplate",
+                    "migprofiles")
 
 
 def _int(value: Any, where: str, *, low: int = 0, high: int = INT32_MAX) -> int:
@@ -125,6 +126,8 @@ def decode_register(text: str, where: str = keys.NODE_REGISTER) -> list[DeviceIn
             mode=mode,
             health=health,
             mig_geometries=geometries,
+            # HAMi v2.10's dynamic MIG profiles: only whether any are offered is kept (usage.node_info)
+            mig_profiles=len(d["migprofiles"]) if isinstance(d.get("migprofiles"), list) else 0,
         ))
     return devices
 

@@ -74,6 +74,9 @@ class ClusterConfig:
     default_cores: int = 0  # percent for a container that asks none (HAMi defaultCores)
     default_gpu_num: int = 1  # GPUs for a container that asks memory or cores but no count (HAMi webhook)
     memory_factor: int = 1  # the memory asked is multiplied by this (HAMi memoryFactor)
+    # A container that asks GPUs, no cores and no memory (or 100%) gets 100 cores: the GPU alone (HAMi's
+    # webhook, defaultExclusiveCoreIfNeeded, v2.10).
+    exclusive_core_default: bool = True
     node_policy: str = keys.BINPACK
     gpu_policy: str = keys.SPREAD
     mig_models: tuple[MigModels, ...] = DEFAULT_MIG_MODELS

@@ -38,6 +38,7 @@ def to_json(d: Decision) -> dict[str, Any]:
         "annotations": dict(d.annotations),
         "policy": {"node": d.node_policy, "gpu": d.gpu_policy, "topology_aware": r.topology,
                    "numa_bind": r.numa_bind, "modes": list(r.modes)},
+        "warnings": list(d.warnings),
         "containers": containers,
         "nodes": [{"name": n.name, "fits": n.fits, "score": None if n.score is None else round(n.score, 4),
                    "reason": n.reason} for n in d.nodes],
@@ -60,8 +61,17 @@ def to_text(d: Decision, width: int = 100) -> str:
                        ("not UUIDs", r.nouse_uuids)):
         if vals:
             extra.append(f"{name} {','.join(vals)}")
+    if r.mutex:
+        extra.append("mutex (unused GPUs only)")
+    if r.gpu_chain:
+        extra.append(f"GPU sort keys {','.join(r.gpu_chain)}")
+    if r.weights != (1, 1, 1):
+        extra.append("scoring weights slot={},core={},memory={}".format(*r.weights))
     out.append(f"policy: node {d.node_policy} ({_ORDER[d.node_policy][0]}), GPU {d.gpu_policy} "
                f"({_ORDER[d.gpu_policy][1]})" + ("; " + "; ".join(extra) if extra else ""))
+    for w in d.warnings:
+        out.extend(textwrap.wrap(w, width=max(width - 2, 40), initial_indent="warning: ",
+                                 subsequent_indent="  "))
     out.append("")
     if not r.wants_gpus:
         out.append("decision: the pod asks no GPU; the GPU scheduler leaves the node to kube-scheduler")

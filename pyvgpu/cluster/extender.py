@@ -29,18 +29,23 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from pyvgpu.cluster import httpserve, keys, usage, webhook
+from pyvgpu.cluster import events, httpserve, keys, usage, webhook
 from pyvgpu.cluster.config import ClusterConfig
 from pyvgpu.cluster.decide import decide_on
 from pyvgpu.cluster.errors import ClusterInputError
+from pyvgpu.cluster.inflight import InFlight, kept_promise
 from pyvgpu.cluster.informer import Informer
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
+from pyvgpu.cluster.liveness import Liveness
 from pyvgpu.cluster.nodelock import LockBusy, NodeLock
+from pyvgpu.cluster.recent import RecentRanks
 from pyvgpu.cluster.request import pod_request
+from pyvgpu.cluster.usage_metrics import UsageCollector
 
 log = logging.getLogger("pyvgpu.cluster.scheduler")
 MAX_BODY = httpserve.MAX_BODY
 MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
+HANDSHAKE_S = 30.0  # how often the running scheduler asks every node's agent for its handshake
 
 
 class Metrics:
@@ -81,7 +86,7 @@ def _names_and_nodes(args: dict) -> tuple[list[str], dict[str, dict] | None]:
 
 class Scheduler:
     def __init__(self, kube: Kube, cfg: ClusterConfig | None = None, name: str = "pyvgpu-scheduler",
-                 lock_expire_s: float = 300.0, informer: Informer | None = None) -> None:
+                 lock_expire_s: float = 300.0, informer: Informer | None = None, handshake_s: float = 0.0) -> None:
         self.kube = kube
         self.cfg = cfg or ClusterConfig()
         if name not in self.cfg.scheduler_names:  # its own pods count on their nodes
@@ -92,43 +97,70 @@ class Scheduler:
         # users (service accounts) the webhook lets write the allocation annotations (webhook.py)
         self.annotation_writers: frozenset[str] = frozenset()
         self.metrics = Metrics()
+        self.inflight = InFlight()  # filter's and bind's promises, counted until the cache has them
+        self.ranks = RecentRanks()  # filter's ranking, for the prioritize call that follows
+        self.liveness = Liveness()  # nodes whose agent stopped answering the handshake (0 s: not asked)
+        self.handshake_s = handshake_s
+        self.events = events.Recorder(kube, name)  # why a pod was refused or read leniently, on the pod
+        self.metrics.registry.register(UsageCollector(self.informer.all_node_infos))
         self._node_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
     def start(self, stop: threading.Event) -> None:
         self.informer.start(stop)
+        self.events.start(stop)
+        if self.handshake_s > 0:
+            threading.Thread(target=self._handshakes, args=(stop,), daemon=True, name="handshake").start()
+
+    def _handshakes(self, stop: threading.Event) -> None:
+        def ask(node: str, value: str) -> None:
+            self.kube.patch_node(node, {"metadata": {"annotations": {keys.NODE_HANDSHAKE: value}}})
+
+        while not stop.wait(self.handshake_s):
+            with self.informer.lock:
+                nodes = list(self.informer.nodes.values())
+            self.liveness.check(nodes, ask)
 
     # -- filter and prioritize -----------------------------------------------------------------------------
 
-    def _decide(self, args: dict):
+    def _decide(self, args: dict, brief: bool = False):
         pod = args.get("Pod")
         if not isinstance(pod, dict):
             raise ValueError("Pod: expected the pod being scheduled")
         names, nodes = _names_and_nodes(args)
         req = pod_request(pod, self.cfg)
         infos = self.informer.node_infos(names, exclude=(req.namespace, req.name), extra_nodes=nodes)
-        return decide_on(infos, req, self.cfg), names, nodes
+        infos = self.inflight.apply(self.liveness.apply(infos), (req.namespace, req.name), self.informer.counts)
+        quota = self.informer.quotas.view(req.namespace, exclude=(req.namespace, req.name))
+        return decide_on(infos, req, self.cfg, brief=brief, quota=quota), names, nodes
 
     def filter(self, args: dict) -> dict:
         t0 = time.perf_counter()
         try:
             try:
-                d, names, nodes = self._decide(args)
+                d, names, nodes = self._decide(args, brief=True)  # per-GPU detail: `cluster explain`
             except ClusterInputError as e:
                 names, nodes = _names_and_nodes(args)
                 self.metrics.filter_total.labels("invalid").inc()
                 reason = f"pyvgpu: {e}"
                 return self._filter_result([], nodes, {}, {n: reason for n in names})
+            if d.warnings:
+                self.events.record(args["Pod"], events.LENIENT_READ, "; ".join(d.warnings))
             if not d.request.wants_gpus:
                 self.metrics.filter_total.labels("no_gpu").inc()
                 return self._filter_result(names, nodes, {}, {})
             feasible = d.feasible
+            if d.node is not None:  # kube-scheduler's likely pick: counted for the next pods until bind ends
+                self.inflight.reserve((d.request.namespace, d.request.name), d.node, d.devices,
+                                      d.init_containers)
+            self.ranks.put((d.request.namespace, d.request.name), d.request.uid, feasible)
             failed = {n.name: f"pyvgpu: {n.reason}" for n in d.nodes if not n.fits}
             self.metrics.refused_nodes.inc(len(failed))
             self.metrics.filter_total.labels("fits" if feasible else "denied").inc()
             if not feasible:
                 log.info("pod %s fits no node of %d: %s", d.pod, len(names),
                          "; ".join(f"{k}: {v}" for k, v in list(failed.items())[:5]))
+                self.events.record(args["Pod"], events.FILTERING_FAILED, events.summary(failed, len(names)))
             return self._filter_result(feasible, nodes, failed, {})
         finally:
             self.metrics.filter_seconds.observe(time.perf_counter() - t0)
@@ -144,17 +176,30 @@ class Scheduler:
         return out
 
     def prioritize(self, args: dict) -> list[dict]:
-        try:
-            d, names, _ = self._decide(args)
-        except ClusterInputError:
-            names, _ = _names_and_nodes(args)
-            return [{"Host": n, "Score": 0} for n in names]
-        ranked = d.feasible if d.request.wants_gpus else []
+        ranked = self._recent_rank(args)
+        if ranked is not None:
+            names = _names_and_nodes(args)[0]
+        else:
+            try:
+                d, names, _ = self._decide(args)
+            except ClusterInputError:
+                names, _ = _names_and_nodes(args)
+                return [{"Host": n, "Score": 0} for n in names]
+            ranked = d.feasible if d.request.wants_gpus else []
         score = {}
         for i, n in enumerate(ranked):
             score[n] = MAX_PRIORITY if len(ranked) == 1 else round(MAX_PRIORITY * (len(ranked) - 1 - i)
                                                                    / (len(ranked) - 1))
         return [{"Host": n, "Score": score.get(n, 0)} for n in names]
+
+    def _recent_rank(self, args: dict) -> list[str] | None:
+        pod = args.get("Pod")
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        if not isinstance(meta, dict) or not meta.get("name"):
+            return None
+        names = _names_and_nodes(args)[0]
+        return self.ranks.get((str(meta.get("namespace") or "default"), str(meta["name"])), str(meta.get("uid") or ""),
+                              names)
 
     # -- bind ----------------------------------------------------------------------------------------------
 
@@ -167,8 +212,14 @@ class Scheduler:
         result = "error"
         try:
             result, err = self._bind(args)
+            if err and args.get("PodName"):
+                who = {"metadata": {"name": args.get("PodName"), "namespace": args.get("PodNamespace") or "default",
+                                    "uid": args.get("PodUID")}}
+                self.events.record(who, events.BINDING_FAILED, err)
             return {"Error": err}
         finally:
+            if result != "bound":  # kube-scheduler filters the pod again; its promise ends here
+                self.inflight.release((args.get("PodNamespace") or "default", args.get("PodName") or ""))
             self.metrics.bind_total.labels(result).inc()
             self.metrics.bind_seconds.observe(time.perf_counter() - t0)
 
@@ -201,6 +252,7 @@ class Scheduler:
             if not req.wants_gpus:
                 self.kube.bind(ns, name, uid, node)
                 return "bound", ""
+            self._reserve_for_bind(req, node)
             with self._node_lock(node):
                 return self._bind_locked(pod, req, ns, name, uid, node)
         except LockBusy as e:
@@ -221,12 +273,16 @@ class Scheduler:
             fresh += [p for p in self.informer.in_flight(node, (ns, name))
                       if ((p["metadata"].get("namespace") or "default"), p["metadata"]["name"]) not in seen]
             info = usage.node_infos([node_obj], fresh, self.cfg, exclude=(ns, name))
-            d = decide_on(info, req, self.cfg)
-            if d.node is None:
-                why = d.nodes[0].reason if d.nodes else "no such node"
-                return "no_longer_fits", f"pyvgpu: {who} no longer fits on node {node}: {why}"
+            info = self.inflight.apply(info, (ns, name), self.informer.counts, self.inflight.order((ns, name)))
+            quota = self.informer.quotas.view(ns, exclude=(ns, name))
+            annos = kept_promise(self.inflight.promise((ns, name)), info[0], req, quota)
+            if annos is None:
+                d = decide_on(info, req, self.cfg, quota=quota)
+                if d.node is None:
+                    why = d.nodes[0].reason if d.nodes else "no such node"
+                    return "no_longer_fits", f"pyvgpu: {who} no longer fits on node {node}: {why}"
+                annos = dict(d.annotations)
             now = str(int(time.time()))
-            annos = dict(d.annotations)
             annos[keys.POD_TIME] = now
             annos[keys.POD_BIND_TIME] = now
             annos[keys.POD_BIND_PHASE] = keys.BIND_ALLOCATING
@@ -238,6 +294,7 @@ class Scheduler:
                     raise
             patched.setdefault("spec", {})["nodeName"] = node
             self.informer.assume(patched)
+            self.inflight.release((ns, name))  # the cache counts the written annotations now
             log.info("bound %s to node %s: %s", who, node, annos[keys.POD_TO_ALLOCATE])
             return "bound", ""
         finally:
@@ -257,6 +314,20 @@ class Scheduler:
         if spec.get("nodeName"):
             return "already_bound", f"pyvgpu: {who} is already bound to node {spec['nodeName']}; nothing was changed"
         return None
+
+    def _reserve_for_bind(self, req, node: str) -> None:
+        """The pod's GPUs on the node kube-scheduler chose count for the others' filters from now on (filter
+        reserved its own first choice, which kube-scheduler may not have taken)."""
+        key = (req.namespace, req.name)
+        infos = self.inflight.apply(self.informer.node_infos([node], exclude=key), key, self.informer.counts,
+                                    self.inflight.order(key))
+        old = self.inflight.promise(key)
+        if old is not None and kept_promise(old, infos[0], req, None) is not None:
+            self.inflight.reserve(key, node, old.devices, old.n_init, keep_order=True)  # still good: renewed
+            return
+        d = decide_on(infos, req, self.cfg)
+        if d.node is not None:
+            self.inflight.reserve(key, d.node, d.devices, d.init_containers, keep_order=True)
 
     def _undo(self, ns: str, name: str, uid: str, node: str, why: Exception) -> bool:
         """The Binding failed after the annotations were written: take them back, so the pod's GPUs do not
@@ -394,7 +465,7 @@ def run(kubeconfig: str | None, port: int, name: str, cfg: ClusterConfig, lock_e
 
     stop = _stop_on_signals()
     kube = Kube(kubeconfig)
-    s = Scheduler(kube, cfg, name, lock_expire_s)
+    s = Scheduler(kube, cfg, name, lock_expire_s, handshake_s=HANDSHAKE_S)
     s.annotation_writers = frozenset(writers)
     if not writers:
         log.warning("no --annotation-writer: the webhook refuses every change to the hami.io allocation "

@@ -64,10 +64,13 @@ def mig_pick(dev: DeviceUsage, mem: int) -> tuple[int, int, MigTemplate] | None:
     return None
 
 
-def usage_reason(dev: DeviceUsage, ctr: ContainerRequest, mem: int) -> str | None:
-    """Why `dev`, as used now, cannot take one more GPU of `ctr` (which takes `mem` MiB on it); None if it can."""
+def usage_reason(dev: DeviceUsage, ctr: ContainerRequest, mem: int, mutex: bool = False) -> str | None:
+    """Why `dev`, as used now, cannot take one more GPU of `ctr` (which takes `mem` MiB on it); None if it can.
+    `mutex`: the pod's GPU policy names mutex, so a GPU anything uses is refused."""
     if dev.used >= dev.count:
         return f"no free slot ({dev.used}/{dev.count} used)"
+    if mutex and dev.used > 0:
+        return f"{keys.GPU_POLICY} mutex takes only unused GPUs; {dev.used} container(s) use it"
     if dev.totalmem - dev.usedmem < mem:
         return f"memory: {dev.totalmem - dev.usedmem} MiB free of {dev.totalmem}, needs {mem}"
     cores = ctr.coresreq
@@ -85,9 +88,9 @@ def usage_reason(dev: DeviceUsage, ctr: ContainerRequest, mem: int) -> str | Non
     return None
 
 
-def fits(dev: DeviceUsage, ctr: ContainerRequest, mem: int) -> bool:
+def fits(dev: DeviceUsage, ctr: ContainerRequest, mem: int, mutex: bool = False) -> bool:
     """usage_reason(...) is None, without building the reason: the hot loop of a decision."""
-    if dev.used >= dev.count or dev.totalmem - dev.usedmem < mem:
+    if dev.used >= dev.count or (mutex and dev.used > 0) or dev.totalmem - dev.usedmem < mem:
         return False
     cores = ctr.coresreq
     total = dev.totalcore
@@ -98,3 +101,33 @@ def fits(dev: DeviceUsage, ctr: ContainerRequest, mem: int) -> bool:
     if cores == 0 and total and dev.usedcores >= total:
         return False
     return dev.mode != keys.MIG or mig_pick(dev, mem) is not None
+
+
+def refusal_kind(dev: DeviceUsage, ctr: ContainerRequest, mem: int, req: PodRequest, filtered: bool) -> str | None:
+    """The word for why `dev` refuses one GPU of `ctr` (the first failing check of static_reason, then
+    usage_reason, in their order), None when it takes it: what a brief reason counts."""
+    if dev.problem:
+        return "inconsistent"
+    if not dev.health:
+        return "unhealthy"
+    if dev.cordoned:
+        return "cordoned"
+    if filtered and static_reason(dev, req) is not None:
+        return "excluded by annotation"
+    cores = ctr.coresreq
+    total = dev.totalcore
+    if dev.used >= dev.count:
+        return "slots"
+    if req.mutex and dev.used > 0:
+        return "mutex"
+    if dev.totalmem - dev.usedmem < mem:
+        return "memory"
+    if total - dev.usedcores < cores:
+        return "cores"
+    if total == 100 and cores == 100 and dev.used > 0:
+        return "in use (asks the whole GPU)"
+    if total and dev.usedcores >= total and cores == 0:
+        return "all cores in use"
+    if dev.mode == keys.MIG and mig_pick(dev, mem) is None:
+        return "MIG instance"
+    return None

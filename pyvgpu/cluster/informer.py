@@ -13,14 +13,18 @@ the watch brings it back.
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import threading
 from collections.abc import Iterable
 
-from pyvgpu.cluster import usage
+from pyvgpu.cluster import keys, usage
 from pyvgpu.cluster.config import ClusterConfig
+from pyvgpu.cluster.errors import ClusterInputError
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
 from pyvgpu.cluster.model import NodeInfo
+from pyvgpu.cluster.quota import Quotas
+from pyvgpu.cluster.quota import use_of as quota_use
 
 log = logging.getLogger("pyvgpu.cluster.informer")
 
@@ -28,6 +32,54 @@ log = logging.getLogger("pyvgpu.cluster.informer")
 def _pod_key(p: dict) -> tuple[str, str]:
     m = p.get("metadata") or {}
     return m.get("namespace") or "default", m.get("name") or ""
+
+
+def slim(pod: dict) -> dict:
+    """The parts of a pod the scheduler reads: names, the GPU annotations, node, phase, whether its init
+    containers are done. The cache keeps this, not the whole object: a cluster's pods carry managed fields,
+    environments and statuses that would otherwise stay in memory and be walked by the garbage collector."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    annos = meta.get("annotations") or {}
+    out_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+                if k in meta}
+    if isinstance(annos, dict):
+        out_meta["annotations"] = {k: v for k, v in annos.items()
+                                   if isinstance(k, str) and k.startswith(_KEPT_ANNOTATIONS)}
+    out_spec = {k: spec[k] for k in ("nodeName", "schedulerName") if k in spec}
+    for part in ("initContainers", "containers"):
+        items = spec.get(part)
+        if isinstance(items, list):
+            out_spec[part] = [{"name": c.get("name")} if isinstance(c, dict) else {} for c in items]
+    out_status = {"phase": status.get("phase")} if "phase" in status else {}
+    inits = status.get("initContainerStatuses")
+    if isinstance(inits, list):
+        out_status["initContainerStatuses"] = [
+            {"state": {"terminated": {"exitCode": ((st.get("state") or {}).get("terminated") or {}).get("exitCode")}}}
+            if isinstance(st, dict) and isinstance((st.get("state") or {}).get("terminated"), dict) else {"state": {}}
+            for st in inits]
+    return {"metadata": out_meta, "spec": out_spec, "status": out_status}
+
+
+_KEPT_ANNOTATIONS = ("hami.io/", "nvidia.com/")
+
+
+def _quota_use(pod: dict) -> tuple[int, int] | None:
+    """What a cached pod counts against its namespace's quota (None: nothing, or unreadable, or ended)."""
+    if usage.ended(pod) or not usage.pod_node(pod):
+        return None
+    try:
+        pd = usage.pod_devices(pod)
+    except ClusterInputError:
+        return None
+    return quota_use(pd, len((pod.get("spec") or {}).get("initContainers") or []), usage.init_done(pod)) if pd else None
+
+
+def _usage_inputs(node: dict) -> tuple:
+    """What of a node its usage is built from (usage.node_info): the registration, pair scores, cordon."""
+    annos = (node.get("metadata") or {}).get("annotations") or {}
+    return tuple(annos.get(k) for k in (keys.NODE_REGISTER, keys.NODE_PAIR_SCORE, keys.NODE_DEVICE_CORDON))
 
 
 def _rv(obj: dict) -> int:
@@ -38,8 +90,10 @@ def _rv(obj: dict) -> int:
 
 
 class Informer:
-    def __init__(self, kube: Kube, cfg: ClusterConfig | None = None, watch_s: int = 60, retry_s: float = 1.0):
+    def __init__(self, kube: Kube, cfg: ClusterConfig | None = None, watch_s: int = 60, retry_s: float = 1.0,
+                 freeze_gc: bool = True):
         self.kube = kube
+        self.freeze_gc = freeze_gc
         self.cfg = cfg or ClusterConfig()
         self.watch_s = watch_s
         self.retry_s = retry_s
@@ -54,13 +108,16 @@ class Informer:
         self.ready = threading.Event()
         self.changed = threading.Condition(self.lock)
         self.generation = 0
-        self.seen = {"node": 0, "pod": 0}  # the latest resourceVersion each kind's cache reflects
+        self.seen = {"node": 0, "pod": 0, "resourcequota": 0}  # the latest resourceVersion each kind reflects
+        self.quotas = Quotas(self.cfg)  # namespaces' GPU limits and use, kept per pod as pods change
 
     # -- the loops -----------------------------------------------------------------------------------------
 
     def start(self, stop: threading.Event) -> list[threading.Thread]:
+        # ResourceQuotas are followed too but do not gate `ready`: a cluster without quotas (or a role that
+        # may not read them) schedules as before, with a warning in the log.
         threads = [threading.Thread(target=self._loop, args=(kind, stop), daemon=True, name=f"informer-{kind}")
-                   for kind in ("node", "pod")]
+                   for kind in ("node", "pod", "resourcequota")]
         for t in threads:
             t.start()
         return threads
@@ -70,11 +127,20 @@ class Informer:
         while not stop.is_set():
             try:
                 if rv is None:
-                    listing = self.kube.list_nodes() if kind == "node" else self.kube.list_pods()
+                    listing = {"node": self.kube.list_nodes, "pod": self.kube.list_pods,
+                               "resourcequota": self.kube.list_quotas}[kind]()
                     rv = (listing.get("metadata") or {}).get("resourceVersion") or "0"
                     self._replace(kind, listing.get("items") or [], rv)
-                    self._listed[kind].set()
+                    if kind in self._listed:
+                        self._listed[kind].set()
                     if all(e.is_set() for e in self._listed.values()):
+                        self.warm()  # the first filter finds every node's usage built
+                        if self.freeze_gc and not self.ready.is_set():
+                            # The cache is most of the process's objects and lives as long as it: leave it
+                            # out of the collector's full passes, which otherwise walk it for up to a second
+                            # in the middle of filters (pods hold no reference cycles; refcounts free them).
+                            gc.collect()
+                            gc.freeze()
                         self.ready.set()
                 for event in self.kube.watch(kind, rv, self.watch_s):
                     if stop.is_set():
@@ -100,7 +166,11 @@ class Informer:
     def _replace(self, kind: str, objs: list[dict], rv: str = "0") -> None:
         with self.lock:
             self.seen[kind] = int(rv) if str(rv).isdigit() else 0
-            if kind == "node":
+            if kind == "resourcequota":
+                self.quotas.clear_quotas()
+                for o in objs:
+                    self.quotas.set_quota(o, _pod_key(o))
+            elif kind == "node":
                 self.nodes = {o["metadata"]["name"]: o for o in objs}
                 self._dirty |= set(self.nodes) | set(self._infos)
             else:
@@ -123,7 +193,10 @@ class Informer:
             self._dirty.add(old)
         if pod is None:
             self.pods.pop(key, None)
+            self.quotas.set_pod(key, None)
             return
+        pod = slim(pod)
+        self.quotas.set_pod(key, _quota_use(pod))
         self.pods[key] = pod
         node = usage.pod_node(pod)
         self._pod_node[key] = node
@@ -134,14 +207,18 @@ class Informer:
     def apply(self, kind: str, typ: str, obj: dict) -> None:
         with self.lock:
             self.seen[kind] = max(self.seen[kind], _rv(obj))
-            if kind == "node":
+            if kind == "resourcequota":
+                self.quotas.set_quota(None if typ == "DELETED" else obj, _pod_key(obj))
+            elif kind == "node":
                 name = obj["metadata"]["name"]
+                old = self.nodes.get(name)
                 if typ == "DELETED":
                     self.nodes.pop(name, None)
                     self._infos.pop(name, None)
                 else:
                     self.nodes[name] = obj
-                self._dirty.add(name)
+                if old is None or typ == "DELETED" or _usage_inputs(old) != _usage_inputs(obj):
+                    self._dirty.add(name)  # a lock or handshake change alone leaves the node's usage as it was
             else:
                 key = _pod_key(obj)
                 have = self.pods.get(key)
@@ -154,8 +231,17 @@ class Informer:
     def assume(self, pod: dict) -> None:
         """The scheduler's own write, counted now (the watch brings the API server's copy later)."""
         with self.lock:
-            self._set_pod(copy.deepcopy(pod))
+            self._set_pod(pod)  # slim() copies what it keeps
             self._bump()
+
+    def counts(self, key: tuple[str, str], node: str) -> bool:
+        """Whether the cache counts pod `key` on `node`: it names the node and has an allocation there."""
+        with self.lock:
+            pod = self.pods.get(key)
+            if pod is None or self._pod_node.get(key) != node:
+                return False
+            annos = (pod.get("metadata") or {}).get("annotations") or {}
+            return bool(annos.get(keys.POD_ALLOCATED) or annos.get(keys.POD_TO_ALLOCATE))
 
     def pod(self, namespace: str, name: str) -> dict | None:
         with self.lock:
@@ -186,6 +272,19 @@ class Informer:
                 else:
                     out.append(self._infos[name])
         return out
+
+    def warm(self) -> None:
+        """Build the usage of every node whose cached usage is out of date (after a list: all of them)."""
+        with self.lock:
+            names = [n for n in self.nodes if n in self._dirty or n not in self._infos]
+        for i in range(0, len(names), 256):  # in slices, so filters are not kept waiting on the lock long
+            self.node_infos(names[i:i + 256])
+
+    def all_node_infos(self) -> list[NodeInfo]:
+        """Every cached node with its usage (what the usage metrics read when scraped)."""
+        with self.lock:
+            names = sorted(self.nodes)
+        return [i for i in self.node_infos(names) if not i.error]
 
     def _build(self, node: dict, pods: list[dict]) -> NodeInfo:
         return usage.node_infos([node], pods, self.cfg)[0]

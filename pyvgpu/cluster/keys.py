@@ -34,11 +34,16 @@ USE_UUID = "nvidia.com/use-gpuuuid"
 NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
 VGPU_MODE = "nvidia.com/vgpu-mode"
 NUMA_BIND = "nvidia.com/numa-bind"
+# Per-pod weights of the device score, "slot=1,core=1,memory=3" (pkg/util/types.go, v2.10).
+SCORING_WEIGHTS = "hami.io/device-scoring-weights"
 
 # Policy values.
 BINPACK = "binpack"
 SPREAD = "spread"
 TOPOLOGY = "topology-aware"
+MUTEX = "mutex"  # only GPUs nothing uses (pkg/util/types.go GPUSchedulerPolicyMutex)
+NUMA = "numa"  # a sort key of a comma list: the lower NUMA node first
+GPU_POLICY_WORDS = (BINPACK, SPREAD, TOPOLOGY, MUTEX, NUMA)
 
 # Device modes (seed section 7.1).
 HAMI_CORE = "hami-core"

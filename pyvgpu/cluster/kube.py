@@ -121,6 +121,10 @@ class Kube:
         return self._call(f"list pods{f' on node {node}' if node else ''}", self.api.list_pod_for_all_namespaces,
                           **kw)
 
+    def list_quotas(self) -> dict:
+        """Every namespace's ResourceQuotas (pyvgpu.cluster.quota reads their GPU limits)."""
+        return self._call("list resourcequotas", self.api.list_resource_quota_for_all_namespaces)
+
     def get_pod(self, namespace: str, name: str) -> dict:
         return self._call(f"get pod {namespace}/{name}", self.api.read_namespaced_pod, name, namespace)
 
@@ -138,6 +142,10 @@ class Kube:
         self._call(f"bind pod {namespace}/{name} to node {node}", self.api.create_namespaced_pod_binding, name,
                    namespace, body)
 
+    def create_event(self, namespace: str, body: dict) -> dict:
+        """Write one core/v1 Event (pyvgpu.cluster.events)."""
+        return self._call(f"create event in {namespace}", self.api.create_namespaced_event, namespace, body)
+
     # -- watch ---------------------------------------------------------------------------------------------
 
     def watch(self, kind: str, resource_version: str, timeout_seconds: int) -> Iterator[dict]:
@@ -148,7 +156,8 @@ class Kube:
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
-        fn = {"node": self.api.list_node, "pod": self.api.list_pod_for_all_namespaces}[kind]
+        fn = {"node": self.api.list_node, "pod": self.api.list_pod_for_all_namespaces,
+              "resourcequota": self.api.list_resource_quota_for_all_namespaces}[kind]
         w = watch.Watch()
         try:
             for event in w.stream(fn, resource_version=resource_version, timeout_seconds=timeout_seconds,

@@ -38,6 +38,7 @@ class DeviceInfo:
     mode: str  # hami-core | mig | mps
     health: bool
     mig_geometries: tuple[Geometry, ...] = ()  # only read for mode "mig"
+    mig_profiles: int = 0  # how many HAMi v2.10 dynamic MIG profiles ("migProfiles") the node offers
 
 
 @dataclass(slots=True)
@@ -80,10 +81,14 @@ class NodeInfo:
     name: str
     devices: list[DeviceUsage] = field(default_factory=list)
     pair_scores: dict[str, dict[str, int]] = field(default_factory=dict)
-    error: str | None = None  # a broken registration (or pod annotation): the node fits nothing, with this reason
+    error: str | None = None  # a broken registration: the node fits nothing, with this reason
+    warnings: list[str] = field(default_factory=list)  # pods whose allocation could not be read (skipped)
     # The node score of the current usage, computed once: usage.add_pod clears it, and so must any other
     # code that changes the devices' usage.
     score_cache: float | None = field(default=None, repr=False, compare=False)
+    # A filter's verdicts (NodeResult) on this usage per request shape (decide.decide_on). Cleared with
+    # score_cache; bounded there.
+    fit_cache: dict | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,13 @@ class PodRequest:
     modes: tuple[str, ...] = ()  # empty: any mode
     numa_bind: bool = False
     uid: str = ""
+    # HAMi's GPU sort when the policy is a comma list (or bare "numa"): the sort keys in the order written
+    # (binpack, spread, numa). Empty: the single-value sort of gpu_policy (policy.order_devices).
+    gpu_chain: tuple[str, ...] = ()
+    mutex: bool = False  # the "mutex" GPU policy word: only GPUs nothing uses
+    weights: tuple[int, int, int] = (1, 1, 1)  # slot, core, memory weights of the device score
+    # What was read leniently, as HAMi reads it (a value clamped, a word read as false): said, not refused.
+    warnings: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -161,7 +173,7 @@ class Placement:
         return ContainerDevice(uuid, keys.DEVICE_TYPE, self.usedmem, self.usedcores)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class NodeResult:
     """One node's verdict: whether the pod fits, its node score, and why not."""
 
@@ -183,6 +195,7 @@ class Decision:
     request: PodRequest
     node_policy: str
     gpu_policy: str
+    warnings: tuple[str, ...] = ()  # what was read leniently or skipped (explain prints them; events carry them)
 
     @property
     def devices(self) -> PodDevices:

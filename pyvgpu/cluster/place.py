@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from pyvgpu.cluster import keys
 from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.fit import fits, has_filters, mig_pick, static_reason, usage_reason
-from pyvgpu.cluster.model import ContainerRequest, DeviceUsage, NodeInfo, Placement, PodRequest
+from pyvgpu.cluster.fit import fits, has_filters, mig_pick, refusal_kind, static_reason, usage_reason
+from pyvgpu.cluster.model import ContainerRequest, DeviceUsage, NodeInfo, Placement, PodDevices, PodRequest
 from pyvgpu.cluster.policy import numa_groups, order_devices, sets
 from pyvgpu.cluster.score import device_score
 
@@ -41,9 +41,9 @@ def _candidates(devs: list[DeviceUsage], statics: list[str | None], ctr: Contain
     for d, s in zip(devs, statics, strict=True):
         if s is None:
             mem = ctr.memory_on(d.totalmem)
-            if fits(d, ctr, mem):
-                out.append((device_score(d, mem, ctr.coresreq), d, mem))
-    return order_devices(out, req.gpu_policy)
+            if fits(d, ctr, mem, req.mutex):
+                out.append((device_score(d, mem, ctr.coresreq, weights=req.weights), d, mem))
+    return order_devices(out, req)
 
 
 def _options(cands: list[Candidate], ctr: ContainerRequest, req: PodRequest,
@@ -149,7 +149,8 @@ def count_fit(devices: list[DeviceUsage], ctr: ContainerRequest, req: PodRequest
             continue
         total = d.totalcore
         mem = memreq if memreq > 0 else d.totalmem * pct // 100
-        if (d.used >= d.count or d.totalmem - d.usedmem < mem or total - d.usedcores < cores
+        if (d.used >= d.count or (req.mutex and d.used > 0) or d.totalmem - d.usedmem < mem
+                or total - d.usedcores < cores
                 or (cores == 100 and total == 100 and d.used > 0) or (cores == 0 and total and d.usedcores >= total)
                 or (d.mode == keys.MIG and mig_pick(d, mem) is None)):
             continue
@@ -173,7 +174,7 @@ def container_reason(devs: list[DeviceUsage], statics: list[str | None], ctr: Co
     numa: dict[int, int] = {}
     memreq, pct = ctr.memreq, ctr.mem_percentage
     for d, s in zip(devs, statics, strict=True):
-        r = s or usage_reason(d, ctr, memreq if memreq > 0 else d.totalmem * pct // 100)
+        r = s or usage_reason(d, ctr, memreq if memreq > 0 else d.totalmem * pct // 100, req.mutex)
         if r:
             refusals.append(f"GPU {d.index} {d.id}: {r}")
         else:
@@ -217,3 +218,65 @@ def why_not(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = None) -
             _take(d, ctr, mem)
         placed.append(f'container "{ctr.name}"')
     return "no placement found"
+
+
+def brief_reason(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = None) -> str:
+    """A short why_not: how many GPUs take the pod's container, and the refusals counted by kind. What the
+    extender's filter answers for each node (kube-scheduler groups equal reasons in its event; explain gives
+    the long one); a pod of several GPU containers gets the long one."""
+    if node.error:
+        return node.error
+    gpu = [c for c in req.containers if c.nums > 0]
+    if len(gpu) != 1:
+        return why_not(node, req, cfg)
+    ctr = gpu[0]
+    filtered = has_filters(req)
+    kinds: dict[str, int] = {}
+    numa: dict[int, int] = {}
+    for d in node.devices:
+        k = refusal_kind(d, ctr, ctr.memory_on(d.totalmem), req, filtered)
+        if k is None:
+            numa[d.numa] = numa.get(d.numa, 0) + 1
+        else:
+            kinds[k] = kinds.get(k, 0) + 1
+    n_fit = sum(numa.values())
+    out = f'{n_fit} of {len(node.devices)} GPU(s) can take container "{ctr.name}", {ctr.nums} needed'
+    if req.numa_bind and n_fit >= ctr.nums:
+        out += f" on one NUMA node ({keys.NUMA_BIND})"
+    if kinds:
+        out += "; refused for " + ", ".join(f"{k} ({v})" for k, v in sorted(kinds.items()))
+    return out
+
+
+def placement_fits(node: NodeInfo, req: PodRequest, devices: PodDevices) -> bool:
+    """Whether the GPUs `devices` names (one entry per container, as the allocation encodes them) can still
+    be given to the pod on `node` as it is used now: the checks of fit.py, containers in order, init
+    containers each against the node alone, except one: a GPU whose cores others filled to 100 still takes
+    a promised container that asks 0 cores. That rule depends on the order pods arrive in (the 0-core
+    container, promised first, fitted; the others filled the cores beside it), and the state is one HAMi
+    reaches too. False for a MIG placement (decided afresh) or a shape that does not match the request."""
+    if node.error or len(devices) != len(req.containers):
+        return False
+    devs = {d.id: d.copy() for d in node.devices}
+    base = _state(list(devs.values()))
+    for ctr, entries in zip(req.containers, devices, strict=True):
+        if len(entries) != ctr.nums or len({e.uuid for e in entries}) != len(entries):
+            return False
+        for e in entries:
+            d = devs.get(e.uuid)
+            if d is None or d.mode == keys.MIG or static_reason(d, req) is not None \
+                    or e.usedmem != ctr.memory_on(d.totalmem):
+                return False
+            if not fits(d, ctr, e.usedmem, req.mutex) and not (
+                    ctr.coresreq == 0 and d.used < d.count and not (req.mutex and d.used > 0)
+                    and d.totalmem - d.usedmem >= e.usedmem and d.usedcores <= d.totalcore):
+                return False
+        if ctr.init:
+            continue  # runs alone: the next container sees the node as it was
+        for e in entries:
+            d = devs[e.uuid]
+            d.used += 1
+            d.usedmem += e.usedmem
+            d.usedcores += ctr.coresreq
+    _restore(list(devs.values()), base)
+    return True

@@ -1,10 +1,17 @@
 """Policies (seed section 5): the order GPUs are tried in, the GPU sets offered, and the order of nodes.
 
-Ties break by a fixed rule, so one input always gives one decision (HAMi's sorts are not stable and its
-nodes are scored in goroutines, so its ties fall either way):
-* GPUs: equal scores go by device index, then UUID.
-* Topology: equal link sums go by the GPU policy's order (the earlier GPUs win).
-* Nodes: equal scores go by node name.
+GPUs are tried in HAMi's order (pkg/scheduler/policy/gpu_policy.go Less, then Fit walking the sorted list
+from its end), so equal GPUs fall as they fall in HAMi:
+* spread: the lowest device score first; equal scores: the higher NUMA node first (HAMi#1806), then the
+  GPU listed last in the node's registration.
+* binpack: the highest score first; equal scores as spread.
+* numa-bind: the NUMA nodes first (spread: the highest NUMA id first, binpack the lowest), then the score.
+* mutex: the least used GPU first, then the higher NUMA node, then the last listed.
+* a comma list (or bare "numa"): its sort keys in the order written (binpack, spread, numa: the lower NUMA
+  node is tried last), numa first under numa-bind, then the higher device index first.
+HAMi's sort is Go's sort.Sort, which is stable for the 12 or fewer GPUs a node has; ties here follow
+that stable order.
+Topology: equal link sums go by the order above (the earlier GPUs win). Nodes: equal scores by name.
 """
 
 from __future__ import annotations
@@ -12,10 +19,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from itertools import combinations
+from operator import attrgetter
 from typing import TypeVar
 
 from pyvgpu.cluster import keys
-from pyvgpu.cluster.model import DeviceUsage, NodeResult
+from pyvgpu.cluster.model import DeviceUsage, NodeResult, PodRequest
 
 T = TypeVar("T")
 # Up to this many n-GPU sets are all scored and sorted (every node of up to 16 GPUs: C(16, 8) = 12870);
@@ -23,11 +31,28 @@ T = TypeVar("T")
 EXACT_TOPOLOGY_SETS = 20_000
 
 
-def order_devices(scored: list[tuple[float, DeviceUsage, T]], policy: str) -> list[tuple[float, DeviceUsage, T]]:
-    """spread (default): the least used GPU first (lowest device score); binpack: the most used first."""
-    if policy == keys.BINPACK:
-        return sorted(scored, key=lambda s: (-s[0], s[1].index, s[1].id))
-    return sorted(scored, key=lambda s: (s[0], s[1].index, s[1].id))
+def _hami_key(req: PodRequest):
+    """The ascending key of HAMi's Less for this pod's policy (HAMi then walks the list backwards)."""
+    if req.gpu_chain:
+        chain = list(req.gpu_chain)
+        if req.numa_bind and chain[0] != keys.NUMA:
+            chain = [keys.NUMA] + [k for k in chain if k != keys.NUMA]
+        parts = {keys.BINPACK: lambda s, d: s, keys.SPREAD: lambda s, d: -s, keys.NUMA: lambda s, d: d.numa}
+        fns = [parts[k] for k in chain]
+        return lambda c: (*(f(c[0], c[1]) for f in fns), c[1].index)
+    if req.mutex:  # no comma: the single value "mutex", which sorts by use
+        return lambda c: (-c[1].used, c[1].numa)
+    binpack = req.gpu_policy == keys.BINPACK
+    if req.numa_bind:
+        return (lambda c: (-c[1].numa, c[0])) if binpack else (lambda c: (c[1].numa, -c[0]))
+    return (lambda c: (c[0], c[1].numa)) if binpack else (lambda c: (-c[0], c[1].numa))
+
+
+def order_devices(scored: list[tuple[float, DeviceUsage, T]], req: PodRequest) -> list[tuple[float, DeviceUsage, T]]:
+    """`scored` (device score, GPU, ...) in the node's registration order, returned best first."""
+    out = sorted(scored, key=_hami_key(req))  # stable, as Go's insertion sort for small lists
+    out.reverse()
+    return out
 
 
 def pair(scores: dict[str, dict[str, int]], a: str, b: str) -> int:
@@ -108,6 +133,13 @@ def linked_sets(ids: Sequence[str], n: int, scores: dict[str, dict[str, int]]) -
 
 def rank_nodes(results: list[NodeResult], policy: str) -> list[NodeResult]:
     """binpack (default): the fullest node first (highest node score); spread: the emptiest first."""
+    out = sorted(results, key=attrgetter("name"))  # two stable C sorts: by name, then by score
     if policy == keys.SPREAD:
-        return sorted(results, key=lambda r: (r.score, r.name))
-    return sorted(results, key=lambda r: (-(r.score or 0.0), r.name))
+        out.sort(key=_score)
+    else:
+        out.sort(key=_score, reverse=True)  # reverse keeps equal scores in name order
+    return out
+
+
+def _score(r: NodeResult) -> float:
+    return r.score or 0.0

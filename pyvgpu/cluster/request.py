@@ -2,14 +2,18 @@
 
 The rules are HAMi's (pkg/device/nvidia/device.go GenerateResourceRequests, checkType, assertNuma;
 pkg/device/devices.go CheckType, CheckUUID; pkg/scheduler/webhook.go and MutateAdmission for the count a
-container gets when it asks memory or cores only). Where HAMi logs and carries on with a value it cannot
-use, this module refuses the pod with an error that names the field: a typo should not schedule.
+container gets when it asks memory or cores only; v2.10 defaultExclusiveCoreIfNeeded for the 100 cores a
+container gets when it asks GPUs and no memory). Where HAMi schedules a value by a rule (gpucores above
+100 clamped, a numa-bind that is not a boolean read as false), this module does the same and says so in
+PodRequest.warnings; where HAMi drops a value it cannot use (a gpumem that is not a whole number, an
+unknown policy word), it refuses the pod with an error that names the field: a typo should not schedule.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -62,8 +66,10 @@ def _resource(ctr: dict, name: str, where: str) -> Any:
     return None
 
 
-def container_request(ctr: dict, cfg: ClusterConfig, context: str, *, init: bool = False) -> ContainerRequest:
-    """One container's request; nums 0 when it asks no GPU."""
+def container_request(ctr: dict, cfg: ClusterConfig, context: str, *, init: bool = False,
+                      warnings: list[str] | None = None) -> ContainerRequest:
+    """One container's request; nums 0 when it asks no GPU. What is read leniently (as HAMi reads it) is
+    appended to `warnings`."""
     names = cfg.resources
     name = str(ctr.get("name", ""))
     where = f'{context}, container "{name}"'
@@ -103,10 +109,28 @@ def container_request(ctr: dict, cfg: ClusterConfig, context: str, *, init: bool
     cores = cfg.default_cores
     if cores_v is not None:
         cores = parse_quantity(cores_v, names.cores, where, "30 (percent)")
-        if not 0 <= cores <= 100:
+        if cores < 0:
             raise ClusterInputError(names.cores, f"{where}: {cores} is out of range (0..100 percent; 100 = the "
                                                  "whole GPU)")
+        if cores > 100:
+            # HAMi's Fit clamps it and schedules (pkg/device/nvidia/device.go): the same, said aloud.
+            if warnings is not None:
+                warnings.append(f"{where}: {names.cores} {cores} is above 100; read as 100 (the whole GPU), as "
+                                "HAMi does")
+            cores = 100
+    elif cfg.exclusive_core_default and exclusive_by_default(pct_v, mem_v, pct):
+        # HAMi's webhook (defaultExclusiveCoreIfNeeded) gives a container that asks GPUs with no memory, or
+        # exactly 100%, and no cores the whole GPU's compute.
+        cores = 100
     return ContainerRequest(name, nums, memreq, pct, cores, init)
+
+
+def exclusive_by_default(pct_v: Any, mem_v: Any, pct: int) -> bool:
+    """Whether a container that asks GPUs and names no cores gets 100 cores: it asks 100% of the memory,
+    or (naming no percentage) no memory at all."""
+    if pct_v is not None:
+        return pct == 100
+    return mem_v is None
 
 
 def _list(annos: dict, key: str) -> tuple[str, ...]:
@@ -130,6 +154,7 @@ def pod_request(pod: dict, cfg: ClusterConfig | None = None) -> PodRequest:
     if not isinstance(annos, dict):
         raise ClusterInputError("metadata.annotations", f"{context}: expected a map of strings")
     containers = []
+    warnings: list[str] = []
     for part, init in (("initContainers", True), ("containers", False)):
         items = spec.get(part) or []
         if not isinstance(items, list):
@@ -137,7 +162,7 @@ def pod_request(pod: dict, cfg: ClusterConfig | None = None) -> PodRequest:
         for i, c in enumerate(items):
             if not isinstance(c, dict):
                 raise ClusterInputError(f"spec.{part}[{i}]", f"{context}: expected a container object")
-            containers.append(container_request(c, cfg, context, init=init))
+            containers.append(container_request(c, cfg, context, init=init, warnings=warnings))
     if not spec.get("containers"):
         raise ClusterInputError("spec.containers", f"{context}: the pod has no containers")
 
@@ -145,29 +170,81 @@ def pod_request(pod: dict, cfg: ClusterConfig | None = None) -> PodRequest:
     if node_policy not in (keys.BINPACK, keys.SPREAD):
         raise ClusterInputError(keys.NODE_POLICY, f"{context}: {node_policy!r} is not a node policy; use binpack "
                                                   "or spread")
-    raw_policy = annos[keys.GPU_POLICY] if keys.GPU_POLICY in annos else cfg.gpu_policy
-    gpu_tokens = tuple(t.strip() for t in str(raw_policy).split(",") if t.strip())
-    for t in gpu_tokens:
-        if t not in (keys.BINPACK, keys.SPREAD, keys.TOPOLOGY):
-            raise ClusterInputError(keys.GPU_POLICY, f"{context}: {t!r} is not a GPU policy; use binpack, spread "
-                                                     "or topology-aware (or binpack,topology-aware)")
-    order = [t for t in gpu_tokens if t != keys.TOPOLOGY]
-    if len(set(order)) > 1:
-        raise ClusterInputError(keys.GPU_POLICY, f"{context}: binpack and spread contradict each other; give one")
-    # topology-aware alone orders the GPUs like the default, spread (HAMi's sort treats it so).
-    gpu_policy = order[0] if order else keys.SPREAD
+    raw_policy = str(annos[keys.GPU_POLICY] if keys.GPU_POLICY in annos else cfg.gpu_policy)
+    gpu = gpu_policy_of(raw_policy, context)
+    weights = scoring_weights(annos.get(keys.SCORING_WEIGHTS), context) if keys.SCORING_WEIGHTS in annos \
+        else (1, 1, 1)
 
     modes = _list(annos, keys.VGPU_MODE)
     for m in modes:
         if m not in keys.MODES:
             raise ClusterInputError(keys.VGPU_MODE, f"{context}: {m!r} is not a mode; use hami-core, mig or mps")
-    numa = str(annos.get(keys.NUMA_BIND, "false")).strip()
+    numa = str(annos.get(keys.NUMA_BIND, "false"))
     if numa not in _TRUE and numa not in _FALSE:
-        raise ClusterInputError(keys.NUMA_BIND, f"{context}: {numa!r} is not a boolean; use true or false")
+        # HAMi reads it with strconv.ParseBool and takes an error as false (assertNuma): so does pyvgpu, aloud.
+        warnings.append(f"{context}: {keys.NUMA_BIND} {numa!r} is not a boolean; read as false (no NUMA binding), "
+                        "as HAMi does; write true or false")
     return PodRequest(
-        namespace=ns, name=name, containers=tuple(containers), node_policy=node_policy, gpu_policy=gpu_policy,
-        topology=keys.TOPOLOGY in gpu_tokens,
+        namespace=ns, name=name, containers=tuple(containers), node_policy=node_policy,
+        gpu_policy=gpu.order, topology=gpu.topology, gpu_chain=gpu.chain, mutex=gpu.mutex, weights=weights,
         use_types=_list(annos, keys.USE_TYPE), nouse_types=_list(annos, keys.NOUSE_TYPE),
         use_uuids=_list(annos, keys.USE_UUID), nouse_uuids=_list(annos, keys.NOUSE_UUID),
-        modes=modes, numa_bind=numa in _TRUE, uid=str(meta.get("uid") or ""),
+        modes=modes, numa_bind=numa in _TRUE, uid=str(meta.get("uid") or ""), warnings=tuple(warnings),
     )
+
+
+@dataclass(frozen=True)
+class GpuPolicy:
+    """A GPU policy annotation read as HAMi reads it (pkg/scheduler/policy/gpu_policy.go, pkg/util
+    PolicyContains): `order` is binpack or spread (what explain names), `chain` the sort keys of a comma
+    list, `mutex` and `topology` the two filter words."""
+
+    order: str
+    chain: tuple[str, ...]
+    mutex: bool
+    topology: bool
+
+
+def gpu_policy_of(raw: str, context: str) -> GpuPolicy:
+    """HAMi's rules: a value with a comma (or bare "numa") is a chain of sort keys in the order written,
+    spread when it names none; a single value is binpack, mutex or (anything else) spread; "mutex" and
+    "topology-aware" anywhere in the list are filters. Unknown words are refused (HAMi ignores them)."""
+    tokens = [t.strip() for t in raw.split(",")]
+    words = [t for t in tokens if t]
+    for t in words:
+        if t not in keys.GPU_POLICY_WORDS:
+            raise ClusterInputError(keys.GPU_POLICY, f"{context}: {t!r} is not a GPU policy; use binpack, spread, "
+                                                     "topology-aware, mutex or numa, or a comma list of them")
+    chain: tuple[str, ...] = ()
+    if "," in raw or raw.strip() == keys.NUMA:
+        chain = tuple(dict.fromkeys(t for t in words if t in (keys.BINPACK, keys.SPREAD, keys.NUMA)))
+        chain = chain or (keys.SPREAD,)
+    order = keys.BINPACK if (chain[0] if chain else raw.strip()) == keys.BINPACK else keys.SPREAD
+    return GpuPolicy(order, chain, keys.MUTEX in words, keys.TOPOLOGY in words)
+
+
+def scoring_weights(raw: Any, context: str) -> tuple[int, int, int]:
+    """hami.io/device-scoring-weights, "slot=1,core=1,memory=3": each of the three named once, whole numbers
+    of 0 or more, at least one positive (HAMi pkg/util/device_scoring_weights.go)."""
+    fix = "write slot=N,core=N,memory=N with whole numbers of 0 or more, one of them positive"
+    parts = str(raw).split(",")
+    if len(parts) != 3:
+        raise ClusterInputError(keys.SCORING_WEIGHTS, f"{context}: {raw!r} needs the three weights; {fix}")
+    got: dict[str, int] = {}
+    for part in parts:
+        key, sep, value = part.strip().partition("=")
+        key = key.strip()
+        if not sep or key not in ("slot", "core", "memory") or key in got:
+            raise ClusterInputError(keys.SCORING_WEIGHTS, f"{context}: {raw!r}: {part.strip()!r} is not a new "
+                                                          f"slot, core or memory weight; {fix}")
+        try:
+            w = int(value.strip(), 10)
+        except ValueError:
+            w = -1
+        if w < 0 or not value.strip().lstrip("+").isdigit():
+            raise ClusterInputError(keys.SCORING_WEIGHTS, f"{context}: {raw!r}: the {key} weight {value.strip()!r} "
+                                                          f"is not a whole number of 0 or more; {fix}")
+        got[key] = w
+    if not any(got.values()):
+        raise ClusterInputError(keys.SCORING_WEIGHTS, f"{context}: {raw!r}: every weight is 0; {fix}")
+    return got["slot"], got["core"], got["memory"]

@@ -19,12 +19,16 @@ from pyvgpu.cluster.model import DeviceUsage
 WEIGHT = 10
 
 
-def device_score(dev: DeviceUsage, mem: int, cores: int, request: int = 1) -> float:
-    """How full `dev` would be with one more container of `mem` MiB and `cores` %: 0 (empty) to 30 (full)."""
+def device_score(dev: DeviceUsage, mem: int, cores: int, request: int = 1,
+                 weights: tuple[int, int, int] = (1, 1, 1)) -> float:
+    """How full `dev` would be with one more container of `mem` MiB and `cores` %: 0 (empty) to 30 (full)
+    with the default weights; `weights` (slot, core, memory) scale the three parts (HAMi v2.10,
+    hami.io/device-scoring-weights)."""
     if dev.count == 0 or dev.totalcore == 0 or dev.totalmem == 0:
         return 0.0
-    return WEIGHT * ((request + dev.used) / dev.count + (cores + dev.usedcores) / dev.totalcore
-                     + (mem + dev.usedmem) / dev.totalmem)
+    ws, wc, wm = weights
+    return WEIGHT * (ws * (request + dev.used) / dev.count + wc * (cores + dev.usedcores) / dev.totalcore
+                     + wm * (mem + dev.usedmem) / dev.totalmem)
 
 
 def node_score(devices: Iterable[DeviceUsage]) -> float:

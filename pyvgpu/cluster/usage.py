@@ -10,7 +10,12 @@ container counts by whichever of the two annotations still lists its GPUs.
 
 A pod's init containers run one at a time before its app containers, so per GPU the pod holds the
 larger of its biggest init container and the sum of its app containers; slots likewise (HAMi
-pkg/device/initContainer.go CollapseInitContainerUsage).
+pkg/device/initContainer.go CollapseInitContainerUsage). Once every init container has exited 0 (the
+pod's status lists each one terminated with exit code 0), the pod holds its app containers' GPUs only
+(HAMi AppContainersOnlyDeviceUsage, pkg/util AllInitContainersSucceeded).
+
+A pod whose allocation annotation cannot be decoded is skipped, as HAMi's scheduler skips it (its GPUs
+count as free); the node keeps taking pods and says so in NodeInfo.warnings.
 """
 
 from __future__ import annotations
@@ -81,7 +86,13 @@ def node_info(node: dict, cfg: ClusterConfig, i: int = 0) -> NodeInfo:
     for d in devices:
         du = DeviceUsage.of(d)
         du.cordoned = d.id in cordoned
-        if du.mode == keys.MIG and not du.geometries:
+        if du.mode == keys.MIG and not du.geometries and d.mig_profiles:
+            # HAMi v2.10 registers dynamic MIG profiles and records each pod's slice in
+            # hami.io/vgpu-mig-allocations; pyvgpu does not place on them yet, and falling back to its own
+            # geometry table could put a pod in a slice the node never offered: the GPU takes nothing new.
+            du.problem = ("registered with HAMi v2.10 dynamic MIG profiles (migProfiles), which pyvgpu does not "
+                          "place pods on yet: this GPU takes no new pod from pyvgpu")
+        elif du.mode == keys.MIG and not du.geometries:
             du.geometries = cfg.mig_geometries(du.type)
             if not du.geometries:
                 du.problem = (f"mode mig, but no MIG geometry is known for {du.type!r}: add its model to the "
@@ -114,11 +125,32 @@ def pod_devices(pod: dict) -> PodDevices:
                   pending[i] if i < len(pending) else ()) for i in range(n))
 
 
-def collapse(pd: PodDevices, n_init: int) -> dict[str, list]:
-    """Per GPU UUID: [slots, mem, cores, {(geometry, instance)}] the pod holds at its peak."""
+def ended(pod: dict) -> bool:
+    """The pod has ended (Succeeded or Failed): it holds nothing."""
+    return (pod.get("status") or {}).get("phase") in _ENDED
+
+
+def init_done(pod: dict) -> bool:
+    """Every init container of the pod has exited 0: its status lists them all, each terminated with code 0
+    (HAMi: a pod with no init container statuses is not done)."""
+    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+    if not isinstance(statuses, list) or not statuses:
+        return False
+    for st in statuses:
+        term = ((st or {}).get("state") or {}).get("terminated") if isinstance(st, dict) else None
+        if not isinstance(term, dict) or term.get("exitCode") != 0:
+            return False
+    return True
+
+
+def collapse(pd: PodDevices, n_init: int, app_only: bool = False) -> dict[str, list]:
+    """Per GPU UUID: [slots, mem, cores, {(geometry, instance)}] the pod holds at its peak; with `app_only`
+    (its init containers are done) what its app containers hold."""
     init: dict[str, list] = {}
     app: dict[str, list] = {}
     for ci, ctr in enumerate(pd):
+        if app_only and ci < n_init:
+            continue
         for d in ctr:
             uuid, g, inst = codec.split_mig_uuid(d.uuid)
             if ci < n_init:
@@ -142,13 +174,15 @@ def _instances(geometry: tuple) -> int:
     return sum(t.count for t in geometry)
 
 
-def add_pod(node: NodeInfo, pd: PodDevices, n_init: int = 0, sign: int = 1, who: str = "a pod") -> None:
+def add_pod(node: NodeInfo, pd: PodDevices, n_init: int = 0, sign: int = 1, who: str = "a pod",
+            app_only: bool = False) -> None:
     """Charge (sign=1) or release (sign=-1) a pod's GPUs on a node. GPUs the node does not list are ignored,
     as HAMi does. Contradictions (a MIG instance on a non-MIG GPU, two geometries on one GPU) mark the GPU
     with a problem, so it takes nothing new."""
     node.score_cache = None
+    node.fit_cache = None
     by_id = {d.id: d for d in node.devices}
-    for uuid, (slots, mem, cores, migs) in collapse(pd, n_init).items():
+    for uuid, (slots, mem, cores, migs) in collapse(pd, n_init, app_only).items():
         dev = by_id.get(uuid)
         if dev is None:
             continue
@@ -205,8 +239,10 @@ def node_infos(nodes: Any, pods: Any, cfg: ClusterConfig | None = None,
         try:
             pd = pod_devices(pod)
         except ClusterInputError as e:
-            node.error = f"{who}: {e}: its GPUs are unknown, so nothing more is placed on this node"
+            node.warnings.append(f"{who} was skipped: {e}; its GPUs count as free on node {node.name}, as in "
+                                 "HAMi's scheduler")
             continue
         if pd:
-            add_pod(node, pd, len((pod.get("spec") or {}).get("initContainers") or []), who=who)
+            add_pod(node, pd, len((pod.get("spec") or {}).get("initContainers") or []), who=who,
+                    app_only=init_done(pod))
     return infos

@@ -4,9 +4,11 @@
     GET    /api/v1/nodes/NAME
     PATCH  /api/v1/nodes/NAME                                                 JSON merge patch only
     GET    /api/v1/pods[?fieldSelector=spec.nodeName=N][&watch=true...]      list or watch pods
+    GET    /api/v1/resourcequotas[?watch=true...]                            list or watch ResourceQuotas
     GET    /api/v1/namespaces/NS/pods/NAME
     PATCH  /api/v1/namespaces/NS/pods/NAME                                    JSON merge patch only
     POST   /api/v1/namespaces/NS/pods/NAME/binding
+    POST   /api/v1/namespaces/NS/events                                      kept in k8s_events
 
 It keeps objects with resourceVersions, honours metadata.resourceVersion in a patch (409 Conflict on a
 mismatch, as the real one does), refuses a binding of a bound pod, and streams watch events as the real
@@ -78,11 +80,13 @@ class FakeApiServer:
         self.rv = 0
         self.nodes: dict[str, dict] = {}
         self.pods: dict[tuple[str, str], dict] = {}
+        self.quotas: dict[tuple[str, str], dict] = {}  # ResourceQuotas
         self.events: list[tuple[int, str, str, dict]] = []  # (rv, kind, type, object)
         self.requests: list[tuple[str, str]] = []
         self.unexpected: list[str] = []
         self.patches: list[tuple[str, dict]] = []  # (path, patch) in order
         self.bindings: list[tuple[str, str, str]] = []  # (namespace, name, node)
+        self.k8s_events: list[dict] = []  # core/v1 Events written (POST .../namespaces/NS/events)
         self.hooks: list = []  # callables (method, path) -> (status, body) | None, for failure injection
         self.port = 0
         self._httpd: ThreadingHTTPServer | None = None
@@ -169,6 +173,16 @@ class FakeApiServer:
             self._bump("pod", typ, obj)
             return copy.deepcopy(obj)
 
+    def put_quota(self, obj: dict) -> dict:
+        with self.cond:
+            m = obj["metadata"]
+            key = (m.get("namespace", "default"), m["name"])
+            typ = "MODIFIED" if key in self.quotas else "ADDED"
+            obj = copy.deepcopy(obj)
+            self.quotas[key] = obj
+            self._bump("resourcequota", typ, obj)
+            return copy.deepcopy(obj)
+
     def delete_pod(self, namespace: str, name: str) -> None:
         with self.cond:
             obj = self.pods.pop((namespace, name))
@@ -240,6 +254,8 @@ def _handler(api: FakeApiServer):
                 return self._list_or_watch("node", q)
             if method == "GET" and rest == ["pods"]:
                 return self._list_or_watch("pod", q)
+            if method == "GET" and rest == ["resourcequotas"]:
+                return self._list_or_watch("resourcequota", q)
             if len(rest) == 2 and rest[0] == "nodes" and method in ("GET", "PATCH"):
                 return self._object("node", rest[1], None, method)
             if len(rest) == 4 and rest[0] == "namespaces" and rest[2] == "pods" and method in ("GET", "PATCH"):
@@ -247,6 +263,12 @@ def _handler(api: FakeApiServer):
             if len(rest) == 5 and rest[0] == "namespaces" and rest[2] == "pods" and rest[4] == "binding" \
                     and method == "POST":
                 return self._binding(rest[1], rest[3])
+            if len(rest) == 3 and rest[0] == "namespaces" and rest[2] == "events" and method == "POST":
+                body = self._body()
+                with api.cond:
+                    api.k8s_events.append(body)
+                    api.cond.notify_all()
+                return self._send(201, body)
             return self._unexpected(method)
 
         def _unexpected(self, method: str) -> None:
@@ -261,7 +283,7 @@ def _handler(api: FakeApiServer):
         do_DELETE = lambda self: self._route("DELETE")  # noqa: E731
 
         def _select(self, kind: str, q: dict) -> list[dict]:
-            store = api.nodes if kind == "node" else api.pods
+            store = {"node": api.nodes, "pod": api.pods, "resourcequota": api.quotas}[kind]
             out = list(store.values())
             sel = q.get("fieldSelector")
             if sel:
@@ -279,7 +301,8 @@ def _handler(api: FakeApiServer):
                     objs = copy.deepcopy(self._select(kind, q))
                 except ValueError:
                     return self._send(400, _status(400, "BadRequest", f"unsupported field selector {q}"))
-                body = {"apiVersion": "v1", "kind": "NodeList" if kind == "node" else "PodList",
+                body = {"apiVersion": "v1", "kind": {"node": "NodeList", "pod": "PodList",
+                                                     "resourcequota": "ResourceQuotaList"}[kind],
                         "metadata": {"resourceVersion": str(api.rv)}, "items": objs}
             self._send(200, body)
 

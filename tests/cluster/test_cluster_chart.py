@@ -556,9 +556,12 @@ def test_the_webhook_reaches_the_extender_over_tls(tmp_path):
 # pyvgpu.cluster.kube's calls -> the (resource, verb) each needs
 KUBE_CALLS = {"get_node": [("nodes", "get")], "list_nodes": [("nodes", "list")], "patch_node": [("nodes", "patch")],
               "list_pods": [("pods", "list")], "get_pod": [("pods", "get")], "patch_pod": [("pods", "patch")],
-              "bind": [("pods/binding", "create")], "watch": [("nodes", "watch"), ("pods", "watch")]}
+              "bind": [("pods/binding", "create")],
+              "watch": [("nodes", "watch"), ("pods", "watch"), ("resourcequotas", "watch")],
+              "create_event": [("events", "create")], "list_quotas": [("resourcequotas", "list")]}
 # which calls each component makes (grep of pyvgpu/cluster: extender, informer, nodelock / allocate, agent)
-USES = {"scheduler": ["get_node", "list_nodes", "patch_node", "list_pods", "get_pod", "patch_pod", "bind", "watch"],
+USES = {"scheduler": ["get_node", "list_nodes", "patch_node", "list_pods", "get_pod", "patch_pod", "bind", "watch",
+                      "create_event", "list_quotas"],
         "node": ["get_node", "patch_node", "list_pods", "patch_pod"]}
 
 
@@ -567,7 +570,7 @@ def test_rbac_grants_every_call_each_component_makes():
 
     public = {n for n in vars(Kube) if not n.startswith("_") and callable(getattr(Kube, n))}
     assert public == set(KUBE_CALLS), "a Kube call was added or removed: update KUBE_CALLS and USES (and the chart)"
-    for component, modules in (("scheduler", ["extender", "informer", "nodelock"]),
+    for component, modules in (("scheduler", ["extender", "informer", "nodelock", "events"]),
                                ("node", ["allocate", "agent", "plugin", "daemon"])):
         used = set()
         for m in modules:

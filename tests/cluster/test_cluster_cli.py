@@ -34,7 +34,7 @@ def test_the_documented_example():
                 "--pod", str(EXAMPLES / "pod.yaml"))
     assert r.exit_code == 0, r.output
     assert "decision: gpu-a" in r.output
-    assert "hami.io/vgpu-devices-to-allocate: GPU-a2,NVIDIA,20000,30:GPU-a3,NVIDIA,20000,30:;" in r.output
+    assert "hami.io/vgpu-devices-to-allocate: GPU-a3,NVIDIA,20000,30:GPU-a2,NVIDIA,20000,30:;" in r.output
     assert "GPU 0 GPU-b0: memory: 7360 MiB free of 15360, needs 20000" in r.output
     assert 'hami.io/node-nvidia-register[0].devmem: expected an integer, got "80GB"' in r.output
 
@@ -46,13 +46,13 @@ def test_json_schema():
     out = json.loads(r.stdout)
     assert out["node"] == "gpu-a"
     assert out["annotations"]["hami.io/vgpu-node"] == "gpu-a"
-    assert out["annotations"]["hami.io/vgpu-devices-to-allocate"] == "GPU-a2,NVIDIA,20000,30:GPU-a3,NVIDIA,20000,30:;"
+    assert out["annotations"]["hami.io/vgpu-devices-to-allocate"] == "GPU-a3,NVIDIA,20000,30:GPU-a2,NVIDIA,20000,30:;"
     assert [set(n) for n in out["nodes"]] == [{"name", "fits", "score", "reason"}] * 5
     assert [(n["name"], n["fits"]) for n in out["nodes"]] == [
         ("gpu-a", True), ("gpu-mig", True), ("cpu-1", False), ("gpu-b", False), ("gpu-c", False)]
     broken = next(n for n in out["nodes"] if n["name"] == "gpu-c")
     assert broken["score"] is None and "devmem" in broken["reason"]
-    assert out["containers"][0]["devices"][0]["uuid"] == "GPU-a2"
+    assert out["containers"][0]["devices"][0]["uuid"] == "GPU-a3"
 
 
 def test_no_node_fits_still_exits_0(tmp_path):
@@ -80,8 +80,8 @@ def test_yaml_pod_and_policy_options(tmp_path):
     ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: m\n"
      "    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: abc}}\n", 'nvidia.com/gpumem: pod default/p, '
                                                                            'container "m": "abc" is not a whole'),
-    ("metadata: {name: p, annotations: {nvidia.com/numa-bind: sure}}\nspec: {containers: [{name: m}]}\n",
-     "nvidia.com/numa-bind"),
+    ("metadata: {name: p, annotations: {hami.io/gpu-scheduler-policy: best}}\nspec: {containers: [{name: m}]}\n",
+     "hami.io/gpu-scheduler-policy"),
     ("a: [1, 2\n", "neither JSON nor YAML (line"),
     ("---\na: 1\n---\nb: 2\n", "holds 2 YAML documents"),
     ("[]", "pod: expected a Pod object"),
@@ -100,6 +100,17 @@ def test_bad_pod_exits_2_naming_the_field(tmp_path, pod_text, words):
 def test_bad_lists_exit_2_naming_the_file(tmp_path, nodes, pods, words):
     r = explain(*files(tmp_path, nodes, pods, pod()))
     assert r.exit_code == 2 and words in r.output
+
+
+def test_lenient_reading_is_a_warning_not_an_exit(tmp_path):
+    # HAMi reads numa-bind "sure" as false and schedules: explain does the same and says so
+    pod_text = ("metadata: {name: p, annotations: {nvidia.com/numa-bind: sure}}\nspec:\n  containers:\n"
+                "  - name: m\n    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpucores: 120}}\n")
+    r = explain(*files(tmp_path, nodelist(node("n1", [gpu("GPU-a")])), podlist(), None, pod_text))
+    assert r.exit_code == 0, r.output
+    assert "warning: pod default/p: nvidia.com/numa-bind 'sure' is not a boolean; read as false" in r.output
+    assert "nvidia.com/gpucores 120 is above 100; read as 100" in r.output
+    assert "decision: n1" in r.output
 
 
 def test_missing_file_and_bad_option(tmp_path):
@@ -140,3 +151,24 @@ def test_bench_schedule_small_run(tmp_path):
     assert table.exit_code == 0 and "one decision (median ms)" in table.output
     bad = CliRunner().invoke(app, ["bench", "schedule", "--sizes", "x"])
     assert bad.exit_code == 2 and "--sizes" in bad.output
+
+
+def test_explain_counts_namespace_quotas(tmp_path):
+    args = files(tmp_path, nodelist(node("n1", [gpu("GPU-a")])), podlist(), pod(containers=[ctr(mem=2000)]))
+    (tmp_path / "quotas.json").write_text(json.dumps({"kind": "ResourceQuotaList", "items": [
+        {"kind": "ResourceQuota", "metadata": {"name": "q", "namespace": "default"},
+         "spec": {"hard": {"limits.nvidia.com/gpumem": "1000"}}}]}))
+    r = explain(*args, "--quotas", str(tmp_path / "quotas.json"))
+    assert r.exit_code == 0 and "no node fits" in r.output and "ResourceQuota allows 1000 MiB" in r.output
+    assert "decision: n1" in explain(*args).output
+    (tmp_path / "quotas.json").write_text('{"items": ["x"]}')
+    r = explain(*args, "--quotas", str(tmp_path / "quotas.json"))
+    assert r.exit_code == 2 and "--quotas" in r.output
+
+
+def test_gpu_policy_option_takes_hamis_comma_lists(tmp_path):
+    args = files(tmp_path, nodelist(node("n1", [gpu("GPU-a"), gpu("GPU-b", 1)])), podlist(),
+                 pod(containers=[ctr(mem=1)]))
+    r = explain(*args, "--json", "--gpu-policy", "binpack,mutex")
+    assert r.exit_code == 0, r.output
+    assert explain(*args, "--gpu-policy", "binpack,bestfit").exit_code == 2

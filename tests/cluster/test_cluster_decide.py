@@ -205,10 +205,11 @@ TOPO = {"hami.io/gpu-scheduler-policy": "topology-aware"}
 
 def test_topology_one_gpu_takes_the_worst_connected():
     nodes, pods = topology_node()
-    # link sums to the others: GPU-0 650, GPU-1 620, GPU-2 650, GPU-3 620: GPU-1 and GPU-3 tie, GPU-1 is first
-    assert alloc(decide(nodes, pods, pod(containers=[ctr(mem=1)], annotations=TOPO))) == [["GPU-1"]]
-    # without topology spread takes the least used, ties by index: GPU-0
-    assert alloc(decide(nodes, pods, pod(containers=[ctr(mem=1)]))) == [["GPU-0"]]
+    # link sums to the others: GPU-0 650, GPU-1 620, GPU-2 650, GPU-3 620: GPU-1 and GPU-3 tie; HAMi walks
+    # equal GPUs from the last listed, so GPU-3 comes first
+    assert alloc(decide(nodes, pods, pod(containers=[ctr(mem=1)], annotations=TOPO))) == [["GPU-3"]]
+    # without topology spread takes the least used; equal GPUs: the last listed (HAMi's Fit walks backwards)
+    assert alloc(decide(nodes, pods, pod(containers=[ctr(mem=1)]))) == [["GPU-3"]]
 
 
 def test_topology_many_gpus_take_the_best_connected_set():

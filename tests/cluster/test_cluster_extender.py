@@ -152,7 +152,8 @@ def test_bind_locks_the_node_annotates_binds_and_unlocks(ext, api):
     annos = got["metadata"]["annotations"]
     assert got["spec"]["nodeName"] == "node-a"
     assert annos[keys.POD_NODE] == "node-a"
-    assert annos[keys.POD_TO_ALLOCATE] == f"{A0},NVIDIA,4096,30:;" == annos[keys.POD_ALLOCATED]
+    # equal GPUs: the last listed first (HAMi's Fit walks the sorted GPUs from the end)
+    assert annos[keys.POD_TO_ALLOCATE] == f"{A1},NVIDIA,4096,30:;" == annos[keys.POD_ALLOCATED]
     assert annos[keys.POD_BIND_PHASE] == "allocating"
     assert annos[keys.POD_TIME].isdigit() and annos[keys.POD_BIND_TIME].isdigit()
     lock_patches = [pt for path, pt in api.patches if path.endswith("/nodes/node-a")]
@@ -162,7 +163,7 @@ def test_bind_locks_the_node_annotates_binds_and_unlocks(ext, api):
     # the next pod, right after, sees the first one's GPU as used (spread: the other GPU)
     q = api.put_pod(pod("next", [gpu_container("main", 1, 4096, 30)]))
     assert ext.post("bind", bind_args(q, "node-a")) == {"Error": ""}
-    assert api.get_pod("default", "next")["metadata"]["annotations"][keys.POD_TO_ALLOCATE].startswith(A1)
+    assert api.get_pod("default", "next")["metadata"]["annotations"][keys.POD_TO_ALLOCATE].startswith(A0)
 
 
 def test_two_schedulers_racing_for_one_nodes_lock(ext, kube, api):

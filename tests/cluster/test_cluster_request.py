@@ -28,7 +28,9 @@ def test_requests_are_the_fallback():
 
 def test_hami_defaults():
     c = one(ctr(gpus=1))
-    assert (c.memreq, c.mem_percentage, c.coresreq) == (0, 100, 0)  # no memory: 100% of the GPU; no cores: 0
+    # no memory: 100% of the GPU; no cores then: 100, the GPU alone (HAMi v2.10 defaultExclusiveCoreIfNeeded)
+    assert (c.memreq, c.mem_percentage, c.coresreq) == (0, 100, 100)
+    assert one(ctr(gpus=1, mem=1000)).coresreq == 0  # memory asked: the default, 0 cores
     assert c.memory_on(81920) == 81920
     p = one(ctr(gpus=1, pct=25))
     assert p.memory_on(81920) == 20480 and p.memory_on(15360) == 3840
@@ -39,6 +41,9 @@ def test_hami_defaults():
 def test_configured_defaults():
     cfg = ClusterConfig(default_memory=2048, default_cores=10, memory_factor=2)
     c = one(ctr(gpus=1), cfg)
+    assert (c.memreq, c.coresreq) == (2048, 100)  # no memory named: exclusive, whatever defaultMemory says
+    assert one(ctr(gpus=1, mem=100), cfg).coresreq == 10
+    c = one(ctr(gpus=1), ClusterConfig(default_memory=2048, default_cores=10, exclusive_core_default=False))
     assert (c.memreq, c.coresreq) == (2048, 10)
     assert one(ctr(gpus=1, mem=100), cfg).memreq == 200
 
@@ -72,7 +77,7 @@ def test_quantities(value, expect):
     (ctr(gpus="two"), "nvidia.com/gpu", '"two"'),
     (ctr(gpus="-1"), "nvidia.com/gpu", "out of range"),
     (ctr(gpus=1, pct=150), "nvidia.com/gpumem-percentage", "out of range"),
-    (ctr(gpus=1, cores=150), "nvidia.com/gpucores", "out of range"),
+    (ctr(gpus=1, cores=-5), "nvidia.com/gpucores", "out of range"),
     (ctr(gpus=1, cores="30%"), "nvidia.com/gpucores", "not a whole number"),
     ({"name": "m", "resources": {"limits": {"nvidia.com/gpu": True}}}, "nvidia.com/gpu", "true"),
     ({"name": "m", "resources": {"limits": ["nvidia.com/gpu"]}}, "resources.limits", "map"),
@@ -108,9 +113,9 @@ def test_policy_defaults_and_config():
 @pytest.mark.parametrize("key, value", [
     ("hami.io/node-scheduler-policy", "pack"),
     ("hami.io/gpu-scheduler-policy", "best"),
-    ("hami.io/gpu-scheduler-policy", "binpack,spread"),
+    ("hami.io/gpu-scheduler-policy", "binpack,best"),
     ("nvidia.com/vgpu-mode", "vgpu"),
-    ("nvidia.com/numa-bind", "yes"),
+    ("hami.io/device-scoring-weights", "slot=1"),
 ])
 def test_bad_annotations_name_the_key(key, value):
     with pytest.raises(ClusterInputError) as e:

@@ -113,11 +113,14 @@ def test_gpus_the_node_does_not_list_are_ignored():
     assert devs([pod("p", node_name="n1", allocated="GPU-zz,NVIDIA,1,1:;")])["GPU-a"] == (0, 0, 0)
 
 
-def test_a_broken_pod_annotation_blocks_its_node_only():
+def test_a_broken_pod_annotation_is_skipped_with_a_warning():
+    # HAMi's scheduler skips a pod whose allocation it cannot decode and keeps the node (onAddPod)
     nodes = nodelist(NODE, node("n2", [gpu("GPU-c")]))
     bad = pod("bad", node_name="n1", allocated="GPU-a,NVIDIA,lots,1:;")
     n1, n2 = node_infos(nodes, podlist(bad))
-    assert "pod default/bad" in n1.error and "UsedMem" in n1.error and n2.error is None
+    assert n1.error is None and n2.error is None and n2.warnings == []
+    assert len(n1.warnings) == 1 and "pod default/bad was skipped" in n1.warnings[0] and "UsedMem" in n1.warnings[0]
+    assert all(d.used == 0 for d in n1.devices)
 
 
 def test_node_errors():
