@@ -267,7 +267,7 @@ SLOT_FREE, SLOT_LIVE = 0, 1
 # an entry whose turn word says which process may launch on it now, so that
 # the GPU never holds two groups' deep queues at once (pyvgpu/jit/turn.py).
 SCHED_MAGIC = int.from_bytes(b"PVTURN01", "little")
-SCHED_VERSION = 5  # 4: the holder's fields in two cache lines; 5: charged_ns
+SCHED_VERSION = 5  # 4: the holder's fields in two cache lines; 5: charged_ns, no sleepers count
 SCHED_ENTRIES = 64  # GPUs (MIG instances count as GPUs: they have UUIDs of their own)
 # Ranks of a launch in the turns, most urgent first (pyvgpu/jit/turn.py): within its share ("due") before
 # best effort (no share, or borrowing beyond it); high priority before low within each.
@@ -298,7 +298,6 @@ SCHED_ENTRY = Struct(
         Field("active", "u64", doc="CLOCK_MONOTONIC ns until which a group with a share takes turns on this GPU"),
         Field("want", "u64", N_RANKS, doc="per rank, the latest waiter: id << 32 | when it last looked"),
         Field("rank", "u32", doc="the holder's rank when it took the turn"),
-        Field("sleepers", "u32", doc="processes sleeping on seq"),
         Field("resv", "u64", N_RANKS, doc="per rank, the latest reservation: id << 32 | when its budget is free "
                                           "again (CLOCK_MONOTONIC >> 10); the holder hands over by then"),
         Field("key", "u64", doc="hash of the GPU's UUID | 1; 0 = free entry"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from simgpu import Load, sim_env
 
 SMALL = "200"  # a 20 us kernel, four a step with a sync: a launch-bound training or decode step
+NEIGHBOUR_KEEPS = 0.3
 
 
 def test_a_neighbour_without_a_share_fills_what_a_launch_bound_share_leaves(env, tmp_path):
@@ -20,24 +21,23 @@ def test_a_neighbour_without_a_share_fills_what_a_launch_bound_share_leaves(env,
     GPU's queue with its kernel stays short."""
     e = sim_env(env, tmp_path, "nb")
     a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=50)
-    b = Load(e, tmp_path, "b", [], seconds=6, iters=SMALL, gap_us=50)
+    b = Load(e, tmp_path, "b", [], seconds=6, iters=SMALL)  # no host gap: its queue refills at once
     c = Load(sim_env(env, tmp_path, "ctl"), tmp_path, "c", ["--sm", "50"], seconds=6, iters=SMALL, gap_us=50)
-    ra, rb, rc = a.rate(2), b.rate(2), c.rate(2)
-    print("DBG-nb", ra / rc, rb / rc)
-    assert ra >= 0.6 * rc, (ra, rb, rc)  # the share keeps its pace
-    assert rb >= 0.5 * rc, (ra, rb, rc)  # and the neighbour is not starved
+    d = Load(sim_env(env, tmp_path, "ctl2"), tmp_path, "d", [], seconds=6, iters=SMALL)
+    ra, rb, rc, rd = a.rate(2), b.rate(2), c.rate(2), d.rate(2)
+    assert ra >= 0.6 * rc, (ra / rc, rb / rd)  # the share keeps its pace
+    assert rb >= NEIGHBOUR_KEEPS * rd, (ra / rc, rb / rd)  # and the neighbour is not starved (0.12 before)
 
 
 def test_an_overcharged_pair_is_not_held_below_what_the_gpu_has(env, tmp_path):
-    """Two launch-bound groups at --sm 50 whose timings read 4x their kernels: each was charged about
-    its whole share while the GPU was mostly idle (0.5 of the control each), and the limiter held both back. The controllers now
-    add their charges to the GPU's turn entry and bring the scales down while the groups together were
-    charged more than the GPU was busy."""
+    """Two launch-bound groups at --sm 50 whose timings read 5x their kernels: each was charged its whole
+    share while the GPU was mostly idle, and the limiter held both back (each kept 0.51-0.55 of the
+    control). The controllers now add their charges to the GPU's turn entry and bring the scales down
+    while the groups together were charged more than the GPU was busy."""
     e = sim_env(env, tmp_path, "oc", FAKECUDA_EVENT_SCALE="5")
     a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=8, iters=SMALL, gap_us=50)
     b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=8, iters=SMALL, gap_us=50)
     c = Load(sim_env(env, tmp_path, "ctl"), tmp_path, "c", [], seconds=8, iters=SMALL, gap_us=50)
     ra, rb, rc = a.rate(5), b.rate(5), c.rate(5)
-    print("DBG-oc", ra / rc, rb / rc, a.series[-1])
     assert ra >= 0.75 * rc and rb >= 0.75 * rc, (ra, rb, rc)
     assert a.series and a.series[-1][2] < 0.6, a.series[-5:]  # the scale came down from 1

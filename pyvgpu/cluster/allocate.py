@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyvgpu import limits as lim
-from pyvgpu.cluster import codec, keys, nodelock, nodestate, records
+from pyvgpu.cluster import codec, events, keys, nodelock, nodestate, records
 from pyvgpu.cluster import gpus as G
 from pyvgpu.cluster.errors import ClusterInputError
 from pyvgpu.cluster.kube import Kube, KubeError, KubeUnreachable
@@ -189,6 +189,8 @@ class Allocator:
             except ClusterInputError as e:
                 # one broken pod fails itself, never the node: the kubelet's request may be another pod's
                 log.warning("%s; the pod is marked %s: failed and skipped", e, keys.POD_BIND_PHASE)
+                self._event(p, "AllocationUnreadable", f"{e}; pyvgpu's device plugin on node {node} skipped this "
+                                                       f"pod and marked it {keys.POD_BIND_PHASE}: failed")
                 self._fail(p, None)
                 continue
             pending = [i for i, c in enumerate(pd) if c]
@@ -321,6 +323,14 @@ class Allocator:
     def _undo(self, made: list[tuple[str, str]]) -> None:
         for uid, cname in made:
             self.cfg.state.remove_container(uid, cname)
+
+    def _event(self, pod: dict, reason: str, message: str) -> None:
+        """A Warning Event on the pod, for its owner to see with `kubectl describe` (one try)."""
+        try:
+            self.kube.create_event((pod["metadata"].get("namespace") or "default"),
+                                   events.event_body(pod, reason, message, True, "pyvgpu-device-plugin", time.time()))
+        except (KubeError, KubeUnreachable) as e:
+            log.warning("could not write the Event %s on pod %s: %s", reason, pod["metadata"].get("name"), e)
 
     def _fail(self, pod: dict, why) -> None:
         """Mark the pod bind-phase failed (one try: the caller is failing anyway)."""

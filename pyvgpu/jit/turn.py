@@ -411,11 +411,14 @@ def count_wait(ctx, region, dev, e, rank, t0, now):
 @njit
 def free_turn(e, me):
     """Mark the turn free (its word keeps this process's id, which leaves the next turn to a waiter) and
-    wake the sleepers."""
-    TURN.store_freed_ns(e, np.uint64(monotonic_ns()))
+    wake the sleepers. Whether anyone sleeps is read from the want words, which a waiter writes right
+    before each sleep of at most POLL_NS: a count of sleepers leaked whenever a waiter was killed in its
+    sleep."""
+    now = monotonic_ns()
+    TURN.store_freed_ns(e, np.uint64(now))
     TURN.store_turn(e, np.uint64(me) << np.uint64(32))
     TURN.add_seq(e, 1)
-    if TURN.load_sleepers(e) != 0:
+    if more_urgent_waits(e, L.N_RANKS, me, now):
         futex_wake(TURN.seq_at(e))
 
 
@@ -693,7 +696,5 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
             give_up(ctx, region, dev, e, rank, t0, now, holder(w))
             return
         TURN.store_want(e, rank, word(me, now))
-        TURN.add_sleepers(e, 1)
         futex_wait(TURN.seq_at(e), seq, POLL_NS)
-        TURN.sub_sleepers(e, 1)
         now = monotonic_ns()

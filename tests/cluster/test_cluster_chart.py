@@ -562,7 +562,7 @@ KUBE_CALLS = {"get_node": [("nodes", "get")], "list_nodes": [("nodes", "list")],
 # which calls each component makes (grep of pyvgpu/cluster: extender, informer, nodelock / allocate, agent)
 USES = {"scheduler": ["get_node", "list_nodes", "patch_node", "list_pods", "get_pod", "patch_pod", "bind", "watch",
                       "create_event", "list_quotas"],
-        "node": ["get_node", "patch_node", "list_pods", "patch_pod"]}
+        "node": ["get_node", "patch_node", "list_pods", "patch_pod", "create_event"]}
 
 
 def test_rbac_grants_every_call_each_component_makes():

@@ -120,3 +120,5 @@ def test_an_undecodable_candidate_is_skipped_and_marked_failed_not_the_whole_nod
     (c,) = plugin_node.allocate([f"{U0}::0"]).container_responses
     assert dict(c.envs)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "4096m"
     assert api.get_pod("default", "broken")["metadata"]["annotations"][keys.POD_BIND_PHASE] == keys.BIND_FAILED
+    (ev,) = [e for e in api.k8s_events if e["involvedObject"]["name"] == "broken"]
+    assert ev["reason"] == "AllocationUnreadable" and ev["type"] == "Warning" and "1,1" in ev["message"]
