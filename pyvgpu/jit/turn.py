@@ -13,16 +13,13 @@ The GPU runs every process's kernels one after another, so a process's own
 estimate of its queue leaves out the kernels of others queued ahead of its
 own. The entry keeps the GPU's whole queue (``qend``: every launch under
 turns adds its cost, holder or not), and a launch's queue ends where it
-lands in it. Two processes that each kept only their own estimate and
-time-sliced each ran at half speed, so each saw its own queue short, and
-they went on going beside each other for good.
+lands in it (with only its own estimate, each of two time-slicing processes
+saw its queue short and went beside the other for good).
 
 The estimate adds up costs from when each launch was made, so it is open
-loop, and the GPU must not hold work it never counted. Two rules keep it so
-(on an H100 a --sm 50 spin group and an unlimited one, started together,
-queued their first kernels at cost 0 and outside the turns; leases then
-lapsed while the GPU still held both queues, the turn passed without a
-drain, and both time-sliced for good at 45/45%):
+loop, and the GPU must not hold work it never counted (else leases lapse
+while the GPU holds both queues, the turn passes without a drain, and both
+time-slice for good: docs/compute.md). Two rules keep it so:
 
 * a process that launched on a GPU outside the turns lets that work finish
   before its first launch under them (``join``), and a process's first
