@@ -23,7 +23,8 @@ sys.path[:0] = [str(ROOT / "tests" / "cluster"), str(ROOT / "tests")]
 from fake_apiserver import FakeApiServer, gpu_container, node, pod  # noqa: E402
 
 from pyvgpu.cluster import codec, keys  # noqa: E402
-from pyvgpu.cluster.extender import Scheduler, Server  # noqa: E402
+from pyvgpu.cluster.extender import Scheduler  # noqa: E402
+from pyvgpu.cluster.extender_server import Server  # noqa: E402
 from pyvgpu.cluster.informer import Informer  # noqa: E402
 from pyvgpu.cluster.kube import Kube  # noqa: E402
 from pyvgpu.cluster.model import DeviceInfo  # noqa: E402

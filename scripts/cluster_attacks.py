@@ -83,7 +83,8 @@ def _raw(port: int, data: bytes, timeout: float = 15) -> str:
 def http(work: Path) -> dict:
     from fake_apiserver import FakeApiServer
 
-    from pyvgpu.cluster.extender import Scheduler, Server
+    from pyvgpu.cluster.extender import Scheduler
+    from pyvgpu.cluster.extender_server import Server
     from pyvgpu.cluster.kube import Kube
 
     api = FakeApiServer().start()

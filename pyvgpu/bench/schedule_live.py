@@ -112,7 +112,8 @@ def serve(n_nodes: int, new_pods: int, seed: int, policy: str) -> None:
 def run_one(n_nodes: int, new_pods: int, inflight: int, seed: int, policy: str, attempts: int = 3) -> dict:
     import subprocess
 
-    from pyvgpu.cluster.extender import Scheduler, Server
+    from pyvgpu.cluster.extender import Scheduler
+    from pyvgpu.cluster.extender_server import Server
     from pyvgpu.cluster.informer import Informer
     from pyvgpu.cluster.kube import Kube
 

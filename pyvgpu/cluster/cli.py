@@ -293,10 +293,10 @@ def scheduler(
                           ("--client-ca-file", client_ca)):
             if path and not os.path.isfile(path):
                 raise PyvgpuError(f"{opt} {path}: no such file")
-        from pyvgpu.cluster import extender
+        from pyvgpu.cluster import extender_server
 
         cfg = ClusterConfig(node_policy=node_policy, gpu_policy=gpu_policy, scheduler_names=(name,))
-        extender.run(kubeconfig, port, name, cfg,
+        extender_server.run(kubeconfig, port, name, cfg,
                      lock_expire, webhook_port, tls_cert, tls_key, address, token_file, client_ca,
                      tuple(annotation_writers or ()))
     except (PyvgpuError, OSError, ValueError) as e:

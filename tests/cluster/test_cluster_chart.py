@@ -457,7 +457,8 @@ def test_kube_scheduler_is_configured_with_the_extender_and_the_gpu_resources():
 
 def test_the_extender_serves_the_verbs_probes_and_webhook_the_chart_names(kube, api):
     """kube-scheduler's verbs (urlPrefix/verb), the probes, and the webhook's path, on a real extender."""
-    from pyvgpu.cluster.extender import Scheduler, Server
+    from pyvgpu.cluster.extender import Scheduler
+    from pyvgpu.cluster.extender_server import Server
 
     docs = render()
     cfg = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])

@@ -18,7 +18,8 @@ from fake_apiserver import gpu_container, node, pod
 
 from pyvgpu.cluster import codec, keys
 from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.extender import Scheduler, Server
+from pyvgpu.cluster.extender import Scheduler
+from pyvgpu.cluster.extender_server import Server
 from pyvgpu.cluster.informer import Informer
 from pyvgpu.cluster.kube import Kube
 from pyvgpu.cluster.model import DeviceInfo
@@ -335,6 +336,6 @@ def test_webhook_leaves_other_pods_and_refuses_privileged_gpu_containers(ext):
 def test_answers_are_not_held_back_by_nagles_algorithm(kube):
     """kube-scheduler reuses one connection: with Nagle on, each answer's body waited ~40 ms for the client's
     delayed ACK (measured: 47 ms per /filter, 0.4 ms with TCP_NODELAY; docs/cluster.md)."""
-    from pyvgpu.cluster.extender import _handler
+    from pyvgpu.cluster.extender_server import _handler
 
     assert _handler(Scheduler(kube)).disable_nagle_algorithm is True

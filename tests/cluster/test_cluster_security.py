@@ -18,7 +18,8 @@ from test_cluster_extender import A0, Ext, bind_args, registered
 
 from pyvgpu.cluster import codec, keys
 from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.extender import Scheduler, Server
+from pyvgpu.cluster.extender import Scheduler
+from pyvgpu.cluster.extender_server import Server
 from pyvgpu.cluster.informer import Informer
 from pyvgpu.cluster.model import ContainerDevice
 
