@@ -83,6 +83,7 @@ def test_every_cited_run_file_exists_and_run_folders_are_cited_by_their_path():
 
 
 FIGURE = re.compile(r"\b\d+\.\d+/\d+\.\d+%|\b[01]\.\d{4}\b")  # a pair's shares (27.7/68.7%), an overhead ratio
+RUN_DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 # the pages that quote figures the README once quoted (moved there by issue 28)
 QUOTING = ("docs/manual.md", "docs/what-works.md")
 
@@ -97,3 +98,10 @@ def test_the_quoted_measured_figures_are_the_measurements():
     assert quoted, f"{' and '.join(QUOTING)} quote no figure: the pattern is stale"
     assert not sorted(f for f in quoted if f not in recorded), "quoted figures found in no measurement"
 
+
+def test_the_readme_quotes_no_run_date_or_measured_figure():
+    """The README says what pyvgpu is and how to use it; dated runs and their figures live in docs/."""
+    text = (ROOT / "README.md").read_text()
+    assert not FIGURE.findall(text), f"README figures belong in docs/: {FIGURE.findall(text)}"
+    assert not RUN_DATE.findall(text), f"README run dates belong in docs/: {RUN_DATE.findall(text)}"
+    assert len(text.splitlines()) <= 150, "the README is a README: at most 150 lines, the manual is docs/manual.md"
