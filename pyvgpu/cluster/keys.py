@@ -40,7 +40,7 @@ BINPACK = "binpack"
 SPREAD = "spread"
 TOPOLOGY = "topology-aware"
 
-# Device modes (seed section 7.1).
+# Device modes (docs/cluster.md, "Modes").
 HAMI_CORE = "hami-core"
 MIG = "mig"
 MPS = "mps"

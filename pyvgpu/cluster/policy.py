@@ -1,4 +1,4 @@
-"""Policies (seed section 5): the order GPUs are tried in, the GPU sets offered, and the order of nodes.
+"""Policies (docs/cluster.md, "Policies"): the order GPUs are tried in, the GPU sets offered, and the order of nodes.
 
 Ties break by a fixed rule, so one input always gives one decision (HAMi's sorts are not stable and its
 nodes are scored in goroutines, so its ties fall either way):
@@ -31,7 +31,7 @@ def order_devices(scored: list[tuple[float, DeviceUsage, T]], policy: str) -> li
 
 
 def pair(scores: dict[str, dict[str, int]], a: str, b: str) -> int:
-    """The link score between two GPUs (seed 5.3: 10 across CPUs ... 100 per NVLink). A pair is read from
+    """The link score between two GPUs (docs/cluster.md: 10 across CPUs ... 100 per NVLink). A pair is read from
     either side, so a one-sided annotation still counts; a missing pair is 0."""
     s = scores.get(a)
     if s is not None and b in s:

@@ -1,9 +1,9 @@
 """The device turn: which process may fill a GPU's queue now.
 
 Two contexts that both have deep queues on one GPU are time-sliced by the
-hardware, and the slicing costs time nobody gets: on an H100 two saturating
-processes together got 89.7% of what one gets alone (docs/compute.md), and a
-70% share beside a 30% one got 62%. So the processes on a GPU take turns:
+hardware, and the slicing costs time nobody gets: two saturating processes
+together get less than one alone, and the larger of two shares falls well
+below its target (docs/compute.md). So the processes on a GPU take turns:
 every GPU (by UUID) has one entry in the machine's turn file (pyvgpu/sched.py,
 layout SCHED_ENTRY); its turn word names the process that holds the turn and
 until when its lease runs: ``id << 32 | lease`` with the lease in
@@ -22,10 +22,10 @@ they went on going beside each other for good.
 
 The estimate adds up costs from when each launch was made, so it is open
 loop, and the GPU must not hold work it never counted. Two rules keep it so
-(on an H100 a --sm 50 spin group and an unlimited one, started together,
-queued their first kernels at cost 0 and outside the turns; leases then
-lapsed while the GPU still held both queues, the turn passed without a
-drain, and both time-sliced for good at 45/45%):
+(a --sm 50 spin group and an unlimited one, started together, queued
+their first kernels at cost 0 and outside the turns; leases then lapsed
+while the GPU still held both queues, the turn passed without a drain, and
+both time-sliced for good, the share held below its target; docs/compute.md):
 
 * a process that launched on a GPU outside the turns lets that work finish
   before its first launch under them (``join``), and a process's first
@@ -572,8 +572,8 @@ def finish_own(ctx, dev, stream):
 def join(ctx, dev, e, stream):
     """This process launched on dev outside the turns (before a group with a share came, or while none
     was there, ``turn_out``): that work is in nobody's queue estimate, so it is let finish before the
-    process takes part. A GPU that already holds an uncounted queue keeps every estimate short: on an
-    H100 leases then lapsed under real work and two spin groups time-sliced for good."""
+    process takes part. A GPU that already holds an uncounted queue keeps every estimate short: leases
+    then lapse under real work and two spin groups time-slice for good (docs/compute.md)."""
     bit = np.uint64(1) << np.uint64(dev)
     out = CTX.get_turn_out(ctx)
     if out & bit == 0:
@@ -590,8 +590,8 @@ def lapsed(ctx, dev, e, stream):
     """This process held the turn and finds another holder: its lease lapsed before it handed over (it
     launched nothing for a while, or its queue ran longer than estimated), so it had no drain. Its own
     work is let finish before it launches again. A lease that lapsed under real work would otherwise
-    leave both queues on the GPU, time-sliced, with every estimate short, and lapse again: on an H100 a
-    --sm 50 spin group beside an unlimited one got 45% and the neighbour 45% that way, with no drain."""
+    leave both queues on the GPU, time-sliced, with every estimate short, and lapse again: a --sm 50
+    spin group beside an unlimited one was held below its share that way, with no drain."""
     CTX.set_turn_mine(ctx, dev, 0)
     ns = finish_own(ctx, dev, stream)
     if ns > 0:
