@@ -105,3 +105,18 @@ def test_the_readme_quotes_no_run_date_or_measured_figure():
     assert not FIGURE.findall(text), f"README figures belong in docs/: {FIGURE.findall(text)}"
     assert not RUN_DATE.findall(text), f"README run dates belong in docs/: {RUN_DATE.findall(text)}"
     assert len(text.splitlines()) <= 150, "the README is a README: at most 150 lines, the manual is docs/manual.md"
+
+
+def test_the_architecture_folder_map_names_only_what_exists():
+    """docs/architecture.md's "How the layers map to folders" says it describes HEAD: every path it names
+    (a folder, or a file of pyvgpu/) exists, so the map cannot silently describe an older tree."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    start = text.index("## How the layers map to folders")
+    section = text[start:text.index("\n## ", start + 1)]
+    named = re.findall(r"`([A-Za-z0-9_./*-]+)`", section)
+    folders = [n for n in named if n.endswith("/")]
+    files = [n for n in named if n.endswith(".py") and "*" not in n]
+    assert len(folders) >= 8 and len(files) >= 20, "the folder map's pattern is stale"
+    missing = [f for f in folders if not (ROOT / f).is_dir() and not (ROOT / "pyvgpu" / f).is_dir()]
+    missing += [f for f in files if not any((ROOT / d / f).is_file() for d in (".", "pyvgpu", "scripts"))]
+    assert not missing, f"docs/architecture.md's folder map names paths HEAD does not have: {missing}"
