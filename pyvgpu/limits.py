@@ -1,6 +1,6 @@
 """Limits: parsing sizes and per-device specs from options and the environment.
 
-The size grammar (README, "Sizes"), one for options and HAMi's variables:
+The size grammar (docs/manual.md, "Sizes"), one for options and HAMi's variables:
 
 * a number of bytes, or a number and a binary unit: ``K``/``Ki``/``KiB`` = 2^10,
   ``M``/``Mi``/``MiB`` = 2^20, ``G``/``Gi``/``GiB`` = 2^30, ``T``/``Ti``/``TiB`` = 2^40,
@@ -14,7 +14,7 @@ The size grammar (README, "Sizes"), one for options and HAMi's variables:
 * only ASCII: ``４G`` or ``²`` are refused with the character named.
 
 A memory cap below MIN_MEMORY (64 MiB; PYVGPU_MIN_MEMORY lowers it) is refused:
-a CUDA context alone takes hundreds of MiB (PyTorch's took 524 MiB on an H100),
+a CUDA context alone takes hundreds of MiB (docs/measurements.md, "Context and module memory"),
 and such a cap is nearly always a unit mistake (``4096`` meant as MiB is 4 KiB).
 Anything else wrong is an error that names where the value came from and what
 a valid one looks like, raised before the program starts.

@@ -537,7 +537,7 @@ def set_sm_switch(path: Path, on: bool) -> None:
 
 def has_live_member(r: Region) -> bool:
     """Does a process of the group live? Every member holds a lock on its slot's bytes: one query over all
-    the slots tells (a loop over 1024 slots in Python cost `pyvgpu wrap` ~3 ms per region)."""
+    the slots tells (a loop over every slot in Python made `pyvgpu wrap` slow on a machine with many regions)."""
     import fcntl
     import struct
 

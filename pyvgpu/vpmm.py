@@ -10,7 +10,7 @@ least the device's VMM granularity, default 2 MiB), VPMM_VA_SIZE (bytes of
 address space per reserved chunk, default 8 TiB), VPMM_PAGES (pages mapped at
 start, default 0), VPMM_GAP (address space left free on each side of a span
 placed in a fresh hole, so that it can grow in place; default 1 GiB, 0 packs
-spans as the seed's pictures do), VPMM_CONTEXT (pool: every driver call runs in
+spans as docs/vpmm.md's pictures do), VPMM_CONTEXT (pool: every driver call runs in
 the device's primary context, on any thread; caller, a diagnostic: in whatever
 context the calling thread has, as before issue 32). The allocator core is ``pyvgpu.jit.vpmm``;
 PyTorch's side is ``pyvgpu.vpmm_torch`` (``enable()`` makes VPMM PyTorch's allocator); it imports this
@@ -295,8 +295,8 @@ class VirtualMemoryPool:
                 for r in self.reg[:n]]
 
     def layout(self, holes_after_last: bool = False, holes: bool = True) -> str:
-        """The regions in the seed's notation, in pages: '[+4][-6][1]...'; the unmapped tail of a chunk
-        is left out unless asked for, as the seed's pictures do (``holes=False`` leaves out every hole).
+        """The regions in docs/vpmm.md's notation, in pages: '[+4][-6][1]...'; the unmapped tail of a chunk
+        is left out unless asked for, as its pictures do (``holes=False`` leaves out every hole).
         Live regions are '+'."""
         rows = self.regions()
         while rows and rows[-1][2] == "*" and not holes_after_last:
@@ -314,7 +314,7 @@ class VirtualMemoryPool:
         return out
 
     def stats(self) -> dict[str, Any]:
-        """The seed's observability figures in bytes, the peaks, and what the pool asked of the driver."""
+        """The observability figures of docs/vpmm.md in bytes, the peaks, and what the pool asked of the driver."""
         rows = self.regions()
 
         def total(mark: str) -> int:

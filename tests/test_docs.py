@@ -83,12 +83,40 @@ def test_every_cited_run_file_exists_and_run_folders_are_cited_by_their_path():
 
 
 FIGURE = re.compile(r"\b\d+\.\d+/\d+\.\d+%|\b[01]\.\d{4}\b")  # a pair's shares (27.7/68.7%), an overhead ratio
+RUN_DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+# the pages that quote figures the README once quoted (moved there by issue 28)
+QUOTING = ("docs/manual.md", "docs/what-works.md")
 
 
-def test_the_readmes_measured_figures_are_the_measurements():
-    """A figure the README quotes comes from a run docs/measurements.md or docs/compute.md records: one source,
-    so the README cannot drift from it (or from itself)."""
+def test_the_quoted_measured_figures_are_the_measurements():
+    """A figure the manual or docs/what-works.md quotes comes from a run docs/measurements.md or docs/compute.md
+    records: one source, so the quoting pages cannot drift from it (or from each other)."""
     recorded = (ROOT / "docs" / "measurements.md").read_text() + (ROOT / "docs" / "compute.md").read_text()
-    quoted = set(FIGURE.findall((ROOT / "README.md").read_text()))
-    assert quoted, "the README quotes no figure: the pattern is stale"
-    assert not sorted(f for f in quoted if f not in recorded), "README figures found in no measurement"
+    quoted = set()
+    for page in QUOTING:
+        quoted |= set(FIGURE.findall((ROOT / page).read_text()))
+    assert quoted, f"{' and '.join(QUOTING)} quote no figure: the pattern is stale"
+    assert not sorted(f for f in quoted if f not in recorded), "quoted figures found in no measurement"
+
+
+def test_the_readme_quotes_no_run_date_or_measured_figure():
+    """The README says what pyvgpu is and how to use it; dated runs and their figures live in docs/."""
+    text = (ROOT / "README.md").read_text()
+    assert not FIGURE.findall(text), f"README figures belong in docs/: {FIGURE.findall(text)}"
+    assert not RUN_DATE.findall(text), f"README run dates belong in docs/: {RUN_DATE.findall(text)}"
+    assert len(text.splitlines()) <= 150, "the README is a README: at most 150 lines, the manual is docs/manual.md"
+
+
+def test_the_architecture_folder_map_names_only_what_exists():
+    """docs/architecture.md's "How the layers map to folders" says it describes HEAD: every path it names
+    (a folder, or a file of pyvgpu/) exists, so the map cannot silently describe an older tree."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    start = text.index("## How the layers map to folders")
+    section = text[start:text.index("\n## ", start + 1)]
+    named = re.findall(r"`([A-Za-z0-9_./*-]+)`", section)
+    folders = [n for n in named if n.endswith("/")]
+    files = [n for n in named if n.endswith(".py") and "*" not in n]
+    assert len(folders) >= 8 and len(files) >= 20, "the folder map's pattern is stale"
+    missing = [f for f in folders if not (ROOT / f).is_dir() and not (ROOT / "pyvgpu" / f).is_dir()]
+    missing += [f for f in files if not any((ROOT / d / f).is_file() for d in (".", "pyvgpu", "scripts"))]
+    assert not missing, f"docs/architecture.md's folder map names paths HEAD does not have: {missing}"

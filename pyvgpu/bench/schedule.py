@@ -42,7 +42,7 @@ CORES = (0, 10, 20, 30, 50)
 
 def pair_scores(ids: list[str]) -> dict[str, dict[str, int]]:
     """A PCIe box with NVLink bridges: 0-1, 2-3, 4-5, 6-7 have 4 NVLinks (400); the same CPU 20; across CPUs
-    10 (seed 5.3's link scores)."""
+    10 (the link scores of docs/cluster.md)."""
     out: dict[str, dict[str, int]] = {}
     for i, a in enumerate(ids):
         out[a] = {}

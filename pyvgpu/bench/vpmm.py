@@ -11,7 +11,7 @@ took: its pages and the small requests it passed to cuMemAllocAsync), refused
 requests, operations per second, and for VPMM the driver's VMM calls per
 operation (cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
 cuMemAddressReserve/Free) and the pages cuMemSetAccess and cuMemUnmap covered:
-on an H100 each such call costs ~100 us plus ~15-28 us a page (docs/vpmm.md).
+each such call costs far more than a pool hit, plus time per page (docs/vpmm.md).
 ``--direct`` replays the trace on a VirtualMemoryPool in this process, without
 PyTorch: it also runs on the test suite's fake driver.
 """

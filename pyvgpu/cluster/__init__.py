@@ -1,4 +1,4 @@
-"""The cluster half: a HAMi-compatible scheduling core (seed 4, sections 4-8).
+"""The cluster half: a HAMi-compatible scheduling core (docs/cluster.md).
 
 Pure, deterministic and apart from transport: it reads Kubernetes objects as
 plain dicts (what `kubectl get -o json` prints) and returns dataclasses.

@@ -11,7 +11,7 @@
 * Allocations (hami.io/vgpu-devices-to-allocate, -allocated): `UUID,Type,UsedMem,UsedCores` per device,
   each device followed by `:` and each container by `;` (pkg/device/devices.go EncodeContainerDevices,
   EncodePodSingleDevice). A container without devices is an empty entry, so entries line up with the
-  pod's containers (init containers first). The decoder also reads the separator-only form the seed's
+  pod's containers (init containers first). The decoder also reads the separator-only form hand-written
   examples use (`A:B;C`): a final `;` (and a final `:` in a container) ends an entry, it does not start one.
 """
 

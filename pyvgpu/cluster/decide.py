@@ -1,4 +1,4 @@
-"""The decision pipeline (seed section 6.4): one pod, every node, one answer with a verdict per node.
+"""The decision pipeline (docs/cluster.md, its picture): one pod, every node, one answer with a verdict per node.
 
     read the pod's request -> per node: the usage, the node score, does the pod fit
     -> rank the nodes that fit by the node policy -> place the pod's containers on the first

@@ -19,8 +19,8 @@ def _handler(s: Scheduler):
         protocol_version = "HTTP/1.1"
         server_version = "pyvgpu-scheduler"
         # kube-scheduler keeps its connection alive: with Nagle's algorithm on, the body (a second small
-        # write after the headers) waits for the client's delayed ACK, ~40 ms per call (measured 47 ms per
-        # /filter against a 1-2 ms decision)
+        # write after the headers) waits for the client's delayed ACK, many times the decision itself
+        # (docs/cluster.md, "Measured")
         disable_nagle_algorithm = True
 
         def log_message(self, fmt, *args):

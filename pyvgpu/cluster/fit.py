@@ -1,4 +1,4 @@
-"""Device fit (seed sections 4-7; HAMi pkg/device/nvidia/device.go Fit): can this GPU take one more container?
+"""Device fit (docs/cluster.md, "Fit"; HAMi pkg/device/nvidia/device.go Fit): can this GPU take one more container?
 
 Checks, in HAMi's order: the GPU is healthy, not cordoned, of an allowed type and mode, an allowed UUID;
 it has a free slot, the memory and the cores; a request of 100 cores finds it empty; it is not already

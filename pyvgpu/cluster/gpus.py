@@ -11,8 +11,8 @@ driver reload or a GPU that falls off the bus is seen at the next question, not 
 * Health: a GPU is unhealthy when NVML cannot find it, answers NVML_ERROR_GPU_IS_LOST (fallen off the
   bus) or any other error for its handle or memory (NOT_SUPPORTED aside). XID event watching is not
   done (docs/cluster.md, "not built").
-* Links: for each pair, the PCIe/board level from nvmlDeviceGetTopologyCommonAncestor scored as seed 4
-  section 5.3 (same board 60, single switch 50, multiple switches 40, host bridge 30, same CPU 20, across
+* Links: for each pair, the PCIe/board level from nvmlDeviceGetTopologyCommonAncestor scored as in docs/cluster.md
+  (same board 60, single switch 50, multiple switches 40, host bridge 30, same CPU 20, across
   CPUs 10), plus 100 per direct NVLink between the two (HAMi pkg/device/nvidia/links.go and
   calculate_score.go sum the same). NVML without the topology call (the test double has none): every
   pair scores DEFAULT_PAIR_SCORE, the worst link, and `pair_scores` says so.
@@ -34,7 +34,7 @@ NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_GPU_IS_LOST = 15
 NVLINK_MAX_LINKS = 18
 DEFAULT_PAIR_SCORE = 10  # P2PLinkCrossCPU: claims no better link than NVML can show
-# nvmlGpuTopologyLevel_t -> the seed's P2P link score
+# nvmlGpuTopologyLevel_t -> the P2P link score (docs/cluster.md, "The model")
 TOPOLOGY_SCORES = {0: 60, 10: 50, 20: 40, 30: 30, 40: 20, 50: 10}
 NVLINK_SCORE = 100
 SYSFS_PCI = Path("/sys/bus/pci/devices")

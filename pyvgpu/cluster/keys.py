@@ -45,7 +45,7 @@ MUTEX = "mutex"  # only GPUs nothing uses (pkg/util/types.go GPUSchedulerPolicyM
 NUMA = "numa"  # a sort key of a comma list: the lower NUMA node first
 GPU_POLICY_WORDS = (BINPACK, SPREAD, TOPOLOGY, MUTEX, NUMA)
 
-# Device modes (seed section 7.1).
+# Device modes (docs/cluster.md, "Modes").
 HAMI_CORE = "hami-core"
 MIG = "mig"
 MPS = "mps"

@@ -13,7 +13,7 @@ from pyvgpu.cluster import keys
 
 @dataclass(frozen=True)
 class MigTemplate:
-    """One MIG instance size of a geometry (seed section 4.2): `count` instances of `memory` MiB, `core` %."""
+    """One MIG instance size of a geometry (docs/cluster.md, "Modes"): `count` instances of `memory` MiB, `core` %."""
 
     name: str
     core: int

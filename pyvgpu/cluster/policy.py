@@ -1,4 +1,4 @@
-"""Policies (seed section 5): the order GPUs are tried in, the GPU sets offered, and the order of nodes.
+"""Policies (docs/cluster.md, "Policies"): the order GPUs are tried in, the GPU sets offered, and the order of nodes.
 
 GPUs are tried in HAMi's order (pkg/scheduler/policy/gpu_policy.go Less, then Fit walking the sorted list
 from its end), so equal GPUs fall as they fall in HAMi:
@@ -56,7 +56,7 @@ def order_devices(scored: list[tuple[float, DeviceUsage, T]], req: PodRequest) -
 
 
 def pair(scores: dict[str, dict[str, int]], a: str, b: str) -> int:
-    """The link score between two GPUs (seed 5.3: 10 across CPUs ... 100 per NVLink). A pair is read from
+    """The link score between two GPUs (docs/cluster.md: 10 across CPUs ... 100 per NVLink). A pair is read from
     either side, so a one-sided annotation still counts; a missing pair is 0."""
     s = scores.get(a)
     if s is not None and b in s:

@@ -1,4 +1,4 @@
-"""Seed section 6: the device score and the node score, from current usage, Weight 10.
+"""The device score and the node score, from current usage, Weight 10 (docs/cluster.md, "Scores").
 
     DeviceScore = 10 * ((request + used) / count + (coresReq + usedCores) / totalCores + (memReq + usedMem) / totalMem)
     NodeScore   = 10 * (sum used / sum count + sum usedCores / sum totalCores + sum usedMem / sum totalMem)

@@ -1,9 +1,9 @@
 """The launch path's clock: CLOCK_MONOTONIC, extrapolated from the CPU's time-stamp counter.
 
 A launch under a share needs the time (its budget, its turn). Reading
-CLOCK_MONOTONIC through the vDSO cost about 50 ns of an H100 launch's ~3.5 us
-(docs/compute.md, "2026-11-24: the launch clock"), a third of what the share added. ``rdtsc``
-costs a few ns. So a process reads the system clock about once per
+CLOCK_MONOTONIC through the vDSO is a large part of what a share adds to a
+launch (docs/compute.md, "the launch clock"); ``rdtsc`` costs a fraction of
+it. So a process reads the system clock about once per
 CLOCK_ANCHOR_NS (an *anchor*: the TSC and CLOCK_MONOTONIC read together) and
 in between extrapolates: ``ns = anchor_ns + (tsc - anchor_tsc) * rate``.
 

@@ -118,7 +118,7 @@ def step(ctx, region, dev, handle, limit, period):
     if pct >= MIN_CHARGED:
         # Alone, what the group was charged should be what the GPU was busy, saturated or not: the cost
         # model times kernels between events, which also counts the host's launch gaps of a launch-bound
-        # program (a decode loop was charged twice its NVML time), and a kernel whose arguments make it
+        # program (docs/compute.md, decode), and a kernel whose arguments make it
         # longer than its estimate is charged too little. Saturated, this is the old rule (the limiter
         # keeps the charge at the share, so NVML's reading comes to the share).
         scale_by(d, scale, np.float64(u) / pct)

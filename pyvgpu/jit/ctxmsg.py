@@ -1,7 +1,7 @@
 """The stderr line for a CUDA context that does not fit under the group's memory cap.
 
-A context takes device memory no allocation call shows (about 0.5 GiB for
-PyTorch on an H100). When it does not fit, the context is given back and the
+A context takes device memory no allocation call shows (hundreds of MiB for
+PyTorch; docs/measurements.md, "Context and module memory"). When it does not fit, the context is given back and the
 call fails with CUDA_ERROR_OUT_OF_MEMORY (pyvgpu/jit/measured.py), which a
 program reports as a bare "out of memory" at its first CUDA call. This line
 says why: the cap, what the context needs, and the cap that would fit.

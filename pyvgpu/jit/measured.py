@@ -1,7 +1,7 @@
 """Memory no allocation call shows, measured with NVML: contexts and modules.
 
-A context takes device memory no allocation call shows (about 0.5 GiB on an
-H100). It is measured: NVML's device-wide used before and after the
+A context takes device memory no allocation call shows (hundreds of MiB;
+docs/measurements.md, "Context and module memory"). It is measured: NVML's device-wide used before and after the
 process's first primary context (or cuCtxCreate) on a device (pyvgpu/jit/nvml.py).
 The bytes are charged as kind "context" like any allocation: a context that
 does not fit in the group's cap is released again and the call fails with

@@ -262,11 +262,10 @@ def corun(ctx, e, w, rank, dev, now, cost):
 
     A best-effort launch goes beside a due holder while the GPU's queue with its kernel ends within
     BESIDE_DUE_NS (a longer kernel only into an empty queue, one at a time): a launch-bound holder leaves
-    the GPU idle most of its turn, and a neighbour that only filled it one kernel at a time got a tenth of
-    what the GPU had left (an MLP beside a --sm 50 MLP), while the holder's next kernel waits at most
-    BESIDE_DUE_NS behind the neighbour's (a launch-bound share beside 200 us kernels allowed CORUN_NS
-    fell to half its speed). Never beside a high-priority holder, which keeps its turn's idle moments to
-    itself, for its latency."""
+    the GPU idle most of its turn, and a neighbour that only filled it one kernel at a time was starved
+    (docs/compute.md), while the holder's next kernel waits at most BESIDE_DUE_NS behind the neighbour's
+    (CORUN_NS there slowed a launch-bound share beside longer kernels). Never beside a high-priority
+    holder, which keeps its turn's idle moments to itself, for its latency."""
     held_rank = TURN.load_rank(e)
     limit = CORUN_NS
     if rank > held_rank:
@@ -318,8 +317,8 @@ def finish_own(ctx, dev, stream):
 def join(ctx, dev, e, stream):
     """This process launched on dev outside the turns (before a group with a share came, or while none
     was there, ``turn_out``): that work is in nobody's queue estimate, so it is let finish before the
-    process takes part. A GPU that already holds an uncounted queue keeps every estimate short: on an
-    H100 leases then lapsed under real work and two spin groups time-sliced for good."""
+    process takes part. A GPU that already holds an uncounted queue keeps every estimate short: leases
+    then lapse under real work and two spin groups time-slice for good (docs/compute.md)."""
     bit = np.uint64(1) << np.uint64(dev)
     out = CTX.get_turn_out(ctx)
     if out & bit == 0:
@@ -336,8 +335,8 @@ def lapsed(ctx, dev, e, stream):
     """This process held the turn and finds another holder: its lease lapsed before it handed over (it
     launched nothing for a while, or its queue ran longer than estimated), so it had no drain. Its own
     work is let finish before it launches again. A lease that lapsed under real work would otherwise
-    leave both queues on the GPU, time-sliced, with every estimate short, and lapse again: on an H100 a
-    --sm 50 spin group beside an unlimited one got 45% and the neighbour 45% that way, with no drain."""
+    leave both queues on the GPU, time-sliced, with every estimate short, and lapse again: a --sm 50
+    spin group beside an unlimited one was held below its share that way, with no drain."""
     CTX.set_turn_mine(ctx, dev, 0)
     ns = finish_own(ctx, dev, stream)
     if ns > 0:

@@ -1,4 +1,4 @@
-"""VPMM's allocator core: a virtual-memory pool in numba (design: docs/vpmm.md, seed 5).
+"""VPMM's allocator core: a virtual-memory pool in numba (design: docs/vpmm.md).
 
 malloc, free, record_stream, CUDA graph captures and preallocation over the
 tables of pyvgpu/jit/vpmm_tables.py, with the defragmentation of
@@ -83,7 +83,7 @@ def capture_tag(hd, stream, capturing):
     announced ended, whatever its stream does before the driver's capture starts: PyTorch allocates on the
     capture stream between the two (CUDAGraph.capture_begin registers the CUDA generator's graph-safe RNG
     state, two small tensors). Ending the epoch there made the capture's memory another epoch's, which
-    CUDAGraph.reset then did not release (the 2026-11-23 H100 run: 4 regions left)."""
+    CUDAGraph.reset then did not release (a GPU run left regions behind; docs/vpmm.md)."""
     if capturing:
         if hd[H_CAP_STREAM] != stream:
             hd[H_EPOCH] += 1

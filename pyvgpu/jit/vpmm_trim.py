@@ -1,7 +1,7 @@
 """VPMM's housekeeping: zombies, deferred events, and giving memory back (design: docs/vpmm.md).
 
 * A zombie (the old address of pages that moved) stays mapped after its work is
-  done: unmapping costs ~70 us a call on an H100 plus ~15 us a page, so it is not
+  done: unmapping costs a driver call plus time per page (docs/vpmm.md), so it is not
   done on the malloc path. Zombies are unmapped in batches (one call per
   contiguous run) by ``unmap_stale``: when the tables run tight, on `trim`, and
   before pages are released.
