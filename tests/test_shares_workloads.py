@@ -30,14 +30,14 @@ def test_a_neighbour_without_a_share_fills_what_a_launch_bound_share_leaves(env,
 
 
 def test_an_overcharged_pair_is_not_held_below_what_the_gpu_has(env, tmp_path):
-    """Two launch-bound groups at --sm 50 whose timings read 5x their kernels: each was charged its whole
-    share while the GPU was mostly idle, and the limiter held both back (each kept 0.51-0.55 of the
+    """Two launch-bound groups at --sm 50 whose timings read 8x their kernels: each was charged its whole
+    share while the GPU was mostly idle, and the limiter held both back (each kept 0.38 of the
     control). The controllers now add their charges to the GPU's turn entry and bring the scales down
     while the groups together were charged more than the GPU was busy."""
-    e = sim_env(env, tmp_path, "oc", FAKECUDA_EVENT_SCALE="5")
-    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=8, iters=SMALL, gap_us=50)
-    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=8, iters=SMALL, gap_us=50)
-    c = Load(sim_env(env, tmp_path, "ctl"), tmp_path, "c", [], seconds=8, iters=SMALL, gap_us=50)
+    e = sim_env(env, tmp_path, "oc", FAKECUDA_EVENT_SCALE="8")
+    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=50)
+    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=50)
+    c = Load(sim_env(env, tmp_path, "ctl"), tmp_path, "c", [], seconds=10, iters=SMALL, gap_us=50)
     ra, rb, rc = a.rate(5), b.rate(5), c.rate(5)
-    assert ra >= 0.75 * rc and rb >= 0.75 * rc, (ra, rb, rc)
+    assert ra >= 0.6 * rc and rb >= 0.6 * rc, (ra / rc, rb / rc)
     assert a.series and a.series[-1][2] < 0.6, a.series[-5:]  # the scale came down from 1

@@ -35,6 +35,7 @@ from pyvgpu.jit.quota import used_index
 CONTROL_PERIOD_NS = 500_000_000
 SCALE_MIN, SCALE_MAX = Q16 // 16, Q16 * 16
 MIN_CHARGED = 2.0  # percent of a period: below it NVML's whole-percent reading says too little to calibrate on
+DEAD_BAND = 1.0  # points: NVML reads whole percents, so a smaller gap is no error to correct (it would jitter)
 OVERCHARGED = 0.8  # the groups here were charged this much more than NVML saw busy before their scales come down
 
 
@@ -115,7 +116,7 @@ def step(ctx, region, dev, handle, limit, period):
         return
     DEV.store_sm_state(d, L.SM_STATE_CALIBRATING)
     pct = spent * 100.0
-    if pct >= MIN_CHARGED:
+    if pct >= MIN_CHARGED and abs(np.float64(u) - pct) >= DEAD_BAND:
         # Alone, what the group was charged should be what the GPU was busy, saturated or not: the cost
         # model times kernels between events, which also counts the host's launch gaps of a launch-bound
         # program (docs/compute.md, decode), and a kernel whose arguments make it
