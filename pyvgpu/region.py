@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyvgpu import atomics, safefile
+from pyvgpu import atomics, envspec, safefile
 from pyvgpu import layout as L
 from pyvgpu import limits as lim
 from pyvgpu.devices import Gpu, uuid_text
@@ -37,7 +37,7 @@ _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 
 
 def runtime_dir() -> Path:
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    xdg = os.environ.get(envspec.XDG_RUNTIME_DIR.name)
     if xdg and os.path.exists(xdg) and not os.path.isdir(xdg):
         raise PyvgpuError(f"XDG_RUNTIME_DIR={xdg} is not a directory; set it to a directory of your own, or unset "
                           f"it (pyvgpu then keeps its groups in /tmp/pyvgpu-{os.getuid()})")
@@ -70,7 +70,7 @@ def new_private_path() -> Path:
 
 def path_from_env(env: Mapping[str, str]) -> Path | None:
     """The region this process belongs to, by the environment contract."""
-    for key in ("PYVGPU_REGION", "CUDA_DEVICE_MEMORY_SHARED_CACHE"):
+    for key in (envspec.REGION.name, envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name):
         if env.get(key):
             return Path(env[key])
     return None
@@ -402,10 +402,10 @@ BORROW_WORDS = ("off", "on")
 
 
 def create_or_open(path: Path, name: str, limits: lim.MemoryLimits, source: str, n_physical: int = 0,
-                   sm: lim.SmLimits | None = None, sm_source: str = "CUDA_DEVICE_SM_LIMIT",
+                   sm: lim.SmLimits | None = None, sm_source: str = envspec.CUDA_DEVICE_SM_LIMIT.name,
                    visible: list[Gpu] | None = None, devices_source: str = "--devices",
-                   priority: int | None = None, priority_source: str = "CUDA_TASK_PRIORITY",
-                   sm_borrow: bool | None = None, borrow_source: str = "PYVGPU_SM_BORROW",
+                   priority: int | None = None, priority_source: str = envspec.CUDA_TASK_PRIORITY.name,
+                   sm_borrow: bool | None = None, borrow_source: str = envspec.SM_BORROW.name,
                    check_settings: bool = True) -> Region:
     sm = sm or lim.SmLimits()
     if not path.exists():
