@@ -56,10 +56,10 @@ class Var:
 # --- HAMi's variables (its device plugin sets them; pyvgpu reads them as HAMi-core does) and the device lists ---
 CUDA_DEVICE_MEMORY_LIMIT = Var(
     "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT", "size", "none",
-    "memory cap of every device; CUDA_DEVICE_MEMORY_LIMIT_<i> of device i", BOTH, HAMI, per_device=True)
+    "the memory cap of every device (NAME_i: of device i alone)", BOTH, HAMI, per_device=True)
 CUDA_DEVICE_SM_LIMIT = Var(
     "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_SM_LIMIT", "percent", "0 (none)",
-    "compute share of every device; CUDA_DEVICE_SM_LIMIT_<i> of device i", BOTH, HAMI, per_device=True)
+    "the compute share of every device (NAME_i: of device i alone)", BOTH, HAMI, per_device=True)
 CUDA_DEVICE_MEMORY_SHARED_CACHE = Var(
     "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_DEVICE_MEMORY_SHARED_CACHE", "path", "unset",
     "the group's region file, when PYVGPU_REGION is unset", BOTH, HAMI)
@@ -141,13 +141,13 @@ CUDA_MPS_PIPE_DIRECTORY = Var("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PIPE_DIRECTOR
                               "mode mps: the group's MPS daemon's pipes", PYTHON)
 CUDA_MPS_LOG_DIRECTORY = Var("CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "path", "unset",
                              "mode mps: the group's MPS daemon's logs", PYTHON)
-XDG_RUNTIME_DIR = Var("XDG_RUNTIME_DIR", "XDG_RUNTIME_DIR", "path", "/tmp",
-                      "where private regions and a user's own turn file live", BOTH)
+XDG_RUNTIME_DIR = Var("XDG_RUNTIME_DIR", "XDG_RUNTIME_DIR", "path", "unset: /tmp/pyvgpu-UID is used",
+                      "groups, private regions and a user's own turn file live in $XDG_RUNTIME_DIR/pyvgpu", BOTH)
 XDG_CACHE_HOME = Var("XDG_CACHE_HOME", "XDG_CACHE_HOME", "path", "~/.cache", "the cache's parent", BOTH)
 NODE_NAME = Var("NODE_NAME", "NODE_NAME", "name", "unset", "the node agent's node, when --node is not given",
                 PYTHON)
 
-HOME = Var("HOME", "HOME", "path", "unset", "the cache's parent when XDG_CACHE_HOME is unset", SHIM)
+HOME = Var("HOME", "HOME", "path", "unset", "the cache's parent when XDG_CACHE_HOME is unset", BOTH)
 CC = Var("CC", "CC", "command", "gcc, else cc", "the C compiler that builds the callbacks", PYTHON)
 NUMBA_OPT = Var("NUMBA_OPT", "NUMBA_OPT", "int", "numba's", "numba's optimisation level: 0 while the "
                 "callbacks compile (pyvgpu/jit/aot.py optimises the linked module once)", PYTHON)
