@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+from pyvgpu import envspec
+
 ALLOCATORS = ("default", "vpmm")
 
 
@@ -46,5 +48,5 @@ def torch_allocator_hook() -> None:
 
 def startup() -> None:
     """The startup hook: PYVGPU_ALLOCATOR=vpmm makes VPMM PyTorch's allocator."""
-    if os.environ.get("PYVGPU_ALLOCATOR") == "vpmm":
+    if os.environ.get(envspec.ALLOCATOR.name) == "vpmm":
         torch_allocator_hook()

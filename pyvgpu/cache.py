@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import pyvgpu
-from pyvgpu import cblib, cpuid, hooks, safefile
+from pyvgpu import cblib, cpuid, envspec, hooks, safefile
 from pyvgpu.errors import PyvgpuError
 
 FORMAT = 2
@@ -47,10 +47,10 @@ LOCK_WAIT_S = 1800  # the longest a process waits for another one's compile (min
 
 def cache_dir() -> Path:
     """PYVGPU_CACHE_DIR, else $XDG_CACHE_HOME/pyvgpu, else ~/.cache/pyvgpu."""
-    env = os.environ.get("PYVGPU_CACHE_DIR")
+    env = os.environ.get(envspec.CACHE_DIR.name)
     if env:
         return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = os.environ.get(envspec.XDG_CACHE_HOME.name)
     return Path(xdg) / "pyvgpu" if xdg else Path.home() / ".cache" / "pyvgpu"
 
 

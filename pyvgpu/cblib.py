@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyvgpu import hooks
+from pyvgpu import envspec, hooks
 from pyvgpu import layout as L
 from pyvgpu.errors import PyvgpuError
 
@@ -42,7 +42,7 @@ def compiler() -> str:
     """The C compiler that links (CC, else gcc, else cc)."""
     import shutil
 
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    cc = os.environ.get(envspec.CC.name) or shutil.which("gcc") or shutil.which("cc")
     if not cc:
         raise PyvgpuError("no C compiler found (CC, gcc or cc); install gcc: it links the compiled callbacks")
     return cc
@@ -159,17 +159,17 @@ def build(out: Path, *, key: str, tuned: bool, cpu_id: int = 0, workers: int = 1
     t0 = time.perf_counter()
     # numba's own optimisation of each callback is redundant: aot.py optimises the linked module once
     # (the same machine code, a third less compile time). Read by numba at import, here or in the workers.
-    saved = os.environ.get("NUMBA_OPT")
-    os.environ["NUMBA_OPT"] = "0"
+    saved = os.environ.get(envspec.NUMBA_OPT.name)
+    os.environ[envspec.NUMBA_OPT.name] = "0"
     try:
         from pyvgpu.jit import aot  # imports numba: the cold path only
 
         obj, symbols, entries, cpu = aot.compile_object(workers, tuned=tuned, progress=progress)
     finally:
         if saved is None:
-            os.environ.pop("NUMBA_OPT", None)
+            os.environ.pop(envspec.NUMBA_OPT.name, None)
         else:
-            os.environ["NUMBA_OPT"] = saved
+            os.environ[envspec.NUMBA_OPT.name] = saved
     import json
 
     link(obj, table_source(symbols, entries, key=key, cpu=cpu, cpu_id=cpu_id if tuned else 0), out)

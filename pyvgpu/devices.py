@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pyvgpu import envspec
 from pyvgpu.errors import PyvgpuError
 
 
@@ -289,12 +290,12 @@ def select(spec: str, env: Mapping[str, str], gpus: list[Gpu] | None = None,
     if any(g.is_mig for g in chosen) and len(chosen) > 1:
         raise PyvgpuError(f"{where}: {ONE_MIG}; give one MIG instance alone, and start a group per instance "
                           "(pyvgpu wrap --devices MIG-... for each program)")
-    outer = env.get("CUDA_VISIBLE_DEVICES")
+    outer = env.get(envspec.CUDA_VISIBLE_DEVICES.name)
     if outer is not None and outer.strip() != "":
         allowed: set[str] = set()
         for e in outer.split(","):
             try:
-                allowed.add(_pick(e, gpus, "CUDA_VISIBLE_DEVICES", migs).uuid)
+                allowed.add(_pick(e, gpus, envspec.CUDA_VISIBLE_DEVICES.name, migs).uuid)
             except PyvgpuError:
                 break  # CUDA stops at the first entry it cannot use
         for g in chosen:

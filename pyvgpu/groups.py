@@ -17,12 +17,13 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from pyvgpu import envspec
 from pyvgpu import layout as L
 from pyvgpu import limits as lim
 from pyvgpu import region as R
 from pyvgpu.errors import PyvgpuError
 
-IDLE_VAR = "PYVGPU_GROUP_IDLE_HOURS"
+IDLE_VAR = envspec.GROUP_IDLE_HOURS.name
 IDLE_HOURS_DEFAULT = 12.0
 
 

@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from pyvgpu import layout
+from pyvgpu import envspec, layout
 from pyvgpu.errors import PyvgpuError
 
 MAX_DEVICES = 16
@@ -96,8 +96,8 @@ def parse_size(text: str, where: str) -> int:
 
 def min_memory(env: Mapping[str, str] | None = None) -> int:
     """The smallest memory cap accepted: MIN_MEMORY, or PYVGPU_MIN_MEMORY (for simulated drivers, like the tests')."""
-    text = (os.environ if env is None else env).get("PYVGPU_MIN_MEMORY", "").strip()
-    return parse_size(text, "PYVGPU_MIN_MEMORY") if text else MIN_MEMORY
+    text = (os.environ if env is None else env).get(envspec.MIN_MEMORY.name, "").strip()
+    return parse_size(text, envspec.MIN_MEMORY.name) if text else MIN_MEMORY
 
 
 def parse_cap(text: str, where: str, env: Mapping[str, str] | None = None) -> int:
@@ -197,7 +197,7 @@ def parse_sm_option(text: str) -> SmLimits:
 def sm_from_env(env: Mapping[str, str]) -> SmLimits:
     """HAMi's CUDA_DEVICE_SM_LIMIT and CUDA_DEVICE_SM_LIMIT_<i>; 0 there means no limit, as in HAMi."""
     out = SmLimits()
-    base = "CUDA_DEVICE_SM_LIMIT"
+    base = envspec.CUDA_DEVICE_SM_LIMIT.name
 
     def value(text: str, where: str) -> int | None:
         if text.strip() == "0":
@@ -218,9 +218,9 @@ def sm_from_env(env: Mapping[str, str]) -> SmLimits:
 def sm_to_env(lim: SmLimits) -> dict[str, str]:
     out = {}
     if lim.default is not None:
-        out["CUDA_DEVICE_SM_LIMIT"] = str(lim.default)
+        out[envspec.CUDA_DEVICE_SM_LIMIT.name] = str(lim.default)
     for d, v in sorted(lim.per_device.items()):
-        out[f"CUDA_DEVICE_SM_LIMIT_{d}"] = str(v)
+        out[envspec.CUDA_DEVICE_SM_LIMIT.device(d)] = str(v)
     return out
 
 
@@ -229,11 +229,12 @@ SM_POLICIES = layout.SM_POLICIES  # GPU_CORE_UTILIZATION_POLICY values, in the r
 
 def sm_policy(env: Mapping[str, str]) -> int:
     """GPU_CORE_UTILIZATION_POLICY as 0 (default), 1 (force) or 2 (disable); unset or empty is default."""
-    text = env.get("GPU_CORE_UTILIZATION_POLICY", "").strip().lower()
+    text = env.get(envspec.GPU_CORE_UTILIZATION_POLICY.name, "").strip().lower()
     if not text:
         return 0
     if text not in SM_POLICIES:
-        raise PyvgpuError(f"GPU_CORE_UTILIZATION_POLICY={env['GPU_CORE_UTILIZATION_POLICY']!r} is not one of "
+        given = env[envspec.GPU_CORE_UTILIZATION_POLICY.name]
+        raise PyvgpuError(f"GPU_CORE_UTILIZATION_POLICY={given!r} is not one of "
                           f"{', '.join(SM_POLICIES)}")
     return SM_POLICIES.index(text)
 
@@ -256,12 +257,12 @@ def parse_priority(text: str, where: str) -> int:
 
 def priority_from_env(env: Mapping[str, str]) -> int | None:
     """HAMi's CUDA_TASK_PRIORITY (0 high, 1 low), or None when unset."""
-    text = env.get("CUDA_TASK_PRIORITY", "")
-    return parse_priority(text, "CUDA_TASK_PRIORITY") if text.strip() else None
+    text = env.get(envspec.CUDA_TASK_PRIORITY.name, "")
+    return parse_priority(text, envspec.CUDA_TASK_PRIORITY.name) if text.strip() else None
 
 
 def priority_to_env(priority: int) -> dict[str, str]:
-    return {"CUDA_TASK_PRIORITY": str(priority)}
+    return {envspec.CUDA_TASK_PRIORITY.name: str(priority)}
 
 
 def parse_switch(text: str, where: str) -> bool:
@@ -276,14 +277,14 @@ def parse_switch(text: str, where: str) -> bool:
 
 def sm_borrow_from_env(env: Mapping[str, str]) -> bool | None:
     """PYVGPU_SM_BORROW: whether the group may borrow idle GPU time beyond its share; None when unset."""
-    text = env.get("PYVGPU_SM_BORROW", "")
-    return parse_switch(text, "PYVGPU_SM_BORROW") if text.strip() else None
+    text = env.get(envspec.SM_BORROW.name, "")
+    return parse_switch(text, envspec.SM_BORROW.name) if text.strip() else None
 
 
 def memory_from_env(env: Mapping[str, str]) -> MemoryLimits:
     """HAMi's CUDA_DEVICE_MEMORY_LIMIT and CUDA_DEVICE_MEMORY_LIMIT_<i>."""
     lim = MemoryLimits()
-    base = "CUDA_DEVICE_MEMORY_LIMIT"
+    base = envspec.CUDA_DEVICE_MEMORY_LIMIT.name
     if env.get(base):
         lim.default = parse_cap(env[base], base, env)
     for key, value in env.items():
@@ -295,9 +296,9 @@ def memory_from_env(env: Mapping[str, str]) -> MemoryLimits:
 def memory_to_env(lim: MemoryLimits) -> dict[str, str]:
     out = {}
     if lim.default is not None:
-        out["CUDA_DEVICE_MEMORY_LIMIT"] = str(lim.default)
+        out[envspec.CUDA_DEVICE_MEMORY_LIMIT.name] = str(lim.default)
     for d, v in sorted(lim.per_device.items()):
-        out[f"CUDA_DEVICE_MEMORY_LIMIT_{d}"] = str(v)
+        out[envspec.CUDA_DEVICE_MEMORY_LIMIT.device(d)] = str(v)
     return out
 
 
@@ -319,7 +320,7 @@ def clock_mode(env: Mapping[str, str]) -> str:
     """PYVGPU_CLOCK: the clock of a launch under a share (pyvgpu/jit/clock.py). ``auto`` (the default): the
     TSC, anchored to CLOCK_MONOTONIC, where the kernel keeps that clock on the TSC; ``tsc``: the TSC anyway
     (x86-64); ``system``: CLOCK_MONOTONIC at every launch."""
-    text = env.get("PYVGPU_CLOCK", "").strip()
+    text = env.get(envspec.CLOCK.name, "").strip()
     if text.lower() not in ("", *CLOCK_MODES):
         raise PyvgpuError(f"PYVGPU_CLOCK={text!r} is not one of auto (the TSC where the kernel's clock runs on it, "
                           "the default), tsc, system")
@@ -328,7 +329,7 @@ def clock_mode(env: Mapping[str, str]) -> str:
 
 def sm_batch_ns(env: Mapping[str, str]) -> int:
     """PYVGPU_SM_BATCH_MS: budget (ms of wall time) a held launch waits for, so launches leave together."""
-    text = env.get("PYVGPU_SM_BATCH_MS", "").strip()
+    text = env.get(envspec.SM_BATCH_MS.name, "").strip()
     if not text:
         return DEFAULT_SM_BATCH_MS * 1_000_000
     ms = _ascii_int(text)

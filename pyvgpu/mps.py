@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from pyvgpu import envspec
 from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 
@@ -58,14 +59,15 @@ def client_env(memory: lim.MemoryLimits, active_threads: int, n_devices: int) ->
     program's CUDA counts them, the numbering MPS uses for a client)."""
     env: dict[str, str] = {}
     if active_threads:
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(active_threads)
+        env[envspec.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.name] = str(active_threads)
     if memory:
         if n_devices <= 0:
             raise PyvgpuError("--mode mps with a memory cap: NVML cannot count this machine's devices, so the "
                               "MPS pinned-memory limit cannot be written; check the driver with `pyvgpu doctor`")
         caps = memory.as_list()[:n_devices]
         # MiB, rounded down: MPS must never allow more than the cap
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{d}={c >> 20}M" for d, c in enumerate(caps) if c)
+        env[envspec.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.name] = ",".join(f"{d}={c >> 20}M"
+                                                                     for d, c in enumerate(caps) if c)
     return env
 
 
@@ -86,9 +88,10 @@ def ensure_daemon(pipe_dir: Path, log_dir: Path, env: Mapping[str, str]) -> bool
     import subprocess
 
     control = control_binary(env)
-    denv = dict(env, CUDA_MPS_PIPE_DIRECTORY=str(pipe_dir), CUDA_MPS_LOG_DIRECTORY=str(log_dir))
-    denv.pop("LD_PRELOAD", None)  # the daemon and its server run unwrapped: they serve every group
-    denv.pop("CUDA_VISIBLE_DEVICES", None)  # all of the machine's GPUs; clients choose theirs
+    denv = {**env, envspec.CUDA_MPS_PIPE_DIRECTORY.name: str(pipe_dir),
+            envspec.CUDA_MPS_LOG_DIRECTORY.name: str(log_dir)}
+    denv.pop(envspec.LD_PRELOAD.name, None)  # the daemon and its server run unwrapped: they serve every group
+    denv.pop(envspec.CUDA_VISIBLE_DEVICES.name, None)  # all of the machine's GPUs; clients choose theirs
     for d in (pipe_dir, log_dir):
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
     if (pipe_dir / "control").exists() and _answers(control, denv):
@@ -112,10 +115,10 @@ def apply(env: dict[str, str], runtime: Path, memory: lim.MemoryLimits, active_t
     pipe_dir, log_dir = runtime / "mps" / "pipe", runtime / "mps" / "log"
     extra = client_env(memory, active_threads, n_devices)
     ensure_daemon(pipe_dir, log_dir, env)
-    env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe_dir)
-    env["CUDA_MPS_LOG_DIRECTORY"] = str(log_dir)
+    env[envspec.CUDA_MPS_PIPE_DIRECTORY.name] = str(pipe_dir)
+    env[envspec.CUDA_MPS_LOG_DIRECTORY.name] = str(log_dir)
     env.update(extra)
-    for k in [k for k in env if k.startswith("CUDA_DEVICE_SM_LIMIT")]:
+    for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_SM_LIMIT.name)]:
         del env[k]  # the share is MPS's: pyvgpu's limiter stays off
 
 

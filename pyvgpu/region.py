@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyvgpu import atomics, safefile
+from pyvgpu import atomics, envspec, safefile
 from pyvgpu import layout as L
 from pyvgpu import limits as lim
 from pyvgpu.devices import Gpu, uuid_text
@@ -37,7 +37,7 @@ _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 
 
 def runtime_dir() -> Path:
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    xdg = os.environ.get(envspec.XDG_RUNTIME_DIR.name)
     if xdg and os.path.exists(xdg) and not os.path.isdir(xdg):
         raise PyvgpuError(f"XDG_RUNTIME_DIR={xdg} is not a directory; set it to a directory of your own, or unset "
                           f"it (pyvgpu then keeps its groups in /tmp/pyvgpu-{os.getuid()})")
@@ -70,7 +70,7 @@ def new_private_path() -> Path:
 
 def path_from_env(env: Mapping[str, str]) -> Path | None:
     """The region this process belongs to, by the environment contract."""
-    for key in ("PYVGPU_REGION", "CUDA_DEVICE_MEMORY_SHARED_CACHE"):
+    for key in (envspec.REGION.name, envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name):
         if env.get(key):
             return Path(env[key])
     return None
@@ -402,10 +402,10 @@ BORROW_WORDS = ("off", "on")
 
 
 def create_or_open(path: Path, name: str, limits: lim.MemoryLimits, source: str, n_physical: int = 0,
-                   sm: lim.SmLimits | None = None, sm_source: str = "CUDA_DEVICE_SM_LIMIT",
+                   sm: lim.SmLimits | None = None, sm_source: str = envspec.CUDA_DEVICE_SM_LIMIT.name,
                    visible: list[Gpu] | None = None, devices_source: str = "--devices",
-                   priority: int | None = None, priority_source: str = "CUDA_TASK_PRIORITY",
-                   sm_borrow: bool | None = None, borrow_source: str = "PYVGPU_SM_BORROW",
+                   priority: int | None = None, priority_source: str = envspec.CUDA_TASK_PRIORITY.name,
+                   sm_borrow: bool | None = None, borrow_source: str = envspec.SM_BORROW.name,
                    check_settings: bool = True) -> Region:
     sm = sm or lim.SmLimits()
     if not path.exists():
@@ -454,47 +454,6 @@ def change_per_device(r: Region, field: str, value: int, device: int | None) -> 
     return new
 
 
-def _check_memory_limit(nbytes: int) -> None:
-    if nbytes < 0:
-        raise PyvgpuError(f"memory limit {nbytes!r}: give a size in bytes, or 0 for no limit")
-
-
-def _check_sm_limit(percent: int) -> None:
-    if not 0 <= percent <= 100:
-        raise PyvgpuError(f"compute share {percent!r}: give a whole percent from 1 to 100, or 0 for no limit")
-
-
-def set_memory_limit(path: Path, nbytes: int, device: int | None = None) -> list[int]:
-    """Change a group's memory cap while its programs run; returns the new per-device caps.
-
-    ``nbytes`` 0 removes the cap; ``device`` None means every device. The next
-    allocation sees it. A cap below what the group uses refuses new allocations
-    until enough is freed; nothing running is killed or loses memory.
-    """
-    _check_memory_limit(nbytes)
-    _devices_of(device)
-    r = open_region(Path(path))
-    try:
-        return change_per_device(r, "limit", nbytes, device)
-    finally:
-        r.close()
-
-
-def set_sm_limit(path: Path, percent: int, device: int | None = None) -> list[int]:
-    """Change a group's compute share while its programs run; returns the new per-device shares.
-
-    ``percent`` 0 removes the limit; ``device`` None means every device. Running
-    launches read the share at their next call, the controller at its next step.
-    """
-    _check_sm_limit(percent)
-    _devices_of(device)
-    r = open_region(Path(path))
-    try:
-        return change_per_device(r, "sm_limit", percent, device)
-    finally:
-        r.close()
-
-
 def change_setting(r: Region, field: str, value: int) -> int:
     """Set a group setting of the header (``priority`` or ``sm_borrow``) of an open region and log the
     change; members follow at their next launch."""
@@ -504,35 +463,6 @@ def change_setting(r: Region, field: str, value: int) -> int:
     if old != value:
         r.log_event(kind, -1, old, value)
     return value
-
-
-def set_priority(path: Path, priority: int) -> None:
-    """Change a group's priority (0 high, 1 low) while its programs run."""
-    if priority not in (L.PRIORITY_HIGH, L.PRIORITY_LOW):
-        raise PyvgpuError(f"priority {priority!r}: give 0 (high) or 1 (low)")
-    r = open_region(Path(path))
-    try:
-        change_setting(r, "priority", priority)
-    finally:
-        r.close()
-
-
-def set_sm_borrow(path: Path, on: bool) -> None:
-    """Let a group borrow idle GPU time beyond its share (work-conserving), or not (a hard cap)."""
-    r = open_region(Path(path))
-    try:
-        change_setting(r, "sm_borrow", 1 if on else 0)
-    finally:
-        r.close()
-
-
-def set_sm_switch(path: Path, on: bool) -> None:
-    """Turn a group's compute limits on or off (what GPU_CORE_UTILIZATION_POLICY=default follows)."""
-    r = open_region(Path(path))
-    try:
-        r.header.sm_switch = 1 if on else 0
-    finally:
-        os.close(r.fd)
 
 
 def has_live_member(r: Region) -> bool:

@@ -28,9 +28,10 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from pyvgpu import envspec
 from pyvgpu.errors import PyvgpuError
 
-TRUST_ENV = "PYVGPU_TRUST_SHARED"
+TRUST_ENV = envspec.TRUST_SHARED.name
 
 
 class UntrustedFile(PyvgpuError):

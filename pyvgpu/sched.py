@@ -28,8 +28,8 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from pyvgpu import envspec, safefile
 from pyvgpu import layout as L
-from pyvgpu import safefile
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.region import map_forever, private_runtime_dir
 
@@ -42,7 +42,7 @@ SETUP_MODE = 0o660
 
 def enabled(env: Mapping[str, str]) -> bool:
     """PYVGPU_SM_TURN: 1 (the default) or 0."""
-    text = env.get("PYVGPU_SM_TURN", "").strip()
+    text = env.get(envspec.SM_TURN.name, "").strip()
     if text not in ("", "0", "1"):
         raise PyvgpuError(f"PYVGPU_SM_TURN={text!r}: give 1 (groups with a share take turns on a GPU, the "
                           "default) or 0 (they time-slice it)")
@@ -73,8 +73,8 @@ def machine_problem(p: Path = SHM_PATH, env: Mapping[str, str] = os.environ) -> 
 
 def choose(env: Mapping[str, str]) -> tuple[Path, str | None]:
     """The turn file this process uses, and a warning to show when the machine's is there but unusable."""
-    if env.get("PYVGPU_SCHED"):
-        return Path(env["PYVGPU_SCHED"]), None
+    if env.get(envspec.SCHED.name):
+        return Path(env[envspec.SCHED.name]), None
     problem = machine_problem(SHM_PATH, env)
     if problem is None:
         return SHM_PATH, None

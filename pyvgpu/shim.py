@@ -6,6 +6,8 @@ import ctypes
 import os
 from pathlib import Path
 
+from pyvgpu import envspec
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 BOOT_DIR = PACKAGE_DIR / "_boot"
 BENCH_BIN = PACKAGE_DIR / "bin" / "pv_bench"
@@ -13,7 +15,7 @@ BENCH_BIN = PACKAGE_DIR / "bin" / "pv_bench"
 
 def shim_path() -> Path:
     """The libpyvgpu.so of this installation (PYVGPU_SHIM overrides)."""
-    return Path(os.environ.get("PYVGPU_SHIM") or PACKAGE_DIR / "libpyvgpu.so")
+    return Path(os.environ.get(envspec.SHIM_PATH.name) or PACKAGE_DIR / "libpyvgpu.so")
 
 
 def missing_fix() -> str:

@@ -12,8 +12,8 @@ import struct
 import time
 from pathlib import Path
 
+from pyvgpu import envspec, limits, services
 from pyvgpu import layout as L
-from pyvgpu import limits, services
 from pyvgpu import region as R
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import human
@@ -50,7 +50,7 @@ def region_paths(group: str | None = None, region_path: str | None = None,
         return [p / "vgpu.region" for _, _, p in NodeState(Path(state_dir)).container_dirs()]
     base = R.runtime_dir()
     out = sorted((base / "groups").glob("*.region")) + sorted((base / "private").glob("*.region"))
-    shared = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+    shared = os.environ.get(envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name)
     if shared and Path(shared).exists() and Path(shared) not in out:
         out.append(Path(shared))
     return out

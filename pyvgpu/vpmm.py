@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pyvgpu import abi
+from pyvgpu import abi, envspec
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.jit import vpmm as V
 from pyvgpu.jit import vpmm_tables as T
@@ -123,11 +123,11 @@ class VirtualMemoryPool:
                  pages: int | None = None, gap: int | None = None, max_regions: int | None = None,
                  env: Mapping[str, str] = os.environ) -> None:
         self.device = device
-        self.page_size = _config(page_size, env, "VPMM_PAGE_SIZE", DEFAULT_PAGE)
-        self.va_size = _config(va_size, env, "VPMM_VA_SIZE", DEFAULT_VA)
-        self.gap = _config(gap, env, "VPMM_GAP", DEFAULT_GAP, allow_zero=True)
-        n_pages = _config(pages, env, "VPMM_PAGES", 0, allow_zero=True)
-        self.context = env.get("VPMM_CONTEXT", "").strip() or "pool"
+        self.page_size = _config(page_size, env, envspec.VPMM_PAGE_SIZE.name, DEFAULT_PAGE)
+        self.va_size = _config(va_size, env, envspec.VPMM_VA_SIZE.name, DEFAULT_VA)
+        self.gap = _config(gap, env, envspec.VPMM_GAP.name, DEFAULT_GAP, allow_zero=True)
+        n_pages = _config(pages, env, envspec.VPMM_PAGES.name, 0, allow_zero=True)
+        self.context = env.get(envspec.VPMM_CONTEXT.name, "").strip() or "pool"
         if self.context not in ("pool", "caller"):
             raise PyvgpuError(f"VPMM_CONTEXT={self.context}: give 'pool' (the default: every driver call in the "
                               "device's primary context) or 'caller' (a diagnostic: the calling thread's, as "

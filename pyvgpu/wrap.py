@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pyvgpu import cache, devices, mps, region, sched
+from pyvgpu import cache, devices, envspec, mps, region, sched
 from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BOOT_DIR, shim_path
@@ -42,24 +42,24 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
         raise PyvgpuError(f"--on-error {on_error!r} is not one of {', '.join(ON_ERROR_CHOICES)}")
     env = dict(base)
     # LD_PRELOAD may be separated by spaces or colons; keep the user's entries after ours.
-    user_preload = " ".join(env.get("LD_PRELOAD", "").replace(":", " ").split())
-    env["LD_PRELOAD"] = _prepend(str(shim), user_preload, " ")
+    user_preload = " ".join(env.get(envspec.LD_PRELOAD.name, "").replace(":", " ").split())
+    env[envspec.LD_PRELOAD.name] = _prepend(str(shim), user_preload, " ")
     # The compiled callbacks this pyvgpu chose (the shim would choose alike, except in a source tree
     # edited since its build, whose callbacks only the cache has). A user's own setting wins.
-    if not env.get("PYVGPU_CALLBACKS"):
-        env["PYVGPU_CALLBACKS"] = callbacks or cache.ensure(workers=cache.cli_workers())["library"]
+    if not env.get(envspec.CALLBACKS.name):
+        env[envspec.CALLBACKS.name] = callbacks or cache.ensure(workers=cache.cli_workers())["library"]
     if stats:
-        env["PYVGPU_STATS"] = stats
+        env[envspec.STATS.name] = stats
     if on_error:
-        env["PYVGPU_ON_ERROR"] = on_error
+        env[envspec.ON_ERROR.name] = on_error
     if allocator is not None:
         from pyvgpu.bootstrap import ALLOCATORS
 
         if allocator not in ALLOCATORS:
             raise PyvgpuError(f"--allocator {allocator!r} is not one of {', '.join(ALLOCATORS)}")
-        env["PYVGPU_ALLOCATOR"] = allocator
-    if env.get("PYVGPU_ALLOCATOR") == "vpmm":  # the startup hook makes VPMM PyTorch's allocator
-        env["PYTHONPATH"] = _prepend(str(BOOT_DIR), env.get("PYTHONPATH"), os.pathsep)
+        env[envspec.ALLOCATOR.name] = allocator
+    if env.get(envspec.ALLOCATOR.name) == "vpmm":  # the startup hook makes VPMM PyTorch's allocator
+        env[envspec.PYTHONPATH.name] = _prepend(str(BOOT_DIR), env.get(envspec.PYTHONPATH.name), os.pathsep)
     lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
     lim.sm_batch_ns(env)
     lim.clock_mode(env)
@@ -114,10 +114,10 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
     """
     if sm is not None:
         shares, source = lim.parse_sm_option(sm), f"--sm {sm}"
-        for k in [k for k in env if k.startswith("CUDA_DEVICE_SM_LIMIT")]:
+        for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_SM_LIMIT.name)]:
             del env[k]
     else:
-        shares, source = lim.sm_from_env(env), "CUDA_DEVICE_SM_LIMIT"
+        shares, source = lim.sm_from_env(env), envspec.CUDA_DEVICE_SM_LIMIT.name
     if not any(0 < v < 100 for v in shares.as_list()):
         return shares, source
     limited = [d for d, v in enumerate(shares.as_list()) if 0 < v < 100]
@@ -133,10 +133,10 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
     if problem:
         msg = (f"{source}: {problem}, so a compute share cannot be enforced; leave the share out "
                "(memory limits work without it)")
-        if env.get("PYVGPU_ON_ERROR") != "open":
+        if env.get(envspec.ON_ERROR.name) != "open":
             raise PyvgpuError(msg)
         print(f"pyvgpu: warning: {msg}; running without a compute share (PYVGPU_ON_ERROR=open)", file=sys.stderr)
-        for k in [k for k in env if k.startswith("CUDA_DEVICE_SM_LIMIT")]:
+        for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_SM_LIMIT.name)]:
             del env[k]
         return lim.SmLimits(), source
     if sched.enabled(env):  # a broken turn file is an error now, not in the program
@@ -144,7 +144,7 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
         if note:
             print(f"pyvgpu: warning: {note}", file=sys.stderr)
         os.close(sched.open_fd(turns, env))
-        env["PYVGPU_SCHED"] = str(turns)  # the program uses the file checked here
+        env[envspec.SCHED.name] = str(turns)  # the program uses the file checked here
     if lim.sm_policy(env) == 2:
         print(f"pyvgpu: warning: {source} is not enforced for this program: GPU_CORE_UTILIZATION_POLICY=disable",
               file=sys.stderr)
@@ -158,11 +158,11 @@ def _group_settings(env: dict[str, str], priority: str | None,
     if priority is not None:
         prio, prio_source = lim.parse_priority(priority, "--priority"), f"--priority {priority}"
     else:
-        prio, prio_source = lim.priority_from_env(env), "CUDA_TASK_PRIORITY"
+        prio, prio_source = lim.priority_from_env(env), envspec.CUDA_TASK_PRIORITY.name
     if sm_borrow is not None:
         borrow, borrow_source = sm_borrow, "--sm-borrow"
     else:
-        borrow, borrow_source = lim.sm_borrow_from_env(env), "PYVGPU_SM_BORROW"
+        borrow, borrow_source = lim.sm_borrow_from_env(env), envspec.SM_BORROW.name
     return prio, prio_source, borrow, borrow_source
 
 
@@ -176,18 +176,18 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
     chosen = devices.select(device_spec, env) if device_spec is not None else []
     if mode == "mps":  # MPS enforces the share (pyvgpu/mps.py): nothing of pyvgpu's limiter to check
         shares, sm_source = (lim.parse_sm_option(sm), f"--sm {sm}") if sm is not None else \
-            (lim.sm_from_env(env), "CUDA_DEVICE_SM_LIMIT")
+            (lim.sm_from_env(env), envspec.CUDA_DEVICE_SM_LIMIT.name)
         mps_shares, shares = shares, lim.SmLimits()
-        for k in [k for k in env if k.startswith("CUDA_DEVICE_SM_LIMIT")]:
+        for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_SM_LIMIT.name)]:
             del env[k]
     else:
         shares, sm_source = sm_limits_for(env, sm, chosen)
     if memory is not None:
         limits, source = lim.parse_memory_option(memory), f"--memory {memory}"
-        for k in [k for k in env if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")]:
+        for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_MEMORY_LIMIT.name)]:
             del env[k]
     else:
-        limits, source = lim.memory_from_env(env), "CUDA_DEVICE_MEMORY_LIMIT"
+        limits, source = lim.memory_from_env(env), envspec.CUDA_DEVICE_MEMORY_LIMIT.name
     n_physical = check_physical(limits, source, chosen)
     if region_path:
         path = Path(region_path).absolute()
@@ -201,8 +201,8 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
         expired = groups.expire_if_idle(path, env)
         if expired:
             print(f"pyvgpu: {expired}", file=sys.stderr)
-    elif env.get("CUDA_DEVICE_MEMORY_SHARED_CACHE"):
-        path = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).absolute()
+    elif env.get(envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name):
+        path = Path(env[envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name]).absolute()
     else:
         region.gc_private()
         path = region.new_private_path()
@@ -244,13 +244,13 @@ def join_group(env: dict[str, str], memory: str | None, group: str | None, regio
     env.update(lim.memory_to_env(limits))
     env.update(lim.sm_to_env(shares))
     env.update(lim.priority_to_env(r.header.priority))  # HAMi's variable, for the program's children too
-    env["PYVGPU_SM_BORROW"] = "1" if r.header.sm_borrow else "0"
+    env[envspec.SM_BORROW.name] = "1" if r.header.sm_borrow else "0"
     if r.header.n_visible:  # the group's devices, also for a member that did not name them
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(u for _, u in r.visible())
+        env[envspec.CUDA_VISIBLE_DEVICES.name] = ",".join(u for _, u in r.visible())
     if r.header.mode == mps.MODES.index("mps"):  # every member of an MPS group is a client, --mode or not
         n = r.header.n_visible or n_physical or len(devices.physical_memory() or [])
         mps.apply(env, region.runtime_dir(), limits, r.header.mps_active_threads, n)
-    env["PYVGPU_REGION"] = str(path)
+    env[envspec.REGION.name] = str(path)
     return path
 
 
@@ -258,7 +258,7 @@ def driver_problem(env: Mapping[str, str]) -> str | None:
     """Why the CUDA driver does not load here, or None. Only loaded, never initialised (that is the program's)."""
     import ctypes
 
-    name = env.get("PYVGPU_REAL_LIBCUDA") or "libcuda.so.1"
+    name = env.get(envspec.REAL_LIBCUDA.name) or "libcuda.so.1"
     try:
         ctypes.CDLL(name, mode=os.RTLD_LAZY | os.RTLD_LOCAL)
     except OSError as e:

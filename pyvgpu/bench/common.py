@@ -7,21 +7,21 @@ import platform
 import statistics
 import subprocess
 
-from pyvgpu import shim
+from pyvgpu import envspec, shim
 
 
 def raw_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment without pyvgpu, for the raw side of a comparison."""
     env = dict(os.environ if base is None else base)
     path = str(shim.shim_path())
-    pre = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p != path]
+    pre = [p for p in env.get(envspec.LD_PRELOAD.name, "").replace(":", " ").split() if p != path]
     if pre:
-        env["LD_PRELOAD"] = " ".join(pre)
+        env[envspec.LD_PRELOAD.name] = " ".join(pre)
     else:
-        env.pop("LD_PRELOAD", None)
+        env.pop(envspec.LD_PRELOAD.name, None)
     for k in list(env):
-        if k.startswith("PYVGPU_") and k not in ("PYVGPU_CACHE_DIR", "PYVGPU_SM_BATCH_MS", "PYVGPU_SM_TURN",
-                                                  "PYVGPU_SCHED"):
+        kept = (envspec.CACHE_DIR.name, envspec.SM_BATCH_MS.name, envspec.SM_TURN.name, envspec.SCHED.name)
+        if k.startswith(envspec.NAMESPACE) and k not in kept:
             del env[k]
     return env
 

@@ -19,7 +19,7 @@ import json
 import os
 import subprocess
 
-from pyvgpu import cache, wrap
+from pyvgpu import cache, envspec, wrap
 from pyvgpu.bench.common import machine, median, raw_env
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BENCH_BIN
@@ -71,11 +71,11 @@ def run(rounds: int = 5, samples: int = 1000, launch_batch: int = 100, alloc_bat
 
         from pyvgpu import region
 
-        r = region.open_region(Path(wrapped["PYVGPU_REGION"]), writable=False)
+        r = region.open_region(Path(wrapped[envspec.REGION.name]), writable=False)
         os.close(r.fd)
         throttled = r.device(0).sm_throttle_ns / 1e9
     return {"bench": "overhead", "machine": machine(), "rounds": rounds, "samples": samples, "throttled_s": throttled,
-            "alloc_size": size, "memory_limit": memory, "sm_limit": sm, "callbacks": wrapped["PYVGPU_CALLBACKS"],
+            "alloc_size": size, "memory_limit": memory, "sm_limit": sm, "callbacks": wrapped[envspec.CALLBACKS.name],
             "ops": summary}
 
 

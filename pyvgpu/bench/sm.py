@@ -38,7 +38,7 @@ import threading
 import time
 from pathlib import Path
 
-from pyvgpu import cache, region, sched, wrap
+from pyvgpu import cache, envspec, region, sched, wrap
 from pyvgpu import limits as lim
 from pyvgpu.bench.common import machine, raw_env
 from pyvgpu.bench.gpu_util import UtilSampler
@@ -231,9 +231,9 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
             tmp = Path(tmpdir)
 
             def scenario(name: str, sliced_: bool = False) -> dict[str, str]:
-                env = dict(raw, PYVGPU_SCHED=str(tmp / f"{name}.turns"))  # its own turn counters
+                env = {**raw, envspec.SCHED.name: str(tmp / f"{name}.turns")}  # its own turn counters
                 if sliced_:
-                    env["PYVGPU_SM_TURN"] = "0"
+                    env[envspec.SM_TURN.name] = "0"
                 return env
 
             base = _Run(cmd, raw, None).finish(limit, util)
@@ -256,7 +256,7 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                     runs.append((s, prios[i], _Run(cmd, env, path)))
                 for s, p, run_ in runs:
                     record(kind, s, run_.finish(limit, util), priority=p)
-                result["scenarios"][kind] = _turn_stats(Path(env0["PYVGPU_SCHED"]))
+                result["scenarios"][kind] = _turn_stats(Path(env0[envspec.SCHED.name]))
             if neighbour == "unlimited":
                 env0 = scenario("neighbour")
                 env, path = _wrapped(env0, neighbour_share, tmp, "neighbour-share")
@@ -264,7 +264,7 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                 a, b = _Run(cmd, env, path), _Run(cmd, env_n, path_n)
                 record("neighbour", neighbour_share, a.finish(limit, util))
                 record("neighbour-unlimited", None, b.finish(limit, util))
-                result["scenarios"]["neighbour"] = _turn_stats(Path(env0["PYVGPU_SCHED"]))
+                result["scenarios"]["neighbour"] = _turn_stats(Path(env0[envspec.SCHED.name]))
             if burst:
                 result["burst"] = _burst(workload, iters, scenario("burst"), tmp, burst_share, seconds, limit, util,
                                          rate)

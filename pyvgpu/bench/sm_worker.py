@@ -24,6 +24,8 @@ from __future__ import annotations
 import sys
 import time
 
+from pyvgpu import envspec
+
 MLP_LAYERS, MLP_WIDTH, MLP_BATCH = 6, 1024, 256
 
 
@@ -120,7 +122,7 @@ def _ranks(seconds: float, kind: str) -> None:
     import socket
     import subprocess
 
-    n = int(os.environ.get("PYVGPU_BENCH_RANKS", "2"))
+    n = int(os.environ.get(envspec.BENCH_RANKS.name, "2"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

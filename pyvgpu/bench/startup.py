@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pyvgpu import cache, region, shim
+from pyvgpu import cache, envspec, region, shim
 from pyvgpu.bench.common import machine, median, raw_env
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.shim import BENCH_BIN
@@ -61,10 +61,10 @@ def container_env(base: dict[str, str], tmp: Path) -> dict[str, str]:
     path = tmp / "vgpu.region"
     if not path.exists():
         region.create(path, "bench", [CAP] + [0] * 15, sm=[30] * 16)
-    env = dict(base, LD_PRELOAD=str(shim.shim_path()), CUDA_DEVICE_MEMORY_LIMIT_0=f"{CAP >> 20}m",
-               CUDA_DEVICE_SM_LIMIT="30", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(path),
-               PYVGPU_SCHED=str(tmp / "turns"))
-    env.pop("PYTHONPATH", None)
+    env = {**base, envspec.LD_PRELOAD.name: str(shim.shim_path()),
+           envspec.CUDA_DEVICE_MEMORY_LIMIT.device(0): f"{CAP >> 20}m", envspec.CUDA_DEVICE_SM_LIMIT.name: "30",
+           envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name: str(path), envspec.SCHED.name: str(tmp / "turns")}
+    env.pop(envspec.PYTHONPATH.name, None)
     return env
 
 
@@ -91,7 +91,8 @@ def run(runs: int = 5, pythons: list[str] | None = None) -> dict:
                 samples["wrapped"].append(_time(wrap_cmd + cmd, base))
                 samples["container"].append(_time(cmd, container))
                 with tempfile.TemporaryDirectory(prefix="pyvgpu-empty-") as empty:
-                    samples["wrapped_empty_cache"].append(_time(wrap_cmd + cmd, {**base, "PYVGPU_CACHE_DIR": empty}))
+                    empty_env = {**base, envspec.CACHE_DIR.name: empty}
+                    samples["wrapped_empty_cache"].append(_time(wrap_cmd + cmd, empty_env))
             med = {k: median(v) for k, v in samples.items()}
             for k in ("wrapped", "container", "wrapped_empty_cache"):
                 med[f"{k}_overhead"] = med[k] - med["raw"]

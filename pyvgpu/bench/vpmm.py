@@ -23,6 +23,7 @@ import random
 import sys
 import time
 
+from pyvgpu import envspec
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import human
 
@@ -203,16 +204,16 @@ def run(steps: int = 600, cap: str | None = None, page_size: str | None = None) 
     results = {}
     for mode in MODES:
         env = dict(os.environ)
-        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        env.pop(envspec.PYTORCH_CUDA_ALLOC_CONF.name, None)
         wrap = [sys.executable, "-m", "pyvgpu", "wrap"]
         if cap:
             wrap += ["--memory", cap]
         if mode == "expandable_segments":
-            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+            env[envspec.PYTORCH_CUDA_ALLOC_CONF.name] = "expandable_segments:True"
         if mode == "vpmm":
             wrap += ["--allocator", "vpmm"]
             if page_size is not None:
-                env["VPMM_PAGE_SIZE"] = page_size
+                env[envspec.VPMM_PAGE_SIZE.name] = page_size
         p = subprocess.run([*wrap, "--", sys.executable, "-m", "pyvgpu.bench.vpmm", mode, str(steps)], env=env,
                            capture_output=True, text=True, timeout=1200)
         if p.returncode != 0:

@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+from pyvgpu import envspec
 from pyvgpu.errors import PyvgpuError
 
 # the shapes: GPT-2 architecture, 8 layers of width 1024, fp16; batch 1-32, prompt 16-512, 16-64 new
@@ -43,7 +44,7 @@ def need_gpu() -> Any:
 
 
 def use_transformers() -> bool:
-    if os.environ.get("PYVGPU_DECODE", "") == "torch":
+    if os.environ.get(envspec.DECODE.name, "") == "torch":
         return False
     try:
         import transformers  # noqa: F401
@@ -190,7 +191,7 @@ def pools() -> list:
 def allocator() -> str:
     if pools():
         return "vpmm"
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    conf = os.environ.get(envspec.PYTORCH_CUDA_ALLOC_CONF.name, "")
     return "expandable_segments" if "expandable_segments:True" in conf.replace(" ", "") else "default"
 
 

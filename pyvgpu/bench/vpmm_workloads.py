@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 
+from pyvgpu import envspec
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.limits import human
 
@@ -30,14 +31,14 @@ UNIT = {"decode": "tokens_per_s", "train": "steps_per_s"}
 
 def one(mode: str, workload: str, seconds: float, seed: int, cap: str | None, page_size: str | None) -> dict:
     env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop(envspec.PYTORCH_CUDA_ALLOC_CONF.name, None)
     wrap = [sys.executable, "-m", "pyvgpu", "wrap"] + (["--memory", cap] if cap else [])
     if mode == "expandable_segments":
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        env[envspec.PYTORCH_CUDA_ALLOC_CONF.name] = "expandable_segments:True"
     elif mode == "vpmm":
         wrap += ["--allocator", "vpmm"]
         if page_size:
-            env["VPMM_PAGE_SIZE"] = page_size
+            env[envspec.VPMM_PAGE_SIZE.name] = page_size
     p = subprocess.run([*wrap, "--", sys.executable, "-m", "pyvgpu.bench.vpmm_loops", workload, str(seconds),
                         str(seed)], env=env, capture_output=True, text=True, timeout=max(600.0, 6 * seconds + 300))
     lines = p.stdout.strip().splitlines()

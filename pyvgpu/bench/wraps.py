@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pyvgpu import envspec
 from pyvgpu.bench.common import machine, median, raw_env
 from pyvgpu.errors import PyvgpuError
 
@@ -101,8 +102,8 @@ def run(concurrent: int = 100, runs: int = 3, memory: str = "1G", program: str =
     out: dict[str, list[float]] = {"bare_s": [], "wrapped_s": [], "wrapped_cpu_ms": [], "single_cpu_ms": []}
     with tempfile.TemporaryDirectory(prefix="pyvgpu-wraps-") as tmp:
         for i in range(runs):
-            env = dict(raw_env(), XDG_RUNTIME_DIR=str(Path(tmp) / f"run{i}"))
-            os.mkdir(env["XDG_RUNTIME_DIR"], 0o700)
+            env = {**raw_env(), envspec.XDG_RUNTIME_DIR.name: str(Path(tmp) / f"run{i}")}
+            os.mkdir(env[envspec.XDG_RUNTIME_DIR.name], 0o700)
             took, _ = _wave([[found]] * concurrent, env)
             out["bare_s"].append(took)
             cmd = [*wrap, "wrap", "--group", "bench", "--memory", memory, "--", found]

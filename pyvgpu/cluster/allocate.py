@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pyvgpu import envspec
 from pyvgpu import limits as lim
 from pyvgpu.cluster import codec, events, keys, nodelock, nodestate, records
 from pyvgpu.cluster import gpus as G
@@ -118,14 +119,14 @@ def container_env(cfg: AllocateConfig, devs: tuple[ContainerDevice, ...]) -> dic
     uuids = ",".join(d.uuid for d in devs)
     env = dict(cfg.runtime.env)
     env.update(cfg.extra_env)
-    env["NVIDIA_VISIBLE_DEVICES"] = uuids
-    env["CUDA_VISIBLE_DEVICES"] = uuids
+    env[envspec.NVIDIA_VISIBLE_DEVICES.name] = uuids
+    env[envspec.CUDA_VISIBLE_DEVICES.name] = uuids
     for i, d in enumerate(devs):
         if d.usedmem > 0:  # 0 MiB would refuse every allocation; HAMi's scheduler never writes it
-            env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.usedmem}m"
-    env["CUDA_DEVICE_SM_LIMIT"] = str(devs[0].usedcores)
-    env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{cfg.region_mount}/{nodestate.REGION_FILE}"
-    env["PYVGPU_SCHED"] = cfg.turns_mount
+            env[envspec.CUDA_DEVICE_MEMORY_LIMIT.device(i)] = f"{d.usedmem}m"
+    env[envspec.CUDA_DEVICE_SM_LIMIT.name] = str(devs[0].usedcores)
+    env[envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name] = f"{cfg.region_mount}/{nodestate.REGION_FILE}"
+    env[envspec.SCHED.name] = cfg.turns_mount
     env.update(nodestate.TRUST_ENV)  # the node's files are shared by layout, not by mode (nodestate.py)
     return env
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import typer
 
+from pyvgpu import envspec
+
 cluster_app = typer.Typer(help="The cluster half, HAMi-compatible: the scheduler extender and webhook, the device "
                                "plugin and node agent (deploy/helm/pyvgpu runs them), and 'why is my pod Pending?' "
                                "offline, from kubectl dumps.", no_args_is_help=True)
@@ -128,7 +130,7 @@ def _node_options(node_name: str | None, **kw):
     from pyvgpu.cluster.daemon import NodeOptions
     from pyvgpu.errors import PyvgpuError
 
-    node = node_name or os.environ.get("NODE_NAME", "")
+    node = node_name or os.environ.get(envspec.NODE_NAME.name, "")
     if not node:
         raise PyvgpuError("--node-name: give this node's name (the DaemonSet passes spec.nodeName as NODE_NAME)")
     if kw.get("split", 1) < 1 or kw.get("split", 1) > 1000:

@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from pyvgpu import envspec
 from pyvgpu.errors import PyvgpuError
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -54,7 +55,7 @@ def _load_config(kubeconfig: str | None):
                 raise PyvgpuError(f"--kubeconfig {kubeconfig}: no such file; give the path of a kubeconfig, or "
                                   "leave it out inside a pod (the service account is used)")
             config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        elif os.environ.get(envspec.KUBERNETES_SERVICE_HOST.name):
             config.load_incluster_config(client_configuration=cfg)
         else:
             config.load_kube_config(client_configuration=cfg)

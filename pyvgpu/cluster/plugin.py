@@ -26,6 +26,7 @@ from pathlib import Path
 
 import grpc
 
+from pyvgpu import envspec
 from pyvgpu.cluster import gpus as G
 from pyvgpu.cluster.allocate import AllocateError, Allocator
 from pyvgpu.cluster.deviceplugin.v1beta1 import api_pb2 as pb
@@ -137,7 +138,8 @@ class DevicePluginService(pbg.DevicePluginServicer):
                 log.error("Allocate %s: %s", reqs, e)
                 context.abort(getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL), str(e))
         for a in answers:
-            log.info("Allocate: pod %s container %s gets %s", a.pod, a.container, a.envs.get("CUDA_VISIBLE_DEVICES"))
+            log.info("Allocate: pod %s container %s gets %s", a.pod, a.container,
+                     a.envs.get(envspec.CUDA_VISIBLE_DEVICES.name))
         return pb.AllocateResponse(container_responses=[
             pb.ContainerAllocateResponse(envs=a.envs, mounts=[pb.Mount(container_path=m.container_path,
                                                                        host_path=m.host_path, read_only=m.read_only)

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyvgpu import envspec
 from pyvgpu.errors import PyvgpuError
 
 # Directories a runtime must never be: mounting them over a container's own would break it.
@@ -33,7 +34,7 @@ class Runtime:
         """The shim exists and the callbacks beside it load (the plugin checks this once, at start)."""
         from pyvgpu import cblib
 
-        shim = Path(self.env["LD_PRELOAD"])
+        shim = Path(self.env[envspec.LD_PRELOAD.name])
         if not shim.exists():
             raise PyvgpuError(f"the pyvgpu runtime is incomplete: LD_PRELOAD={shim} does not exist; reinstall pyvgpu")
         cblib.load(shim.parent / cblib.FILE_NAME)
@@ -88,4 +89,4 @@ def current(runtime_dirs: list[str] | None = None) -> Runtime:
     for r in roots:
         if r in ("/",):
             raise PyvgpuError("--runtime-dir /: the whole host cannot be mounted into containers")
-    return Runtime({"LD_PRELOAD": shim}, tuple(roots))
+    return Runtime({envspec.LD_PRELOAD.name: shim}, tuple(roots))

@@ -180,7 +180,7 @@ static void *map_shared(int fd, uint64_t size, int guard, const char *path, cons
 
 /* region.runtime_dir(): $XDG_RUNTIME_DIR/pyvgpu if writable, else /tmp/pyvgpu-<uid>; made private */
 static int runtime_dir(char *out, size_t n, char *err, size_t errlen) {
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    const char *xdg = getenv(PV_ENV_XDG_RUNTIME_DIR);
     if (xdg && *xdg && access(xdg, W_OK) == 0)
         snprintf(out, n, "%s/pyvgpu", xdg);
     else
@@ -405,7 +405,7 @@ static int machine_turns_usable(const pv_env_t *env) {
 
 /* sched.choose: PYVGPU_SCHED, else the machine's file if usable, else <runtime dir>/turns (this user's) */
 static int turn_path(const pv_env_t *env, char *out, size_t n, int *own, char *err, size_t errlen) {
-    const char *s = getenv("PYVGPU_SCHED");
+    const char *s = getenv(PV_ENV_SCHED);
     *own = 0;
     if (s && *s) {
         snprintf(out, n, "%s", s);
@@ -588,7 +588,7 @@ int pv_attach(char *err, size_t n) {
             return -1;
         if (create_region(path, &env, err, n))
             return -1;
-        setenv("PYVGPU_REGION", path, 1); /* children join this group */
+        setenv(PV_ENV_REGION, path, 1); /* children join this group */
     } else {
         snprintf(path, sizeof path, "%s", env.region);
     }

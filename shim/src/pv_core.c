@@ -64,8 +64,8 @@ static int region_has_limits(const char *path) {
  * a program may have removed CUDA_DEVICE_MEMORY_LIMIT from its own
  * environment, but the group's limits live in the file. */
 static const char *limits_requested(char *out, size_t len) {
-    static const char *const prefixes[] = {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
-                                           "CUDA_DEVICE_MEMORY_SHARED_CACHE", "PYVGPU_REGION"};
+    static const char *const prefixes[] = {PV_ENV_CUDA_DEVICE_MEMORY_LIMIT, PV_ENV_CUDA_DEVICE_SM_LIMIT,
+                                           PV_ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, PV_ENV_REGION};
     size_t o = 0;
     out[0] = 0;
     for (char **e = environ; e && *e; e++) {
@@ -185,7 +185,7 @@ static void boot_once(void) {
     } else {
         char asked[768];
         limits_requested(asked, sizeof asked);
-        const char *oe = getenv("PYVGPU_ON_ERROR");
+        const char *oe = getenv(PV_ENV_ON_ERROR);
         int open = oe && !strcmp(oe, "open");
         int closed = (oe && !strcmp(oe, "closed")) || (!open && asked[0]);
         if (oe && *oe && strcmp(oe, "open") && strcmp(oe, "closed")) {

@@ -176,13 +176,13 @@ static int env_get(char *const *envp, const char *name, const char **value) {
 static int min_memory(char *const *envp, uint64_t *out, char *err, size_t n) {
     const char *t;
     *out = PV_MIN_MEMORY;
-    if (!env_get(envp, "PYVGPU_MIN_MEMORY", &t))
+    if (!env_get(envp, PV_ENV_MIN_MEMORY, &t))
         return 0;
     const char *b, *e;
     strip(t, &b, &e);
     if (b == e)
         return 0;
-    return pv_parse_size(t, "PYVGPU_MIN_MEMORY", out, err, n);
+    return pv_parse_size(t, PV_ENV_MIN_MEMORY, out, err, n);
 }
 
 int pv_parse_cap(const char *text, const char *where, uint64_t floor, uint64_t *out, char *err, size_t n) {
@@ -255,62 +255,62 @@ int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n) {
     const char *t;
     char where[128];
     /* GPU_CORE_UTILIZATION_POLICY */
-    if (env_get(envp, "GPU_CORE_UTILIZATION_POLICY", &t)) {
+    if (env_get(envp, PV_ENV_GPU_CORE_UTILIZATION_POLICY, &t)) {
         static const char *const names[] = {"default", "force", "disable"};
         int found = one_of(t, names, 3);
         if (found < 0)
-            return fail(err, n, "%s='%s' is not one of default, force, disable%s", "GPU_CORE_UTILIZATION_POLICY", t,
-                        "");
+            return fail(err, n, "%s='%s' is not one of default, force, disable%s", PV_ENV_GPU_CORE_UTILIZATION_POLICY,
+                        t, "");
         env->sm_policy = (uint32_t)found;
     }
     /* PYVGPU_SM_BATCH_MS */
     env->sm_batch_ns = PV_DEFAULT_BATCH_MS * 1000000ull;
-    if (env_get(envp, "PYVGPU_SM_BATCH_MS", &t)) {
+    if (env_get(envp, PV_ENV_SM_BATCH_MS, &t)) {
         const char *b, *e;
         uint64_t ms;
         strip(t, &b, &e);
         if (b != e) {
             if (ascii_int(b, e, &ms) || ms > 1000)
-                return fail(err, n, "%s='%s': give whole milliseconds from 0 to 1000%s", "PYVGPU_SM_BATCH_MS", t,
+                return fail(err, n, "%s='%s': give whole milliseconds from 0 to 1000%s", PV_ENV_SM_BATCH_MS, t,
                             "");
             env->sm_batch_ns = ms * 1000000ull;
         }
     }
     /* PYVGPU_SM_TURN */
     env->turns = 1;
-    if (env_get(envp, "PYVGPU_SM_TURN", &t)) {
+    if (env_get(envp, PV_ENV_SM_TURN, &t)) {
         const char *b, *e;
         strip(t, &b, &e);
         if (e - b > 1 || (e - b == 1 && *b != '0' && *b != '1'))
             return fail(err, n, "%s='%s': give 1 (groups with a share take turns on a GPU, the default) or 0 (they "
-                        "time-slice it)%s", "PYVGPU_SM_TURN", t, "");
+                        "time-slice it)%s", PV_ENV_SM_TURN, t, "");
         env->turns = !(e - b == 1 && *b == '0');
     }
     /* PYVGPU_CLOCK (pyvgpu/limits.py clock_mode) */
-    if (env_get(envp, "PYVGPU_CLOCK", &t)) {
+    if (env_get(envp, PV_ENV_CLOCK, &t)) {
         static const char *const names[] = {"auto", "tsc", "system"};
         int found = one_of(t, names, 3);
         if (found < 0)
             return fail(err, n, "%s='%s' is not one of auto (the TSC where the kernel's clock runs on it, the "
-                        "default), tsc, system%s", "PYVGPU_CLOCK", t, "");
+                        "default), tsc, system%s", PV_ENV_CLOCK, t, "");
         env->clock = found;
     }
     /* PYVGPU_TRUST_SHARED (pyvgpu/safefile.py trust_shared) */
-    if (env_get(envp, "PYVGPU_TRUST_SHARED", &t)) {
+    if (env_get(envp, PV_ENV_TRUST_SHARED, &t)) {
         const char *b, *e;
         strip(t, &b, &e);
         if (e - b > 1 || (e - b == 1 && *b != '0' && *b != '1'))
             return fail(err, n, "%s='%s': give 1 (use regions and turn files that another user owns or others can "
-                        "write) or 0 (the default: refuse them)%s", "PYVGPU_TRUST_SHARED", t, "");
+                        "write) or 0 (the default: refuse them)%s", PV_ENV_TRUST_SHARED, t, "");
         env->trust_shared = e - b == 1 && *b == '1';
     }
     /* CUDA_TASK_PRIORITY (limits.priority_from_env) and PYVGPU_SM_BORROW (limits.sm_borrow_from_env): a new
      * group's settings; a member follows its group's */
     env->priority = env->sm_borrow = -1;
-    if (env_get(envp, "CUDA_TASK_PRIORITY", &t)) {
+    if (env_get(envp, PV_ENV_CUDA_TASK_PRIORITY, &t)) {
         static const char *const words[][2] = {{"high", "0"}, {"low", "1"}};
         const char *b, *e;
-        if (ascii_refused("CUDA_TASK_PRIORITY", t, "a priority", "high", err, n))
+        if (ascii_refused(PV_ENV_CUDA_TASK_PRIORITY, t, "a priority", "high", err, n))
             return -1;
         strip(t, &b, &e);
         for (int p = 0; p < 2 && b != e && env->priority < 0; p++)
@@ -319,9 +319,9 @@ int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n) {
                     env->priority = p;
         if (b != e && env->priority < 0)
             return fail(err, n, "%s: '%s' is not a priority; give high (HAMi's 0) or low (HAMi's 1, the default)%s",
-                        "CUDA_TASK_PRIORITY", t, "");
+                        PV_ENV_CUDA_TASK_PRIORITY, t, "");
     }
-    if (env_get(envp, "PYVGPU_SM_BORROW", &t)) {
+    if (env_get(envp, PV_ENV_SM_BORROW, &t)) {
         static const char *const on[] = {"on", "1", "true", "yes"}, *const off[] = {"off", "0", "false", "no"};
         const char *b, *e;
         strip(t, &b, &e);
@@ -332,14 +332,14 @@ int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n) {
                 env->sm_borrow = 0;
         }
         if (b != e && env->sm_borrow < 0)
-            return fail(err, n, "%s: '%s' is neither on nor off; give on (or 1) or off (or 0)%s", "PYVGPU_SM_BORROW",
+            return fail(err, n, "%s: '%s' is neither on nor off; give on (or 1) or off (or 0)%s", PV_ENV_SM_BORROW,
                         t, "");
     }
     /* memory: CUDA_DEVICE_MEMORY_LIMIT, then CUDA_DEVICE_MEMORY_LIMIT_<i> over it */
     uint64_t floor;
     if (min_memory(envp, &floor, err, n))
         return -1;
-    static const char MEM[] = "CUDA_DEVICE_MEMORY_LIMIT", SM[] = "CUDA_DEVICE_SM_LIMIT";
+    static const char MEM[] = PV_ENV_CUDA_DEVICE_MEMORY_LIMIT, SM[] = PV_ENV_CUDA_DEVICE_SM_LIMIT;
     uint64_t mem_default = 0, mem_dev[PV_MAX_DEVICES] = {0};
     uint32_t sm_default = 0, sm_dev[PV_MAX_DEVICES] = {0};
     if (env_get(envp, MEM, &t) && *t) {
@@ -387,12 +387,12 @@ int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n) {
         env->sm[d] = sm_dev[d] ? sm_dev[d] : sm_default;
     }
     /* the group's region */
-    if (env_get(envp, "PYVGPU_REGION", &t) && *t) {
+    if (env_get(envp, PV_ENV_REGION, &t) && *t) {
         env->region = t;
-        env->region_var = "PYVGPU_REGION";
-    } else if (env_get(envp, "CUDA_DEVICE_MEMORY_SHARED_CACHE", &t) && *t) {
+        env->region_var = PV_ENV_REGION;
+    } else if (env_get(envp, PV_ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, &t) && *t) {
         env->region = t;
-        env->region_var = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+        env->region_var = PV_ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE;
     }
     return 0;
 }

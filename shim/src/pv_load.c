@@ -182,7 +182,7 @@ static void shim_dir(char *out, size_t n) {
 }
 
 static void cache_dir(char *out, size_t n) {
-    const char *d = getenv("PYVGPU_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    const char *d = getenv(PV_ENV_CACHE_DIR), *x = getenv(PV_ENV_XDG_CACHE_HOME), *home = getenv(PV_ENV_HOME);
     if (d && *d)
         snprintf(out, n, "%s", d);
     else if (x && *x)
@@ -196,7 +196,7 @@ static void cache_dir(char *out, size_t n) {
 const pv_cblib_t *pv_load_callbacks(char *err, size_t n) {
     char why[512] = "", path[1024];
     int e;
-    const char *named = getenv("PYVGPU_CALLBACKS");
+    const char *named = getenv(PV_ENV_CALLBACKS);
     const pv_cblib_t *lib;
     if (named && *named) {
         if (!(lib = load(named, 0, why, sizeof why, &e))) {

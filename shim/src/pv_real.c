@@ -18,8 +18,8 @@ static void *open_lib(const char *env, const char *dflt) {
 }
 
 static void resolve_real_once(void) {
-    void *libs[2] = {open_lib("PYVGPU_REAL_LIBCUDA", "libcuda.so.1"),
-                     open_lib("PYVGPU_REAL_LIBNVML", "libnvidia-ml.so.1")};
+    void *libs[2] = {open_lib(PV_ENV_REAL_LIBCUDA, "libcuda.so.1"),
+                     open_lib(PV_ENV_REAL_LIBNVML, "libnvidia-ml.so.1")};
     for (int i = 0; i < PV_N_ENTRIES; i++) {
         void *h = libs[pv_entry_infos[i].lib];
         pv_ctx.entry[i].real = h ? (uint64_t)(uintptr_t)pv_real_dlsym(h, pv_entry_infos[i].name) : 0;

@@ -5,6 +5,7 @@
 #include "pv_types.h"
 #include "../generated/pv_layout.h"
 #include "../generated/pv_table.h"
+#include "../generated/pv_env_names.h"
 
 #define PV_EXPORT __attribute__((visibility("default")))
 #define PV_LIKELY(x) __builtin_expect(!!(x), 1)

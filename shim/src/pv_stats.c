@@ -92,14 +92,14 @@ static void write_json(FILE *f) {
 
 /* Calls are counted only for these statistics: otherwise an atomic add per hooked call that nobody reads. */
 static int stats_wanted(void) {
-    const char *s = getenv("PYVGPU_STATS");
+    const char *s = getenv(PV_ENV_STATS);
     return s && *s && strcmp(s, "0");
 }
 
 /* PYVGPU_STATS=1: a table on stderr at exit. PYVGPU_STATS=PATH: JSON appended
  * to PATH, where %p becomes the pid. */
 static void print_stats(void) {
-    const char *s = getenv("PYVGPU_STATS");
+    const char *s = getenv(PV_ENV_STATS);
     if (!stats_wanted() || !used())
         return;
     if (!strcmp(s, "1")) {
