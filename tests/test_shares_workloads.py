@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from simgpu import Load, sim_env
 
+from pyvgpu import region
+
 SMALL = "200"  # a 20 us kernel, four a step with a sync: a launch-bound training or decode step
 NEIGHBOUR_KEEPS = 0.3
+GAP_US = 100  # the over-charged pair's host gap: each uses a small part of the GPU, so both fit beside each other
 
 
 def test_a_neighbour_without_a_share_fills_what_a_launch_bound_share_leaves(env, tmp_path):
@@ -30,14 +33,17 @@ def test_a_neighbour_without_a_share_fills_what_a_launch_bound_share_leaves(env,
 
 
 def test_an_overcharged_pair_is_not_held_below_what_the_gpu_has(env, tmp_path):
-    """Two launch-bound groups at --sm 50 whose timings read 8x their kernels: each was charged its whole
-    share while the GPU was mostly idle, and the limiter held both back (each kept 0.38 of the
-    control). The controllers now add their charges to the GPU's turn entry and bring the scales down
-    while the groups together were charged more than the GPU was busy."""
-    e = sim_env(env, tmp_path, "oc", FAKECUDA_EVENT_SCALE="8")
-    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=50)
-    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=50)
-    c = Load(sim_env(env, tmp_path, "ctl"), tmp_path, "c", [], seconds=10, iters=SMALL, gap_us=50)
-    ra, rb, rc = a.rate(5), b.rate(5), c.rate(5)
-    assert ra >= 0.6 * rc and rb >= 0.6 * rc, (ra / rc, rb / rc)
-    assert a.series and a.series[-1][2] < 0.6, a.series[-5:]  # the scale came down from 1
+    """Two launch-bound groups at --sm 50 whose timings read 10x their kernels (as a decode loop's timings
+    hold the host's launch gaps): each was charged more than its share while the GPU was mostly idle, and
+    the limiter held both back (a third of the run, the scale at 1). The controllers now add their charges
+    to the GPU's turn entry and bring the scales down while the groups together were charged more than the
+    GPU was busy."""
+    e = sim_env(env, tmp_path, "oc", FAKECUDA_EVENT_SCALE="10")
+    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=GAP_US)
+    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=GAP_US)
+    a.wait(), b.wait()
+    for load in (a, b):
+        d = region.open_region(load.region_path, writable=False).device(0)
+        held = d.sm_throttle_ns / 10e9
+        assert (d.sm_scale or 65536) / 65536 < 0.5, d.sm_scale  # the scale came down from 1
+        assert held < 0.15, held  # held back for the budget a small part of the run
