@@ -2,9 +2,10 @@
 
 A launch-bound neighbour without a share beside a launch-bound group with one, and a pair of launch-bound
 groups whose kernel timings read long (as a decode loop's do on a real GPU: the timing events catch the
-host's launch gaps and the other process's kernels). Throughputs are compared with a control load running
-at the same time on a simulated GPU of its own, so a busy machine slows both alike; the numbers the old
-behaviour gave are in the docstrings.
+host's launch gaps and the other process's kernels). The neighbour's throughput is compared with a control
+load running at the same time on a simulated GPU of its own, so a busy machine slows both alike; the pair
+is judged by its controllers' scales and the time its limiter held it. The old behaviour's numbers are in
+the docstrings.
 """
 
 from __future__ import annotations
