@@ -61,3 +61,15 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = pyvgpu_import_root()
     env.update(extra)
     return env
+
+
+def fake_gpu_turn_key(index: int = 0) -> int:
+    """The turn file's key of the fake's GPU ``index`` (UUID fa 4e c0 da 00 .. 00 index; pyvgpu/jit/turn.py)."""
+    import struct
+
+    m64 = (1 << 64) - 1
+    uuid = bytes([0xFA, 0x4E, 0xC0, 0xDA] + [0] * 11 + [index])
+    key = 0xCBF29CE484222325
+    for v in struct.unpack("<QQ", uuid):
+        key = ((key ^ v) * 0x100000001B3) & m64
+    return key | 1

@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 
 import pytest
-from helpers import PYVGPU, run
+from helpers import PYVGPU, fake_gpu_turn_key, run
 
 from pyvgpu import cache, layout, region, safefile, sched
 from pyvgpu.errors import PyvgpuError
@@ -477,18 +477,6 @@ def test_a_turn_file_that_is_not_a_file_of_ours_is_refused_without_waiting(env, 
     assert {"link": "symbolic link", "fifo": "not a regular file", "other user's": "uid 65534"}[kind] in r.stderr
 
 
-M64 = (1 << 64) - 1
-
-
-def _gpu_key(index: int = 0) -> int:
-    """The turn file's key of the fake's GPU ``index`` (UUID fa 4e c0 da 00 .. 00 index; pyvgpu/jit/turn.py)."""
-    uuid = bytes([0xFA, 0x4E, 0xC0, 0xDA] + [0] * 11 + [index])
-    key = 0xCBF29CE484222325
-    for v in struct.unpack("<QQ", uuid):
-        key = ((key ^ v) * 0x100000001B3) & M64
-    return key | 1
-
-
 def _word(lease_ns: int) -> int:
     return (0xBAD << 32) | (((time.monotonic_ns() + lease_ns) >> 10) & 0xFFFFFFFF)
 
@@ -498,7 +486,7 @@ def _hold(turns: Path, lease_ns: int = 990_000_000) -> None:
     race it) and take its turn with a lease just under the longest (1 s); calling again renews it."""
     with open(turns, "r+b") as f:
         f.seek(layout.SCHED_ENTRIES_OFF + layout.SCHED_ENTRY.offset("key"))
-        f.write(struct.pack("<Q", _gpu_key()))
+        f.write(struct.pack("<Q", fake_gpu_turn_key()))
         f.seek(layout.SCHED_ENTRIES_OFF + layout.SCHED_ENTRY.offset("turn"))
         f.write(struct.pack("<Q", _word(lease_ns)))
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYVGPU
+from helpers import PYVGPU, fake_gpu_turn_key
 
 from pyvgpu import layout, region, sched
 from pyvgpu.shim import BENCH_BIN
@@ -26,12 +26,6 @@ ENTRY = layout.SCHED_ENTRIES_OFF
 M64 = (1 << 64) - 1
 
 
-def _gpu_key(index: int = 0) -> int:
-    uuid = bytes([0xFA, 0x4E, 0xC0, 0xDA] + [0] * 11 + [index])
-    key = 0xCBF29CE484222325
-    for v in struct.unpack("<QQ", uuid):
-        key = ((key ^ v) * 0x100000001B3) & M64
-    return key | 1
 
 
 def _u64(fd: int, off: int, v: int) -> None:
@@ -76,7 +70,7 @@ def _turns(tmp: Path) -> Path:
     turns = tmp / "turns"
     os.close(sched.open_fd(turns))
     fd = os.open(turns, os.O_RDWR)  # claim the fake GPU's entry before the victim's first launch
-    _u64(fd, ENTRY + layout.SCHED_ENTRY.offset("key"), _gpu_key())
+    _u64(fd, ENTRY + layout.SCHED_ENTRY.offset("key"), fake_gpu_turn_key())
     os.close(fd)
     return turns
 
