@@ -36,7 +36,11 @@ CONTROL_PERIOD_NS = 500_000_000
 SCALE_MIN, SCALE_MAX = Q16 // 16, Q16 * 16
 MIN_CHARGED = 2.0  # percent of a period: below it NVML's whole-percent reading says too little to calibrate on
 DEAD_BAND = 1.0  # points: NVML reads whole percents, so a smaller gap is no error to correct (it would jitter)
-OVERCHARGED = 0.8  # the groups here were charged this much more than NVML saw busy before their scales come down
+# NVML's busy time below this part of the charge (every group's together beside others, the group's own when
+# alone and not saturated) brings the scale down: timings that hold launch gaps read several times a kernel
+# (docs/compute.md), while the groups' periods, which do not line up, can count one group's charge twice
+OVERCHARGED = 0.4
+SATURATED = 0.9  # the part of its share a group must have been charged for its own reading to count either way
 
 
 @njit
@@ -108,7 +112,7 @@ def step(ctx, region, dev, handle, limit, period):
         return
     if not alone:
         DEV.store_sm_state(d, L.SM_STATE_HOLDING)
-        # Every group with a share here was charged more than the GPU was busy, all of them and whoever
+        # Every group with a share here was charged well more than the GPU was busy, all of them and whoever
         # else together: the timings are inflated (another context's kernels between a timed kernel's
         # events), so the charges come down, never up (an unshared neighbour's time is in NVML's figure).
         if everyone >= MIN_CHARGED and u < everyone * OVERCHARGED:
@@ -116,12 +120,15 @@ def step(ctx, region, dev, handle, limit, period):
         return
     DEV.store_sm_state(d, L.SM_STATE_CALIBRATING)
     pct = spent * 100.0
-    if pct >= MIN_CHARGED and abs(np.float64(u) - pct) >= DEAD_BAND:
+    saturated = pct >= SATURATED * np.float64(limit)
+    if pct >= MIN_CHARGED and abs(np.float64(u) - pct) >= DEAD_BAND and (
+            u > pct or saturated or u < OVERCHARGED * pct):
         # Alone, what the group was charged should be what the GPU was busy, saturated or not: the cost
         # model times kernels between events, which also counts the host's launch gaps of a launch-bound
         # program (docs/compute.md, decode), and a kernel whose arguments make it
         # longer than its estimate is charged too little. Saturated, this is the old rule (the limiter
-        # keeps the charge at the share, so NVML's reading comes to the share).
+        # keeps the charge at the share, so NVML's reading comes to the share); not saturated, the charge
+        # comes down only when it is well above NVML's reading, whose window lags a period.
         scale_by(d, scale, np.float64(u) / pct)
 
 
