@@ -387,10 +387,11 @@ def small_free(hd, ptr, stream, size):
             return driver_error(rc)
     rc = D.free_async(hd, ptr, stream)
     if rc == CUDA_SUCCESS:
+        n = max(size, 1)  # small_alloc took a byte for a request of none
         _drop_side(hd, ptr)
         hd[H_FREES] += 1
-        hd[H_SMALL] -= size
-        stat_alloc(hd, False, size, size, -1)
+        hd[H_SMALL] -= n
+        stat_alloc(hd, False, n, size, -1)
     return np.int64(rc)
 
 
@@ -501,7 +502,7 @@ def entry_free(state, ptr, stream, size):
         i = find(reg, hd, ptr)
         if i >= 0 and reg[i, STATE] == MALLOC:
             r = free(reg, hd, pg, scr, ptr, stream)
-        elif 0 < size < hd[H_PAGE]:
+        elif 0 <= size < hd[H_PAGE]:  # PyTorch frees a zero-byte tensor's block with size 0
             r = small_free(hd, ptr, stream, size)
         else:
             r = np.int64(CUDA_ERROR_INVALID_VALUE)

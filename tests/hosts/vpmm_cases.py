@@ -224,8 +224,11 @@ def cexports() -> dict:
     small = lib.pyvgpu_vpmm_malloc(512, 0, None)
     out = {"big_in_pool": [a for a, _, m, _ in pool.regions() if m == "+"] == [big], "live": pool.stats()["live"],
            "small_live": pool.stats()["small_live"], "no_pool_device_3": lib.pyvgpu_vpmm_malloc(MiB, 3, None)}
+    zero = lib.pyvgpu_vpmm_malloc(0, 0, None)  # a zero-byte tensor: PyTorch frees it with size 0
     lib.pyvgpu_vpmm_free(big, 5 * MiB, 0, None)
     lib.pyvgpu_vpmm_free(small, 512, 0, None)
+    out["zero"] = bool(zero)
+    lib.pyvgpu_vpmm_free(zero, 0, 0, None)
     lib.pyvgpu_vpmm_free(big, 5 * MiB, 0, None)  # twice: reported, the pool untouched
     out["after"] = {k: pool.stats()[k] for k in ("live", "reusable", "small_live")}
     return out
