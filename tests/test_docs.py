@@ -234,3 +234,20 @@ def test_code_cites_only_documents_in_the_repository_and_no_run_dates():
     assert not missing, f"code cites docs that do not exist: {missing}"
     assert not seeds, f"code cites the seed documents, which are not in the repository: {seeds}"
     assert not dates, f"run dates in code (they belong in docs/measurements.md): {dates}"
+
+
+README_INSTALL = "pip install . && pyvgpu doctor"
+README_TESTS = "pip install '.[test]' && pytest"
+README_QUICK = "pyvgpu wrap --memory 4G python examples/train.py"
+
+
+def test_the_readme_commands_are_the_ones_ci_and_the_example_use():
+    """The README's two commands stay usable as written: the test command is the one `.ci/run` runs, the install
+    command names the package root, and the quick start's program is in the repository."""
+    readme = (ROOT / "README.md").read_text()
+    commands = {line.strip() for line in readme.splitlines() if line.startswith("    ")}
+    assert {README_INSTALL, README_TESTS, README_QUICK} <= commands, "the README lost one of its commands"
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.lstrip().startswith("#")]
+    assert ci[-1] == README_TESTS, f".ci/run no longer runs the README's test command: {ci[-1]!r}"
+    assert (ROOT / "pyproject.toml").is_file() and (ROOT / "examples" / "train.py").is_file()
