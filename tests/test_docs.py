@@ -251,3 +251,24 @@ def test_the_readme_commands_are_the_ones_ci_and_the_example_use():
           if line.strip() and not line.lstrip().startswith("#")]
     assert ci[-1] == README_TESTS, f".ci/run no longer runs the README's test command: {ci[-1]!r}"
     assert (ROOT / "pyproject.toml").is_file() and (ROOT / "examples" / "train.py").is_file()
+
+
+SECTION_CITED = re.compile(r"\b(docs/[\w-]+\.md),\s*(?:(?:#|//|\*)\s*)?\"([^\"\n]+(?:\n\s*(?:#|//|\*)?[^\"\n]*)?)\"")
+COMMENT_BREAK = re.compile(r"\s*\n\s*(?:#|//|\*)?\s*")  # a quote that runs on in the next comment line
+
+
+def test_the_sections_code_cites_are_in_those_docs():
+    """`(docs/compute.md, "What a launch under a share costs")` in code names words of that page: a section
+    moved to the log or renamed must take its citations along."""
+    stale = []
+    for p in _code_files():
+        try:
+            text = p.read_text()
+        except UnicodeDecodeError:
+            continue
+        for m in SECTION_CITED.finditer(text):
+            doc = ROOT / m.group(1)
+            words = COMMENT_BREAK.sub(" ", m.group(2)).lower()
+            if doc.is_file() and words not in " ".join(doc.read_text().lower().split()):
+                stale.append(f"{p.relative_to(ROOT)}: {m.group(0)}")
+    assert not stale, f"code cites sections its docs no longer have: {stale}"
