@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import subprocess
@@ -273,3 +274,31 @@ def test_the_sections_code_cites_are_in_those_docs():
             if doc.is_file() and words not in " ".join(doc.read_text().lower().split()):
                 stale.append(f"{p.relative_to(ROOT)}: {m.group(0)}")
     assert not stale, f"code cites sections its docs no longer have: {stale}"
+
+
+WHOLE_DIR = re.compile(r"(?:docs/)?runs/([A-Za-z0-9_.\-]+)/(?![A-Za-z0-9_.*\-])")  # `docs/runs/<dir>/`: all of it
+NAMED = re.compile(r"`([A-Za-z0-9_.*\-/]+\.[A-Za-z0-9]+)`")  # a file named in backticks beside its folder's path
+
+
+def test_every_raw_file_is_cited():
+    """A file in docs/runs is evidence only if a doc cites it: by its path, by its folder cited whole
+    (`docs/runs/<dir>/`), or by its name in the paragraph that cites its folder. Unused raw files are pruned."""
+    whole, named = set(), set()
+    for doc in _docs():
+        for para in re.split(r"\n\s*\n", doc.read_text()):
+            if IN_GIT_HISTORY in para:
+                continue
+            dirs = {m.group(1) for m in CITED.finditer(para)}
+            whole |= {m.group(1) for m in WHOLE_DIR.finditer(para)}
+            named |= {(d, m.group(1)) for d in dirs for m in NAMED.finditer(para)}
+            named |= {(m.group(1), m.group(2)) for m in CITED_FILE.finditer(para)}
+    uncited = []
+    for p in sorted(RUNS.rglob("*")):
+        if not p.is_file():
+            continue
+        d, rest = p.relative_to(RUNS).parts[0], "/".join(p.relative_to(RUNS).parts[1:])
+        if d in whole or any(n == d and (fnmatch.fnmatch(rest, f) or fnmatch.fnmatch(p.name, f)
+                                         or rest.startswith(f.rstrip("/") + "/")) for n, f in named):
+            continue
+        uncited.append(str(p.relative_to(RUNS)))
+    assert not uncited, f"raw files no doc cites (cite them or remove them): {uncited}"
