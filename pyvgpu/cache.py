@@ -39,7 +39,8 @@ from pyvgpu.errors import PyvgpuError
 
 FORMAT = 2
 _SOURCES = ("abi.py", "structs.py", "hooks.py", "layout.py", "jit/*.py")  # what the machine code is compiled from
-# CPU-seconds one compile took on the 2-core development box (numba 0.68): the estimate when nothing better is known
+# CPU-seconds of one compile on a loaded small machine (docs/measurements.md, native loading): the estimate when
+# nothing better is known
 DEFAULT_CPU_SECONDS = 200.0
 WARMUP = "`pyvgpu warmup`"  # why a compile runs, when the user asked for it
 LOCK_WAIT_S = 1800  # the longest a process waits for another one's compile (minutes on a loaded 2-core box)

@@ -113,7 +113,7 @@ def test_a_holder_whose_lease_lapsed_lets_its_work_finish(env, tmp_path):
         x.wait()
     (gpu,) = sched.entries(tmp_path / "lapse.turns")
     # 0 before: nothing looked. How many depends on how short the first timings came out beside c: 100-120
-    # in most runs on the 2-core box, 2 in about one run of eight (2026-11-24), so one is the bound.
+    # in most runs on the 2-core box, 2 in about one run of eight, so one is the bound.
     assert gpu["lapses"] >= 1, gpu
     assert gpu["lapse_ns"] >= 100e3 * gpu["lapses"], gpu
 

@@ -52,7 +52,7 @@ def oom_host(tmp_path_factory) -> Path:
 
 def test_the_stand_in_libc10_exports_what_pytorch_2_11_does(oom_host):
     """What the shim finds by name must be what PyTorch's libraries export (nm -D of the 2.11 wheel): no
-    c10::Error destructor anywhere (the 2026-11-23 GPU run: the shim looked one up, found none, and every
+    c10::Error destructor anywhere (a GPU run, docs/measurements.md: the shim looked one up, found none, and every
     refusal became a RuntimeError), OutOfMemoryError's typeinfo and vtable in libc10_cuda only."""
     c10 = ctypes.CDLL(str(oom_host.parent / "libc10.so"))
     cuda = ctypes.CDLL(str(oom_host.parent / "libc10_cuda.so"))
@@ -147,7 +147,7 @@ def test_a_capture_keeps_the_epoch_pytorch_announced(env):
     """PyTorch allocates on the capture stream between announcing the capture (pyvgpu.vpmm_torch's hook on
     CUDAGraph.capture_begin) and starting it (the RNG generator's graph-safe state). Those allocations must
     not end the announced epoch: the capture's memory is the announced epoch's, and releasing it (the
-    CUDAGraph.reset hook) leaves no region of any capture (tests/gpu: 4 were left on an H100, 2026-11-23)."""
+    CUDAGraph.reset hook) leaves no region of any capture (tests/gpu once found 4 left on a GPU)."""
     r = case(env, "capture_prologue")
     assert r["tags_before_reset"] == [r["epoch"]], r
     assert r["released"] >= 2 and r["tags_after_reset"] == [], r

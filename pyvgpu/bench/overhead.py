@@ -9,8 +9,9 @@ pairs cancels); the ratio is (raw median + that difference) / raw median.
 Each round is a fresh process; the figures are medians over rounds.
 
 Secondary figure: the same calls in separate processes, raw (no shim) and
-wrapped, alternating. It includes whole-process effects but varies by
-10-20% between runs on a GPU VM, so it cannot resolve a 1% goal.
+wrapped, alternating. It includes whole-process effects but varies between
+runs far more than 1% (docs/measurements.md, the foundation entry), so it
+cannot resolve a 1% goal.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from pyvgpu.errors import PyvgpuError
 
 GOAL_S = 3.0  # 100 wraps at once in one group on the 2-core box (issue 31)
 GOAL_CPU_MS = 30.0  # CPU one wrap spends before its exec
-WAVE_TIMEOUT_S = 600.0  # the longest a wave may take (100 wraps took 43 s at worst on the loaded 2-core box)
+WAVE_TIMEOUT_S = 600.0  # the longest a wave may take (the slowest measured: docs/measurements.md)
 
 
 def wrap_command() -> list[str]:

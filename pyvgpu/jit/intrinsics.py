@@ -330,8 +330,8 @@ def _expect(value: int):
 
 # Branch hints: ``if unlikely(c):`` is ``if c:``, and tells LLVM which way the branch usually goes, so that it
 # lays the usual path out as one straight run and moves the rest after it: the launch path (launch.py) runs
-# between two driver calls, and each code line it jumps to is one more to fetch (docs/compute.md, the section
-# on the launch path's cache lines).
+# between two driver calls, and each code line it jumps to is one more to fetch (docs/compute.md, "What a
+# launch under a share costs").
 likely = intrinsic(_expect(1))
 likely.__doc__ = "``cond``, which is usually True (a branch hint; see ``unlikely``)."
 unlikely = intrinsic(_expect(0))

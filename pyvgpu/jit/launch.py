@@ -40,7 +40,7 @@ from pyvgpu.jit.nvml import handle as nvml_handle
 
 SAMPLE_EVERY = 256  # time one launch in this many (a power of two); a new kernel's first launch always
 SAMPLE_GAP_NS = 4_000_000  # and at most one each this long: a timing costs ~5 driver calls (docs/compute.md,
-#                           "Launch overhead"), too many at hundreds of thousands of launches a second
+#                           "What a launch under a share costs"), too many at hundreds of thousands of launches a second
 HARVEST_EVERY = 64  # look for finished timings every this many launches (a power of two)
 OUTSIDE = np.uint64(0xFFFFFFFFFFFFFFFF)  # turn_out when a launch went outside the turns on an unknown device
 

@@ -50,7 +50,8 @@ PV_EXPORT int pyvgpu_vpmm_install(int device, void *malloc_fn, void *free_fn, ui
  * Neither class declares a destructor: it is implicit, inline, and PyTorch
  * builds with -fvisibility-inlines-hidden, so libc10 exports no
  * c10::Error::~Error (PyTorch 2.11's libc10.so has none; looking it up by name
- * is what made every refusal a RuntimeError on the H100, 2026-11-23). The
+ * is what made every refusal a RuntimeError on a GPU: docs/measurements.md,
+ * "the merged tree on an H100"). The
  * destructor __cxa_throw needs is read from OutOfMemoryError's vtable instead:
  * in the Itanium C++ ABI a class with a virtual destructor (std::exception's is
  * its first virtual function) has the complete-object destructor in the first

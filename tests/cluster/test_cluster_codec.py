@@ -15,7 +15,7 @@ from pyvgpu.cluster.model import ContainerDevice, DeviceInfo
 D = ContainerDevice
 
 
-# --- allocations: seed section 8.3 and the issue -------------------------------------------------------------
+# --- allocations: HAMi's annotation encoding (docs/cluster.md, "The model") and the issue -----------------------
 
 def test_seed_single_device():
     assert codec.decode_pod_devices("GPU-abc123,NVIDIA,8192,30") == ((D("GPU-abc123", "NVIDIA", 8192, 30),),)

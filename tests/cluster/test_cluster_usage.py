@@ -17,7 +17,7 @@ def usage(count=10, used=0, mem=81920, usedmem=0, core=100, usedcores=0) -> Devi
     return d
 
 
-# --- seed section 6 ------------------------------------------------------------------------------------------
+# --- scores (docs/cluster.md, "Scores, Weight 10") --------------------------------------------------------------
 
 def test_weight_is_ten():
     assert WEIGHT == 10

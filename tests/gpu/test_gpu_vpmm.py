@@ -16,10 +16,11 @@ from test_vpmm_torch import CORE, COUNTERS
 
 HERE = Path(__file__).resolve().parent
 MiB, GiB = 1 << 20, 1 << 30
-# These four failed on the H100 at ba196df and pass since e12c47c (2026-11-23): a refusal is
-# torch.OutOfMemoryError (the shim takes c10::OutOfMemoryError's destructor from its vtable: 2.11's libc10
-# exports none by name), a capture keeps the epoch PyTorch announced until capture_end, and the record_stream
-# test warms its kernels first (CUDA's lazy loading synchronised the side stream before the pool looked).
+# These four failed at ba196df and pass since e12c47c (docs/measurements.md: the merged tree, then the evening's
+# turns): a refusal is torch.OutOfMemoryError (the shim takes c10::OutOfMemoryError's destructor from its vtable:
+# 2.11's libc10 exports none by name), a capture keeps the epoch PyTorch announced until capture_end, and the
+# record_stream test warms its kernels first (CUDA's lazy loading synchronised the side stream before the pool
+# looked).
 
 
 def last_json(p):

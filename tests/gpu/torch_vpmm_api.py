@@ -105,10 +105,10 @@ def record_stream() -> dict:
 
     Every kernel the busy part launches is launched once before it: the first launch of a kernel loads it
     (CUDA lazy loading, the default since 12.2), and loading may synchronise the context (the CUDA
-    programming guide's lazy-loading hazards). On the H100 (2026-11-23) the first `a * 1` on the side stream
-    most likely did: the side stream was idle again by the time the pool looked, so it needed no wait
-    (waits 0) and the test failed. `side_busy` says whether the side stream still ran after the reuse; only
-    then do the waits prove anything."""
+    programming guide's lazy-loading hazards). In the merged tree's GPU run (docs/measurements.md) the first
+    `a * 1` on the side stream most likely did: the side stream was idle again by the time the pool looked, so it
+    needed no wait (waits 0) and the test failed. `side_busy` says whether the side stream still ran after the
+    reuse; only then do the waits prove anything."""
     side = torch.cuda.Stream()
     n = 16 * MiB // 4
     copy = torch.empty(n, device=dev)  # the side stream's output, allocated before the side stream is held
