@@ -157,6 +157,20 @@ def check_physical(limits: lim.MemoryLimits, source: str, chosen: list[devices.G
     return len(phys)
 
 
+def _drop(env: dict[str, str], variable: envspec.Var) -> None:
+    """Remove ``variable`` and its per-device forms (NAME_0, NAME_1, ...): an option replaces them."""
+    for k in [k for k in env if k.startswith(variable.name)]:
+        del env[k]
+
+
+def _shares_asked(env: dict[str, str], sm: str | None) -> tuple[lim.SmLimits, str]:
+    """--sm (which replaces CUDA_DEVICE_SM_LIMIT[_i]), else those variables, and where the shares came from."""
+    if sm is None:
+        return lim.sm_from_env(env), envspec.CUDA_DEVICE_SM_LIMIT.name
+    _drop(env, envspec.CUDA_DEVICE_SM_LIMIT)
+    return lim.parse_sm_option(sm), f"--sm {sm}"
+
+
 def sm_limits_for(env: dict[str, str], sm: str | None,
                   chosen: list[devices.Gpu] | None = None) -> tuple[lim.SmLimits, str]:
     """The compute shares asked for (--sm wins over CUDA_DEVICE_SM_LIMIT[_i]) and where they came from.
@@ -165,12 +179,7 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
     PYVGPU_ON_ERROR=open dropped with a warning. GPU_CORE_UTILIZATION_POLICY=disable is
     said out loud: the limit is recorded for the group but this program runs unlimited.
     """
-    if sm is not None:
-        shares, source = lim.parse_sm_option(sm), f"--sm {sm}"
-        for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_SM_LIMIT.name)]:
-            del env[k]
-    else:
-        shares, source = lim.sm_from_env(env), envspec.CUDA_DEVICE_SM_LIMIT.name
+    shares, source = _shares_asked(env, sm)
     if not any(0 < v < 100 for v in shares.as_list()):
         return shares, source
     limited = [d for d, v in enumerate(shares.as_list()) if 0 < v < 100]
@@ -189,8 +198,7 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
         if env.get(envspec.ON_ERROR.name) != "open":
             raise PyvgpuError(msg)
         print(f"pyvgpu: warning: {msg}; running without a compute share (PYVGPU_ON_ERROR=open)", file=sys.stderr)
-        for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_SM_LIMIT.name)]:
-            del env[k]
+        _drop(env, envspec.CUDA_DEVICE_SM_LIMIT)
         return lim.SmLimits(), source
     if sched.enabled(env):  # a broken turn file is an error now, not in the program
         turns, note = sched.choose(env)
@@ -226,17 +234,14 @@ def join_group(env: dict[str, str], request: WrapRequest) -> Path:
     prio, prio_source, borrow, borrow_source = _group_settings(env, request.priority, request.sm_borrow)
     chosen = devices.select(device_spec, env) if device_spec is not None else []
     if mode == "mps":  # MPS enforces the share (pyvgpu/mps.py): nothing of pyvgpu's limiter to check
-        shares, sm_source = (lim.parse_sm_option(sm), f"--sm {sm}") if sm is not None else \
-            (lim.sm_from_env(env), envspec.CUDA_DEVICE_SM_LIMIT.name)
-        mps_shares, shares = shares, lim.SmLimits()
-        for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_SM_LIMIT.name)]:
-            del env[k]
+        mps_shares, sm_source = _shares_asked(env, sm)
+        shares = lim.SmLimits()
+        _drop(env, envspec.CUDA_DEVICE_SM_LIMIT)
     else:
         shares, sm_source = sm_limits_for(env, sm, chosen)
     if memory is not None:
         limits, source = lim.parse_memory_option(memory), f"--memory {memory}"
-        for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_MEMORY_LIMIT.name)]:
-            del env[k]
+        _drop(env, envspec.CUDA_DEVICE_MEMORY_LIMIT)
     else:
         limits, source = lim.memory_from_env(env), envspec.CUDA_DEVICE_MEMORY_LIMIT.name
     n_physical = check_physical(limits, source, chosen)

@@ -3,7 +3,7 @@ and choices as Enums whose bad values get pyvgpu's own one-line message.
 
 A choice's message is the library's (the same function checks it on every path: pyvgpu/fastwrap.py, the
 benches, this command line), so a choice is an Enum with a typer ``parser`` that calls that check rather
-than typer's generic choice message. The check raises PyvgpuError; pyvgpu.cli.app.main prints it.
+than typer's generic choice message. The check raises PyvgpuError; pyvgpu.cli.root's group prints it.
 """
 
 from __future__ import annotations

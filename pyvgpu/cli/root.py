@@ -8,23 +8,39 @@ else there); a file is written with `--output PATH`; every option that takes
 a value names it with an upper-case placeholder (SIZE, PCT, PATH, N); flags
 take none. Errors are one line, `pyvgpu: ...`, naming the option the user gave:
 a PyvgpuError raised anywhere in a command, or by a choice's check while the
-options are parsed, is printed so by :func:`main` (exit 2).
+options are parsed, is printed so (exit 2) by the root group.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from pyvgpu import __version__
 from pyvgpu.cli import bench, groups, limits, machine, monitor
 from pyvgpu.cli import wrap as wrap_cmd
+from pyvgpu.cli.common import fail
 from pyvgpu.cluster.cli import cluster_app
+
+
+class PyvgpuGroup(TyperGroup):
+    """The root group: a PyvgpuError from a sub-command (its options' checks or its body) is one line,
+    `pyvgpu: ...`, and exit 2, also under typer's test runner."""
+
+    def invoke(self, ctx: typer.Context):
+        from pyvgpu.errors import PyvgpuError
+
+        try:
+            return super().invoke(ctx)
+        except PyvgpuError as e:
+            raise fail(str(e)) from None
+
 
 # Plain (click) help: flags show no placeholder, `[bench]` stays visible, and it reads the same on every typer.
 app = typer.Typer(
+    cls=PyvgpuGroup,
     help="Share one NVIDIA GPU between programs: each runs in a vGPU with its own limits, unmodified.",
     no_args_is_help=True,
     add_completion=True,
@@ -57,11 +73,5 @@ def _main(
 
 
 def main() -> None:
-    """`pyvgpu` on the typer command line; a PyvgpuError is one line, `pyvgpu: ...`, and exit 2."""
-    from pyvgpu.errors import PyvgpuError
-
-    try:
-        app(prog_name="pyvgpu")
-    except PyvgpuError as e:
-        print(f"pyvgpu: {e}", file=sys.stderr)
-        sys.exit(2)
+    """`pyvgpu` on the typer command line."""
+    app(prog_name="pyvgpu")
