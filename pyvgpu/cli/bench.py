@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from pyvgpu.cli.common import AsJson, Mode, Output, choice, emit, fail
+from pyvgpu.cli.common import AsJson, Mode, Output, check_of, choice, emit, fail
 
 bench_app = typer.Typer(help="Benchmarks that print figures, raw against wrapped, measured in one run.",
                         no_args_is_help=True, rich_markup_mode=None)
@@ -45,18 +45,6 @@ class VpmmWorkload(str, enum.Enum):
     decode = "decode"
     train = "train"
     all = "all"
-
-
-def _check_mode(text: str) -> str:
-    from pyvgpu import wrap
-
-    return wrap.check_mode(text)
-
-
-def _check_vpmm_workload(text: str) -> str:
-    from pyvgpu.bench import vpmm_workloads
-
-    return vpmm_workloads.check_workload(text)
 
 
 N = "N"  # the placeholder of a count
@@ -137,7 +125,7 @@ def bench_sm(
                                              help="The share of the borrowing group in --burst.")] = 30,
     png: Annotated[str, typer.Option("--png", metavar="PATH",
                                      help="Where to write the plot ('' for none).")] = "bench-sm.png",
-    mode: Annotated[Mode, choice(Mode, "--mode", check=_check_mode,
+    mode: Annotated[Mode, choice(Mode, "--mode", check=check_of("pyvgpu.wrap", "check_mode"),
                                  help="Who enforces the shares: pyvgpu or NVIDIA MPS.")] = Mode.hami_core,
     as_json: AsJson = False,
     output: Output = None,
@@ -166,7 +154,8 @@ def bench_vpmm(
                                                   help="VPMM's page (VPMM_PAGE_SIZE; default 2M).")] = None,
     direct: Annotated[bool, typer.Option("--direct", help="Replay the trace on a VPMM pool in this process, "
                                                           "without PyTorch.")] = False,
-    workload: Annotated[VpmmWorkload, choice(VpmmWorkload, "--workload", check=_check_vpmm_workload,
+    workload: Annotated[VpmmWorkload, choice(VpmmWorkload, "--workload",
+                                             check=check_of("pyvgpu.bench.vpmm_workloads", "check_workload"),
                                              help="The trace, or real decode or train loops (all: "
                                                   "each).")] = VpmmWorkload.trace,
     seconds: Annotated[float, typer.Option("--seconds", min=1.0, metavar="SECONDS",

@@ -27,6 +27,18 @@ def fail(msg: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def check_of(module: str, name: str) -> Callable[[str], str]:
+    """The check ``module.name``, imported only when a value is given (registering a command imports
+    nothing of the library)."""
+
+    def check(text: str) -> str:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(text)
+
+    return check
+
+
 def choice(kind: type[E], *names: str, check: Callable[[str], str] | None = None, **option: Any) -> Any:
     """``typer.Option(*names, ...)`` for the Enum ``kind``: the usage shows its values, the shell completes
     them, and a bad value gets ``check``'s message (else "OPTION 'x' is not one of a, b")."""

@@ -7,15 +7,9 @@ from typing import Annotated
 
 import typer
 
-from pyvgpu.cli.common import Priority, SmBorrow, choice
+from pyvgpu.cli.common import Priority, SmBorrow, check_of, choice
 
 limits_app = typer.Typer(help="Change a running group's limits.", no_args_is_help=True, rich_markup_mode=None)
-
-
-def _check_priority(text: str) -> str:
-    from pyvgpu import wrap
-
-    return wrap.check_priority(text)
 
 
 def group_path(group: str | None, region: str | None) -> Path:
@@ -43,7 +37,7 @@ def limits_set(
     sm: Annotated[str | None, typer.Option("--sm", metavar="PCT|DEV=PCT,...|none",
                                            help="New compute share, on every device (30), per device (0=30,1=50) "
                                                 "or none.")] = None,
-    priority: Annotated[Priority | None, choice(Priority, "--priority", check=_check_priority,
+    priority: Annotated[Priority | None, choice(Priority, "--priority", check=check_of("pyvgpu.wrap", "check_priority"),
                                                 help="New priority of the group on the GPU (HAMi's 0 and "
                                                      "1).")] = None,
     sm_borrow: SmBorrow = None,

@@ -12,18 +12,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand
 
-from pyvgpu.cli.common import Allocator, Mode, OnError, Priority, SmBorrow, choice
-
-
-def _check(name: str):
-    """pyvgpu.wrap's check ``name``, imported when a value is given (the other commands need none of it)."""
-
-    def check(text: str) -> str:
-        from pyvgpu import wrap
-
-        return getattr(wrap, name)(text)
-
-    return check
+from pyvgpu.cli.common import Allocator, Mode, OnError, Priority, SmBorrow, check_of, choice
 
 
 class WrapCommand(TyperCommand):
@@ -51,7 +40,8 @@ def wrap(
     devices: Annotated[str | None, typer.Option("--devices", "-d", metavar="IDX|UUID,...",
                                                 help="The devices the program sees, in this order (indices, GPU "
                                                      "or MIG UUIDs; `pyvgpu devices` lists them).")] = None,
-    allocator: Annotated[Allocator | None, choice(Allocator, "--allocator", check=_check("check_allocator"),
+    allocator: Annotated[Allocator | None, choice(Allocator, "--allocator",
+                                                  check=check_of("pyvgpu.wrap", "check_allocator"),
                                                   help="PyTorch's allocator: vpmm is the defragmenting pool of "
                                                        "docs/vpmm.md.")] = None,
     group: Annotated[str | None, typer.Option("--group", "-g", metavar="NAME",
@@ -63,10 +53,10 @@ def wrap(
     on_error: Annotated[OnError | None, typer.Option("--on-error", case_sensitive=False, metavar="closed|open",
                                                      help="When the limits cannot be enforced: refuse CUDA calls "
                                                           "(closed) or run unlimited (open).")] = None,
-    mode: Annotated[Mode | None, choice(Mode, "--mode", check=_check("check_mode"),
+    mode: Annotated[Mode | None, choice(Mode, "--mode", check=check_of("pyvgpu.wrap", "check_mode"),
                                         help="Who enforces a new group's limits: pyvgpu (hami-core) or NVIDIA "
                                              "MPS.")] = None,
-    priority: Annotated[Priority | None, choice(Priority, "--priority", check=_check("check_priority"),
+    priority: Annotated[Priority | None, choice(Priority, "--priority", check=check_of("pyvgpu.wrap", "check_priority"),
                                                 help="The group's priority on the GPU (HAMi's 0 and 1).")] = None,
     sm_borrow: SmBorrow = None,
 ) -> None:

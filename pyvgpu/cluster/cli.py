@@ -134,8 +134,7 @@ def explain(
 
     try:
         if not _gpu_policy_ok(gpu_policy):
-            raise ClusterInputError("--gpu-policy", f"{gpu_policy!r}: use spread, binpack, topology-aware, mutex or "
-                                                    "numa, or a comma list of them")
+            raise ClusterInputError("--gpu-policy", f"{gpu_policy!r}: {GPU_POLICY_FIX}")
         cfg = ClusterConfig(node_policy=node_policy.value, gpu_policy=gpu_policy, scheduler_names=(scheduler_name,))
         docs = {}
         for option, path in (("--nodes", nodes), ("--pods", pods), ("--pod", pod), ("--quotas", quotas)):
@@ -155,6 +154,9 @@ def explain(
         typer.echo(f"pyvgpu: {e}", err=True)
         raise typer.Exit(2) from None
     typer.echo(json.dumps(render.to_json(decision), indent=1) if as_json else render.to_text(decision))
+
+
+GPU_POLICY_FIX = "use spread, binpack, topology-aware, mutex or numa, or a comma list of them"
 
 
 def _gpu_policy_ok(policy: str) -> bool:
@@ -316,8 +318,7 @@ def scheduler(
         if not 0 < port < 65536:
             raise PyvgpuError(f"--port {port}: give a TCP port 1..65535")
         if not _gpu_policy_ok(gpu_policy):
-            raise PyvgpuError(f"--gpu-policy {gpu_policy!r}: use spread, binpack, topology-aware, mutex or numa, or "
-                              "a comma list of them")
+            raise PyvgpuError(f"--gpu-policy {gpu_policy!r}: {GPU_POLICY_FIX}")
         if lock_expire <= 0:
             raise PyvgpuError(f"--lock-expire {lock_expire}: give a positive number of seconds")
         if webhook_port is not None and not (tls_cert and tls_key):
