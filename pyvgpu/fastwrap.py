@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # not `typing`'s: importing typing is a noticeable part of a plain wrap's start
 if TYPE_CHECKING:
     from pyvgpu.wrap import WrapRequest
 
