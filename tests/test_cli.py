@@ -218,6 +218,16 @@ def test_every_option_is_annotated_with_its_true_type():
                     (path, name, t)
 
 
+def test_every_option_has_one_sentence_of_help():
+    """Details go to docs/manual.md and docs/cluster.md, not into --help."""
+    import re
+
+    for path, cmd in _commands():
+        for p in cmd.params:
+            if p.opts[0].startswith("-"):
+                assert p.help and p.help.endswith(".") and not re.search(r"[.;!?] [A-Z]", p.help), (path, p.name)
+
+
 def test_every_choice_is_an_enum_of_the_librarys_values_and_completes():
     from pyvgpu import limits, mps, wrap
     from pyvgpu.bench import sm, vpmm_workloads
