@@ -21,7 +21,7 @@ ON_ERROR_CHOICES = ("closed", "open")
 
 
 def check_on_error(text: str) -> str:
-    """``closed`` or ``open`` (PYVGPU_ON_ERROR's values); the message names --on-error."""
+    """``closed`` or ``open`` (envspec.ON_ERROR's values); the message names --on-error."""
     if text not in ON_ERROR_CHOICES:
         raise PyvgpuError(f"--on-error {text!r} is not one of {', '.join(ON_ERROR_CHOICES)}")
     return text
@@ -63,7 +63,7 @@ class WrapRequest:
     mode: str | None = None  # one of mps.MODES
     priority: str | None = None  # high or low (HAMi's 0 and 1 are read as these)
     sm_borrow: bool | None = None  # --sm-borrow (True) or --sm-cap (False)
-    stats: str | None = None  # PYVGPU_STATS: "1", or the file to append the counts to
+    stats: str | None = None  # envspec.STATS: "1", or the file to append the counts to
     join: bool = True  # create or join a group region (False: only the shim and its callbacks)
     callbacks: str | None = None  # the callback library to name (None: pyvgpu.cache's choice)
 
@@ -217,7 +217,7 @@ def _group_settings(env: dict[str, str], priority: str | None,
     """The priority and borrowing asked for (an option wins over HAMi's CUDA_TASK_PRIORITY and over
     PYVGPU_SM_BORROW) and where each came from; None: not asked, the group's stays."""
     if priority is not None:
-        prio, prio_source = lim.parse_priority(priority, "--priority"), f"--priority {priority}"
+        prio, prio_source = lim.PRIORITIES.index(priority), f"--priority {priority}"  # checked by WrapRequest
     else:
         prio, prio_source = lim.priority_from_env(env), envspec.CUDA_TASK_PRIORITY.name
     if sm_borrow is not None:
