@@ -1,5 +1,5 @@
 """The `pyvgpu` console entry: a plain `pyvgpu wrap` is parsed without typer (pyvgpu/fastwrap.py), everything
-else goes to the typer command line (pyvgpu/cli.py), imported only then."""
+else goes to the typer command line (pyvgpu/cli/), imported only then."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ from pyvgpu import fastwrap
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`pyvgpu`: a plain wrap here, everything else through the typer command line (pyvgpu/cli.py)."""
+    """`pyvgpu`: a plain wrap here, everything else through the typer command line (pyvgpu/cli/)."""
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         parsed = fastwrap.parse(args[1:]) if args[:1] == ["wrap"] else None
         if parsed is not None:
-            opts, command = parsed
-            sys.exit(fastwrap.run(command, **opts))
+            sys.exit(fastwrap.wrap(*parsed))
         from pyvgpu.cli import main as typer_main
 
         typer_main()

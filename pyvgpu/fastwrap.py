@@ -11,7 +11,8 @@ repeated option's last value), then PROGRAM and its arguments untouched.
 Anything else (`--help`, an unknown or misspelt option, a missing value, a
 value that looks like an option, no PROGRAM, another command) goes to the
 typer command line, which gives its usual message. Both paths then run
-:func:`run`, so every check and message after parsing is the same code.
+:func:`run` with one :class:`pyvgpu.wrap.WrapRequest`, so every check and message after parsing is
+the same code.
 """
 
 from __future__ import annotations
@@ -19,14 +20,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-# wrap's options: flag -> (parameter, value); option taking a value -> parameter (as in pyvgpu/cli.py `wrap`)
+TYPE_CHECKING = False  # not `typing`'s: importing typing is a noticeable part of a plain wrap's start
+if TYPE_CHECKING:
+    from pyvgpu.wrap import WrapRequest
+
+# wrap's options: flag -> (parameter, value); option taking a value -> parameter (the names of
+# pyvgpu.wrap.WrapRequest.from_options, as in pyvgpu/cli/wrap.py)
 FLAGS = {"--stats": ("stats", True), "--sm-borrow": ("sm_borrow", True), "--sm-cap": ("sm_borrow", False)}
 VALUED = {"--stats-file": "stats_file", "--memory": "memory", "-m": "memory", "--sm": "sm", "--devices": "devices",
-          "-d": "devices", "--allocator": "allocator", "--group": "group", "-g": "group", "--region": "region",
+          "-d": "devices", "--allocator": "allocator", "--group": "group", "-g": "group", "--region": "region_path",
           "--on-error": "on_error", "--mode": "mode", "--priority": "priority"}
-ON_ERROR = ("closed", "open")  # typer's choice, case-insensitive (cli.OnError)
-DEFAULTS = {"stats": False, "stats_file": None, "memory": None, "sm": None, "devices": None, "allocator": None,
-            "group": None, "region": None, "on_error": None, "mode": None, "priority": None, "sm_borrow": None}
+ON_ERROR = ("closed", "open")  # typer's choice, case-insensitive (pyvgpu.cli.common.OnError)
+DEFAULTS = {"stats": False, "sm_borrow": None, **dict.fromkeys(VALUED.values())}
 
 
 def parse(args: Sequence[str]) -> tuple[dict, list[str]] | None:
@@ -73,20 +78,28 @@ def fail(msg: str, code: int = 2) -> int:
     return code
 
 
-def run(command: list[str], *, stats: bool = False, stats_file: str | None = None, memory: str | None = None,
-        sm: str | None = None, devices: str | None = None, allocator: str | None = None, group: str | None = None,
-        region: str | None = None, on_error: str | None = None, mode: str | None = None,
-        priority: str | None = None, sm_borrow: bool | None = None) -> int:
-    """Prepare the vGPU and exec ``command`` in it; returns an exit code only when it could not."""
+def wrap(opts: dict, command: list[str]) -> int:
+    """A wrap parsed here: its request made from ``opts`` (as :func:`parse` gives them), then :func:`run`."""
+    from pyvgpu.errors import PyvgpuError
+    from pyvgpu.wrap import WrapRequest
+
+    try:
+        request = WrapRequest.from_options(**opts)
+    except PyvgpuError as e:
+        return fail(str(e))
+    return run(command, request)
+
+
+def run(command: list[str], request: WrapRequest) -> int:
+    """Prepare the vGPU ``request`` asks for and exec ``command`` in it; returns an exit code only when it
+    could not."""
     import os
 
     from pyvgpu import wrap as w
     from pyvgpu.errors import PyvgpuError
 
     try:
-        env = w.build_env(os.environ, stats=stats_file or ("1" if stats else None), on_error=on_error,
-                          memory=memory, sm=sm, group=group, region_path=region, devices=devices,
-                          allocator=allocator, mode=mode, priority=priority, sm_borrow=sm_borrow)
+        env = w.build_env(os.environ, request)
     except PyvgpuError as e:
         return fail(str(e))
     except OSError as e:  # preparing the vGPU, not running the program: say which file

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyvgpu import cache, devices, envspec, mps, region, sched
@@ -19,27 +20,89 @@ from pyvgpu.shim import BOOT_DIR, shim_path
 ON_ERROR_CHOICES = ("closed", "open")
 
 
+def check_on_error(text: str) -> str:
+    """``closed`` or ``open`` (envspec.ON_ERROR's values); the message names --on-error."""
+    if text not in ON_ERROR_CHOICES:
+        raise PyvgpuError(f"--on-error {text!r} is not one of {', '.join(ON_ERROR_CHOICES)}")
+    return text
+
+
+def check_allocator(text: str) -> str:
+    """``default`` or ``vpmm``; the message names --allocator."""
+    from pyvgpu.bootstrap import ALLOCATORS
+
+    if text not in ALLOCATORS:
+        raise PyvgpuError(f"--allocator {text!r} is not one of {', '.join(ALLOCATORS)}")
+    return text
+
+
+def check_mode(text: str) -> str:
+    """``hami-core`` or ``mps``; the message names --mode."""
+    mps.check_mode(text)
+    return text
+
+
+def check_priority(text: str) -> str:
+    """``high`` or ``low`` (also HAMi's 0 and 1, any case), as the word; the message names --priority."""
+    return lim.PRIORITIES[lim.parse_priority(text, "--priority")]
+
+
+@dataclass(frozen=True)
+class WrapRequest:
+    """What one `pyvgpu wrap` asks for, checked once when it is made (both command lines build one, and
+    pyvgpu's benches). None: not asked; the environment's variable, else the group's setting, applies
+    (see :func:`join_group`). Sizes, shares and devices stay text: they are read against the devices."""
+
+    memory: str | None = None  # --memory: SIZE or DEV=SIZE,...
+    sm: str | None = None  # --sm: PCT or DEV=PCT,...
+    devices: str | None = None  # --devices: indices or UUIDs
+    group: str | None = None  # --group NAME
+    region_path: str | None = None  # --region PATH
+    allocator: str | None = None  # one of bootstrap.ALLOCATORS
+    on_error: str | None = None  # one of ON_ERROR_CHOICES
+    mode: str | None = None  # one of mps.MODES
+    priority: str | None = None  # high or low (HAMi's 0 and 1 are read as these)
+    sm_borrow: bool | None = None  # --sm-borrow (True) or --sm-cap (False)
+    stats: str | None = None  # envspec.STATS: "1", or the file to append the counts to
+    join: bool = True  # create or join a group region (False: only the shim and its callbacks)
+    callbacks: str | None = None  # the callback library to name (None: pyvgpu.cache's choice)
+
+    def __post_init__(self) -> None:
+        if self.on_error is not None:
+            check_on_error(self.on_error)
+        if self.allocator is not None:
+            check_allocator(self.allocator)
+        if self.mode is not None:
+            check_mode(self.mode)
+        if self.priority is not None:
+            object.__setattr__(self, "priority", check_priority(self.priority))  # one spelling from here on
+        if self.group and self.region_path:
+            raise PyvgpuError("give --group or --region, not both")
+        if not self.join:
+            for what, value in (("--devices", self.devices), ("--mode", self.mode), ("--priority", self.priority),
+                                ("--sm-borrow", self.sm_borrow)):
+                if value is not None:
+                    raise PyvgpuError(f"{what} needs a group region")
+
+    @classmethod
+    def from_options(cls, *, stats: bool = False, stats_file: str | None = None, **options: object) -> WrapRequest:
+        """From wrap's command-line options (both parsers' names): --stats and --stats-file make ``stats``."""
+        return cls(stats=stats_file or ("1" if stats else None), **options)  # type: ignore[arg-type]
+
+
 def _prepend(item: str, current: str | None, sep: str) -> str:
     parts = [p for p in (current or "").split(sep) if p and p != item]
     return sep.join([item, *parts])
 
 
-def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: str | None = None,
-              memory: str | None = None, sm: str | None = None, group: str | None = None,
-              region_path: str | None = None, devices: str | None = None, allocator: str | None = None,
-              join: bool = True, mode: str | None = None, callbacks: str | None = None,
-              priority: str | None = None, sm_borrow: bool | None = None) -> dict[str, str]:
-    """The wrapped program's environment: ``base`` plus the shim, its callbacks and its group.
-
-    ``callbacks``: the callback library to name (default: the one pyvgpu.cache chooses, compiling it
-    first if none fits, with progress on stderr)."""
+def build_env(base: Mapping[str, str], request: WrapRequest) -> dict[str, str]:
+    """The wrapped program's environment: ``base`` plus the shim, its callbacks and the group ``request`` asks
+    for (the callbacks compiled first if none fits, with progress on stderr)."""
     shim = shim_path()
     if not shim.exists():
         from pyvgpu.shim import missing_fix
 
         raise PyvgpuError(f"the shim {shim} is missing; {missing_fix()}")
-    if on_error is not None and on_error not in ON_ERROR_CHOICES:
-        raise PyvgpuError(f"--on-error {on_error!r} is not one of {', '.join(ON_ERROR_CHOICES)}")
     env = dict(base)
     # LD_PRELOAD may be separated by spaces or colons; keep the user's entries after ours.
     user_preload = " ".join(env.get(envspec.LD_PRELOAD.name, "").replace(":", " ").split())
@@ -47,17 +110,13 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
     # The compiled callbacks this pyvgpu chose (the shim would choose alike, except in a source tree
     # edited since its build, whose callbacks only the cache has). A user's own setting wins.
     if not env.get(envspec.CALLBACKS.name):
-        env[envspec.CALLBACKS.name] = callbacks or cache.ensure(workers=cache.cli_workers())["library"]
-    if stats:
-        env[envspec.STATS.name] = stats
-    if on_error:
-        env[envspec.ON_ERROR.name] = on_error
-    if allocator is not None:
-        from pyvgpu.bootstrap import ALLOCATORS
-
-        if allocator not in ALLOCATORS:
-            raise PyvgpuError(f"--allocator {allocator!r} is not one of {', '.join(ALLOCATORS)}")
-        env[envspec.ALLOCATOR.name] = allocator
+        env[envspec.CALLBACKS.name] = request.callbacks or cache.ensure(workers=cache.cli_workers())["library"]
+    if request.stats:
+        env[envspec.STATS.name] = request.stats
+    if request.on_error:
+        env[envspec.ON_ERROR.name] = request.on_error
+    if request.allocator is not None:
+        env[envspec.ALLOCATOR.name] = request.allocator
     if env.get(envspec.ALLOCATOR.name) == "vpmm":  # the startup hook makes VPMM PyTorch's allocator
         env[envspec.PYTHONPATH.name] = _prepend(str(BOOT_DIR), env.get(envspec.PYTHONPATH.name), os.pathsep)
     lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
@@ -66,14 +125,8 @@ def build_env(base: Mapping[str, str], *, stats: str | None = None, on_error: st
     sched.enabled(env)
     lim.priority_from_env(env)
     lim.sm_borrow_from_env(env)
-    if mode is not None:
-        mps.check_mode(mode)
-    if join:
-        join_group(env, memory, group, region_path, sm, devices, mode, priority, sm_borrow)
-    elif devices is not None or mode is not None or priority is not None or sm_borrow is not None:
-        what = ("--devices" if devices is not None else "--mode" if mode is not None else
-                "--priority" if priority is not None else "--sm-borrow")
-        raise PyvgpuError(f"{what} needs a group region")
+    if request.join:
+        join_group(env, request)
     return env
 
 
@@ -104,6 +157,20 @@ def check_physical(limits: lim.MemoryLimits, source: str, chosen: list[devices.G
     return len(phys)
 
 
+def _drop(env: dict[str, str], variable: envspec.Var) -> None:
+    """Remove ``variable`` and its per-device forms (NAME_0, NAME_1, ...): an option replaces them."""
+    for k in [k for k in env if k.startswith(variable.name)]:
+        del env[k]
+
+
+def _shares_asked(env: dict[str, str], sm: str | None) -> tuple[lim.SmLimits, str]:
+    """--sm (which replaces CUDA_DEVICE_SM_LIMIT[_i]), else those variables, and where the shares came from."""
+    if sm is None:
+        return lim.sm_from_env(env), envspec.CUDA_DEVICE_SM_LIMIT.name
+    _drop(env, envspec.CUDA_DEVICE_SM_LIMIT)
+    return lim.parse_sm_option(sm), f"--sm {sm}"
+
+
 def sm_limits_for(env: dict[str, str], sm: str | None,
                   chosen: list[devices.Gpu] | None = None) -> tuple[lim.SmLimits, str]:
     """The compute shares asked for (--sm wins over CUDA_DEVICE_SM_LIMIT[_i]) and where they came from.
@@ -112,12 +179,7 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
     PYVGPU_ON_ERROR=open dropped with a warning. GPU_CORE_UTILIZATION_POLICY=disable is
     said out loud: the limit is recorded for the group but this program runs unlimited.
     """
-    if sm is not None:
-        shares, source = lim.parse_sm_option(sm), f"--sm {sm}"
-        for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_SM_LIMIT.name)]:
-            del env[k]
-    else:
-        shares, source = lim.sm_from_env(env), envspec.CUDA_DEVICE_SM_LIMIT.name
+    shares, source = _shares_asked(env, sm)
     if not any(0 < v < 100 for v in shares.as_list()):
         return shares, source
     limited = [d for d, v in enumerate(shares.as_list()) if 0 < v < 100]
@@ -136,8 +198,7 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
         if env.get(envspec.ON_ERROR.name) != "open":
             raise PyvgpuError(msg)
         print(f"pyvgpu: warning: {msg}; running without a compute share (PYVGPU_ON_ERROR=open)", file=sys.stderr)
-        for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_SM_LIMIT.name)]:
-            del env[k]
+        _drop(env, envspec.CUDA_DEVICE_SM_LIMIT)
         return lim.SmLimits(), source
     if sched.enabled(env):  # a broken turn file is an error now, not in the program
         turns, note = sched.choose(env)
@@ -156,7 +217,7 @@ def _group_settings(env: dict[str, str], priority: str | None,
     """The priority and borrowing asked for (an option wins over HAMi's CUDA_TASK_PRIORITY and over
     PYVGPU_SM_BORROW) and where each came from; None: not asked, the group's stays."""
     if priority is not None:
-        prio, prio_source = lim.parse_priority(priority, "--priority"), f"--priority {priority}"
+        prio, prio_source = lim.PRIORITIES.index(priority), f"--priority {priority}"  # checked by WrapRequest
     else:
         prio, prio_source = lim.priority_from_env(env), envspec.CUDA_TASK_PRIORITY.name
     if sm_borrow is not None:
@@ -166,26 +227,21 @@ def _group_settings(env: dict[str, str], priority: str | None,
     return prio, prio_source, borrow, borrow_source
 
 
-def join_group(env: dict[str, str], memory: str | None, group: str | None, region_path: str | None,
-               sm: str | None = None, device_spec: str | None = None, mode: str | None = None,
-               priority: str | None = None, sm_borrow: bool | None = None) -> Path:
+def join_group(env: dict[str, str], request: WrapRequest) -> Path:
     """Create or join the group's region before the program starts; set the env contract for it."""
-    if group and region_path:
-        raise PyvgpuError("give --group or --region, not both")
-    prio, prio_source, borrow, borrow_source = _group_settings(env, priority, sm_borrow)
+    memory, group, region_path, sm = request.memory, request.group, request.region_path, request.sm
+    device_spec, mode = request.devices, request.mode
+    prio, prio_source, borrow, borrow_source = _group_settings(env, request.priority, request.sm_borrow)
     chosen = devices.select(device_spec, env) if device_spec is not None else []
     if mode == "mps":  # MPS enforces the share (pyvgpu/mps.py): nothing of pyvgpu's limiter to check
-        shares, sm_source = (lim.parse_sm_option(sm), f"--sm {sm}") if sm is not None else \
-            (lim.sm_from_env(env), envspec.CUDA_DEVICE_SM_LIMIT.name)
-        mps_shares, shares = shares, lim.SmLimits()
-        for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_SM_LIMIT.name)]:
-            del env[k]
+        mps_shares, sm_source = _shares_asked(env, sm)
+        shares = lim.SmLimits()
+        _drop(env, envspec.CUDA_DEVICE_SM_LIMIT)
     else:
         shares, sm_source = sm_limits_for(env, sm, chosen)
     if memory is not None:
         limits, source = lim.parse_memory_option(memory), f"--memory {memory}"
-        for k in [k for k in env if k.startswith(envspec.CUDA_DEVICE_MEMORY_LIMIT.name)]:
-            del env[k]
+        _drop(env, envspec.CUDA_DEVICE_MEMORY_LIMIT)
     else:
         limits, source = lim.memory_from_env(env), envspec.CUDA_DEVICE_MEMORY_LIMIT.name
     n_physical = check_physical(limits, source, chosen)

@@ -176,3 +176,132 @@ def test_the_quick_start_example_runs_or_says_what_it_needs(env):
     else:
         assert p.returncode == 0, p.stderr
         assert "2 steps in" in p.stdout and "loss" in p.stdout
+
+
+# --- typer's documented style, and what the docs promise -----------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _commands(group=None, path=()):
+    """Every (path, click command) of the `pyvgpu` command line."""
+    import typer
+
+    from pyvgpu.cli import app
+
+    group = group or typer.main.get_command(app)
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, (*path, name))
+        else:
+            yield (*path, name), cmd
+
+
+def test_every_option_is_annotated_with_its_true_type():
+    """`Annotated[T, typer.Option(...)]` everywhere; an option that may be None says so in its type."""
+    import inspect
+    import types
+    import typing
+
+    import typer.models
+
+    for path, cmd in _commands():
+        sig = inspect.signature(cmd.callback.__wrapped__ if hasattr(cmd.callback, "__wrapped__") else cmd.callback)
+        hints = typing.get_type_hints(cmd.callback, include_extras=True)
+        for name, param in sig.parameters.items():
+            assert not isinstance(param.default, typer.models.ParameterInfo), (path, name)  # the old style
+            hint = hints[name]
+            assert typing.get_origin(hint) is typing.Annotated, (path, name)
+            if param.default is None:
+                t = typing.get_args(hint)[0]
+                assert typing.get_origin(t) in (typing.Union, types.UnionType) and type(None) in typing.get_args(t), \
+                    (path, name, t)
+
+
+def test_every_option_has_one_sentence_of_help():
+    """Details go to docs/manual.md and docs/cluster.md, not into --help."""
+    import re
+
+    for path, cmd in _commands():
+        for p in cmd.params:
+            if p.opts[0].startswith("-"):
+                assert p.help and p.help.endswith(".") and not re.search(r"[.;!?] [A-Z]", p.help), (path, p.name)
+
+
+def test_every_choice_is_an_enum_of_the_librarys_values_and_completes():
+    from pyvgpu import limits, mps, wrap
+    from pyvgpu.bench import sm, vpmm_workloads
+    from pyvgpu.bootstrap import ALLOCATORS
+    from pyvgpu.cli import bench, common
+    from pyvgpu.cluster import keys
+    from pyvgpu.cluster.cli import NodePolicy
+
+    for kind, values in ((common.Mode, mps.MODES), (common.Priority, limits.PRIORITIES),
+                         (common.Allocator, ALLOCATORS), (common.OnError, wrap.ON_ERROR_CHOICES),
+                         (bench.SmWorkload, sm.WORKLOADS), (bench.Neighbour, sm.NEIGHBOURS),
+                         (bench.VpmmWorkload, ("trace", *vpmm_workloads.WORKLOADS, "all")),
+                         (NodePolicy, (keys.BINPACK, keys.SPREAD))):
+        assert tuple(m.value for m in kind) == tuple(values), kind
+    import typer
+
+    cmds = dict(_commands())
+    for path, option, typed, want in ((("wrap",), "--mode", "h", ["hami-core"]),
+                                      (("wrap",), "--priority", "", ["high", "low"]),
+                                      (("bench", "sm"), "--workload", "m", ["matmul", "mlp"]),
+                                      (("cluster", "scheduler"), "--gpu-policy", "binpack,t",
+                                       ["binpack,topology-aware"])):
+        cmd = cmds[path]
+        param = next(p for p in cmd.params if option in p.opts)
+        ctx = typer.Context(cmd)
+        assert [c.value for c in param.shell_complete(ctx, typed)] == want, (path, option)
+
+
+def test_a_bad_choice_gets_the_librarys_one_line_message_on_every_path(env):
+    for args, says in ((["wrap", "--priority", "mid", "--", "true"], "--priority: 'mid' is not a priority; give high"),
+                       (["bench", "sm", "--workload", "fft"], "--workload 'fft' is not one of spin, graph, matmul"),
+                       (["bench", "sm", "--mode", "mig"], "--mode 'mig' is not one of hami-core, mps"),
+                       (["cluster", "scheduler", "--port", "1", "--node-policy", "pack"],
+                        "--node-policy 'pack': use binpack or spread")):
+        for entry in (PYVGPU, [sys.executable, "-m", "pyvgpu.cli"]):
+            p = run([*entry, *args], env=env)
+            assert p.returncode == 2 and p.stderr.startswith("pyvgpu: ") and says in p.stderr, (args, p.stderr)
+            assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+
+
+def test_every_option_the_docs_and_the_gpu_script_give_a_command_exists():
+    """`pyvgpu bench sm --seconds 4` and the like, in docs/*.md, README.md and scripts/gpu_check.sh: each
+    option exists on that command (an option that docs promise and the command lacks is a bug)."""
+    import re
+    import shlex
+
+    cmds = dict(_commands())
+    checked, missing = [], []
+    for f in [ROOT / "README.md", ROOT / "scripts" / "gpu_check.sh", *sorted((ROOT / "docs").glob("*.md"))]:
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            for m in re.finditer(r"pyvgpu ([a-z][a-z-]*)(?: ([a-z][a-z-]*))?([^`|;&)\n]*)", line):
+                path = (m[1], m[2]) if (m[1], m[2]) in cmds else (m[1],)
+                if path not in cmds:
+                    continue
+                rest = m[3] if len(path) == 2 else f"{m[2] or ''} {m[3]}"
+                try:
+                    words = shlex.split(rest)
+                except ValueError:
+                    words = rest.split()
+                opts = {o: p for p in cmds[path].params for o in (*p.opts, *p.secondary_opts)}
+                i = 0
+                while i < len(words) and words[i] != "--":
+                    w = words[i]
+                    name = w.split("=")[0].rstrip(".,:'\"")
+                    if re.fullmatch(r"--[a-z][a-z-]*", name) and name != "--help":
+                        checked.append(name)
+                        if name not in opts:
+                            missing.append(f"{f.relative_to(ROOT)}:{n}: pyvgpu {' '.join(path)} {name}")
+                        elif "=" not in w and not opts[name].is_flag:
+                            i += 1  # its value
+                    elif not w.startswith("-") and path == ("wrap",):
+                        break  # PROGRAM: the rest is the program's
+                    i += 1
+    assert not missing, missing
+    assert "--seconds" in checked and len(checked) > 50  # the scan reads what it should
+    sm = next(p for p in cmds[("bench", "sm")].params if p.name == "seconds")
+    assert sm.opts == ["--seconds"]

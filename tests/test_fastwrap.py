@@ -1,4 +1,4 @@
-"""`pyvgpu wrap` parsed without typer (pyvgpu/fastwrap.py) against the typer command line (pyvgpu/cli.py).
+"""`pyvgpu wrap` parsed without typer (pyvgpu/fastwrap.py) against the typer command line (pyvgpu/cli/wrap.py).
 
 The fast path must give the program the same environment, and refuse what the typer path refuses with
 the same message and exit code; whatever it does not parse itself goes to typer."""
@@ -101,6 +101,51 @@ def test_arguments_after_program_are_the_programs():
     assert cmd == ["python", "-m", "2G", "--", "-g"]
     assert fastwrap.parse(["--", "--memory", "1G"])[1] == ["--memory", "1G"]
     assert fastwrap.parse(["-", "x"])[1] == ["-", "x"]
+
+
+def test_both_parsers_make_one_and_the_same_request(monkeypatch):
+    """The fast parser and typer's build the same pyvgpu.wrap.WrapRequest, and run hands it on whole."""
+    from typer.testing import CliRunner
+
+    from pyvgpu.cli import app
+
+    got = []
+    monkeypatch.setattr(fastwrap, "run", lambda command, request: got.append((command, request)) or 0)
+    args = ["-m8M", "--group=t", "--stats-file", "s.json", "--on-error", "OPEN", "--priority", "0", "--sm-cap",
+            "--mode", "hami-core", "--allocator", "vpmm", "-d", "0", "--sm", "30", "--", "prog", "-m", "1G"]
+    assert fastwrap.wrap(*fastwrap.parse(args)) == 0
+    r = CliRunner().invoke(app, ["wrap", *args])
+    assert r.exit_code == 0, r.output
+    (cmd, fast), (cmd2, slow) = got
+    assert cmd == cmd2 == ["prog", "-m", "1G"] and fast == slow
+    assert (fast.memory, fast.group, fast.stats, fast.on_error, fast.priority, fast.sm_borrow, fast.mode,
+            fast.allocator, fast.devices, fast.sm) == ("8M", "t", "s.json", "open", "high", False, "hami-core",
+                                                       "vpmm", "0", "30")
+
+
+def test_the_wrap_request_is_frozen_and_checked_when_made():
+    import dataclasses
+    import inspect
+
+    from pyvgpu import wrap
+    from pyvgpu.errors import PyvgpuError
+    from pyvgpu.wrap import WrapRequest
+
+    r = WrapRequest.from_options(stats=True, memory="1G")
+    assert r.stats == "1" and r.memory == "1G" and r.join
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.memory = "2G"
+    for kw, says in (({"mode": "mig"}, "--mode 'mig' is not one of hami-core, mps"),
+                     ({"allocator": "jemalloc"}, "--allocator 'jemalloc' is not one of default, vpmm"),
+                     ({"on_error": "maybe"}, "--on-error 'maybe' is not one of closed, open"),
+                     ({"priority": "urgent"}, "--priority: 'urgent' is not a priority"),
+                     ({"group": "a", "region_path": "b"}, "give --group or --region, not both"),
+                     ({"join": False, "devices": "0"}, "--devices needs a group region")):
+        with pytest.raises(PyvgpuError) as e:
+            WrapRequest(**kw)
+        assert says in str(e.value), kw
+    assert list(inspect.signature(wrap.build_env).parameters) == ["base", "request"]
+    assert list(inspect.signature(wrap.join_group).parameters) == ["env", "request"]
 
 
 def _imported(stderr: str) -> set[str]:

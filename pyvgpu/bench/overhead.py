@@ -44,7 +44,7 @@ def run(rounds: int = 5, samples: int = 1000, launch_batch: int = 100, alloc_bat
     cache.ensure()
     raw = raw_env()
     raw.update(extra_env or {})
-    wrapped = wrap.build_env(raw, memory=memory, sm=sm)
+    wrapped = wrap.build_env(raw, wrap.WrapRequest(memory=memory, sm=sm))
     ops = {"launch": ["launch", str(samples), str(launch_batch)],
            "alloc_free": ["alloc", str(max(10, samples // 4)), str(alloc_batch), str(size)]}
     summary = {}

@@ -154,7 +154,8 @@ class _Run:
 
 def _wrapped(base: dict[str, str], share: int | None, tmp: Path, name: str, **kw) -> tuple[dict[str, str], Path]:
     path = tmp / f"{name}.region"
-    return wrap.build_env(base, sm=None if share is None else str(share), region_path=str(path), **kw), path
+    request = wrap.WrapRequest(sm=None if share is None else str(share), region_path=str(path), **kw)
+    return wrap.build_env(base, request), path
 
 
 def _turn_stats(turns: Path) -> dict:

@@ -51,10 +51,16 @@ def one(mode: str, workload: str, seconds: float, seed: int, cap: str | None, pa
     return r
 
 
+def check_workload(workload: str, trace: bool = True) -> str:
+    """One of `bench vpmm --workload`'s values (``trace``, the one not run here, only with ``trace``)."""
+    if workload not in (("trace",) if trace else ()) + (*WORKLOADS, "all"):
+        raise PyvgpuError(f"bench vpmm --workload {workload!r}: give trace, decode, train or all")
+    return workload
+
+
 def run(workload: str, seconds: float = 16.0, rounds: int = 2, cap: str | None = None,
         page_size: str | None = None) -> dict:
-    if workload not in (*WORKLOADS, "all"):
-        raise PyvgpuError(f"bench vpmm --workload {workload!r}: give trace, decode, train or all")
+    check_workload(workload, trace=False)
     if rounds < 1 or seconds <= 0:
         raise PyvgpuError("bench vpmm: give --rounds 1 or more and --seconds above 0")
     if page_size:

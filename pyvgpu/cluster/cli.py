@@ -1,18 +1,74 @@
 """`pyvgpu cluster ...`: the scheduling core on the command line.
 
 Only typer is imported here; the core is imported inside the commands, so registering them costs
-`pyvgpu wrap` nothing.
+`pyvgpu wrap` nothing. Options that several commands take are declared once, below; details of each
+option are in docs/cluster.md.
 """
 
 from __future__ import annotations
 
+import enum
+from typing import Annotated
+
 import typer
 
 from pyvgpu import envspec
+from pyvgpu.cli.common import choice
 
 cluster_app = typer.Typer(help="The cluster half, HAMi-compatible: the scheduler extender and webhook, the device "
                                "plugin and node agent (deploy/helm/pyvgpu runs them), and 'why is my pod Pending?' "
                                "offline, from kubectl dumps.", no_args_is_help=True)
+
+DEFAULT_SCHEDULER = "pyvgpu-scheduler"
+
+
+class NodePolicy(str, enum.Enum):
+    """The default node policy (HAMi's hami.io/node-scheduler-policy values)."""
+
+    binpack = "binpack"
+    spread = "spread"
+
+
+def _check_node_policy(text: str) -> str:
+    from pyvgpu.errors import PyvgpuError
+
+    if text not in (NodePolicy.binpack.value, NodePolicy.spread.value):
+        raise PyvgpuError(f"--node-policy {text!r}: use binpack or spread")
+    return text
+
+
+def _complete_gpu_policy(incomplete: str) -> list[str]:
+    """The words of a GPU policy, after the comma list's words already written."""
+    from pyvgpu.cluster.keys import GPU_POLICY_WORDS
+
+    done, _, word = incomplete.rpartition(",")
+    return [f"{done},{w}" if done else w for w in GPU_POLICY_WORDS if w.startswith(word)]
+
+
+# The options the scheduler and `explain` share, written once.
+NodePolicyOption = Annotated[NodePolicy, choice(NodePolicy, "--node-policy", check=_check_node_policy,
+                                                help="The default node policy (a pod's "
+                                                     "hami.io/node-scheduler-policy wins).")]
+# A comma list of words (binpack,topology-aware), so text: checked by _gpu_policy_ok, completed word by word.
+GpuPolicyOption = Annotated[str, typer.Option("--gpu-policy", metavar="POLICY", autocompletion=_complete_gpu_policy,
+                                              help="The default GPU policy: spread, binpack, topology-aware, mutex, "
+                                                   "numa or a comma list (a pod's hami.io/gpu-scheduler-policy "
+                                                   "wins).")]
+SchedulerName = Annotated[str, typer.Option("--scheduler-name", metavar="NAME",
+                                            help="The scheduler's name: pods of this schedulerName are "
+                                                 "pyvgpu's.")]
+Kubeconfig = Annotated[str | None, typer.Option("--kubeconfig", metavar="PATH",
+                                                help="Kubeconfig of the API server (default: in-cluster, else "
+                                                     "~/.kube/config).")]
+NodeName = Annotated[str | None, typer.Option("--node-name", metavar="NAME",
+                                              help="This node's name (default: $NODE_NAME).")]
+StateDir = Annotated[str, typer.Option("--state-dir", metavar="DIR",
+                                       help="The node's shared state: turn file and per-container regions.")]
+Split = Annotated[int, typer.Option("--split", metavar="N",
+                                    help="Virtual devices per GPU: how many containers may share one (HAMi's "
+                                         "deviceSplitCount).")]
+HealthInterval = Annotated[float, typer.Option("--health-interval", metavar="SECONDS",
+                                               help="How often NVML is asked whether each GPU is healthy.")]
 
 
 def _load(path: str, option: str):
@@ -48,27 +104,19 @@ def _load(path: str, option: str):
 
 @cluster_app.command()
 def explain(
-    nodes: str = typer.Option(..., "--nodes", metavar="FILE",
-                              help="The nodes: `kubectl get nodes -o json` output (a NodeList; JSON or YAML)."),
-    pods: str = typer.Option(..., "--pods", metavar="FILE",
-                             help="The pods whose GPUs count: `kubectl get pods -A -o json` output (a PodList)."),
-    pod: str = typer.Option(..., "--pod", metavar="FILE",
-                            help="The pod to place: one Pod manifest, YAML or JSON ('-' reads stdin)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON: {node, annotations, nodes: [{name, fits, score, "
-                                                       "reason}], ...} (docs/cluster.md)."),
-    node_policy: str = typer.Option("binpack", "--node-policy", metavar="binpack|spread",
-                                    help="The scheduler's default node policy (a pod's "
-                                         "hami.io/node-scheduler-policy overrides it)."),
-    gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="POLICY",
-                                   help="The scheduler's default GPU policy: spread, binpack, topology-aware, mutex, "
-                                        "numa or a comma list such as binpack,topology-aware (a pod's "
-                                        "hami.io/gpu-scheduler-policy overrides it)."),
-    scheduler_name: str = typer.Option("pyvgpu-scheduler", "--scheduler-name", metavar="NAME",
-                                       help="Pods of this schedulerName count on their nodes; others carry no "
-                                            "allocation pyvgpu trusts."),
-    quotas: str = typer.Option(None, "--quotas", metavar="FILE",
-                               help="Namespace GPU quotas: `kubectl get resourcequotas -A -o json` output "
-                                    "(limits.nvidia.com/gpumem and gpucores count)."),
+    nodes: Annotated[str, typer.Option("--nodes", metavar="FILE",
+                                       help="The nodes: `kubectl get nodes -o json` output (JSON or YAML).")],
+    pods: Annotated[str, typer.Option("--pods", metavar="FILE",
+                                      help="The pods whose GPUs count: `kubectl get pods -A -o json` output.")],
+    pod: Annotated[str, typer.Option("--pod", metavar="FILE",
+                                     help="The pod to place: one Pod manifest, YAML or JSON ('-' reads stdin).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema: docs/cluster.md).")] = False,
+    node_policy: NodePolicyOption = NodePolicy.binpack,
+    gpu_policy: GpuPolicyOption = "spread",
+    scheduler_name: SchedulerName = DEFAULT_SCHEDULER,
+    quotas: Annotated[str | None, typer.Option("--quotas", metavar="FILE",
+                                               help="Namespace GPU quotas: `kubectl get resourcequotas -A -o json` "
+                                                    "output.")] = None,
 ) -> None:
     """Where would the scheduler put POD, and why not elsewhere? Prints the decision, the annotations it would
     write, and per node: fits or not, its score, and which container, GPU and limit refused it.
@@ -85,12 +133,9 @@ def explain(
     from pyvgpu.cluster.errors import ClusterInputError
 
     try:
-        if node_policy not in ("binpack", "spread"):
-            raise ClusterInputError("--node-policy", f"{node_policy!r}: use binpack or spread")
         if not _gpu_policy_ok(gpu_policy):
-            raise ClusterInputError("--gpu-policy", f"{gpu_policy!r}: use spread, binpack, topology-aware, mutex or "
-                                                    "numa, or a comma list of them")
-        cfg = ClusterConfig(node_policy=node_policy, gpu_policy=gpu_policy, scheduler_names=(scheduler_name,))
+            raise ClusterInputError("--gpu-policy", f"{gpu_policy!r}: {GPU_POLICY_FIX}")
+        cfg = ClusterConfig(node_policy=node_policy.value, gpu_policy=gpu_policy, scheduler_names=(scheduler_name,))
         docs = {}
         for option, path in (("--nodes", nodes), ("--pods", pods), ("--pod", pod), ("--quotas", quotas)):
             docs[option] = _load(path, option) if path is not None else None
@@ -110,6 +155,8 @@ def explain(
         raise typer.Exit(2) from None
     typer.echo(json.dumps(render.to_json(decision), indent=1) if as_json else render.to_text(decision))
 
+
+GPU_POLICY_FIX = "use spread, binpack, topology-aware, mutex or numa, or a comma list of them"
 
 
 def _gpu_policy_ok(policy: str) -> bool:
@@ -168,36 +215,30 @@ def _run_daemon(command: str, fn, opts_factory) -> None:
 
 @cluster_app.command("device-plugin")
 def device_plugin(
-    plugin_dir: str = typer.Option("/var/lib/kubelet/device-plugins", "--plugin-dir", metavar="DIR",
-                                   help="The kubelet's device-plugin directory (kubelet.sock is there)."),
-    split: int = typer.Option(10, "--split", metavar="N", help="Virtual devices per GPU: how many containers may "
-                                                                "share one (HAMi's deviceSplitCount)."),
-    node_name: str = typer.Option(None, "--node-name", metavar="NAME", help="This node's name (default: "
-                                                                             "$NODE_NAME)."),
-    resource: str = typer.Option("nvidia.com/gpu", "--resource", metavar="NAME", help="The resource to serve."),
-    kubeconfig: str = typer.Option(None, "--kubeconfig", metavar="PATH", help="Kubeconfig of the API server "
-                                                                              "(default: in-cluster, else "
-                                                                              "~/.kube/config)."),
-    state_dir: str = typer.Option("/run/pyvgpu", "--state-dir", metavar="DIR",
-                                  help="The node's shared state: turn file and per-container regions."),
-    runtime_dir: list[str] = typer.Option(None, "--runtime-dir", metavar="DIR",
-                                          help="A host directory of the pyvgpu runtime to mount read-only into "
-                                               "containers at the same path (repeatable; default: this "
-                                               "installation's Python, pyvgpu and callback cache)."),
-    api_retry: float = typer.Option(10.0, "--api-retry", metavar="SECONDS",
-                                    help="How long Allocate keeps trying an unreachable API server."),
-    health_interval: float = typer.Option(5.0, "--health-interval", metavar="SECONDS",
-                                          help="How often NVML is asked whether each GPU is healthy."),
-    with_agent: bool = typer.Option(False, "--node-agent", help="Run the node agent in this process too."),
-    agent_interval: float = typer.Option(30.0, "--agent-interval", metavar="SECONDS",
-                                         help="With --node-agent: how often it checks the node's registration "
-                                              "and reclaims regions."),
-    scheduler_names: list[str] = typer.Option(None, "--scheduler-name", metavar="NAME",
-                                              help="A scheduler whose pods Allocate serves (spec.schedulerName; "
-                                                   "default pyvgpu-scheduler; repeatable, e.g. with "
-                                                   "hami-scheduler while moving from HAMi). A pod any other "
-                                                   "scheduler placed gets no GPU: its annotations are not "
-                                                   "pyvgpu's."),
+    plugin_dir: Annotated[str, typer.Option("--plugin-dir", metavar="DIR",
+                                            help="The kubelet's device-plugin directory (kubelet.sock is "
+                                                 "there).")] = "/var/lib/kubelet/device-plugins",
+    split: Split = 10,
+    node_name: NodeName = None,
+    resource: Annotated[str, typer.Option("--resource", metavar="NAME",
+                                          help="The resource to serve.")] = "nvidia.com/gpu",
+    kubeconfig: Kubeconfig = None,
+    state_dir: StateDir = "/run/pyvgpu",
+    runtime_dir: Annotated[list[str] | None, typer.Option("--runtime-dir", metavar="DIR",
+                                                          help="A host directory of the pyvgpu runtime to mount "
+                                                               "read-only into containers (repeatable).")] = None,
+    api_retry: Annotated[float, typer.Option("--api-retry", metavar="SECONDS",
+                                             help="How long Allocate keeps trying an unreachable API "
+                                                  "server.")] = 10.0,
+    health_interval: HealthInterval = 5.0,
+    with_agent: Annotated[bool, typer.Option("--node-agent", help="Run the node agent in this process "
+                                                                  "too.")] = False,
+    agent_interval: Annotated[float, typer.Option("--agent-interval", metavar="SECONDS",
+                                                  help="With --node-agent: how often it checks the registration "
+                                                       "and reclaims regions.")] = 30.0,
+    scheduler_names: Annotated[list[str] | None, typer.Option("--scheduler-name", metavar="NAME",
+                                                              help="A scheduler whose pods Allocate serves "
+                                                                   "(repeatable; default pyvgpu-scheduler).")] = None,
 ) -> None:
     """Serve the kubelet's device-plugin API (v1beta1): split x GPUs virtual devices with NVML health, and
     Allocate, which gives each container its GPUs, limits, region and the shim (HAMi's environment)."""
@@ -207,21 +248,19 @@ def device_plugin(
         node_name, split=split, resource=resource, plugin_dir=plugin_dir, kubeconfig=kubeconfig,
         state_dir=state_dir, runtime_dirs=list(runtime_dir or []), api_retry_s=api_retry,
         health_interval=health_interval, agent_interval=agent_interval, with_agent=with_agent,
-        scheduler_names=tuple(scheduler_names or ("pyvgpu-scheduler",))))
+        scheduler_names=tuple(scheduler_names or (DEFAULT_SCHEDULER,))))
 
 
 @cluster_app.command("node-agent")
 def node_agent(
-    node_name: str = typer.Option(None, "--node-name", metavar="NAME", help="This node's name (default: "
-                                                                             "$NODE_NAME)."),
-    split: int = typer.Option(10, "--split", metavar="N", help="vGPU slots per GPU to register (count)."),
-    kubeconfig: str = typer.Option(None, "--kubeconfig", metavar="PATH", help="Kubeconfig of the API server."),
-    state_dir: str = typer.Option("/run/pyvgpu", "--state-dir", metavar="DIR",
-                                  help="The node's shared state: turn file and per-container regions."),
-    interval: float = typer.Option(30.0, "--interval", metavar="SECONDS",
-                                   help="How often the registration is checked and regions reclaimed."),
-    health_interval: float = typer.Option(5.0, "--health-interval", metavar="SECONDS",
-                                          help="How often NVML is asked whether each GPU is healthy."),
+    node_name: NodeName = None,
+    split: Split = 10,
+    kubeconfig: Kubeconfig = None,
+    state_dir: StateDir = "/run/pyvgpu",
+    interval: Annotated[float, typer.Option("--interval", metavar="SECONDS",
+                                            help="How often the registration is checked and regions "
+                                                 "reclaimed.")] = 30.0,
+    health_interval: HealthInterval = 5.0,
 ) -> None:
     """Register this node's GPUs (hami.io/node-nvidia-register, -score, -handshake), own the node's shared
     state, and reclaim the regions of deleted pods."""
@@ -234,40 +273,36 @@ def node_agent(
 
 @cluster_app.command("scheduler")
 def scheduler(
-    port: int = typer.Option(..., "--port", metavar="P", help="HTTP port of the extender verbs (/filter, "
-                                                              "/prioritize, /bind), /webhook, /healthz, /readyz "
-                                                              "and /metrics."),
-    kubeconfig: str = typer.Option(None, "--kubeconfig", metavar="PATH", help="Kubeconfig of the API server "
-                                                                              "(default: in-cluster, else "
-                                                                              "~/.kube/config)."),
-    name: str = typer.Option("pyvgpu-scheduler", "--scheduler-name", metavar="NAME",
-                             help="The schedulerName the webhook gives GPU pods (kube-scheduler's profile)."),
-    node_policy: str = typer.Option("binpack", "--node-policy", metavar="binpack|spread",
-                                    help="Default node policy (a pod's hami.io/node-scheduler-policy wins)."),
-    gpu_policy: str = typer.Option("spread", "--gpu-policy", metavar="POLICY",
-                                   help="Default GPU policy: spread, binpack, topology-aware, mutex, numa or a "
-                                        "comma list (a pod's hami.io/gpu-scheduler-policy wins)."),
-    lock_expire: float = typer.Option(300.0, "--lock-expire", metavar="SECONDS",
-                                      help="Age after which a node lock (hami.io/mutex.lock) is taken over "
-                                           "(HAMi's default: 300)."),
-    webhook_port: int = typer.Option(None, "--webhook-port", metavar="P",
-                                     help="Also serve everything over HTTPS on this port (the API server calls "
-                                          "webhooks over TLS only); needs --tls-cert-file and --tls-key-file."),
-    tls_cert: str = typer.Option(None, "--tls-cert-file", metavar="PATH", help="PEM certificate for --webhook-port."),
-    tls_key: str = typer.Option(None, "--tls-key-file", metavar="PATH", help="PEM key for --webhook-port."),
-    address: str = typer.Option("127.0.0.1", "--address", metavar="IP",
-                                help="Address of --port. kube-scheduler calls the extender on localhost; any "
-                                     "other address needs --token-file."),
-    token_file: str = typer.Option(None, "--token-file", metavar="PATH",
-                                   help="A bearer token (16+ characters) that lets callers beyond localhost use "
-                                        "/filter, /prioritize and /bind, on --port or --webhook-port."),
-    client_ca: str = typer.Option(None, "--client-ca-file", metavar="PATH",
-                                  help="PEM CA: on --webhook-port, a client certificate it signed may call the "
-                                       "extender verbs (kube-scheduler's extender tlsConfig)."),
-    annotation_writers: list[str] = typer.Option(None, "--annotation-writer", metavar="USER",
-                                                 help="A user (system:serviceaccount:NS:NAME) the webhook lets "
-                                                      "write the hami.io allocation annotations; give the "
-                                                      "scheduler's and the node agent's. Repeatable."),
+    port: Annotated[int, typer.Option("--port", metavar="P",
+                                      help="HTTP port of the extender verbs, /webhook, /healthz, /readyz and "
+                                           "/metrics.")],
+    kubeconfig: Kubeconfig = None,
+    name: SchedulerName = DEFAULT_SCHEDULER,
+    node_policy: NodePolicyOption = NodePolicy.binpack,
+    gpu_policy: GpuPolicyOption = "spread",
+    lock_expire: Annotated[float, typer.Option("--lock-expire", metavar="SECONDS",
+                                               help="Age after which a node lock (hami.io/mutex.lock) is taken "
+                                                    "over.")] = 300.0,
+    webhook_port: Annotated[int | None, typer.Option("--webhook-port", metavar="P",
+                                                     help="Also serve everything over HTTPS on this port (needs "
+                                                          "--tls-cert-file and --tls-key-file).")] = None,
+    tls_cert: Annotated[str | None, typer.Option("--tls-cert-file", metavar="PATH",
+                                                 help="PEM certificate for --webhook-port.")] = None,
+    tls_key: Annotated[str | None, typer.Option("--tls-key-file", metavar="PATH",
+                                                help="PEM key for --webhook-port.")] = None,
+    address: Annotated[str, typer.Option("--address", metavar="IP",
+                                         help="Address of --port; any but localhost needs "
+                                              "--token-file.")] = "127.0.0.1",
+    token_file: Annotated[str | None, typer.Option("--token-file", metavar="PATH",
+                                                   help="A bearer token (16+ characters) that callers beyond "
+                                                        "localhost must give.")] = None,
+    client_ca: Annotated[str | None, typer.Option("--client-ca-file", metavar="PATH",
+                                                  help="PEM CA whose client certificates may call the extender "
+                                                       "verbs on --webhook-port.")] = None,
+    annotation_writers: Annotated[list[str] | None, typer.Option("--annotation-writer", metavar="USER",
+                                                                 help="A user the webhook lets write the hami.io "
+                                                                      "allocation annotations "
+                                                                      "(repeatable).")] = None,
 ) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind) and the mutating webhook that sends GPU pods
     to it. kube-scheduler's KubeSchedulerConfiguration names it (deploy/helm/pyvgpu)."""
@@ -282,11 +317,8 @@ def scheduler(
         extras.require("scheduler", {"kubernetes": "kubernetes"})
         if not 0 < port < 65536:
             raise PyvgpuError(f"--port {port}: give a TCP port 1..65535")
-        if node_policy not in ("binpack", "spread"):
-            raise PyvgpuError(f"--node-policy {node_policy!r}: use binpack or spread")
         if not _gpu_policy_ok(gpu_policy):
-            raise PyvgpuError(f"--gpu-policy {gpu_policy!r}: use spread, binpack, topology-aware, mutex or numa, or "
-                              "a comma list of them")
+            raise PyvgpuError(f"--gpu-policy {gpu_policy!r}: {GPU_POLICY_FIX}")
         if lock_expire <= 0:
             raise PyvgpuError(f"--lock-expire {lock_expire}: give a positive number of seconds")
         if webhook_port is not None and not (tls_cert and tls_key):
@@ -297,7 +329,7 @@ def scheduler(
                 raise PyvgpuError(f"{opt} {path}: no such file")
         from pyvgpu.cluster import extender_server
 
-        cfg = ClusterConfig(node_policy=node_policy, gpu_policy=gpu_policy, scheduler_names=(name,))
+        cfg = ClusterConfig(node_policy=node_policy.value, gpu_policy=gpu_policy, scheduler_names=(name,))
         extender_server.run(kubeconfig, port, name, cfg,
                      lock_expire, webhook_port, tls_cert, tls_key, address, token_file, client_ca,
                      tuple(annotation_writers or ()))
