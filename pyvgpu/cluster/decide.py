@@ -10,6 +10,7 @@ kube-scheduler's own scoring nothing to weigh: HAMi#2264). Nothing here reads a 
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from pyvgpu.cluster import codec, keys
@@ -65,12 +66,14 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
     # Filter's verdicts (NodeResults, shared: never changed) are remembered per node usage and request
     # shape: a node's usage changes far less often than pods of one shape come (a job's replicas), and the
     # cache goes with the usage (usage.add_pod clears it; a rebuilt node starts without one).
-    shape = (single, req.numa_bind, req.mutex, (req.use_types, req.nouse_types, req.use_uuids, req.nouse_uuids,
-                                                req.modes) if filtered else None) if brief and single else None
+    shape = _shape_id((single, req.numa_bind, req.mutex, (req.use_types, req.nouse_types, req.use_uuids,
+                                                         req.nouse_uuids, req.modes) if filtered else None)) \
+        if brief and single else None
     for n in nodes:
         by_name[n.name] = n
-        if shape is not None and n.fit_cache is not None:
-            verdict = n.fit_cache.get(shape)
+        memo = n.fit_cache
+        if memo is not None and shape is not None:
+            verdict = memo.get(shape)
             if verdict is not None:
                 (fit if verdict.fits else unfit).append(verdict)
                 continue
@@ -81,11 +84,13 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
         if score is None:
             score = n.score_cache = node_score(n.devices)
         if shape is not None:
-            memo = n.fit_cache
-            if memo is None or len(memo) >= FIT_CACHE:
+            if memo is None:
                 memo = n.fit_cache = {}
+            elif len(memo) >= FIT_CACHE:
+                for old in list(memo)[:FIT_CACHE // 4]:  # the oldest quarter goes (dicts keep insertion order)
+                    del memo[old]
             verdict = memo[shape] = (NodeResult(n.name, True, score) if count_fit(n.devices, single, req, filtered)
-                                     else NodeResult(n.name, False, score, brief_reason(n, req, cfg)))
+                                     else NodeResult(n.name, False, score, _interned(brief_reason(n, req, cfg))))
             (fit if verdict.fits else unfit).append(verdict)
             continue
         if count_fit(n.devices, single, req, filtered) if single is not None else feasible(n, req, cfg):
@@ -109,6 +114,10 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
                     warnings)
 
 
+def _interned(reason: str) -> str:
+    return _REASONS.setdefault(reason, reason) if len(_REASONS) < MAX_SHAPES else reason
+
+
 def allocation_annotations(node: str, devices: PodDevices) -> dict[str, str]:
     """The annotations a decision writes for the pod's GPUs on `node`."""
     encoded = codec.encode_pod_devices(devices)
@@ -120,7 +129,24 @@ def allocation_annotations(node: str, devices: PodDevices) -> dict[str, str]:
     }
 
 
-FIT_CACHE = 64  # request shapes remembered per node usage
+FIT_CACHE = 128  # request shapes remembered per node usage
+# Request shapes by a small number: the verdict caches of every node are looked up by it (hashing the
+# shape itself once per node was a large part of a filter). Numbers are never given twice: past the bound
+# the table starts again with new numbers, and verdicts under the old ones are never found again.
+_SHAPES: dict[tuple, int] = {}
+_NUMBERS = itertools.count()
+MAX_SHAPES = 65536
+_REASONS: dict[str, str] = {}  # one copy of each brief reason, shared by the nodes' caches
+
+
+def _shape_id(shape: tuple) -> int:
+    got = _SHAPES.get(shape)
+    if got is None:
+        if len(_SHAPES) >= MAX_SHAPES:
+            _SHAPES.clear()
+            _REASONS.clear()
+        got = _SHAPES.setdefault(shape, next(_NUMBERS))
+    return got
 QUOTA_TRIES = 32  # ranked nodes whose placement is checked against the quota before the rest are assumed alike
 
 

@@ -70,7 +70,7 @@ class Metrics:
 def _names_and_nodes(args: dict) -> tuple[list[str], dict[str, dict] | None]:
     if args.get("NodeNames") is not None:
         names = args["NodeNames"]
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise ValueError("NodeNames: expected a list of node names")
         return names, None
     nodes = args.get("Nodes")

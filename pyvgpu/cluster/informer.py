@@ -187,6 +187,14 @@ class Informer:
 
     def _set_pod(self, pod: dict | None, key: tuple[str, str] | None = None) -> None:
         key = key or _pod_key(pod)
+        have = self.pods.get(key)
+        if pod is not None and have is not None:
+            pod = slim(pod)
+            if usage.usage_inputs(pod) == usage.usage_inputs(have):
+                # charges its node as before (a bind's annotations, then its Binding, seen again through the
+                # watch): the node's usage, and the verdicts remembered on it, stay
+                self.pods[key] = pod
+                return
         old = self._pod_node.pop(key, None)
         if old is not None:
             self._by_node.get(old, set()).discard(key)

@@ -76,6 +76,7 @@ class Kube:
         self.configuration = _load_config(kubeconfig)
         self.server = self.configuration.host
         self.api = client.CoreV1Api(client.ApiClient(self.configuration))
+        _throttle_refresh(self.configuration)
 
     # -- plumbing ------------------------------------------------------------------------------------------
 
@@ -176,6 +177,36 @@ class Kube:
                 from None
         finally:
             w.stop()
+
+
+REFRESH_S = 1.0  # the client's credential refresh runs at most this often
+
+
+def _throttle_refresh(cfg) -> None:
+    """The client calls its credential refresh hook before every request; the hook re-applies the whole
+    kubeconfig, whose host setter reads every proxy variable of the environment again: a millisecond or
+    more per call, most of a bind's client time. Tokens live for minutes; once a second is enough."""
+    import threading
+    import time
+
+    hook = getattr(cfg, "refresh_api_key_hook", None)
+    if hook is None:
+        return
+    lock = threading.Lock()
+    last = [float("-inf")]
+
+    def throttled(c) -> None:
+        now = time.monotonic()
+        if now - last[0] < REFRESH_S:
+            return
+        with lock:
+            if now - last[0] < REFRESH_S:
+                return
+            hook(c)
+            last[0] = time.monotonic()
+            c.refresh_api_key_hook = throttled  # the kubeconfig loader's hook installs itself again
+
+    cfg.refresh_api_key_hook = throttled
 
 
 def _why(e: BaseException) -> str:

@@ -20,6 +20,7 @@ count as free); the node keeps taking pods and says so in NodeInfo.warnings.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pyvgpu.cluster import codec, keys
@@ -70,8 +71,7 @@ def node_info(node: dict, cfg: ClusterConfig, i: int = 0) -> NodeInfo:
         info.error = f"no {keys.NODE_REGISTER} annotation: no pyvgpu or HAMi node agent registered GPUs here"
         return info
     try:
-        devices = codec.decode_register(raw)
-        scores = codec.decode_pair_scores(annos[keys.NODE_PAIR_SCORE]) if keys.NODE_PAIR_SCORE in annos else {}
+        devices, scores = _registration(raw, annos.get(keys.NODE_PAIR_SCORE))
     except ClusterInputError as e:
         info.error = str(e)
         return info
@@ -102,6 +102,20 @@ def node_info(node: dict, cfg: ClusterConfig, i: int = 0) -> NodeInfo:
     return info
 
 
+@functools.lru_cache(maxsize=16384)
+def _registration(raw: str, pair_raw: str | None) -> tuple[tuple, dict[str, dict[str, int]]]:
+    """A node's registration and pair scores, decoded once per text (the scheduler's cache rebuilds a node's
+    usage each time its pods change; the registration changes far less often). The pair scores are shared:
+    read only."""
+    scores = codec.decode_pair_scores(pair_raw) if pair_raw is not None else {}
+    return tuple(codec.decode_register(raw)), scores
+
+
+@functools.lru_cache(maxsize=65536)
+def _decoded(text: str, where: str) -> PodDevices:
+    return codec.decode_pod_devices(text, where)
+
+
 def placed_by_us(pod: dict, cfg: ClusterConfig) -> bool:
     """Whether one of pyvgpu's schedulers places this pod: only then are its allocation annotations pyvgpu's
     (the webhook refuses them from anyone else), so only then do they count."""
@@ -116,13 +130,31 @@ def pod_node(pod: dict) -> str | None:
 def pod_devices(pod: dict) -> PodDevices:
     """The GPUs a pod holds, per container (init containers first); () when none. Raises on a bad annotation."""
     annos = (pod.get("metadata") or {}).get("annotations") or {}
-    allocated = codec.decode_pod_devices(annos.get(keys.POD_ALLOCATED, ""), keys.POD_ALLOCATED)
+    allocated = _decode(annos.get(keys.POD_ALLOCATED, ""), keys.POD_ALLOCATED)
     if annos.get(keys.POD_BIND_PHASE) != keys.BIND_ALLOCATING:
         return allocated
-    pending = codec.decode_pod_devices(annos.get(keys.POD_TO_ALLOCATE, ""), keys.POD_TO_ALLOCATE)
+    pending = _decode(annos.get(keys.POD_TO_ALLOCATE, ""), keys.POD_TO_ALLOCATE)
     n = max(len(allocated), len(pending))
     return tuple((allocated[i] if i < len(allocated) and allocated[i] else
                   pending[i] if i < len(pending) else ()) for i in range(n))
+
+
+def _decode(text: object, where: str) -> PodDevices:
+    # decoded once per text (PodDevices are immutable); anything but a string goes to the codec's error
+    return _decoded(text, where) if isinstance(text, str) else codec.decode_pod_devices(text, where)
+
+
+def usage_inputs(pod: dict) -> tuple:
+    """Everything of a pod that node_infos reads to charge it: two versions of a pod with equal inputs
+    charge its node alike (the scheduler's cache then keeps the node's usage as it is)."""
+    meta = pod.get("metadata") or {}
+    annos = meta.get("annotations") or {}
+    spec = pod.get("spec") or {}
+    if not isinstance(annos, dict):
+        return (None, id(pod))  # unreadable: never equal to another version
+    return ((pod.get("status") or {}).get("phase") in _ENDED, spec.get("schedulerName"), pod_node(pod),
+            annos.get(keys.POD_ALLOCATED), annos.get(keys.POD_BIND_PHASE) == keys.BIND_ALLOCATING,
+            annos.get(keys.POD_TO_ALLOCATE), len(spec.get("initContainers") or []), init_done(pod))
 
 
 def ended(pod: dict) -> bool:
