@@ -264,7 +264,10 @@ class Scheduler:
 
     def _bind_locked(self, pod, req, ns, name, uid, node) -> tuple[str, str]:
         who = f"pod {ns}/{name}"
-        node_obj = self.lock.acquire(node, ns, name)
+        with self.informer.lock:
+            cached = self.informer.nodes.get(node)
+        node_obj = self.lock.acquire(node, ns, name, cached=cached)
+        self.informer.assume_node(node_obj)  # the next bind's lock is written on this copy
         try:
             fresh = self.kube.list_pods(node=node).get("items") or []
             seen = {((p["metadata"].get("namespace") or "default"), p["metadata"]["name"]) for p in fresh}
@@ -297,7 +300,9 @@ class Scheduler:
             return "bound", ""
         finally:
             try:
-                self.lock.release(node, ns, name)
+                released = self.lock.release(node, ns, name, locked=node_obj)
+                if released is not None:
+                    self.informer.assume_node(released)
             except (KubeError, KubeUnreachable) as e:
                 log.error("could not release the lock of node %s: %s; it expires", node, e)
 

@@ -223,6 +223,8 @@ class Informer:
                 if typ == "DELETED":
                     self.nodes.pop(name, None)
                     self._infos.pop(name, None)
+                elif old is not None and 0 < _rv(obj) < _rv(old):
+                    return  # older than what the scheduler's own write (assume_node) put here
                 else:
                     self.nodes[name] = obj
                 if old is None or typ == "DELETED" or _usage_inputs(old) != _usage_inputs(obj):
@@ -241,6 +243,10 @@ class Informer:
         with self.lock:
             self._set_pod(pod)  # slim() copies what it keeps
             self._bump()
+
+    def assume_node(self, node: dict) -> None:
+        """The scheduler's own write of a node (its lock), kept now: the next lock is written on this copy."""
+        self.apply("node", "MODIFIED", node)
 
     def counts(self, key: tuple[str, str], node: str) -> bool:
         """Whether the cache counts pod `key` on `node`: it names the node and has an allocation there."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -186,9 +188,6 @@ def _throttle_refresh(cfg) -> None:
     """The client calls its credential refresh hook before every request; the hook re-applies the whole
     kubeconfig, whose host setter reads every proxy variable of the environment again: a millisecond or
     more per call, most of a bind's client time. Tokens live for minutes; once a second is enough."""
-    import threading
-    import time
-
     hook = getattr(cfg, "refresh_api_key_hook", None)
     if hook is None:
         return

@@ -82,8 +82,14 @@ class NodeLock:
             return f"its pod {ns}/{name} has finished binding ({keys.POD_BIND_PHASE}: {phase})"
         return None
 
-    def acquire(self, node: str, namespace: str, name: str) -> dict:
-        """Take the node's lock for pod namespace/name; returns the node as it was read. Raises LockBusy."""
+    def acquire(self, node: str, namespace: str, name: str, cached: dict | None = None) -> dict:
+        """Take the node's lock for pod namespace/name; returns the node as it was written. Raises LockBusy.
+        `cached`: the node as a cache last saw it; when it shows no lock, the lock is written conditionally on
+        its resourceVersion without reading the node first; a node changed since is refused as any change
+        between the read and the write is (the scheduler keeps its cache current with its own writes)."""
+        rv = ((cached or {}).get("metadata") or {}).get("resourceVersion")
+        if rv and not annotations(cached).get(LOCK_KEY):
+            return self._write(node, {LOCK_KEY: lock_value(namespace, name, time.time())}, rv)
         n = self.kube.get_node(node)
         meta = n.get("metadata") or {}
         current = annotations(n).get(LOCK_KEY)
@@ -96,30 +102,41 @@ class NodeLock:
                                "tries again")
             if why:
                 log.warning("taking over the lock of node %s (%s): %s", node, current, why)
+        return self._write(node, {LOCK_KEY: lock_value(namespace, name, now)}, meta.get("resourceVersion"))
+
+    def _write(self, node: str, annos: dict, rv: str | None) -> dict:
         try:
-            out = self.kube.patch_node(node, {"metadata": {"annotations": {LOCK_KEY: lock_value(namespace, name,
-                                                                                                    now)},
-                                                           "resourceVersion": meta.get("resourceVersion")}})
+            return self.kube.patch_node(node, {"metadata": {"annotations": annos, "resourceVersion": rv}})
         except KubeError as e:
             if e.conflict:
                 raise LockBusy(f"node {node} changed while its lock was being taken (another scheduler's bind?); "
                                "kube-scheduler tries again") from None
             raise
-        return out
 
-    def release(self, node: str, namespace: str, name: str, tries: int = 3) -> None:
-        """Remove the lock if this pod holds it (another holder's lock is left alone)."""
+    def release(self, node: str, namespace: str, name: str, tries: int = 3,
+                locked: dict | None = None) -> dict | None:
+        """Remove the lock if this pod holds it (another holder's lock is left alone); returns the node as
+        written, if it was. `locked`: the node as acquire() wrote it; unchanged since (its resourceVersion),
+        the lock is still this pod's and goes without a read."""
+        rv = ((locked or {}).get("metadata") or {}).get("resourceVersion")
+        if rv and str(annotations(locked).get(LOCK_KEY, "")).endswith(f"{SEP}{namespace}{SEP}{name}"):
+            try:
+                return self.kube.patch_node(node, {"metadata": {"annotations": {LOCK_KEY: None},
+                                                                "resourceVersion": rv}})
+            except KubeError as e:
+                if not e.conflict:
+                    raise
         for _ in range(tries):
             n = self.kube.get_node(node)
             current = annotations(n).get(LOCK_KEY)
             if not current or not current.endswith(f"{SEP}{namespace}{SEP}{name}"):
-                return
+                return None
             try:
-                self.kube.patch_node(node, {"metadata": {"annotations": {LOCK_KEY: None},
-                                                         "resourceVersion": n["metadata"].get("resourceVersion")}})
-                return
+                return self.kube.patch_node(node, {"metadata": {"annotations": {LOCK_KEY: None},
+                                                                "resourceVersion": n["metadata"].get("resourceVersion")}})
             except KubeError as e:
                 if not e.conflict:
                     raise
         log.error("could not release the lock of node %s after %d tries; it expires in %g s", node, tries,
                   self.expire_s)
+        return None
