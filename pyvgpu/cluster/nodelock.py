@@ -132,8 +132,8 @@ class NodeLock:
             if not current or not current.endswith(f"{SEP}{namespace}{SEP}{name}"):
                 return None
             try:
-                return self.kube.patch_node(node, {"metadata": {"annotations": {LOCK_KEY: None},
-                                                                "resourceVersion": n["metadata"].get("resourceVersion")}})
+                rv = n["metadata"].get("resourceVersion")
+                return self.kube.patch_node(node, {"metadata": {"annotations": {LOCK_KEY: None}, "resourceVersion": rv}})
             except KubeError as e:
                 if not e.conflict:
                     raise
