@@ -133,7 +133,8 @@ class NodeLock:
                 return None
             try:
                 rv = n["metadata"].get("resourceVersion")
-                return self.kube.patch_node(node, {"metadata": {"annotations": {LOCK_KEY: None}, "resourceVersion": rv}})
+                unlock = {"metadata": {"annotations": {LOCK_KEY: None}, "resourceVersion": rv}}
+                return self.kube.patch_node(node, unlock)
             except KubeError as e:
                 if not e.conflict:
                     raise
