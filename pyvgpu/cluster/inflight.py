@@ -126,21 +126,21 @@ class InFlight:
             promised = set(self._by_node)
         if not promised:
             return infos
-        out = []
-        for info in infos:
-            held = self.on_node(info.name, exclude) if info.name in promised and not info.error else []
+        out = list(infos)
+        for i in [i for i, info in enumerate(infos) if info.name in promised]:  # few: the rest stay as they are
+            info = infos[i]
+            held = self.on_node(info.name, exclude) if not info.error else []
             if counted is not None:
                 held = [(k, r) for k, r in held if not counted(k, info.name)]
             if before is not None:
                 held = [(k, r) for k, r in held if r.seq < before]
             if not held:
-                out.append(info)
                 continue
             copy = NodeInfo(info.name, [d.copy() for d in info.devices], info.pair_scores, info.error,
                             list(info.warnings))
             for (ns, name), r in held:
                 add_pod(copy, r.devices, r.n_init, who=f"pod {ns}/{name} (being bound)")
-            out.append(copy)
+            out[i] = copy
         return out
 
 
