@@ -1,7 +1,7 @@
 """`pyvgpu bench schedule --live-sizes 1000,5000`: the extender driven as kube-scheduler drives it.
 
 A test API server (tests/cluster/fake_apiserver.py, so this runs from a checkout) holds N nodes of 8 GPUs
-filled with random pods (bench.schedule.make_cluster); the extender (pyvgpu.cluster.extender.Scheduler,
+filled with random pods (bench.schedule.make_cluster); the extender (pyvgpu.cluster.scheduler.extender.Scheduler,
 its informer listing and watching through the official client) serves HTTP on localhost. The driver is
 kube-scheduler's loop with `nodeCacheCapable: true`: one pod at a time, POST /filter with every node's
 name, POST /prioritize with the nodes that fit, the best-scored node taken, then POST /bind handed to one
@@ -73,7 +73,7 @@ class _Http:
 
 def overcommitted(nodes: list[dict], pods: list[dict]) -> int:
     """GPUs whose slots, memory or cores the pods on them exceed."""
-    from pyvgpu.cluster.usage import node_infos
+    from pyvgpu.cluster.core.usage import node_infos
 
     bad = 0
     for n in node_infos(nodes, pods):
@@ -86,7 +86,7 @@ def overcommitted(nodes: list[dict], pods: list[dict]) -> int:
 def serve(n_nodes: int, new_pods: int, seed: int, policy: str) -> None:
     """The API server's process: build the cluster, serve it, print the port, stop when stdin closes."""
     from pyvgpu.bench import schedule as sim
-    from pyvgpu.cluster import keys
+    from pyvgpu.cluster.core import keys
 
     fa = _fake_apiserver()
     rng = random.Random(seed)
@@ -112,10 +112,10 @@ def serve(n_nodes: int, new_pods: int, seed: int, policy: str) -> None:
 def run_one(n_nodes: int, new_pods: int, inflight: int, seed: int, policy: str, attempts: int = 3) -> dict:
     import subprocess
 
-    from pyvgpu.cluster.extender import Scheduler
-    from pyvgpu.cluster.extender_server import Server
-    from pyvgpu.cluster.informer import Informer
-    from pyvgpu.cluster.kube import Kube
+    from pyvgpu.cluster.api.kube import Kube
+    from pyvgpu.cluster.scheduler.extender import Scheduler
+    from pyvgpu.cluster.scheduler.extender_server import Server
+    from pyvgpu.cluster.scheduler.informer import Informer
 
     fa = _fake_apiserver()
     # The API server runs in a process of its own, as it does in a cluster (and so does not take the

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from fake_apiserver import node
 
-from pyvgpu.cluster import kube as kube_mod
-from pyvgpu.cluster.nodelock import LOCK_KEY, LockBusy, NodeLock, lock_value
+from pyvgpu.cluster.api import kube as kube_mod
+from pyvgpu.cluster.api.nodelock import LOCK_KEY, LockBusy, NodeLock, lock_value
 
 
 def _calls(api, method: str) -> int:
@@ -81,7 +81,7 @@ def test_the_client_refreshes_credentials_at_most_once_a_second(api, kube, monke
 
 
 def test_the_cache_keeps_its_own_newer_write_of_a_node_over_an_older_watch_event():
-    from pyvgpu.cluster.informer import Informer
+    from pyvgpu.cluster.scheduler.informer import Informer
 
     inf = Informer(kube=None)
     n5 = node("n1", {LOCK_KEY: "x"})
