@@ -265,7 +265,8 @@ def test_a_broken_chart_fails_the_check(tmp_path):
 
 # -- the webhook's certificate across upgrades ---------------------------------------------------------------
 
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding"}
 
 
 def _discovery(docs: list[dict]) -> dict[str, dict]:
