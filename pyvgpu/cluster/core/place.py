@@ -233,8 +233,9 @@ def brief_reason(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = No
     filtered = has_filters(req)
     kinds: dict[str, int] = {}
     numa: dict[int, int] = {}
+    memreq, pct = ctr.memreq, ctr.mem_percentage
     for d in node.devices:
-        k = refusal_kind(d, ctr, ctr.memory_on(d.totalmem), req, filtered)
+        k = refusal_kind(d, ctr, memreq if memreq > 0 else d.totalmem * pct // 100, req, filtered)  # memory_on
         if k is None:
             numa[d.numa] = numa.get(d.numa, 0) + 1
         else:

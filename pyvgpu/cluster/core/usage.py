@@ -211,10 +211,15 @@ def add_pod(node: NodeInfo, pd: PodDevices, n_init: int = 0, sign: int = 1, who:
     """Charge (sign=1) or release (sign=-1) a pod's GPUs on a node. GPUs the node does not list are ignored,
     as HAMi does. Contradictions (a MIG instance on a non-MIG GPU, two geometries on one GPU) mark the GPU
     with a problem, so it takes nothing new."""
+    _charge(node, collapse(pd, n_init, app_only).items(), sign, who)
+
+
+def _charge(node: NodeInfo, held, sign: int, who: str) -> None:
+    """add_pod's charge of a pod's collapsed use, (uuid, (slots, mem, cores, migs)) per GPU."""
     node.score_cache = None
     node.fit_cache = None
     by_id = {d.id: d for d in node.devices}
-    for uuid, (slots, mem, cores, migs) in collapse(pd, n_init, app_only).items():
+    for uuid, (slots, mem, cores, migs) in held:
         dev = by_id.get(uuid)
         if dev is None:
             continue
@@ -269,12 +274,36 @@ def node_infos(nodes: Any, pods: Any, cfg: ClusterConfig | None = None,
             continue
         who = f"pod {ns}/{meta['name']}"
         try:
-            pd = pod_devices(pod)
+            held = _held(pod)
         except ClusterInputError as e:
             node.warnings.append(f"{who} was skipped: {e}; its GPUs count as free on node {node.name}, as in "
                                  "HAMi's scheduler")
             continue
-        if pd:
-            add_pod(node, pd, len((pod.get("spec") or {}).get("initContainers") or []), who=who,
-                    app_only=init_done(pod))
+        if held:
+            _charge(node, held, 1, who)
     return infos
+
+
+def _held(pod: dict) -> tuple:
+    """What the pod holds per GPU (collapse of pod_devices), computed once per allocation text: a node's
+    usage is rebuilt from its pods whenever one of them changes, and most of them did not."""
+    annos = (pod.get("metadata") or {}).get("annotations") or {}
+    allocated, pending = annos.get(keys.POD_ALLOCATED, ""), annos.get(keys.POD_TO_ALLOCATE, "")
+    allocating = annos.get(keys.POD_BIND_PHASE) == keys.BIND_ALLOCATING
+    n_init = len((pod.get("spec") or {}).get("initContainers") or [])
+    if not isinstance(allocated, str) or not isinstance(pending, str):
+        return _held_of(pod_devices(pod), n_init, init_done(pod))  # raises with the field's name
+    return _held_cached(allocated, pending if allocating else None, n_init, init_done(pod))
+
+
+@functools.lru_cache(maxsize=65536)
+def _held_cached(allocated: str, pending: str | None, n_init: int, app_only: bool) -> tuple:
+    annos = {keys.POD_ALLOCATED: allocated}
+    if pending is not None:
+        annos.update({keys.POD_TO_ALLOCATE: pending, keys.POD_BIND_PHASE: keys.BIND_ALLOCATING})
+    return _held_of(pod_devices({"metadata": {"annotations": annos}}), n_init, app_only)
+
+
+def _held_of(pd: PodDevices, n_init: int, app_only: bool) -> tuple:
+    return tuple((uuid, (slots, mem, cores, frozenset(migs)))
+                 for uuid, (slots, mem, cores, migs) in collapse(pd, n_init, app_only).items()) if pd else ()

@@ -186,10 +186,11 @@ class Scheduler:
                 names, _ = _names_and_nodes(args)
                 return [{"Host": n, "Score": 0} for n in names]
             ranked = d.feasible if d.request.wants_gpus else []
-        score = {}
-        for i, n in enumerate(ranked):
-            score[n] = MAX_PRIORITY if len(ranked) == 1 else round(MAX_PRIORITY * (len(ranked) - 1 - i)
-                                                                   / (len(ranked) - 1))
+        last = len(ranked) - 1
+        scores = [MAX_PRIORITY] if last == 0 else [round(MAX_PRIORITY * (last - i) / last) for i in range(last + 1)]
+        if names == ranked:  # kube-scheduler sends filter's answer back in its order: no lookups needed
+            return [{"Host": n, "Score": sc} for n, sc in zip(names, scores, strict=True)]
+        score = dict(zip(ranked, scores, strict=True))
         return [{"Host": n, "Score": score.get(n, 0)} for n in names]
 
     def _recent_rank(self, args: dict) -> list[str] | None:

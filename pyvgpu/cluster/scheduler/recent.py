@@ -38,6 +38,8 @@ class RecentRanks:
             if got is None or got[0] < self.clock():
                 return None
             ranked = got[1]
+        if names == ranked:  # kube-scheduler's prioritize names filter's answer, in its order
+            return list(ranked)
         wanted = set(names)
         out = [n for n in ranked if n in wanted]
         return out if len(out) == len(wanted) else None
