@@ -71,3 +71,20 @@ def test_the_pod_being_scheduled_does_not_count_against_itself_on_its_node():
     assert [i.devices[0].usedmem for i in mine] == [0, 0]
     assert inf.node_infos(["node-a"])[0].devices[0].usedmem == 2048  # the cache keeps its own
     assert inf.node_infos(["nowhere"])[0].error
+
+
+def test_a_verdict_is_never_found_under_another_shapes_number(monkeypatch):
+    """Request shapes are numbered for the verdict caches; past the table's bound the numbering goes on, so
+    a node's verdict for an old shape is never read for a new one."""
+    from pyvgpu.cluster.core import decide as decide_mod
+
+    monkeypatch.setattr(decide_mod, "MAX_SHAPES", 2)
+    inf, _ = _cache()  # GPU-a0 has 2048 MiB in use; GPU-a1 none, of 8192 each
+    infos = inf.node_infos(["node-a"])
+
+    def fits(mem: int) -> bool:
+        return decide_on(infos, pod_request(pod(f"p{mem}", [gpu_container("main", 1, mem)])), brief=True).node \
+            is not None
+
+    assert fits(1024) and fits(2048) and fits(4096)  # three shapes: the table started again
+    assert not fits(9000) and fits(1024) and not fits(9000)
