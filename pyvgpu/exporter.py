@@ -17,7 +17,7 @@ cost one read. It runs beside dcgm-exporter:
 * on a Kubernetes node (``--state-dir``) the series also carry ``pod``,
   ``namespace`` and ``container`` (dcgm-exporter's Kubernetes labels), and all
   of these labels come from the record the node agent wrote at Allocate
-  (pyvgpu.cluster.records), never from the region, which the container can
+  (pyvgpu.cluster.node.records), never from the region, which the container can
   write;
 * a private group (one `pyvgpu wrap` made for its program) with no live
   member left drops out at the next scrape; its file stays for the next wrap
@@ -134,7 +134,7 @@ class RegionCollector(Collector):
     def cluster_labels(self, g: dict) -> tuple[str, dict[int, tuple[str, str, str, str]], tuple[str, str, str]]:
         """A region of a node's state dir (--state-dir): (group name, gpu_of's mapping, (pod, namespace,
         container)), from the directory's name and the node agent's record alone."""
-        from pyvgpu.cluster import nodestate, records
+        from pyvgpu.cluster.node import nodestate, records
         from pyvgpu.errors import PyvgpuError
 
         d = Path(g["path"]).parent

@@ -44,8 +44,8 @@ def region_paths(group: str | None = None, region_path: str | None = None,
     if group:
         return [R.group_path(group)]
     if state_dir is not None:
-        # a Kubernetes node's state (pyvgpu.cluster.nodestate): one region per container
-        from pyvgpu.cluster.nodestate import NodeState
+        # a Kubernetes node's state (pyvgpu.cluster.node.nodestate): one region per container
+        from pyvgpu.cluster.node.nodestate import NodeState
 
         return [p / "vgpu.region" for _, _, p in NodeState(Path(state_dir)).container_dirs()]
     base = R.runtime_dir()

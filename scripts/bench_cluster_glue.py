@@ -22,12 +22,12 @@ sys.path[:0] = [str(ROOT / "tests" / "cluster"), str(ROOT / "tests")]
 
 from fake_apiserver import FakeApiServer, gpu_container, node, pod  # noqa: E402
 
-from pyvgpu.cluster import codec, keys  # noqa: E402
-from pyvgpu.cluster.extender import Scheduler  # noqa: E402
-from pyvgpu.cluster.extender_server import Server  # noqa: E402
-from pyvgpu.cluster.informer import Informer  # noqa: E402
-from pyvgpu.cluster.kube import Kube  # noqa: E402
-from pyvgpu.cluster.model import DeviceInfo  # noqa: E402
+from pyvgpu.cluster.api.kube import Kube  # noqa: E402
+from pyvgpu.cluster.core import codec, keys  # noqa: E402
+from pyvgpu.cluster.core.model import DeviceInfo  # noqa: E402
+from pyvgpu.cluster.scheduler.extender import Scheduler  # noqa: E402
+from pyvgpu.cluster.scheduler.extender_server import Server  # noqa: E402
+from pyvgpu.cluster.scheduler.informer import Informer  # noqa: E402
 
 
 def q(xs: list[float], k: float) -> float:

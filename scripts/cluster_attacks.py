@@ -34,9 +34,9 @@ for p in ("tests", "tests/cluster", "tests/fakecuda"):
 TOPOLOGY_CHILD = """
 import resource, sys, time
 from cluster_helpers import ctr, gpu, node, nodelist, pod, podlist
-from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.decide import decide
-from pyvgpu.cluster import keys
+from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.core.decide import decide
+from pyvgpu.cluster.core import keys
 m, n = int(sys.argv[1]), int(sys.argv[2])
 ids = [f"GPU-{i:02d}" for i in range(m)]
 scores = {a: {b: (100 if int(a[4:]) // 8 == int(b[4:]) // 8 else 10) for b in ids if b != a} for a in ids}
@@ -83,9 +83,9 @@ def _raw(port: int, data: bytes, timeout: float = 15) -> str:
 def http(work: Path) -> dict:
     from fake_apiserver import FakeApiServer
 
-    from pyvgpu.cluster.extender import Scheduler
-    from pyvgpu.cluster.extender_server import Server
-    from pyvgpu.cluster.kube import Kube
+    from pyvgpu.cluster.api.kube import Kube
+    from pyvgpu.cluster.scheduler.extender import Scheduler
+    from pyvgpu.cluster.scheduler.extender_server import Server
 
     api = FakeApiServer().start()
     cert, key = work / "tls.crt", work / "tls.key"

@@ -1,9 +1,9 @@
 """Generate the Python stubs of the kubelet's device-plugin API from its .proto.
 
-    python scripts/gen_protos.py          # rewrite pyvgpu/cluster/deviceplugin/v1beta1/api_pb2*.py
+    python scripts/gen_protos.py          # rewrite pyvgpu/cluster/node/deviceplugin/v1beta1/api_pb2*.py
     python scripts/gen_protos.py --check  # exit 1 if they are stale (or grpcio-tools is another version)
 
-Model: pyvgpu/cluster/deviceplugin/v1beta1/api.proto (written from the published API).
+Model: pyvgpu/cluster/node/deviceplugin/v1beta1/api.proto (written from the published API).
 Output: api_pb2.py and api_pb2_grpc.py beside it, each starting with an @generated banner that
 names the grpcio-tools version (the output depends on it: the test extra pins that version).
 """
@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROTO = Path("pyvgpu/cluster/deviceplugin/v1beta1/api.proto")
+PROTO = Path("pyvgpu/cluster/node/deviceplugin/v1beta1/api.proto")
 OUTPUTS = ("api_pb2.py", "api_pb2_grpc.py")
 
 

@@ -100,11 +100,11 @@ def python_without_pyvgpu(request, tmp_path_factory) -> str:
 
 def container(fake: Path, tmp: Path) -> tuple[dict[str, str], Path]:
     """What Allocate gives a container with one GPU, 128 MiB and 30%: its environment, made by the device
-    plugin's own code (pyvgpu/cluster/allocate.py container_env, runtime.current), and its region and the
+    plugin's own code (pyvgpu/cluster/node/allocate.py container_env, runtime.current), and its region and the
     node's turn file, made by the node state's (nodestate.py). No mount namespace here: the container sees
     the host's paths, so the region and turn mounts are the host's directories."""
-    from pyvgpu.cluster import allocate, nodestate, runtime
-    from pyvgpu.cluster.model import ContainerDevice
+    from pyvgpu.cluster.core.model import ContainerDevice
+    from pyvgpu.cluster.node import allocate, nodestate, runtime
 
     state = nodestate.NodeState(tmp / "state")
     state.ensure()

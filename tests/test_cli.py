@@ -233,7 +233,7 @@ def test_every_choice_is_an_enum_of_the_librarys_values_and_completes():
     from pyvgpu.bench import sm, vpmm_workloads
     from pyvgpu.bootstrap import ALLOCATORS
     from pyvgpu.cli import bench, common
-    from pyvgpu.cluster import keys
+    from pyvgpu.cluster.core import keys
     from pyvgpu.cluster.cli import NodePolicy
 
     for kind, values in ((common.Mode, mps.MODES), (common.Priority, limits.PRIORITIES),

@@ -61,7 +61,7 @@ def test_the_single_machine_commands_work_without_the_extra(tmp_path):
     assert json.loads(p.stdout) is not None
     # what wrap, limits, top, the exporter (also on a node's state dir) and `cluster explain` import
     code = ("import pyvgpu.cli.root, pyvgpu.wrap, pyvgpu.limits, pyvgpu.top, pyvgpu.exporter, pyvgpu.status\n"
-            "import pyvgpu.cluster.decide, pyvgpu.cluster.explain\n"
+            "import pyvgpu.cluster.core.decide, pyvgpu.cluster.core.explain\n"
             "from pyvgpu import status\n"
             f"assert status.collect(state_dir={str(tmp_path / 'state')!r}) == []\n"
             "s = pyvgpu.exporter.server(0, '127.0.0.1'); s.server_close()\n"

@@ -24,13 +24,13 @@ import subprocess
 import time
 from typing import Any
 
-from pyvgpu.cluster import codec, keys
-from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.decide import decide, decide_on
-from pyvgpu.cluster.errors import ClusterInputError
-from pyvgpu.cluster.fit import fits
-from pyvgpu.cluster.model import ContainerRequest, DeviceInfo, DeviceUsage, NodeInfo, PodRequest
-from pyvgpu.cluster.usage import add_pod, node_infos
+from pyvgpu.cluster.core import codec, keys
+from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.core.decide import decide, decide_on
+from pyvgpu.cluster.core.errors import ClusterInputError
+from pyvgpu.cluster.core.fit import fits
+from pyvgpu.cluster.core.model import ContainerRequest, DeviceInfo, DeviceUsage, NodeInfo, PodRequest
+from pyvgpu.cluster.core.usage import add_pod, node_infos
 
 GPU_TYPE = "NVIDIA A100-SXM4-80GB"
 GPU_MEM = 81920

@@ -1,7 +1,7 @@
 """`pyvgpu bench schedule --live-sizes 1000,5000`: the extender driven as kube-scheduler drives it.
 
 A test API server (tests/cluster/fake_apiserver.py, so this runs from a checkout) holds N nodes of 8 GPUs
-filled with random pods (bench.schedule.make_cluster); the extender (pyvgpu.cluster.extender.Scheduler,
+filled with random pods (bench.schedule.make_cluster); the extender (pyvgpu.cluster.scheduler.extender.Scheduler,
 its informer listing and watching through the official client) serves HTTP on localhost. The driver is
 kube-scheduler's loop with `nodeCacheCapable: true`: one pod at a time, POST /filter with every node's
 name, POST /prioritize with the nodes that fit, the best-scored node taken, then POST /bind handed to one
@@ -73,7 +73,7 @@ class _Http:
 
 def overcommitted(nodes: list[dict], pods: list[dict]) -> int:
     """GPUs whose slots, memory or cores the pods on them exceed."""
-    from pyvgpu.cluster.usage import node_infos
+    from pyvgpu.cluster.core.usage import node_infos
 
     bad = 0
     for n in node_infos(nodes, pods):
@@ -86,7 +86,7 @@ def overcommitted(nodes: list[dict], pods: list[dict]) -> int:
 def serve(n_nodes: int, new_pods: int, seed: int, policy: str) -> None:
     """The API server's process: build the cluster, serve it, print the port, stop when stdin closes."""
     from pyvgpu.bench import schedule as sim
-    from pyvgpu.cluster import keys
+    from pyvgpu.cluster.core import keys
 
     fa = _fake_apiserver()
     rng = random.Random(seed)
@@ -112,10 +112,10 @@ def serve(n_nodes: int, new_pods: int, seed: int, policy: str) -> None:
 def run_one(n_nodes: int, new_pods: int, inflight: int, seed: int, policy: str, attempts: int = 3) -> dict:
     import subprocess
 
-    from pyvgpu.cluster.extender import Scheduler
-    from pyvgpu.cluster.extender_server import Server
-    from pyvgpu.cluster.informer import Informer
-    from pyvgpu.cluster.kube import Kube
+    from pyvgpu.cluster.api.kube import Kube
+    from pyvgpu.cluster.scheduler.extender import Scheduler
+    from pyvgpu.cluster.scheduler.extender_server import Server
+    from pyvgpu.cluster.scheduler.informer import Informer
 
     fa = _fake_apiserver()
     # The API server runs in a process of its own, as it does in a cluster (and so does not take the
@@ -151,77 +151,18 @@ def run_one(n_nodes: int, new_pods: int, inflight: int, seed: int, policy: str, 
                    if not (p.get("spec") or {}).get("nodeName")]
         pending.sort(key=lambda p: int(p["metadata"]["name"].split("-")[1]))
         pods_placed = len(s.informer.pods) - len(pending)
-        front = _Http(srv.port)
-        local = threading.local()
-        lock = threading.Lock()
-        filter_s: list[float] = []
-        bind_s: list[float] = []
-        outcome = {"bound": 0, "failed_binds": 0, "unschedulable": 0, "gave_up": 0}
-        reasons: dict[str, int] = {}  # failed binds by kind
-        errors: list[str] = []
-        queue = deque((p, 1) for p in pending)
-
-        def bind(p: dict, node: str, attempt: int) -> None:
-            if not hasattr(local, "http"):
-                local.http = _Http(srv.port)
-            m = p["metadata"]
-            t = time.perf_counter()
-            out = local.http.post("/bind", {"PodName": m["name"], "PodNamespace": m["namespace"],
-                                            "PodUID": m["uid"], "Node": node})
-            with lock:
-                bind_s.append(time.perf_counter() - t)
-                if not out.get("Error"):
-                    outcome["bound"] += 1
-                    return
-                outcome["failed_binds"] += 1
-                why = _kind_of_failure(str(out["Error"]))
-                reasons[why] = reasons.get(why, 0) + 1
-                errors.append(str(out["Error"]))
-                if attempt < attempts:
-                    queue.append((p, attempt + 1))
-                else:
-                    outcome["gave_up"] += 1
-
-        first_filter = None
-        slots = threading.BoundedSemaphore(inflight)
-        running = [0]
-        t_run = time.perf_counter()
-        with ThreadPoolExecutor(inflight) as pool:
-            while True:
-                with lock:
-                    item = queue.popleft() if queue else None
-                if item is None:
-                    with lock:
-                        if not running[0] and not queue:  # nothing in flight and nothing queued
-                            break
-                    time.sleep(0.001)
-                    continue
-                p, attempt = item
-                t = time.perf_counter()
-                res = front.post("/filter", {"Pod": p, "NodeNames": names})
-                dt = time.perf_counter() - t
-                filter_s.append(dt)
-                first_filter = dt if first_filter is None else first_filter
-                fit = res.get("NodeNames") or []
-                if not fit:
-                    outcome["unschedulable"] += 1
-                    continue
-                prio = front.post("/prioritize", {"Pod": p, "NodeNames": fit})
-                best = max(prio, key=lambda h: h["Score"])["Host"] if prio else fit[0]
-                slots.acquire()
-                with lock:
-                    running[0] += 1
-
-                def job(p=p, best=best, attempt=attempt):
-                    try:
-                        bind(p, best, attempt)
-                    finally:
-                        with lock:
-                            running[0] -= 1
-                        slots.release()
-
-                pool.submit(job)
-        run_s = time.perf_counter() - t_run
+        # kube-scheduler is a process of its own: the driver runs in one, so its JSON and HTTP work does
+        # not share the extender's interpreter lock (as it did before: docs/cluster.md, "Measured")
+        code = "from pyvgpu.bench.schedule_live import drive_main; drive_main()"
+        job = json.dumps({"port": srv.port, "pending": pending, "names": names, "inflight": inflight,
+                          "attempts": attempts})
+        done = subprocess.run([sys.executable, "-c", code], input=job, capture_output=True, text=True,
+                              timeout=DRIVE_TIMEOUT_S)
+        if done.returncode != 0:
+            raise PyvgpuError(f"the kube-scheduler-shaped driver failed: {done.stderr[-2000:]}")
+        d = json.loads(done.stdout)
+        filter_s, bind_s, outcome, reasons, errors = d["filter_s"], d["bind_s"], d["outcome"], d["reasons"], d["errors"]
+        first_filter, run_s = d["first_filter"], d["run_s"]
         listing = kube.list_pods().get("items") or []
         binds = outcome["bound"] + outcome["failed_binds"]
         return {
@@ -247,6 +188,91 @@ def run_one(n_nodes: int, new_pods: int, inflight: int, seed: int, policy: str, 
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+DRIVE_TIMEOUT_S = 3600  # the whole driven run; far above what 1000 pods take
+
+
+def drive(port: int, pending: list[dict], names: list[str], inflight: int, attempts: int) -> dict:
+    """kube-scheduler's loop against the extender at `port`: one pod at a time, filter then prioritize, the
+    best-scored node bound by one of `inflight` workers while the next pod is filtered."""
+    front = _Http(port)
+    local = threading.local()
+    lock = threading.Lock()
+    filter_s: list[float] = []
+    bind_s: list[float] = []
+    outcome = {"bound": 0, "failed_binds": 0, "unschedulable": 0, "gave_up": 0}
+    reasons: dict[str, int] = {}  # failed binds by kind
+    errors: list[str] = []
+    queue = deque((p, 1) for p in pending)
+
+    def bind(p: dict, node: str, attempt: int) -> None:
+        if not hasattr(local, "http"):
+            local.http = _Http(port)
+        m = p["metadata"]
+        t = time.perf_counter()
+        out = local.http.post("/bind", {"PodName": m["name"], "PodNamespace": m["namespace"],
+                                        "PodUID": m["uid"], "Node": node})
+        with lock:
+            bind_s.append(time.perf_counter() - t)
+            if not out.get("Error"):
+                outcome["bound"] += 1
+                return
+            outcome["failed_binds"] += 1
+            why = _kind_of_failure(str(out["Error"]))
+            reasons[why] = reasons.get(why, 0) + 1
+            errors.append(str(out["Error"]))
+            if attempt < attempts:
+                queue.append((p, attempt + 1))
+            else:
+                outcome["gave_up"] += 1
+
+    first_filter = None
+    slots = threading.BoundedSemaphore(inflight)
+    running = [0]
+    t_run = time.perf_counter()
+    with ThreadPoolExecutor(inflight) as pool:
+        while True:
+            with lock:
+                item = queue.popleft() if queue else None
+            if item is None:
+                with lock:
+                    if not running[0] and not queue:  # nothing in flight and nothing queued
+                        break
+                time.sleep(0.001)
+                continue
+            p, attempt = item
+            t = time.perf_counter()
+            res = front.post("/filter", {"Pod": p, "NodeNames": names})
+            dt = time.perf_counter() - t
+            filter_s.append(dt)
+            first_filter = dt if first_filter is None else first_filter
+            fit = res.get("NodeNames") or []
+            if not fit:
+                outcome["unschedulable"] += 1
+                continue
+            prio = front.post("/prioritize", {"Pod": p, "NodeNames": fit})
+            best = max(prio, key=lambda h: h["Score"])["Host"] if prio else fit[0]
+            slots.acquire()
+            with lock:
+                running[0] += 1
+
+            def job(p=p, best=best, attempt=attempt):
+                try:
+                    bind(p, best, attempt)
+                finally:
+                    with lock:
+                        running[0] -= 1
+                    slots.release()
+
+            pool.submit(job)
+    return {"filter_s": filter_s, "bind_s": bind_s, "outcome": outcome, "reasons": reasons, "errors": errors,
+            "first_filter": first_filter, "run_s": time.perf_counter() - t_run}
+
+
+def drive_main() -> None:
+    """The driver's process: the job as JSON on stdin, the figures as JSON on stdout."""
+    job = json.loads(sys.stdin.read())
+    print(json.dumps(drive(job["port"], job["pending"], job["names"], job["inflight"], job["attempts"])))
 
 
 def run(sizes: list[int], new_pods: int, inflight: int = 8, seed: int = 1, policy: str = "binpack") -> list[dict]:

@@ -39,7 +39,7 @@ def _check_node_policy(text: str) -> str:
 
 def _complete_gpu_policy(incomplete: str) -> list[str]:
     """The words of a GPU policy, after the comma list's words already written."""
-    from pyvgpu.cluster.keys import GPU_POLICY_WORDS
+    from pyvgpu.cluster.core.keys import GPU_POLICY_WORDS
 
     done, _, word = incomplete.rpartition(",")
     return [f"{done},{w}" if done else w for w in GPU_POLICY_WORDS if w.startswith(word)]
@@ -76,7 +76,7 @@ def _load(path: str, option: str):
     import json
     import sys
 
-    from pyvgpu.cluster.errors import ClusterInputError
+    from pyvgpu.cluster.core.errors import ClusterInputError
 
     try:
         text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
@@ -127,10 +127,10 @@ def explain(
     """
     import json
 
-    from pyvgpu.cluster import explain as render
-    from pyvgpu.cluster.config import ClusterConfig
-    from pyvgpu.cluster.decide import decide
-    from pyvgpu.cluster.errors import ClusterInputError
+    from pyvgpu.cluster.core import explain as render
+    from pyvgpu.cluster.core.config import ClusterConfig
+    from pyvgpu.cluster.core.decide import decide
+    from pyvgpu.cluster.core.errors import ClusterInputError
 
     try:
         if not _gpu_policy_ok(gpu_policy):
@@ -160,9 +160,9 @@ GPU_POLICY_FIX = "use spread, binpack, topology-aware, mutex or numa, or a comma
 
 
 def _gpu_policy_ok(policy: str) -> bool:
-    """A default GPU policy as a pod's annotation may give it (pyvgpu.cluster.request.gpu_policy_of)."""
-    from pyvgpu.cluster.errors import ClusterInputError
-    from pyvgpu.cluster.request import gpu_policy_of
+    """A default GPU policy as a pod's annotation may give it (pyvgpu.cluster.core.request.gpu_policy_of)."""
+    from pyvgpu.cluster.core.errors import ClusterInputError
+    from pyvgpu.cluster.core.request import gpu_policy_of
 
     try:
         gpu_policy_of(policy, "--gpu-policy")
@@ -174,7 +174,7 @@ def _gpu_policy_ok(policy: str) -> bool:
 def _node_options(node_name: str | None, **kw):
     import os
 
-    from pyvgpu.cluster.daemon import NodeOptions
+    from pyvgpu.cluster.node.daemon import NodeOptions
     from pyvgpu.errors import PyvgpuError
 
     node = node_name or os.environ.get(envspec.NODE_NAME.name, "")
@@ -195,7 +195,8 @@ def _node_options(node_name: str | None, **kw):
 
 
 def _run_daemon(command: str, fn, opts_factory) -> None:
-    from pyvgpu.cluster import daemon, extras
+    from pyvgpu.cluster import extras
+    from pyvgpu.cluster.node import daemon
     from pyvgpu.errors import PyvgpuError
 
     daemon.setup_logging()
@@ -242,7 +243,7 @@ def device_plugin(
 ) -> None:
     """Serve the kubelet's device-plugin API (v1beta1): split x GPUs virtual devices with NVML health, and
     Allocate, which gives each container its GPUs, limits, region and the shim (HAMi's environment)."""
-    from pyvgpu.cluster import daemon
+    from pyvgpu.cluster.node import daemon
 
     _run_daemon("device-plugin", daemon.device_plugin, lambda: _node_options(
         node_name, split=split, resource=resource, plugin_dir=plugin_dir, kubeconfig=kubeconfig,
@@ -264,7 +265,7 @@ def node_agent(
 ) -> None:
     """Register this node's GPUs (hami.io/node-nvidia-register, -score, -handshake), own the node's shared
     state, and reclaim the regions of deleted pods."""
-    from pyvgpu.cluster import daemon
+    from pyvgpu.cluster.node import daemon
 
     _run_daemon("node-agent", daemon.node_agent, lambda: _node_options(
         node_name, split=split, kubeconfig=kubeconfig, state_dir=state_dir, agent_interval=interval,
@@ -308,8 +309,9 @@ def scheduler(
     to it. kube-scheduler's KubeSchedulerConfiguration names it (deploy/helm/pyvgpu)."""
     import os
 
-    from pyvgpu.cluster import daemon, extras
-    from pyvgpu.cluster.config import ClusterConfig
+    from pyvgpu.cluster import extras
+    from pyvgpu.cluster.core.config import ClusterConfig
+    from pyvgpu.cluster.node import daemon
     from pyvgpu.errors import PyvgpuError
 
     daemon.setup_logging()
@@ -327,7 +329,7 @@ def scheduler(
                           ("--client-ca-file", client_ca)):
             if path and not os.path.isfile(path):
                 raise PyvgpuError(f"{opt} {path}: no such file")
-        from pyvgpu.cluster import extender_server
+        from pyvgpu.cluster.scheduler import extender_server
 
         cfg = ClusterConfig(node_policy=node_policy.value, gpu_policy=gpu_policy, scheduler_names=(name,))
         extender_server.run(kubeconfig, port, name, cfg,

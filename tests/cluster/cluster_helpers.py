@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pyvgpu.cluster import codec, keys
-from pyvgpu.cluster.model import DeviceInfo
+from pyvgpu.cluster.core import codec, keys
+from pyvgpu.cluster.core.model import DeviceInfo
 
 A100 = "NVIDIA A100-SXM4-80GB"
 

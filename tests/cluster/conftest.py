@@ -22,6 +22,6 @@ def kubeconfig(api, tmp_path):
 
 @pytest.fixture
 def kube(kubeconfig):
-    from pyvgpu.cluster.kube import Kube
+    from pyvgpu.cluster.api.kube import Kube
 
     return Kube(str(kubeconfig), timeout=5)

@@ -21,6 +21,7 @@ tests check is empty: the client code under test is the production one, and this
 
 from __future__ import annotations
 
+import bisect
 import copy
 import json
 import socket
@@ -82,6 +83,10 @@ class FakeApiServer:
         self.pods: dict[tuple[str, str], dict] = {}
         self.quotas: dict[tuple[str, str], dict] = {}  # ResourceQuotas
         self.events: list[tuple[int, str, str, dict]] = []  # (rv, kind, type, object)
+        # indexes, as a real API server keeps them (a watch or a field selector does not scan everything):
+        self._events_of: dict[str, list[tuple[int, str, str, dict]]] = {}  # events by kind, rv ascending
+        self._on_node: dict[str, dict[tuple[str, str], None]] = {}  # pods by spec.nodeName
+        self._node_of: dict[tuple[str, str], str] = {}
         self.requests: list[tuple[str, str]] = []
         self.unexpected: list[str] = []
         self.patches: list[tuple[str, dict]] = []  # (path, patch) in order
@@ -152,8 +157,29 @@ class FakeApiServer:
     def _bump(self, kind: str, typ: str, obj: dict) -> None:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
-        self.events.append((self.rv, kind, typ, copy.deepcopy(obj)))
+        event = (self.rv, kind, typ, copy.deepcopy(obj))
+        self.events.append(event)
+        self._events_of.setdefault(kind, []).append(event)
+        if kind == "pod":
+            m = obj["metadata"]
+            key = (m.get("namespace", "default"), m["name"])
+            node = "" if typ == "DELETED" else (obj.get("spec") or {}).get("nodeName", "")
+            old = self._node_of.pop(key, None)
+            if old is not None:
+                self._on_node[old].pop(key, None)
+            self._node_of[key] = node
+            self._on_node.setdefault(node, {})[key] = None
         self.cond.notify_all()
+
+    def events_after(self, kind: str, rv: int) -> list[tuple[int, str, str, dict]]:
+        """The events of `kind` after resourceVersion `rv` (call it holding `cond`)."""
+        events = self._events_of.get(kind, [])
+        return events[bisect.bisect_right(events, rv, key=lambda e: e[0]):]
+
+    def pods_on(self, node: str) -> list[dict]:
+        """The pods whose spec.nodeName is `node` ("" : unbound), through the index (holding `cond`)."""
+        out = [self.pods.get(k) for k in self._on_node.get(node, ())]
+        return [p for p in out if p is not None and (p.get("spec") or {}).get("nodeName", "") == node]
 
     def put_node(self, obj: dict) -> dict:
         with self.cond:
@@ -284,14 +310,13 @@ def _handler(api: FakeApiServer):
 
         def _select(self, kind: str, q: dict) -> list[dict]:
             store = {"node": api.nodes, "pod": api.pods, "resourcequota": api.quotas}[kind]
-            out = list(store.values())
             sel = q.get("fieldSelector")
             if sel:
                 field, _, value = sel.partition("=")
                 if kind != "pod" or field != "spec.nodeName":
                     raise ValueError(sel)
-                out = [p for p in out if (p.get("spec") or {}).get("nodeName", "") == value]
-            return out
+                return api.pods_on(value)
+            return list(store.values())
 
         def _list_or_watch(self, kind: str, q: dict) -> None:
             if q.get("watch") in ("true", "1", "True"):
@@ -318,7 +343,7 @@ def _handler(api: FakeApiServer):
             try:
                 while True:
                     with api.cond:
-                        batch = [e for e in api.events if e[0] > since and e[1] == kind]
+                        batch = api.events_after(kind, since)
                         if not batch:
                             left = end - time.monotonic()
                             if left <= 0 or api.stopping:

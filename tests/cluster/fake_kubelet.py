@@ -13,8 +13,8 @@ from pathlib import Path
 
 import grpc
 
-from pyvgpu.cluster.deviceplugin.v1beta1 import api_pb2 as pb
-from pyvgpu.cluster.deviceplugin.v1beta1 import api_pb2_grpc as pbg
+from pyvgpu.cluster.node.deviceplugin.v1beta1 import api_pb2 as pb
+from pyvgpu.cluster.node.deviceplugin.v1beta1 import api_pb2_grpc as pbg
 
 
 class FakeKubelet(pbg.RegistrationServicer):

@@ -17,8 +17,8 @@ import pytest
 from cluster_helpers import ctr, gpu, node, nodelist, pod, podlist
 from test_cluster_extender import Ext, registered
 
-from pyvgpu.cluster import policy
-from pyvgpu.cluster.usage import node_infos
+from pyvgpu.cluster.core import policy
+from pyvgpu.cluster.core.usage import node_infos
 
 # --- the topology search -----------------------------------------------------------------------------------
 
@@ -47,9 +47,9 @@ def test_a_64_gpu_node_and_an_8_gpu_topology_pod_are_decided_in_bounded_memory()
         import resource, sys
         sys.path[:0] = [%r]
         from cluster_helpers import ctr, gpu, node, nodelist, pod, podlist
-        from pyvgpu.cluster.config import ClusterConfig
-        from pyvgpu.cluster.decide import decide
-        from pyvgpu.cluster import keys
+        from pyvgpu.cluster.core.config import ClusterConfig
+        from pyvgpu.cluster.core.decide import decide
+        from pyvgpu.cluster.core import keys
         ids = [f"GPU-{i:02d}" for i in range(64)]
         scores = {a: {b: (100 if int(a[4:]) // 8 == int(b[4:]) // 8 else 10) for b in ids if b != a} for a in ids}
         nodes = nodelist(node("big", [gpu(u, i, numa=0) for i, u in enumerate(ids)], scores=scores))
@@ -167,8 +167,11 @@ def test_connections_beyond_the_cap_are_closed_not_queued_as_threads(ext):
             s.close()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # the idle ones' threads end, their places free again
-        if _raw(ext, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200"):
-            break
+        try:
+            if _raw(ext, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200"):
+                break
+        except OSError:  # still at the cap: closed before our request was written (a loaded machine)
+            pass
         time.sleep(0.1)
     else:
         raise AssertionError("the server did not take connections again")

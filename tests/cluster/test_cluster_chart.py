@@ -5,7 +5,7 @@ npm registry and sets PYVGPU_HELM) with several value sets: `helm lint --strict`
 every object validated against the Kubernetes API schema (kubernetes-validate, strict: an unknown field
 fails). What the chart says is checked against what the code does: the flags it passes parse with the
 real CLI, the extender's verbs and the webhook's path are served, the RBAC rules cover every API call
-pyvgpu.cluster.kube makes, the hostPaths are mounted where Allocate names them.
+pyvgpu.cluster.api.kube makes, the hostPaths are mounted where Allocate names them.
 
 Without Helm these tests skip; where PYVGPU_HELM is set (CI) and names no working helm, they fail.
 """
@@ -28,7 +28,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pyvgpu.cluster.config import ClusterConfig
+from pyvgpu.cluster.core.config import ClusterConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "pyvgpu"
@@ -265,7 +265,8 @@ def test_a_broken_chart_fails_the_check(tmp_path):
 
 # -- the webhook's certificate across upgrades ---------------------------------------------------------------
 
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding"}
 
 
 def _discovery(docs: list[dict]) -> dict[str, dict]:
@@ -457,8 +458,8 @@ def test_kube_scheduler_is_configured_with_the_extender_and_the_gpu_resources():
 
 def test_the_extender_serves_the_verbs_probes_and_webhook_the_chart_names(kube, api):
     """kube-scheduler's verbs (urlPrefix/verb), the probes, and the webhook's path, on a real extender."""
-    from pyvgpu.cluster.extender import Scheduler
-    from pyvgpu.cluster.extender_server import Server
+    from pyvgpu.cluster.scheduler.extender import Scheduler
+    from pyvgpu.cluster.scheduler.extender_server import Server
 
     docs = render()
     cfg = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])
@@ -554,7 +555,7 @@ def test_the_webhook_reaches_the_extender_over_tls(tmp_path):
         "my-tls"
 
 
-# pyvgpu.cluster.kube's calls -> the (resource, verb) each needs
+# pyvgpu.cluster.api.kube's calls -> the (resource, verb) each needs
 KUBE_CALLS = {"get_node": [("nodes", "get")], "list_nodes": [("nodes", "list")], "patch_node": [("nodes", "patch")],
               "list_pods": [("pods", "list")], "get_pod": [("pods", "get")], "patch_pod": [("pods", "patch")],
               "bind": [("pods/binding", "create")],
@@ -567,7 +568,7 @@ USES = {"scheduler": ["get_node", "list_nodes", "patch_node", "list_pods", "get_
 
 
 def test_rbac_grants_every_call_each_component_makes():
-    from pyvgpu.cluster.kube import Kube
+    from pyvgpu.cluster.api.kube import Kube
 
     public = {n for n in vars(Kube) if not n.startswith("_") and callable(getattr(Kube, n))}
     assert public == set(KUBE_CALLS), "a Kube call was added or removed: update KUBE_CALLS and USES (and the chart)"
@@ -575,7 +576,7 @@ def test_rbac_grants_every_call_each_component_makes():
                                ("node", ["allocate", "agent", "plugin", "daemon"])):
         used = set()
         for m in modules:
-            src = (ROOT / "pyvgpu" / "cluster" / f"{m}.py").read_text()
+            src = next((ROOT / "pyvgpu" / "cluster").glob(f"*/{m}.py")).read_text()
             used |= {c for c in KUBE_CALLS if re.search(rf"\.{c}\(", src)}
         assert used <= set(USES[component]), f"{component} calls {used - set(USES[component])}: update USES"
     docs = render()
@@ -598,8 +599,8 @@ def test_rbac_grants_every_call_each_component_makes():
 
 
 def test_the_node_daemonset_mounts_what_allocate_hands_out():
-    from pyvgpu.cluster.nodestate import DEFAULT_ROOT
-    from pyvgpu.cluster.plugin import DEFAULT_DIR
+    from pyvgpu.cluster.node.nodestate import DEFAULT_ROOT
+    from pyvgpu.cluster.node.plugin import DEFAULT_DIR
 
     docs = render()
     ds = one(docs, "DaemonSet", "node")

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyvgpu.cluster import codec
-from pyvgpu.cluster.errors import ClusterInputError
-from pyvgpu.cluster.model import ContainerDevice, DeviceInfo
+from pyvgpu.cluster.core import codec
+from pyvgpu.cluster.core.errors import ClusterInputError
+from pyvgpu.cluster.core.model import ContainerDevice, DeviceInfo
 
 D = ContainerDevice
 

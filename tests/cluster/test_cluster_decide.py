@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from cluster_helpers import A100, ctr, gpu, node, nodelist, pod, podlist
 
-from pyvgpu.cluster import keys
-from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.decide import decide
+from pyvgpu.cluster.core import keys
+from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.core.decide import decide
 
 
 def alloc(d) -> list[list[str]]:

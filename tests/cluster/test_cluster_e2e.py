@@ -31,12 +31,12 @@ from fake_kubelet import FakeKubelet
 from helpers import clean_env
 
 from pyvgpu import region
-from pyvgpu.cluster import codec, keys
-from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.deviceplugin.v1beta1 import api_pb2 as pb
-from pyvgpu.cluster.extender import Scheduler
-from pyvgpu.cluster.informer import Informer
-from pyvgpu.cluster.kube import Kube
+from pyvgpu.cluster.api.kube import Kube
+from pyvgpu.cluster.core import codec, keys
+from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.node.deviceplugin.v1beta1 import api_pb2 as pb
+from pyvgpu.cluster.scheduler.extender import Scheduler
+from pyvgpu.cluster.scheduler.informer import Informer
 from pyvgpu.shim import BENCH_BIN
 
 MiB = 1 << 20

@@ -8,7 +8,8 @@ import time
 from fake_apiserver import gpu_container, pod
 from test_cluster_extender import Ext, bind_args, registered
 
-from pyvgpu.cluster import events, keys
+from pyvgpu.cluster.api import events
+from pyvgpu.cluster.core import keys
 
 
 def _events(api, reason):

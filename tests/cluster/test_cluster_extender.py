@@ -16,14 +16,14 @@ import urllib.request
 import pytest
 from fake_apiserver import gpu_container, node, pod
 
-from pyvgpu.cluster import codec, keys
-from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.extender import Scheduler
-from pyvgpu.cluster.extender_server import Server
-from pyvgpu.cluster.informer import Informer
-from pyvgpu.cluster.kube import Kube
-from pyvgpu.cluster.model import DeviceInfo
-from pyvgpu.cluster.nodelock import lock_value
+from pyvgpu.cluster.api.kube import Kube
+from pyvgpu.cluster.api.nodelock import lock_value
+from pyvgpu.cluster.core import codec, keys
+from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.core.model import DeviceInfo
+from pyvgpu.cluster.scheduler.extender import Scheduler
+from pyvgpu.cluster.scheduler.extender_server import Server
+from pyvgpu.cluster.scheduler.informer import Informer
 
 A0, A1 = "GPU-a0", "GPU-a1"
 B0 = "GPU-b0"
@@ -336,6 +336,6 @@ def test_webhook_leaves_other_pods_and_refuses_privileged_gpu_containers(ext):
 def test_answers_are_not_held_back_by_nagles_algorithm(kube):
     """kube-scheduler reuses one connection: with Nagle on, each answer's body waited ~40 ms for the client's
     delayed ACK (measured: 47 ms per /filter, 0.4 ms with TCP_NODELAY; docs/cluster.md)."""
-    from pyvgpu.cluster.extender_server import _handler
+    from pyvgpu.cluster.scheduler.extender_server import _handler
 
     assert _handler(Scheduler(kube)).disable_nagle_algorithm is True

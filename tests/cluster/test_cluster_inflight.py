@@ -8,11 +8,11 @@ import threading
 from fake_apiserver import gpu_container, pod
 from test_cluster_extender import Ext, bind_args, registered
 
-from pyvgpu.cluster import keys
-from pyvgpu.cluster.inflight import InFlight
-from pyvgpu.cluster.model import ContainerDevice, DeviceUsage, NodeInfo
-from pyvgpu.cluster.recent import RecentRanks
-from pyvgpu.cluster.request import pod_request
+from pyvgpu.cluster.core import keys
+from pyvgpu.cluster.core.model import ContainerDevice, DeviceUsage, NodeInfo
+from pyvgpu.cluster.core.request import pod_request
+from pyvgpu.cluster.scheduler.inflight import InFlight
+from pyvgpu.cluster.scheduler.recent import RecentRanks
 
 
 def _node() -> NodeInfo:
@@ -238,8 +238,8 @@ def test_a_lock_or_handshake_change_keeps_the_nodes_usage_built(kube, api):
 def test_a_promised_zero_core_container_keeps_its_gpu_when_later_pods_filled_the_cores():
     # x (0 cores) was promised first; y then took the GPU's cores to 100 beside it and was bound first.
     # x's promise still holds: nothing is over its slots, memory or cores
-    from pyvgpu.cluster.place import placement_fits
-    from pyvgpu.cluster.usage import add_pod
+    from pyvgpu.cluster.core.place import placement_fits
+    from pyvgpu.cluster.core.usage import add_pod
 
     info = _node()
     x = pod_request(pod("x", [gpu_container("main", 1, 1000, 0)]))

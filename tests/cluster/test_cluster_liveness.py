@@ -10,12 +10,12 @@ import pytest
 from fake_apiserver import gpu_container, node, pod
 from test_cluster_extender import registered
 
-from pyvgpu.cluster import keys
-from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.extender import Scheduler
-from pyvgpu.cluster.informer import Informer
-from pyvgpu.cluster.liveness import Liveness, dead, needs_asking, requesting
-from pyvgpu.cluster.model import NodeInfo
+from pyvgpu.cluster.core import keys
+from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.core.model import NodeInfo
+from pyvgpu.cluster.scheduler.extender import Scheduler
+from pyvgpu.cluster.scheduler.informer import Informer
+from pyvgpu.cluster.scheduler.liveness import Liveness, dead, needs_asking, requesting
 
 NOW = calendar.timegm((2026, 1, 1, 12, 0, 0, 0, 0, 0))
 

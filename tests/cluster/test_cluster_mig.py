@@ -15,13 +15,13 @@ from fake_apiserver import pod as api_pod
 from helpers import run
 from test_cluster_plugin import Node, _code_and_text
 
-from pyvgpu.cluster import codec, keys
-from pyvgpu.cluster.agent import NodeAgent
-from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.decide import decide
-from pyvgpu.cluster.gpus import GpuInfo, MigInfo, mig_layout
-from pyvgpu.cluster.nodestate import NodeState
-from pyvgpu.cluster.plugin import Devices
+from pyvgpu.cluster.core import codec, keys
+from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.core.decide import decide
+from pyvgpu.cluster.node.agent import NodeAgent
+from pyvgpu.cluster.node.gpus import GpuInfo, MigInfo, mig_layout
+from pyvgpu.cluster.node.nodestate import NodeState
+from pyvgpu.cluster.node.plugin import Devices
 
 A100 = "NVIDIA A100-SXM4-80GB"
 GM, GC = "GPU-fa4ec0da-0000-0000-0000-000000000000", "GPU-fa4ec0da-0000-0000-0000-000000000001"
@@ -41,7 +41,7 @@ def test_layout_groups_instances_by_profile_with_the_tables_cores():
 
 
 def test_inventory_reads_mig_mode_and_instances_from_nvml(env):
-    code = ("import json; from pyvgpu.cluster import gpus as G; "
+    code = ("import json; from pyvgpu.cluster.node import gpus as G; "
             "print(json.dumps([[g.uuid, g.mig_mode, [[m.uuid, m.profile, m.memory_mib, m.gi, m.ci] for m in g.migs]] "
             "for g in G.inventory()] + [G.mig_positions()]))")
     p = run([sys.executable, "-c", code],

@@ -20,7 +20,8 @@ from test_cluster_plugin import GPUS, U0, U1, Node, binding_pod
 
 from pyvgpu import exporter
 from pyvgpu import layout as L
-from pyvgpu.cluster import keys, records
+from pyvgpu.cluster.core import keys
+from pyvgpu.cluster.node import records
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20

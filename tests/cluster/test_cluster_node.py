@@ -12,12 +12,13 @@ import pytest
 from fake_apiserver import gpu_container, node, pod
 from helpers import PYVGPU, run
 
-from pyvgpu.cluster import codec, keys, nodelock
-from pyvgpu.cluster.agent import NodeAgent, device_type, handshake_value
-from pyvgpu.cluster.gpus import GpuInfo, numa_of
-from pyvgpu.cluster.nodestate import NodeState, Owner, owner_of
-from pyvgpu.cluster.plugin import Devices
-from pyvgpu.cluster.runtime import current
+from pyvgpu.cluster.api import nodelock
+from pyvgpu.cluster.core import codec, keys
+from pyvgpu.cluster.node.agent import NodeAgent, device_type, handshake_value
+from pyvgpu.cluster.node.gpus import GpuInfo, numa_of
+from pyvgpu.cluster.node.nodestate import NodeState, Owner, owner_of
+from pyvgpu.cluster.node.plugin import Devices
+from pyvgpu.cluster.node.runtime import current
 from pyvgpu.errors import PyvgpuError
 
 U0, U1 = "GPU-0", "GPU-1"

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from cluster_helpers import ctr, gpu, node, nodelist, pod, podlist
 
-from pyvgpu.cluster import explain, keys
-from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.decide import decide
-from pyvgpu.cluster.errors import ClusterInputError
-from pyvgpu.cluster.request import pod_request
+from pyvgpu.cluster.core import explain, keys
+from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.core.decide import decide
+from pyvgpu.cluster.core.errors import ClusterInputError
+from pyvgpu.cluster.core.request import pod_request
 
 
 def chosen(d) -> list[str]:
@@ -216,8 +216,8 @@ def test_a_gpu_only_init_containers_held_is_free_once_they_are_done():
 def test_refusal_kind_agrees_with_usage_reason():
     import random
 
-    from pyvgpu.cluster.fit import refusal_kind, usage_reason
-    from pyvgpu.cluster.model import ContainerRequest, DeviceUsage
+    from pyvgpu.cluster.core.fit import refusal_kind, usage_reason
+    from pyvgpu.cluster.core.model import ContainerRequest, DeviceUsage
 
     rng = random.Random(7)
     req = pod_request(pod())
@@ -233,8 +233,8 @@ def test_refusal_kind_agrees_with_usage_reason():
 
 
 def test_filter_reasons_are_brief_and_explain_keeps_the_long_ones():
-    from pyvgpu.cluster.decide import decide_on
-    from pyvgpu.cluster.usage import node_infos
+    from pyvgpu.cluster.core.decide import decide_on
+    from pyvgpu.cluster.core.usage import node_infos
 
     nodes = nodelist(node("n1", [gpu("GPU-a", mem=1000), gpu("GPU-b", 1, mem=1000)]))
     used = podlist(pod("p", node_name="n1", allocated="GPU-a,NVIDIA,900,0:;"))
@@ -298,8 +298,8 @@ def test_namespace_quota_limits_gpu_memory_and_cores():
 
 
 def test_filter_verdicts_are_remembered_per_usage_and_forgotten_when_it_changes():
-    from pyvgpu.cluster.decide import decide_on
-    from pyvgpu.cluster.usage import add_pod, node_infos
+    from pyvgpu.cluster.core.decide import decide_on
+    from pyvgpu.cluster.core.usage import add_pod, node_infos
 
     infos = node_infos(nodelist(node("n1", [gpu("GPU-a", mem=1000)])), [])
     req = pod_request(pod(containers=[ctr(gpus=1, mem=600, cores=10)]))

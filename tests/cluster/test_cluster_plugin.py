@@ -18,13 +18,13 @@ from fake_apiserver import gpu_container, pod
 from fake_kubelet import FakeKubelet
 
 from pyvgpu import region
-from pyvgpu.cluster import keys
-from pyvgpu.cluster.allocate import AllocateConfig, Allocator
-from pyvgpu.cluster.deviceplugin.v1beta1 import api_pb2 as pb
-from pyvgpu.cluster.gpus import GpuInfo
-from pyvgpu.cluster.nodestate import NodeState
-from pyvgpu.cluster.plugin import DevicePluginService, Devices, PluginServer
-from pyvgpu.cluster.runtime import Runtime
+from pyvgpu.cluster.core import keys
+from pyvgpu.cluster.node.allocate import AllocateConfig, Allocator
+from pyvgpu.cluster.node.deviceplugin.v1beta1 import api_pb2 as pb
+from pyvgpu.cluster.node.gpus import GpuInfo
+from pyvgpu.cluster.node.nodestate import NodeState
+from pyvgpu.cluster.node.plugin import DevicePluginService, Devices, PluginServer
+from pyvgpu.cluster.node.runtime import Runtime
 
 U0 = "GPU-fa4ec0da-0000-0000-0000-000000000000"
 U1 = "GPU-fa4ec0da-0000-0000-0000-000000000001"
@@ -313,7 +313,7 @@ def test_the_node_lock_a_hami_scheduler_left_is_released_after_the_last_containe
     """A HAMi scheduler leaves hami.io/mutex.lock to the device plugin; another pod's lock is not ours."""
     from fake_apiserver import node as node_obj
 
-    from pyvgpu.cluster import nodelock
+    from pyvgpu.cluster.api import nodelock
 
     api.put_node(node_obj("node-a", {keys.NODE_LOCK: nodelock.lock_value("default", "train")}))
     api.put_pod(binding_pod())

@@ -13,7 +13,7 @@ from cluster_helpers import ctr, gpu, node, nodelist, pod, podlist
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pyvgpu.cluster.decide import decide
+from pyvgpu.cluster.core.decide import decide
 
 TYPES = ("NVIDIA A100-SXM4-80GB", "Tesla T4")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PKG = Path("pyvgpu/cluster/deviceplugin/v1beta1")
+PKG = Path("pyvgpu/cluster/node/deviceplugin/v1beta1")
 
 pytest.importorskip("grpc_tools", reason="grpcio-tools (the test extra) generates the stubs")
 
@@ -70,7 +70,7 @@ METHODS = {"Registration": ["Register"],
 
 
 def test_the_wire_contract_is_the_published_one():
-    from pyvgpu.cluster.deviceplugin.v1beta1 import api_pb2 as pb
+    from pyvgpu.cluster.node.deviceplugin.v1beta1 import api_pb2 as pb
 
     d = pb.DESCRIPTOR
     assert d.package == "v1beta1"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from cluster_helpers import ctr, pod
 
-from pyvgpu.cluster.config import ClusterConfig, ResourceNames
-from pyvgpu.cluster.errors import ClusterInputError
-from pyvgpu.cluster.model import ContainerRequest
-from pyvgpu.cluster.request import parse_quantity, pod_request
+from pyvgpu.cluster.core.config import ClusterConfig, ResourceNames
+from pyvgpu.cluster.core.errors import ClusterInputError
+from pyvgpu.cluster.core.model import ContainerRequest
+from pyvgpu.cluster.core.request import parse_quantity, pod_request
 
 
 def one(c: dict, cfg: ClusterConfig | None = None) -> ContainerRequest:

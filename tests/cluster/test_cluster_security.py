@@ -16,12 +16,12 @@ import pytest
 from fake_apiserver import gpu_container, pod
 from test_cluster_extender import A0, Ext, bind_args, registered
 
-from pyvgpu.cluster import codec, keys
-from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.extender import Scheduler
-from pyvgpu.cluster.extender_server import Server
-from pyvgpu.cluster.informer import Informer
-from pyvgpu.cluster.model import ContainerDevice
+from pyvgpu.cluster.core import codec, keys
+from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.core.model import ContainerDevice
+from pyvgpu.cluster.scheduler.extender import Scheduler
+from pyvgpu.cluster.scheduler.extender_server import Server
+from pyvgpu.cluster.scheduler.informer import Informer
 
 
 @pytest.fixture

@@ -9,9 +9,10 @@ from cluster_helpers import gpu, node, nodelist, pod, podlist
 from fake_apiserver import pod as api_pod
 from test_cluster_plugin import U0, U1, Node, binding_pod
 
-from pyvgpu.cluster import keys, webhook
-from pyvgpu.cluster.config import ClusterConfig
-from pyvgpu.cluster.usage import node_infos
+from pyvgpu.cluster.core import keys
+from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.core.usage import node_infos
+from pyvgpu.cluster.scheduler import webhook
 
 SCHED_SA = "system:serviceaccount:gpu-system:pyvgpu-scheduler"
 NODE_SA = "system:serviceaccount:gpu-system:pyvgpu-node"

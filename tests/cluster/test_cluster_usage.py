@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from cluster_helpers import ctr, gpu, node, nodelist, pod, podlist
 
-from pyvgpu.cluster.errors import ClusterInputError
-from pyvgpu.cluster.model import DeviceUsage
-from pyvgpu.cluster.score import WEIGHT, device_score, node_score
-from pyvgpu.cluster.usage import node_infos
+from pyvgpu.cluster.core.errors import ClusterInputError
+from pyvgpu.cluster.core.model import DeviceUsage
+from pyvgpu.cluster.core.score import WEIGHT, device_score, node_score
+from pyvgpu.cluster.core.usage import node_infos
 
 
 def usage(count=10, used=0, mem=81920, usedmem=0, core=100, usedcores=0) -> DeviceUsage:
@@ -153,9 +153,9 @@ def test_bad_lists(nodes, pods, field):
 
 
 def test_a_decision_charged_then_released_leaves_the_node_as_it_was():
-    from pyvgpu.cluster.decide import decide_on
-    from pyvgpu.cluster.request import pod_request
-    from pyvgpu.cluster.usage import add_pod
+    from pyvgpu.cluster.core.decide import decide_on
+    from pyvgpu.cluster.core.request import pod_request
+    from pyvgpu.cluster.core.usage import add_pod
 
     nodes = nodelist(node("n1", [gpu("GPU-a"), gpu("GPU-m", 1, count=7, mode="mig")]))
     pods = podlist(pod("old", node_name="n1", allocated="GPU-a,NVIDIA,1000,10:;"))

@@ -1,0 +1,190 @@
+"""The decision pipeline (docs/cluster.md, its picture): one pod, every node, one answer with a verdict per node.
+
+    read the pod's request -> per node: the usage, the node score, does the pod fit
+    -> rank the nodes that fit by the node policy -> place the pod's containers on the first
+    -> the annotations the scheduler writes.
+
+Every node the pod fits on is kept, ranked (HAMi's filter returns one node only, which leaves
+kube-scheduler's own scoring nothing to weigh: HAMi#2264). Nothing here reads a clock or a network.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from pyvgpu.cluster.core import codec, keys
+from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.core.fit import has_filters
+from pyvgpu.cluster.core.model import Decision, NodeInfo, NodeResult, PodDevices, PodRequest
+from pyvgpu.cluster.core.place import brief_reason, count_fit, feasible, plan, why_not
+from pyvgpu.cluster.core.policy import rank_nodes
+from pyvgpu.cluster.core.quota import QuotaView, use_of_placements
+from pyvgpu.cluster.core.request import pod_request
+from pyvgpu.cluster.core.score import node_score
+from pyvgpu.cluster.core.usage import node_infos
+
+
+def decide(nodes: Any, pods: Any, pod: dict, config: ClusterConfig | None = None, quotas: Any = None) -> Decision:
+    """Decide where `pod` goes, from Kubernetes objects as dicts.
+
+    nodes: a NodeList (`kubectl get nodes -o json`), a list of Nodes or one Node.
+    pods:  a PodList (`kubectl get pods -A -o json`) or a list of Pods: their usage counts.
+    pod:   the Pod to place. Its own entry in `pods`, if any, does not count against it.
+    quotas: a ResourceQuotaList (`kubectl get resourcequotas -A -o json`), or None.
+    Raises ClusterInputError (naming the field) for an invalid pod or list; a node with a broken
+    registration is a node that does not fit, with the reason.
+    """
+    cfg = config or ClusterConfig()
+    req = pod_request(pod, cfg)
+    quota = None
+    if quotas is not None:
+        from pyvgpu.cluster.core.quota import view_of
+
+        quota = view_of(quotas, pods, req.namespace, cfg, exclude=(req.namespace, req.name))
+    return decide_on(node_infos(nodes, pods, cfg, exclude=(req.namespace, req.name)), req, cfg, quota=quota)
+
+
+def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | None = None,
+              brief: bool = False, quota: QuotaView | None = None) -> Decision:
+    """The same decision on nodes already read, with their usage (what a long-running scheduler keeps).
+    `brief`: a refusing node's reason is place.brief_reason (refusals counted by kind), not every GPU's.
+    `quota`: the pod's namespace's GPU quota (pyvgpu.cluster.core.quota): a node where the pod's GPUs would take
+    the namespace over it does not fit."""
+    cfg = config or ClusterConfig()
+    warnings = gather_warnings(req, nodes)
+    if not req.wants_gpus:
+        verdicts = tuple(NodeResult(n.name, True, None if n.error else node_score(n.devices),
+                                    "the pod asks no GPU: any node will do, as far as GPUs go")
+                         for n in sorted(nodes, key=lambda n: n.name))
+        return Decision(req.key, None, (), {}, verdicts, req, req.node_policy, req.gpu_policy, warnings)
+    fit, unfit = [], []
+    by_name = {}
+    gpu = [c for c in req.containers if c.nums > 0]
+    single = gpu[0] if len(gpu) == 1 else None  # one container asking GPUs: a count decides (place.count_fit)
+    filtered = has_filters(req)
+    # Filter's verdicts (NodeResults, shared: never changed) are remembered per node usage and request
+    # shape: a node's usage changes far less often than pods of one shape come (a job's replicas), and the
+    # cache goes with the usage (usage.add_pod clears it; a rebuilt node starts without one).
+    shape = _shape_id((single, req.numa_bind, req.mutex, (req.use_types, req.nouse_types, req.use_uuids,
+                                                         req.nouse_uuids, req.modes) if filtered else None)) \
+        if brief and single else None
+    for n in nodes:
+        by_name[n.name] = n
+        memo = n.fit_cache
+        if memo is not None and shape is not None:
+            verdict = memo.get(shape)
+            if verdict is not None:
+                (fit if verdict.fits else unfit).append(verdict)
+                continue
+        if n.error:
+            unfit.append(NodeResult(n.name, False, None, n.error))
+            continue
+        score = n.score_cache
+        if score is None:
+            score = n.score_cache = node_score(n.devices)
+        if shape is not None:
+            if memo is None:
+                memo = n.fit_cache = {}
+            elif len(memo) >= FIT_CACHE:
+                for old in list(memo)[:FIT_CACHE // 4]:  # the oldest quarter goes (dicts keep insertion order)
+                    del memo[old]
+            verdict = memo[shape] = (NodeResult(n.name, True, score) if count_fit(n.devices, single, req, filtered)
+                                     else NodeResult(n.name, False, score, _interned(brief_reason(n, req, cfg))))
+            (fit if verdict.fits else unfit).append(verdict)
+            continue
+        if count_fit(n.devices, single, req, filtered) if single is not None else feasible(n, req, cfg):
+            fit.append(NodeResult(n.name, True, score))
+        else:
+            unfit.append(NodeResult(n.name, False, score, brief_reason(n, req, cfg) if brief else why_not(n, req, cfg)))
+    ranked = rank_nodes(fit, req.node_policy)
+    placed = None
+    if quota is not None and ranked:
+        ranked, over, placed = _within_quota(ranked, by_name, req, cfg, quota)
+        unfit += over
+    verdicts = tuple(ranked) + tuple(sorted(unfit, key=lambda r: r.name))
+    if not ranked:
+        return Decision(req.key, None, (), {}, verdicts, req, req.node_policy, req.gpu_policy, warnings)
+    best = ranked[0].name
+    placed = placed or plan(by_name[best], req, cfg)
+    if not placed.fits:  # feasible() and plan() share their checks; this would be a bug, said plainly
+        raise AssertionError(f"node {best} was feasible but no placement was found: {placed.reason}")
+    annotations = allocation_annotations(best, tuple(tuple(p.entry() for p in c) for c in placed.placements))
+    return Decision(req.key, best, placed.placements, annotations, verdicts, req, req.node_policy, req.gpu_policy,
+                    warnings)
+
+
+def _interned(reason: str) -> str:
+    return _REASONS.setdefault(reason, reason) if len(_REASONS) < MAX_SHAPES else reason
+
+
+def allocation_annotations(node: str, devices: PodDevices) -> dict[str, str]:
+    """The annotations a decision writes for the pod's GPUs on `node`."""
+    encoded = codec.encode_pod_devices(devices)
+    return {
+        keys.POD_NODE: node,
+        keys.POD_TO_ALLOCATE: encoded,
+        keys.POD_ALLOCATED: encoded,  # HAMi's filter writes both with one value (PatchAnnotations)
+        keys.POD_BIND_PHASE: keys.BIND_ALLOCATING,  # written at bind, with hami.io/bind-time
+    }
+
+
+FIT_CACHE = 128  # request shapes remembered per node usage
+# Request shapes by a small number: the verdict caches of every node are looked up by it (hashing the
+# shape itself once per node was a large part of a filter). Numbers are never given twice: past the bound
+# the table starts again with new numbers, and verdicts under the old ones are never found again.
+_SHAPES: dict[tuple, int] = {}
+_NUMBERS = itertools.count()
+MAX_SHAPES = 65536
+_REASONS: dict[str, str] = {}  # one copy of each brief reason, shared by the nodes' caches
+
+
+def _shape_id(shape: tuple) -> int:
+    got = _SHAPES.get(shape)
+    if got is None:
+        if len(_SHAPES) >= MAX_SHAPES:
+            _SHAPES.clear()
+            _REASONS.clear()
+        got = _SHAPES.setdefault(shape, next(_NUMBERS))
+    return got
+QUOTA_TRIES = 32  # ranked nodes whose placement is checked against the quota before the rest are assumed alike
+
+
+def _within_quota(ranked: list[NodeResult], by_name: dict[str, NodeInfo], req: PodRequest, cfg: ClusterConfig,
+                  quota: QuotaView):
+    """The ranked nodes minus those where the pod's placement takes the namespace over its quota, the refused
+    ones, and the first node's placement. A pod whose use does not depend on the node (MiB asked, no init
+    container asks GPUs) is refused everywhere or nowhere; otherwise the first QUOTA_TRIES nodes are
+    checked one by one and the rest are kept (bind checks the node it gets again)."""
+    gpu = [c for c in req.containers if c.nums > 0]
+    fixed = all(c.memreq > 0 and not c.init for c in gpu)
+    over: list[NodeResult] = []
+    for i, r in enumerate(ranked[:QUOTA_TRIES]):
+        placed = plan(by_name[r.name], req, cfg)
+        why = quota.reason(use_of_placements(placed.placements, sum(1 for c in req.containers if c.init)))
+        if why is None:
+            return ranked[i:], over, placed
+        over.append(NodeResult(r.name, False, r.score, why))
+        if fixed:
+            over += [NodeResult(x.name, False, x.score, why) for x in ranked[i + 1:]]
+            return [], over, None
+    return ranked[QUOTA_TRIES:], over, None
+
+
+MAX_WARNINGS = 20  # a decision carries this many skipped pods' lines at most, then a count
+
+
+def gather_warnings(req: PodRequest, nodes: list[NodeInfo]) -> tuple[str, ...]:
+    """The pod's lenient readings, then the pods skipped on the nodes (bounded: a count past MAX_WARNINGS)."""
+    out = list(req.warnings)
+    skipped = 0
+    for n in nodes:
+        if not n.warnings:
+            continue
+        for w in n.warnings:
+            if skipped < MAX_WARNINGS:
+                out.append(w)
+            skipped += 1
+    if skipped > MAX_WARNINGS:
+        out.append(f"and {skipped - MAX_WARNINGS} more pod(s) skipped for an allocation that cannot be read")
+    return tuple(out)

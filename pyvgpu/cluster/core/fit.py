@@ -1,0 +1,133 @@
+"""Device fit (docs/cluster.md, "Fit"; HAMi pkg/device/nvidia/device.go Fit): can this GPU take one more container?
+
+Checks, in HAMi's order: the GPU is healthy, not cordoned, of an allowed type and mode, an allowed UUID;
+it has a free slot, the memory and the cores; a request of 100 cores finds it empty; it is not already
+at 100% cores; a MIG GPU has a free instance of a geometry that holds the memory. The first check that
+fails is the reason, and the reason says which limit, with the numbers.
+"""
+
+from __future__ import annotations
+
+from pyvgpu.cluster.core import keys
+from pyvgpu.cluster.core.model import ContainerRequest, DeviceUsage, MigTemplate, PodRequest
+
+
+def has_filters(req: PodRequest) -> bool:
+    return bool(req.use_types or req.nouse_types or req.use_uuids or req.nouse_uuids or req.modes)
+
+
+def static_reason(dev: DeviceUsage, req: PodRequest) -> str | None:
+    """Why `dev` can never serve this pod, whatever is in use; None when it may."""
+    if dev.problem:
+        return dev.problem
+    if not dev.health:
+        return "unhealthy"
+    if dev.cordoned:
+        return f"cordoned ({keys.NODE_DEVICE_CORDON})"
+    if req.use_types or req.nouse_types:
+        # Types match as case-insensitive substrings of the model (HAMi pkg/device/devices.go CheckType).
+        t = dev.type.upper()
+        if req.use_types and not any(u.upper() in t for u in req.use_types):
+            return f"type {dev.type!r} is not in {keys.USE_TYPE} {','.join(req.use_types)!r}"
+        if req.nouse_types and any(u.upper() in t for u in req.nouse_types):
+            return f"type {dev.type!r} is excluded by {keys.NOUSE_TYPE} {','.join(req.nouse_types)!r}"
+    if req.modes and dev.mode not in req.modes:
+        return f"mode {dev.mode} is not in {keys.VGPU_MODE} {','.join(req.modes)!r}"
+    # UUIDs match exactly (CheckUUID).
+    if req.use_uuids and dev.id not in req.use_uuids:
+        return f"not in {keys.USE_UUID}"
+    if req.nouse_uuids and dev.id in req.nouse_uuids:
+        return f"excluded by {keys.NOUSE_UUID}"
+    return None
+
+
+def mig_pick(dev: DeviceUsage, mem: int) -> tuple[int, int, MigTemplate] | None:
+    """The MIG instance a container of `mem` MiB gets: (geometry, position, template), or None.
+
+    A GPU with no instance in use takes the first geometry (in table order) that has a template of at
+    least `mem` MiB, as HAMi does; one in use keeps its geometry. Within it, the smallest free instance
+    that holds `mem` wins, ties by position (HAMi takes the first free one in table order).
+    """
+    candidates = range(len(dev.geometries)) if dev.mig_geometry is None else (dev.mig_geometry,)
+    for g in candidates:
+        geometry = dev.geometries[g]
+        if dev.mig_geometry is None and not any(t.memory >= mem for t in geometry):
+            continue
+        best = None
+        pos = 0
+        for t in geometry:
+            for _ in range(t.count):
+                if pos not in dev.mig_used and t.memory >= mem and (best is None or t.memory < best[2].memory):
+                    best = (g, pos, t)
+                pos += 1
+        return best
+    return None
+
+
+def usage_reason(dev: DeviceUsage, ctr: ContainerRequest, mem: int, mutex: bool = False) -> str | None:
+    """Why `dev`, as used now, cannot take one more GPU of `ctr` (which takes `mem` MiB on it); None if it can.
+    `mutex`: the pod's GPU policy names mutex, so a GPU anything uses is refused."""
+    if dev.used >= dev.count:
+        return f"no free slot ({dev.used}/{dev.count} used)"
+    if mutex and dev.used > 0:
+        return f"{keys.GPU_POLICY} mutex takes only unused GPUs; {dev.used} container(s) use it"
+    if dev.totalmem - dev.usedmem < mem:
+        return f"memory: {dev.totalmem - dev.usedmem} MiB free of {dev.totalmem}, needs {mem}"
+    cores = ctr.coresreq
+    if dev.totalcore - dev.usedcores < cores:
+        return f"cores: {dev.totalcore - dev.usedcores}% free, needs {cores}%"
+    # 100 cores asks for the GPU alone (HAMi: only where the GPU has 100 cores in all).
+    if dev.totalcore == 100 and cores == 100 and dev.used > 0:
+        return f"asks the whole GPU (100 cores), but {dev.used} container(s) use it"
+    # A GPU whose cores are all taken takes nothing more, not even a container that asks no cores.
+    if dev.totalcore and dev.usedcores >= dev.totalcore and cores == 0:
+        return f"all {dev.totalcore}% cores in use"
+    if dev.mode == keys.MIG and mig_pick(dev, mem) is None:
+        in_use = "no geometry" if dev.mig_geometry is None else f"geometry {dev.mig_geometry}"
+        return f"MIG: no free instance of {mem} MiB or more ({in_use}, {len(dev.mig_used)} instance(s) in use)"
+    return None
+
+
+def fits(dev: DeviceUsage, ctr: ContainerRequest, mem: int, mutex: bool = False) -> bool:
+    """usage_reason(...) is None, without building the reason: the hot loop of a decision."""
+    if dev.used >= dev.count or (mutex and dev.used > 0) or dev.totalmem - dev.usedmem < mem:
+        return False
+    cores = ctr.coresreq
+    total = dev.totalcore
+    if total - dev.usedcores < cores:
+        return False
+    if cores == 100 and total == 100 and dev.used > 0:
+        return False
+    if cores == 0 and total and dev.usedcores >= total:
+        return False
+    return dev.mode != keys.MIG or mig_pick(dev, mem) is not None
+
+
+def refusal_kind(dev: DeviceUsage, ctr: ContainerRequest, mem: int, req: PodRequest, filtered: bool) -> str | None:
+    """The word for why `dev` refuses one GPU of `ctr` (the first failing check of static_reason, then
+    usage_reason, in their order), None when it takes it: what a brief reason counts."""
+    if dev.problem:
+        return "inconsistent"
+    if not dev.health:
+        return "unhealthy"
+    if dev.cordoned:
+        return "cordoned"
+    if filtered and static_reason(dev, req) is not None:
+        return "excluded by annotation"
+    cores = ctr.coresreq
+    total = dev.totalcore
+    if dev.used >= dev.count:
+        return "slots"
+    if req.mutex and dev.used > 0:
+        return "mutex"
+    if dev.totalmem - dev.usedmem < mem:
+        return "memory"
+    if total - dev.usedcores < cores:
+        return "cores"
+    if total == 100 and cores == 100 and dev.used > 0:
+        return "in use (asks the whole GPU)"
+    if total and dev.usedcores >= total and cores == 0:
+        return "all cores in use"
+    if dev.mode == keys.MIG and mig_pick(dev, mem) is None:
+        return "MIG instance"
+    return None

@@ -1,0 +1,366 @@
+"""`pyvgpu cluster scheduler`: a kube-scheduler extender over HTTP, and the webhook that sends pods to it.
+
+    POST /filter       ExtenderArgs -> ExtenderFilterResult         every node the pod fits on, best first
+    POST /prioritize   ExtenderArgs -> HostPriorityList              0..10, by the node policy's rank
+    POST /bind         ExtenderBindingArgs -> ExtenderBindingResult  lock, choose GPUs, annotate, bind, unlock
+    POST /webhook      AdmissionReview -> AdmissionReview            pyvgpu.cluster.scheduler.webhook
+    GET  /healthz      200 while the process serves
+    GET  /readyz       200 once the cache has listed nodes and pods, else 503
+    GET  /metrics      Prometheus: filter latency, denials, bind latency and outcomes
+
+The JSON is kube-scheduler's (k8s.io/kube-scheduler/extender/v1, types without JSON tags, so the keys are
+the Go field names: Pod, Nodes, NodeNames, FailedNodes, FailedAndUnresolvableNodes, Error; PodName,
+PodNamespace, PodUID, Node; Host, Score). With `nodeCacheCapable: true` kube-scheduler sends NodeNames and
+reads NodeNames back; otherwise it sends Nodes (a NodeList) and reads Nodes back. Both are served.
+
+Filter decides on the cache (pyvgpu.cluster.scheduler.informer); the GPUs are chosen at bind, on the node
+kube-scheduler picked, with the node locked (pyvgpu.cluster.api.nodelock) and its pods read fresh from the API
+server, so two binds never count the same free memory. A failed bind answers Error: kube-scheduler puts
+the pod back in its queue and retries it. The HTTP server and `run()` are pyvgpu.cluster.scheduler.extender_server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+from pyvgpu.cluster.api import events
+from pyvgpu.cluster.api.kube import Kube, KubeError, KubeUnreachable
+from pyvgpu.cluster.api.nodelock import LockBusy, NodeLock
+from pyvgpu.cluster.core import keys, usage
+from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.core.decide import decide_on
+from pyvgpu.cluster.core.errors import ClusterInputError
+from pyvgpu.cluster.core.request import pod_request
+from pyvgpu.cluster.scheduler import httpserve, webhook
+from pyvgpu.cluster.scheduler.inflight import InFlight, kept_promise
+from pyvgpu.cluster.scheduler.informer import Informer
+from pyvgpu.cluster.scheduler.liveness import Liveness
+from pyvgpu.cluster.scheduler.recent import RecentRanks
+from pyvgpu.cluster.scheduler.usage_metrics import UsageCollector
+
+log = logging.getLogger("pyvgpu.cluster.scheduler")
+MAX_BODY = httpserve.MAX_BODY
+MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
+HANDSHAKE_S = 30.0  # how often the running scheduler asks every node's agent for its handshake
+
+
+class Metrics:
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        buckets = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+        self.filter_seconds = Histogram("pyvgpu_scheduler_filter_seconds", "Time to answer one filter call.",
+                                        buckets=buckets, registry=self.registry)
+        self.filter_total = Counter("pyvgpu_scheduler_filter", "Filter calls by outcome: fits (some node fits), "
+                                    "denied (no node fits), invalid (the pod's request is invalid), no_gpu.",
+                                    ["result"], registry=self.registry)
+        self.refused_nodes = Counter("pyvgpu_scheduler_filter_refused_nodes", "Nodes a filter call refused.",
+                                     registry=self.registry)
+        self.bind_seconds = Histogram("pyvgpu_scheduler_bind_seconds", "Time to answer one bind call (lock, "
+                                      "decide, annotate, bind, unlock).", buckets=buckets, registry=self.registry)
+        self.bind_total = Counter("pyvgpu_scheduler_bind", "Bind calls by outcome.", ["result"],
+                                  registry=self.registry)
+        self.ready = Gauge("pyvgpu_scheduler_cache_ready", "1 once nodes and pods were listed.",
+                           registry=self.registry)
+
+
+def _names_and_nodes(args: dict) -> tuple[list[str], dict[str, dict] | None]:
+    if args.get("NodeNames") is not None:
+        names = args["NodeNames"]
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
+            raise ValueError("NodeNames: expected a list of node names")
+        return names, None
+    nodes = args.get("Nodes")
+    if isinstance(nodes, dict):
+        items = nodes.get("items") or []
+        by = {(n.get("metadata") or {}).get("name"): n for n in items if isinstance(n, dict)}
+        by.pop(None, None)
+        return list(by), by
+    raise ValueError("expected NodeNames (nodeCacheCapable: true) or Nodes (a NodeList)")
+
+
+class Scheduler:
+    def __init__(self, kube: Kube, cfg: ClusterConfig | None = None, name: str = "pyvgpu-scheduler",
+                 lock_expire_s: float = 300.0, informer: Informer | None = None, handshake_s: float = 0.0) -> None:
+        self.kube = kube
+        self.cfg = cfg or ClusterConfig()
+        if name not in self.cfg.scheduler_names:  # its own pods count on their nodes
+            self.cfg = dataclasses.replace(self.cfg, scheduler_names=(*self.cfg.scheduler_names, name))
+        self.name = name
+        self.informer = informer or Informer(kube, self.cfg)
+        self.lock = NodeLock(kube, lock_expire_s)
+        # users (service accounts) the webhook lets write the allocation annotations (webhook.py)
+        self.annotation_writers: frozenset[str] = frozenset()
+        self.metrics = Metrics()
+        self.inflight = InFlight()  # filter's and bind's promises, counted until the cache has them
+        self.ranks = RecentRanks()  # filter's ranking, for the prioritize call that follows
+        self.liveness = Liveness()  # nodes whose agent stopped answering the handshake (0 s: not asked)
+        self.handshake_s = handshake_s
+        self.events = events.Recorder(kube, name)  # why a pod was refused or read leniently, on the pod
+        self.metrics.registry.register(UsageCollector(self.informer.all_node_infos))
+        self._node_locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def start(self, stop: threading.Event) -> None:
+        self.informer.start(stop)
+        self.events.start(stop)
+        if self.handshake_s > 0:
+            threading.Thread(target=self._handshakes, args=(stop,), daemon=True, name="handshake").start()
+
+    def _handshakes(self, stop: threading.Event) -> None:
+        def ask(node: str, value: str) -> None:
+            self.kube.patch_node(node, {"metadata": {"annotations": {keys.NODE_HANDSHAKE: value}}})
+
+        while not stop.wait(self.handshake_s):
+            with self.informer.lock:
+                nodes = list(self.informer.nodes.values())
+            self.liveness.check(nodes, ask)
+
+    # -- filter and prioritize -----------------------------------------------------------------------------
+
+    def _decide(self, args: dict, brief: bool = False):
+        pod = args.get("Pod")
+        if not isinstance(pod, dict):
+            raise ValueError("Pod: expected the pod being scheduled")
+        names, nodes = _names_and_nodes(args)
+        req = pod_request(pod, self.cfg)
+        infos = self.informer.node_infos(names, exclude=(req.namespace, req.name), extra_nodes=nodes)
+        infos = self.inflight.apply(self.liveness.apply(infos), (req.namespace, req.name), self.informer.counts)
+        quota = self.informer.quotas.view(req.namespace, exclude=(req.namespace, req.name))
+        return decide_on(infos, req, self.cfg, brief=brief, quota=quota), names, nodes
+
+    def filter(self, args: dict) -> dict:
+        t0 = time.perf_counter()
+        try:
+            try:
+                d, names, nodes = self._decide(args, brief=True)  # per-GPU detail: `cluster explain`
+            except ClusterInputError as e:
+                names, nodes = _names_and_nodes(args)
+                self.metrics.filter_total.labels("invalid").inc()
+                reason = f"pyvgpu: {e}"
+                return self._filter_result([], nodes, {}, {n: reason for n in names})
+            if d.warnings:
+                self.events.record(args["Pod"], events.LENIENT_READ, "; ".join(d.warnings))
+            if not d.request.wants_gpus:
+                self.metrics.filter_total.labels("no_gpu").inc()
+                return self._filter_result(names, nodes, {}, {})
+            feasible = d.feasible
+            if d.node is not None:  # kube-scheduler's likely pick: counted for the next pods until bind ends
+                self.inflight.reserve((d.request.namespace, d.request.name), d.node, d.devices,
+                                      d.init_containers)
+            self.ranks.put((d.request.namespace, d.request.name), d.request.uid, feasible)
+            failed = {n.name: f"pyvgpu: {n.reason}" for n in d.nodes if not n.fits}
+            self.metrics.refused_nodes.inc(len(failed))
+            self.metrics.filter_total.labels("fits" if feasible else "denied").inc()
+            if not feasible:
+                log.info("pod %s fits no node of %d: %s", d.pod, len(names),
+                         "; ".join(f"{k}: {v}" for k, v in list(failed.items())[:5]))
+                self.events.record(args["Pod"], events.FILTERING_FAILED, events.summary(failed, len(names)))
+            return self._filter_result(feasible, nodes, failed, {})
+        finally:
+            self.metrics.filter_seconds.observe(time.perf_counter() - t0)
+
+    @staticmethod
+    def _filter_result(fit: list[str], nodes: dict[str, dict] | None, failed: dict, unresolvable: dict) -> dict:
+        out: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": failed,
+                               "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+        if nodes is None:
+            out["NodeNames"] = list(fit)
+        else:
+            out["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": [nodes[n] for n in fit]}
+        return out
+
+    def prioritize(self, args: dict) -> list[dict]:
+        ranked = self._recent_rank(args)
+        if ranked is not None:
+            names = _names_and_nodes(args)[0]
+        else:
+            try:
+                d, names, _ = self._decide(args)
+            except ClusterInputError:
+                names, _ = _names_and_nodes(args)
+                return [{"Host": n, "Score": 0} for n in names]
+            ranked = d.feasible if d.request.wants_gpus else []
+        last = len(ranked) - 1
+        scores = [MAX_PRIORITY] if last == 0 else [round(MAX_PRIORITY * (last - i) / last) for i in range(last + 1)]
+        if names == ranked:  # kube-scheduler sends filter's answer back in its order: no lookups needed
+            return [{"Host": n, "Score": sc} for n, sc in zip(names, scores, strict=True)]
+        score = dict(zip(ranked, scores, strict=True))
+        return [{"Host": n, "Score": score.get(n, 0)} for n in names]
+
+    def _recent_rank(self, args: dict) -> list[str] | None:
+        pod = args.get("Pod")
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        if not isinstance(meta, dict) or not meta.get("name"):
+            return None
+        names = _names_and_nodes(args)[0]
+        return self.ranks.get((str(meta.get("namespace") or "default"), str(meta["name"])), str(meta.get("uid") or ""),
+                              names)
+
+    # -- bind ----------------------------------------------------------------------------------------------
+
+    def _node_lock(self, node: str) -> threading.Lock:
+        with self._guard:
+            return self._node_locks.setdefault(node, threading.Lock())
+
+    def bind(self, args: dict) -> dict:
+        t0 = time.perf_counter()
+        result = "error"
+        try:
+            result, err = self._bind(args)
+            if err and args.get("PodName"):
+                who = {"metadata": {"name": args.get("PodName"), "namespace": args.get("PodNamespace") or "default",
+                                    "uid": args.get("PodUID")}}
+                self.events.record(who, events.BINDING_FAILED, err)
+            return {"Error": err}
+        finally:
+            if result != "bound":  # kube-scheduler filters the pod again; its promise ends here
+                self.inflight.release((args.get("PodNamespace") or "default", args.get("PodName") or ""))
+            self.metrics.bind_total.labels(result).inc()
+            self.metrics.bind_seconds.observe(time.perf_counter() - t0)
+
+    def _bind(self, args: dict) -> tuple[str, str]:
+        ns, name = args.get("PodNamespace") or "default", args.get("PodName") or ""
+        node, uid = args.get("Node") or "", args.get("PodUID") or ""
+        if not name or not node:
+            return "invalid", "pyvgpu: bind needs PodName and Node"
+        if not uid:
+            return "invalid", f"pyvgpu: bind of pod {ns}/{name} needs its PodUID (kube-scheduler always sends it)"
+        who = f"pod {ns}/{name}"
+        try:
+            pod = self.kube.get_pod(ns, name)
+        except KubeError as e:
+            if e.not_found:
+                return "pod_gone", f"pyvgpu: {who} no longer exists"
+            return "error", f"pyvgpu: {e}"
+        except KubeUnreachable as e:
+            return "api_unreachable", f"pyvgpu: {e}"
+        if (pod.get("metadata") or {}).get("uid") != uid:
+            return "pod_gone", f"pyvgpu: {who} was deleted and created again (UID {uid} is gone)"
+        refused = self._not_ours(pod, who)
+        if refused:
+            return refused
+        try:
+            req = pod_request(pod, self.cfg)
+        except ClusterInputError as e:
+            return "invalid", f"pyvgpu: {e}"
+        try:
+            if not req.wants_gpus:
+                self.kube.bind(ns, name, uid, node)
+                return "bound", ""
+            self._reserve_for_bind(req, node)
+            with self._node_lock(node):
+                return self._bind_locked(pod, req, ns, name, uid, node)
+        except LockBusy as e:
+            return "lock_busy", f"pyvgpu: {e}"
+        except KubeUnreachable as e:
+            return "api_unreachable", f"pyvgpu: {e}"
+        except KubeError as e:
+            if e.not_found:
+                return "pod_gone", f"pyvgpu: {who} was deleted while being bound: {e}"
+            return "error", f"pyvgpu: {e}"
+
+    def _bind_locked(self, pod, req, ns, name, uid, node) -> tuple[str, str]:
+        who = f"pod {ns}/{name}"
+        with self.informer.lock:
+            cached = self.informer.nodes.get(node)
+        node_obj = self.lock.acquire(node, ns, name, cached=cached)
+        self.informer.assume_node(node_obj)  # the next bind's lock is written on this copy
+        try:
+            fresh = self.kube.list_pods(node=node).get("items") or []
+            seen = {((p["metadata"].get("namespace") or "default"), p["metadata"]["name"]) for p in fresh}
+            fresh += [p for p in self.informer.in_flight(node, (ns, name))
+                      if ((p["metadata"].get("namespace") or "default"), p["metadata"]["name"]) not in seen]
+            info = usage.node_infos([node_obj], fresh, self.cfg, exclude=(ns, name))
+            info = self.inflight.apply(info, (ns, name), self.informer.counts, self.inflight.order((ns, name)))
+            quota = self.informer.quotas.view(ns, exclude=(ns, name))
+            annos = kept_promise(self.inflight.promise((ns, name)), info[0], req, quota)
+            if annos is None:
+                d = decide_on(info, req, self.cfg, quota=quota)
+                if d.node is None:
+                    why = d.nodes[0].reason if d.nodes else "no such node"
+                    return "no_longer_fits", f"pyvgpu: {who} no longer fits on node {node}: {why}"
+                annos = dict(d.annotations)
+            now = str(int(time.time()))
+            annos[keys.POD_TIME] = now
+            annos[keys.POD_BIND_TIME] = now
+            annos[keys.POD_BIND_PHASE] = keys.BIND_ALLOCATING
+            patched = self.kube.patch_pod(ns, name, {"metadata": {"annotations": annos}})
+            try:
+                self.kube.bind(ns, name, uid, node)
+            except (KubeError, KubeUnreachable) as e:
+                if not self._undo(ns, name, uid, node, e):
+                    raise
+            patched.setdefault("spec", {})["nodeName"] = node
+            self.informer.assume(patched)
+            self.inflight.release((ns, name))  # the cache counts the written annotations now
+            log.info("bound %s to node %s: %s", who, node, annos[keys.POD_TO_ALLOCATE])
+            return "bound", ""
+        finally:
+            try:
+                released = self.lock.release(node, ns, name, locked=node_obj)
+                if released is not None:
+                    self.informer.assume_node(released)
+            except (KubeError, KubeUnreachable) as e:
+                log.error("could not release the lock of node %s: %s; it expires", node, e)
+
+    def _not_ours(self, pod: dict, who: str) -> tuple[str, str] | None:
+        """Why bind must not touch this pod: one meant for another scheduler, or one already bound (its
+        annotations are what its node counts; rewriting or undoing them would free GPUs in use)."""
+        spec = pod.get("spec") or {}
+        sched = spec.get("schedulerName") or "default-scheduler"
+        if sched != self.name:
+            return "not_ours", (f"pyvgpu: {who} names the scheduler {sched!r}, not {self.name!r}: {self.name} "
+                                "binds only its own pods; nothing was changed")
+        if spec.get("nodeName"):
+            return "already_bound", f"pyvgpu: {who} is already bound to node {spec['nodeName']}; nothing was changed"
+        return None
+
+    def _reserve_for_bind(self, req, node: str) -> None:
+        """The pod's GPUs on the node kube-scheduler chose count for the others' filters from now on (filter
+        reserved its own first choice, which kube-scheduler may not have taken)."""
+        key = (req.namespace, req.name)
+        infos = self.inflight.apply(self.informer.node_infos([node], exclude=key), key, self.informer.counts,
+                                    self.inflight.order(key))
+        old = self.inflight.promise(key)
+        if old is not None and kept_promise(old, infos[0], req, None) is not None:
+            self.inflight.reserve(key, node, old.devices, old.n_init, keep_order=True)  # still good: renewed
+            return
+        d = decide_on(infos, req, self.cfg)
+        if d.node is not None:
+            self.inflight.reserve(key, d.node, d.devices, d.init_containers, keep_order=True)
+
+    def _undo(self, ns: str, name: str, uid: str, node: str, why: Exception) -> bool:
+        """The Binding failed after the annotations were written: take them back, so the pod's GPUs do not
+        count on the node. The pod is read again first: a Binding whose answer was lost (a timeout) may have
+        landed, and a bound pod's annotations are never taken back. True when the pod is bound to `node`
+        (the bind succeeded after all)."""
+        if isinstance(why, KubeError) and why.not_found:
+            return False
+        try:
+            pod = self.kube.get_pod(ns, name)
+            meta = pod.get("metadata") or {}
+            if meta.get("uid") != uid:
+                return False
+            bound = (pod.get("spec") or {}).get("nodeName")
+            if bound:
+                log.warning("the Binding of pod %s/%s failed (%s) but the pod is bound to %s: its annotations stay",
+                            ns, name, why, bound)
+                return bound == node
+            self.kube.patch_pod(ns, name, {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {
+                keys.POD_NODE: None, keys.POD_TO_ALLOCATE: None, keys.POD_ALLOCATED: None,
+                keys.POD_BIND_PHASE: keys.BIND_FAILED}}})
+        except (KubeError, KubeUnreachable) as e:
+            # left as written: the node over-counts this pod until the annotations are rewritten, never under
+            log.error("could not take back the annotations of pod %s/%s after a failed bind: %s", ns, name, e)
+        return False
+
+    # -- webhook -------------------------------------------------------------------------------------------
+
+    def admit(self, body: dict) -> dict:
+        return webhook.review(body, self.cfg, self.name, self.annotation_writers)
