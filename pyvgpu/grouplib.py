@@ -61,6 +61,8 @@ _SIGNATURES = {
     "pyvgpu_g_open_turns": [ctypes.c_char_p, ctypes.c_int, *_ERR, _P(ctypes.c_int)],
     "pyvgpu_g_create_turns": [ctypes.c_char_p, ctypes.c_uint, ctypes.c_int],
     "pyvgpu_g_machine_turns_problem": [ctypes.c_char_p, ctypes.c_int, *_ERR],
+    "pyvgpu_g_check_limits": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, _P(ctypes.c_uint64), ctypes.c_char_p,
+                              *_ERR],
     "pyvgpu_g_make_region": [ctypes.c_char_p, ctypes.c_void_p, _P(ctypes.c_uint64), _P(ctypes.c_uint32),
                              ctypes.c_uint, *_ERR],
 }
@@ -165,10 +167,11 @@ def _devices(dflt: ctypes.c_int64, per, mask: ctypes.c_uint32) -> tuple[int | No
     return (None if dflt.value < 0 else dflt.value), {d: per[d] for d in range(MAX_DEVICES) if mask.value >> d & 1}
 
 
-def spec(text: str, where: str, shares: bool, floor: int = 0) -> tuple[int | None, dict[int, int]]:
-    """``--memory``/``--sm``: (the value for every device or None, {device: value})."""
+def spec(text: str, where: str, shares: bool, floor: int = 0, none: bool = False) -> tuple[int | None, dict[int, int]]:
+    """``--memory``/``--sm``: (the value for every device or None, {device: value}); with ``none``, none/off/0
+    is (0, {}): no limit on any device."""
     dflt, per, mask = ctypes.c_int64(), (ctypes.c_uint64 * MAX_DEVICES)(), ctypes.c_uint32()
-    _call("pyvgpu_g_spec", *_text(text, where), int(shares), floor, ctypes.byref(dflt), per, ctypes.byref(mask))
+    _call("pyvgpu_g_spec", *_text(text, where), int(shares) | (2 if none else 0), floor, ctypes.byref(dflt), per, ctypes.byref(mask))
     return _devices(dflt, per, mask)
 
 
@@ -276,3 +279,10 @@ def make_region(p: Path, want: ctypes.Structure, memory: list[int], sm: list[int
     if rc < 0:
         raise PyvgpuError(err.value.decode("utf-8", "replace"))
     return rc == 1
+
+
+def check_limits(p: Path, region_address: int, shares: bool, want: list[int], source: str) -> None:
+    """A process's caps (or shares) against its group's in the region mapped at ``region_address``: raise
+    naming ``source`` when they disagree (the group's first limits are followed)."""
+    _call("pyvgpu_g_check_limits", _b(str(p)), region_address, int(shares), (ctypes.c_uint64 * MAX_DEVICES)(*want),
+          _b(source))

@@ -86,9 +86,10 @@ class SmLimits(DeviceValues):
     """Per-device compute shares in percent (1-100; 100 = the whole device, no limit)."""
 
 
-def parse_memory_option(text: str, env: Mapping[str, str] | None = None) -> MemoryLimits:
-    """``--memory 4G`` (every device) or ``--memory 0=2G,1=6G``; each cap at least min_memory(env)."""
-    return MemoryLimits(*grouplib.spec(text, f"--memory {text!r}", shares=False, floor=min_memory(env)))
+def parse_memory_option(text: str, env: Mapping[str, str] | None = None, none: bool = False) -> MemoryLimits:
+    """``--memory 4G`` (every device) or ``--memory 0=2G,1=6G``; each cap at least min_memory(env). With
+    ``none`` (`limits set`), none, off or 0 removes the cap (a default of 0)."""
+    return MemoryLimits(*grouplib.spec(text, f"--memory {text!r}", shares=False, floor=min_memory(env), none=none))
 
 
 def parse_percent(text: str, where: str) -> int:
@@ -96,9 +97,9 @@ def parse_percent(text: str, where: str) -> int:
     return grouplib.percent(text, where)
 
 
-def parse_sm_option(text: str) -> SmLimits:
-    """``--sm 30`` (every device) or ``--sm 0=30,1=50``."""
-    return SmLimits(*grouplib.spec(text, f"--sm {text!r}", shares=True))
+def parse_sm_option(text: str, none: bool = False) -> SmLimits:
+    """``--sm 30`` (every device) or ``--sm 0=30,1=50``; with ``none`` as parse_memory_option."""
+    return SmLimits(*grouplib.spec(text, f"--sm {text!r}", shares=True, none=none))
 
 
 def sm_from_env(env: Mapping[str, str]) -> SmLimits:

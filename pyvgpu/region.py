@@ -259,42 +259,17 @@ def check_bounds(r: Region, physical: list[int]) -> None:
                               "was altered; refusing it. Remove it and start the group again")
 
 
-def _follows(have: int, created: int, want: int) -> bool:
-    """A process's limit agrees with its group's: the same, or the one the group was created with (the
-    variables a child of the group's first programs inherited, or a container's, after `pyvgpu limits set`
-    changed the group's: the process follows the group's limit)."""
-    return want == have or want == created
-
-
 def check_limits(region: Region, wanted: lim.MemoryLimits, source: str) -> None:
-    """A process whose limits disagree with its group's gets a clear error."""
-    if not wanted:
-        return
-    have = region.limits()
-    want = wanted.as_list()
-    for d in range(L.MAX_DEVICES):
-        if not _follows(have[d], region.device(d).limit_created, want[d]):
-            h = lim.human(have[d]) if have[d] else "no limit"
-            w = lim.human(want[d]) if want[d] else "no limit"
-            raise PyvgpuError(
-                f"group {region.name!r} ({region.path}) has {h} on device {d}, but {source} asks for {w}; "
-                "use the group's limits, or start a group of your own"
-            )
+    """A process whose limits disagree with its group's gets a clear error (shim/src/pv_group_region.c, the
+    shim's own check): the same, or the limits the group was created with, which it then follows."""
+    if wanted:
+        grouplib.check_limits(region.path, region.address, False, wanted.as_list(), source)
 
 
 def check_sm(region: Region, wanted: lim.SmLimits, source: str) -> None:
     """Like check_limits, for compute shares."""
-    if not wanted:
-        return
-    have, want = region.sm_limits(), wanted.as_list()
-    for d in range(L.MAX_DEVICES):
-        if not _follows(have[d], region.device(d).sm_limit_created, want[d]):
-            h = f"{have[d]}%" if have[d] else "no compute limit"
-            w = f"{want[d]}%" if want[d] else "no compute limit"
-            raise PyvgpuError(
-                f"group {region.name!r} ({region.path}) has {h} on device {d}, but {source} asks for {w}; "
-                "use the group's limits, or start a group of your own"
-            )
+    if wanted:
+        grouplib.check_limits(region.path, region.address, True, wanted.as_list(), source)
 
 
 def check_devices(region: Region, wanted: list[Gpu], source: str) -> None:

@@ -256,3 +256,28 @@ def test_devices_entries_are_checked_before_nvml(spec, message):
     assert message in str(e.value) and str(e.value).startswith(f"--devices {spec!r}")
     assert [g.index for g in devices.select("GPU-8e1f", {}, gpus=gpus)] == [0]
     assert [g.index for g in devices.select(" 0 ", {}, gpus=gpus)] == [0]
+
+
+def test_the_group_library_is_the_core_alone():
+    """libpyvgpu_group.so, which pyvgpu's commands load, holds the group core and none of the shim: no hooked
+    driver or NVML symbol, no dlsym override: loading it changes nothing in the process."""
+    import subprocess
+
+    lib = grouplib.path()
+    names = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True,
+                           check=True).stdout.split()
+    exported = {n for n in names if n.startswith(("pyvgpu", "cu", "nvml", "dl"))}
+    assert exported and all(n.startswith("pyvgpu_g_") for n in exported), sorted(exported)
+
+
+@pytest.mark.parametrize("text,shown", [("4'G", "\"4'G\""), ("4\"G", "'4\"G'"), ("a\\b", "'a\\\\b'"),
+                                        ("\x7f", "'\\x7f'"), ("\t", "'\\t'"), ("4\u00a0G", "'4\\xa0G'"),
+                                        ("٤G", "'٤G'"), ("4\u2009G", "'4\\u2009G'")])
+def test_values_are_shown_as_python_shows_them(text, shown):
+    """A message shows a value as repr() does, also when C writes it: the shim's messages and the commands' are
+    one text."""
+    assert repr(text) == shown
+    out = grouplib.ctypes.create_string_buffer(256)
+    raw = text.encode()
+    grouplib.lib().pyvgpu_g_repr(raw, len(raw), out, len(out))
+    assert out.value.decode() == shown

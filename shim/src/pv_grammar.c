@@ -322,13 +322,20 @@ int pv_parse_switch(const char *text, size_t len, const char *where, int *out, c
     return 0;
 }
 
-/* --memory/--sm: "V" for every device or "0=V,1=W"; kind 0 = caps of at least floor bytes, 1 = shares.
+/* --memory/--sm: "V" for every device or "0=V,1=W"; kind 0 = caps of at least floor bytes, 1 = shares;
+ * | PV_SPEC_NONE: none, off or 0 (`limits set`) is no limit on every device (*dflt 0).
  * *dflt: the plain value or -1; per[d] and bit d of *mask: the devices given. */
 int pv_parse_spec(const char *text, size_t len, const char *where, int kind, uint64_t floor, int64_t *dflt,
                   uint64_t *per, uint32_t *mask, char *err, size_t n) {
-    const char *what = kind ? "percent" : "size", *one = kind ? "30" : "4G", *pairs = kind ? "0=30,1=50" : "0=2G,1=6G";
+    static const char *const none[] = {"none", "off", "0"};
     *dflt = -1;
     *mask = 0;
+    if (kind & PV_SPEC_NONE && pv_word(text, len, none, 3) >= 0) {
+        *dflt = 0;
+        return 0;
+    }
+    kind &= ~PV_SPEC_NONE;
+    const char *what = kind ? "percent" : "size", *one = kind ? "30" : "4G", *pairs = kind ? "0=30,1=50" : "0=2G,1=6G";
     int parts = 1, blank = len == 0;
     for (size_t i = 0; i < len; i++)
         parts += text[i] == ',';

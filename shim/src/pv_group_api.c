@@ -94,3 +94,9 @@ PV_EXPORT int pyvgpu_g_make_region(const char *path, const void *want, const uin
                                    unsigned mode, char *err, size_t n) {
     return pv_make_region(path, (const pv_region_header_t *)want, memory, sm, mode, err, n);
 }
+PV_EXPORT int pyvgpu_g_check_limits(const char *path, const void *region, int kind, const uint64_t *want,
+                                    const char *source, char *err, size_t n) {
+    const pv_region_header_t *h = (const pv_region_header_t *)region;
+    const pv_region_device_t *dev = (const pv_region_device_t *)((const char *)region + PV_REGION_DEVICES_OFF);
+    return pv_check_limits(path, h, dev, kind, want, source, err, n);
+}

@@ -187,37 +187,44 @@ int pv_open_region(const char *path, int writable, int trust_shared, pv_region_h
     return fd;
 }
 
-/* region.check_limits and check_sm: the process's variables against its group's. A process whose variables
- * name the limits the group was created with follows the group's (`pyvgpu limits set` changed them since:
- * the process inherited its variables from the group's first programs, or a container's). */
-int pv_check_group(const char *path, const pv_region_header_t *h, const pv_region_device_t *dev,
-                       const pv_env_t *env, char *err, size_t n) {
-    for (int d = 0; d < PV_MAX_DEVICES && env->any_memory; d++) {
-        if (dev[d].limit == env->memory[d] || dev[d].limit_created == env->memory[d])
+/* region.check_limits and check_sm: a process's limits against its group's, kind 0 memory caps (bytes), 1
+ * compute shares (percent), want[d] 0 for none; source names what asked. A process whose limits are those
+ * the group was created with follows the group's (`pyvgpu limits set` changed them since: the process
+ * inherited its variables from the group's first programs, or a container's). 0, or -1 with err. */
+int pv_check_limits(const char *path, const pv_region_header_t *h, const pv_region_device_t *dev, int kind,
+                    const uint64_t *want, const char *source, char *err, size_t n) {
+    for (int d = 0; d < PV_MAX_DEVICES; d++) {
+        uint64_t have = kind ? dev[d].sm_limit : dev[d].limit, made = kind ? dev[d].sm_limit_created
+                                                                           : dev[d].limit_created;
+        if (have == want[d] || made == want[d])
             continue;
-        char have[32] = "no limit", want[32] = "no limit";
-        if (dev[d].limit)
-            pv_human(dev[d].limit, have, sizeof have);
-        if (env->memory[d])
-            pv_human(env->memory[d], want, sizeof want);
-        snprintf(err, n, "group '%.*s' (%s) has %s on device %d, but CUDA_DEVICE_MEMORY_LIMIT asks for %s; use the "
-                 "group's limits, or start a group of your own", PV_GROUP_NAME_BYTES, (const char *)h->name, path,
-                 have, d, want);
-        return -1;
-    }
-    for (int d = 0; d < PV_MAX_DEVICES && env->any_sm; d++) {
-        if (dev[d].sm_limit == env->sm[d] || dev[d].sm_limit_created == env->sm[d])
-            continue;
-        char have[32] = "no compute limit", want[32] = "no compute limit";
-        if (dev[d].sm_limit)
-            snprintf(have, sizeof have, "%u%%", dev[d].sm_limit);
-        if (env->sm[d])
-            snprintf(want, sizeof want, "%u%%", env->sm[d]);
-        snprintf(err, n, "group '%.*s' (%s) has %s on device %d, but CUDA_DEVICE_SM_LIMIT asks for %s; use the "
-                 "group's limits, or start a group of your own", PV_GROUP_NAME_BYTES, (const char *)h->name, path,
-                 have, d, want);
-        return -1;
+        const char *none = kind ? "no compute limit" : "no limit";
+        char h_text[32], w_text[32], name[3 * PV_GROUP_NAME_BYTES];
+        snprintf(h_text, sizeof h_text, "%s", none);
+        snprintf(w_text, sizeof w_text, "%s", none);
+        if (have && kind)
+            snprintf(h_text, sizeof h_text, "%llu%%", (unsigned long long)have);
+        else if (have)
+            pv_human(have, h_text, sizeof h_text);
+        if (want[d] && kind)
+            snprintf(w_text, sizeof w_text, "%llu%%", (unsigned long long)want[d]);
+        else if (want[d])
+            pv_human(want[d], w_text, sizeof w_text);
+        pv_repr((const char *)h->name, strnlen((const char *)h->name, PV_GROUP_NAME_BYTES), name, sizeof name);
+        return pv_fail(err, n, "group %s (%s) has %s on device %d, but %s asks for %s; use the group's limits, or "
+                       "start a group of your own", name, path, h_text, d, source, w_text);
     }
     return 0;
+}
+
+/* the shim's check: its variables against its group's */
+int pv_check_group(const char *path, const pv_region_header_t *h, const pv_region_device_t *dev,
+                   const pv_env_t *env, char *err, size_t n) {
+    uint64_t sm[PV_MAX_DEVICES];
+    for (int d = 0; d < PV_MAX_DEVICES; d++)
+        sm[d] = env->sm[d];
+    if (env->any_memory && pv_check_limits(path, h, dev, 0, env->memory, PV_ENV_CUDA_DEVICE_MEMORY_LIMIT, err, n))
+        return -1;
+    return env->any_sm ? pv_check_limits(path, h, dev, 1, sm, PV_ENV_CUDA_DEVICE_SM_LIMIT, err, n) : 0;
 }
 

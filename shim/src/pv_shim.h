@@ -106,6 +106,7 @@ int pv_parse_percent(const char *text, size_t len, const char *where, uint32_t *
 int pv_parse_device(const char *text, size_t len, const char *where, int *out, char *err, size_t n);
 int pv_parse_priority(const char *text, size_t len, const char *where, int *out, char *err, size_t n);
 int pv_parse_switch(const char *text, size_t len, const char *where, int *out, char *err, size_t n);
+#define PV_SPEC_NONE 2 /* pv_parse_spec's kind: "none" is no limit */
 int pv_parse_spec(const char *text, size_t len, const char *where, int kind, uint64_t floor, int64_t *dflt,
                   uint64_t *per, uint32_t *mask, char *err, size_t n);
 
@@ -156,6 +157,8 @@ int pv_create_region(const char *path, const pv_env_t *env, char *err, size_t n)
 int pv_private_path(char *out, size_t n, char *err, size_t errlen);
 int pv_open_region(const char *path, int writable, int trust_shared, pv_region_header_t *h, char *err, size_t n,
                    int *kind);
+int pv_check_limits(const char *path, const pv_region_header_t *h, const pv_region_device_t *dev, int kind,
+                    const uint64_t *want, const char *source, char *err, size_t n);
 int pv_check_group(const char *path, const pv_region_header_t *h, const pv_region_device_t *dev,
                    const pv_env_t *env, char *err, size_t n);
 
