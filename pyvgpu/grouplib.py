@@ -63,6 +63,10 @@ _SIGNATURES = {
     "pyvgpu_g_machine_turns_problem": [ctypes.c_char_p, ctypes.c_int, *_ERR],
     "pyvgpu_g_check_limits": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, _P(ctypes.c_uint64), ctypes.c_char_p,
                               *_ERR],
+    "pyvgpu_g_map_shared": [ctypes.c_int, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, *_ERR],
+    "pyvgpu_g_turn_path": [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+                           _P(ctypes.c_int),
+                           ctypes.c_char_p, ctypes.c_size_t, *_ERR],
     "pyvgpu_g_make_region": [ctypes.c_char_p, ctypes.c_void_p, _P(ctypes.c_uint64), _P(ctypes.c_uint32),
                              ctypes.c_uint, *_ERR],
 }
@@ -91,6 +95,7 @@ def lib() -> ctypes.CDLL:
                               "reinstall pyvgpu")
         for name, args in _SIGNATURES.items():
             getattr(loaded, name).argtypes = args
+        loaded.pyvgpu_g_map_shared.restype = ctypes.c_uint64
         _lib = loaded
     return _lib
 
@@ -171,7 +176,8 @@ def spec(text: str, where: str, shares: bool, floor: int = 0, none: bool = False
     """``--memory``/``--sm``: (the value for every device or None, {device: value}); with ``none``, none/off/0
     is (0, {}): no limit on any device."""
     dflt, per, mask = ctypes.c_int64(), (ctypes.c_uint64 * MAX_DEVICES)(), ctypes.c_uint32()
-    _call("pyvgpu_g_spec", *_text(text, where), int(shares) | (2 if none else 0), floor, ctypes.byref(dflt), per, ctypes.byref(mask))
+    kind = int(shares) | (2 if none else 0)  # pv_shim.h PV_SPEC_NONE
+    _call("pyvgpu_g_spec", *_text(text, where), kind, floor, ctypes.byref(dflt), per, ctypes.byref(mask))
     return _devices(dflt, per, mask)
 
 
@@ -286,3 +292,23 @@ def check_limits(p: Path, region_address: int, shares: bool, want: list[int], so
     naming ``source`` when they disagree (the group's first limits are followed)."""
     _call("pyvgpu_g_check_limits", _b(str(p)), region_address, int(shares), (ctypes.c_uint64 * MAX_DEVICES)(*want),
           _b(source))
+
+
+def map_shared(fd: int, size: int, p: str, what: str, fix: str) -> int:
+    """The file behind ``fd`` mapped shared and read-write, never unmapped, its size checked right before; the
+    address."""
+    err = ctypes.create_string_buffer(ERR_BYTES)
+    addr = lib().pyvgpu_g_map_shared(fd, size, _b(p), _b(what), _b(fix), err, ERR_BYTES)
+    if not addr:
+        raise PyvgpuError(err.value.decode("utf-8", "replace"))
+    return addr
+
+
+def turn_path(sched: str, machine: Path, trust: bool) -> tuple[Path, str | None]:
+    """The turn file: ``sched`` (PYVGPU_SCHED) if given, else the machine's (at ``machine``) if usable, else
+    this user's; with why the machine's is not used when this user's is chosen."""
+    out, why, own = ctypes.create_string_buffer(4096), ctypes.create_string_buffer(ERR_BYTES), ctypes.c_int()
+    _call("pyvgpu_g_turn_path", _b(sched), _b(str(machine)), int(trust), out, len(out), ctypes.byref(own), why,
+          ERR_BYTES)
+    return Path(out.value.decode("utf-8", "surrogateescape")), (why.value.decode("utf-8", "replace")
+                                                                 if own.value else None)

@@ -16,6 +16,7 @@ from pyvgpu import layout as L
 from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 
+
 @dataclass
 class Change:
     """What a `limits set` did, for the command's report."""

@@ -231,13 +231,7 @@ def map_forever(fd: int, size: int, guard: str = "region") -> int:
         name = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         name = f"(fd {fd})"
-    safefile.check_size(fd, size, name, what, "remove it and start again")
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
-    if addr in (None, ctypes.c_void_p(-1).value):
-        raise PyvgpuError(f"cannot map {what} ({os.strerror(ctypes.get_errno())})")
+    addr = grouplib.map_shared(fd, size, name, what, "remove it and start again")
     from pyvgpu import shim
 
     lib = shim.loaded()

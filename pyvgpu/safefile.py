@@ -28,7 +28,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pyvgpu import envspec, grouplib
-from pyvgpu.errors import PyvgpuError
 
 TRUST_ENV = envspec.TRUST_SHARED.name
 UntrustedFile = grouplib.UntrustedFile  # a file or directory another user owns or can write, or a link
@@ -59,11 +58,3 @@ def open_regular(path: Path, flags: int, what: str, fix: str, mode: int = 0o600)
     (blocking again). A link at the path is refused, a FIFO or device is refused without blocking on it.
     A file created here is 0600."""
     return grouplib.open_shared(path, flags, what, fix, trust=True)
-
-
-def check_size(fd: int, size: int, path: Path | str, what: str, fix: str) -> None:
-    """The file behind fd holds at least ``size`` bytes (checked right before mapping it: touching a mapped
-    page past the end of the file is a SIGBUS)."""
-    have = os.fstat(fd).st_size
-    if have < size:
-        raise PyvgpuError(f"{what} {path} is {have} bytes, {size} expected: it was truncated; {fix}")

@@ -31,7 +31,7 @@ from pathlib import Path
 from pyvgpu import envspec, grouplib, safefile
 from pyvgpu import layout as L
 from pyvgpu.errors import PyvgpuError
-from pyvgpu.region import map_forever, private_runtime_dir
+from pyvgpu.region import map_forever
 
 Header = L.SCHED_HEADER.ctypes_class()
 Entry = L.SCHED_ENTRY.ctypes_class()
@@ -52,17 +52,12 @@ def machine_problem(p: Path = SHM_PATH, env: Mapping[str, str] = os.environ) -> 
 
 def choose(env: Mapping[str, str]) -> tuple[Path, str | None]:
     """The turn file this process uses, and a warning to show when the machine's is there but unusable."""
-    if env.get(envspec.SCHED.name):
-        return Path(env[envspec.SCHED.name]), None
-    problem = machine_problem(SHM_PATH, env)
-    if problem is None:
-        return SHM_PATH, None
-    own = private_runtime_dir() / "turns"
+    p, problem = grouplib.turn_path(env.get(envspec.SCHED.name, ""), SHM_PATH, safefile.trust_shared(env))
     note = None
-    if os.path.lexists(SHM_PATH):
+    if problem is not None and os.path.lexists(SHM_PATH):
         note = (f"not using the machine's turn file: {problem}; your groups take turns with each other only "
-                f"({own}). Ask root to run `pyvgpu setup`")
-    return own, note
+                f"({p}). Ask root to run `pyvgpu setup`")
+    return p, note
 
 
 def path(env: Mapping[str, str]) -> Path:

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,21 +25,12 @@
 
 extern char **environ;
 
-/* region.map_forever: the size checked right before mapping, the mapping registered with the guard */
+/* region.map_forever: mapped (pv_map_shared, its size checked right before), registered with the guard */
 static void *map_shared(int fd, uint64_t size, int guard, const char *path, const char *what, const char *fix,
                         char *err, size_t n) {
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < size) {
-        snprintf(err, n, "%s %s is %lld bytes, %llu expected: it was truncated; %s", what, path,
-                 (long long)st.st_size, (unsigned long long)size, fix);
-        return NULL;
-    }
-    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) {
-        snprintf(err, n, "cannot map %s (%s)", what, strerror(errno));
-        return NULL;
-    }
-    pyvgpu_guard((uint64_t)(uintptr_t)m, size, guard);
+    void *m = pv_map_shared(fd, size, path, what, fix, err, n);
+    if (m)
+        pyvgpu_guard((uint64_t)(uintptr_t)m, size, guard);
     return m;
 }
 
@@ -48,9 +38,9 @@ static void *map_shared(int fd, uint64_t size, int guard, const char *path, cons
 
 /* sched.attach: the turn file mapped (never unmapped) and guarded; 0 with err set on failure */
 static uint64_t map_turns(const pv_env_t *env, char *err, size_t n) {
-    char p[1024], fix[1400];
+    char p[1024], fix[1400], why[512];
     int own, kind;
-    if (pv_turn_path(env, p, sizeof p, &own, err, n))
+    if (pv_turn_path(getenv(PV_ENV_SCHED), PV_SHM_TURNS, env->trust_shared, p, sizeof p, &own, why, sizeof why, err, n))
         return 0;
     pv_turns_fix(p, fix, sizeof fix);
     struct stat st;

@@ -100,3 +100,11 @@ PV_EXPORT int pyvgpu_g_check_limits(const char *path, const void *region, int ki
     const pv_region_device_t *dev = (const pv_region_device_t *)((const char *)region + PV_REGION_DEVICES_OFF);
     return pv_check_limits(path, h, dev, kind, want, source, err, n);
 }
+PV_EXPORT uint64_t pyvgpu_g_map_shared(int fd, uint64_t size, const char *path, const char *what, const char *fix,
+                                      char *err, size_t n) {
+    return (uint64_t)(uintptr_t)pv_map_shared(fd, size, path, what, fix, err, n);
+}
+PV_EXPORT int pyvgpu_g_turn_path(const char *sched, const char *machine, int trust_shared, char *out, size_t len,
+                                 int *own, char *why, size_t whylen, char *err, size_t n) {
+    return pv_turn_path(sched, machine, trust_shared, out, len, own, why, whylen, err, n);
+}

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -176,3 +177,21 @@ int pv_make_parents(const char *path, mode_t mode) {
     return 0;
 }
 
+
+/* region.map_forever: the file behind fd mapped shared, read-write, never unmapped, its size checked right
+ * before (touching a page past the end of a file is a SIGBUS); NULL with err */
+void *pv_map_shared(int fd, uint64_t size, const char *path, const char *what, const char *fix, char *err,
+                    size_t n) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < size) {
+        pv_fail(err, n, "%s %s is %lld bytes, %llu expected: it was truncated; %s", what, path, (long long)st.st_size,
+                (unsigned long long)size, fix);
+        return NULL;
+    }
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        pv_fail(err, n, "cannot map %s (%s)", what, strerror(errno));
+        return NULL;
+    }
+    return m;
+}

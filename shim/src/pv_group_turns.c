@@ -47,21 +47,19 @@ int pv_machine_turns_problem(const char *p, int trust_shared, char *why, size_t 
     return 0;
 }
 
-int pv_machine_turns_usable(const pv_env_t *env) {
-    char why[512];
-    return !pv_machine_turns_problem(PV_SHM_TURNS, env->trust_shared, why, sizeof why);
-}
-
-/* sched.choose: PYVGPU_SCHED, else the machine's file if usable, else <runtime dir>/turns (this user's) */
-int pv_turn_path(const pv_env_t *env, char *out, size_t n, int *own, char *err, size_t errlen) {
-    const char *s = getenv(PV_ENV_SCHED);
+/* sched.choose: PYVGPU_SCHED (sched, "" or NULL when unset), else the machine's file (PV_SHM_TURNS; a
+ * test's elsewhere) if usable, else <runtime dir>/turns (this user's; *own set, and why the machine's is not
+ * used in why). 0, or -1 with err. */
+int pv_turn_path(const char *sched, const char *machine, int trust_shared, char *out, size_t n, int *own, char *why, size_t whylen,
+                 char *err, size_t errlen) {
     *own = 0;
-    if (s && *s) {
-        snprintf(out, n, "%s", s);
+    why[0] = 0;
+    if (sched && *sched) {
+        snprintf(out, n, "%s", sched);
         return 0;
     }
-    if (pv_machine_turns_usable(env)) {
-        snprintf(out, n, "%s", PV_SHM_TURNS);
+    if (!pv_machine_turns_problem(machine, trust_shared, why, whylen)) {
+        snprintf(out, n, "%s", machine);
         return 0;
     }
     char top[900];

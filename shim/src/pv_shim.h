@@ -147,6 +147,8 @@ int pv_open_shared(const char *path, int flags, const char *what, const char *fi
 int pv_runtime_path(char *out, size_t n, char *err, size_t errlen); /* where, not made */
 int pv_runtime_dir(char *out, size_t n, char *err, size_t errlen);  /* made private */
 int pv_make_parents(const char *path, mode_t mode);
+void *pv_map_shared(int fd, uint64_t size, const char *path, const char *what, const char *fix, char *err,
+                    size_t n); /* never unmapped; NULL with err */
 
 /* pv_group_region.c: the group's region */
 #define PV_MAX_SLOTS (4 * PV_REGION_DEFAULT_SLOTS) /* region.MAX_SLOTS: more is a corrupt or hostile header */
@@ -165,8 +167,8 @@ int pv_check_group(const char *path, const pv_region_header_t *h, const pv_regio
 /* pv_group_turns.c: the turn file */
 #define PV_SHM_TURNS "/dev/shm/pyvgpu-turns-v1"
 int pv_machine_turns_problem(const char *p, int trust_shared, char *why, size_t n); /* 1 with why, or 0 */
-int pv_machine_turns_usable(const pv_env_t *env);
-int pv_turn_path(const pv_env_t *env, char *out, size_t n, int *own, char *err, size_t errlen);
+int pv_turn_path(const char *sched, const char *machine, int trust_shared, char *out, size_t n, int *own, char *why, size_t whylen,
+                 char *err, size_t errlen);
 int pv_create_turns(const char *p, unsigned mode, int gid); /* 0, or -1 with errno */
 void pv_turns_fix(const char *p, char *fix, size_t n);
 int pv_open_turns(const char *p, int trust_shared, const char *fix, char *err, size_t n, int *kind);
