@@ -51,6 +51,7 @@ _SIGNATURES = {
     "pyvgpu_g_env_setting": [_P(ctypes.c_char_p), ctypes.c_int, _P(ctypes.c_int64), *_ERR],
     "pyvgpu_g_env_devices": [_P(ctypes.c_char_p), ctypes.c_int, _P(ctypes.c_int64), _P(ctypes.c_uint64),
                              _P(ctypes.c_uint32), *_ERR],
+    "pyvgpu_g_env_region": [_P(ctypes.c_char_p), ctypes.c_char_p, ctypes.c_size_t],
     "pyvgpu_g_read_env": [_P(ctypes.c_char_p), _P(ctypes.c_uint64), _P(ctypes.c_uint32), _P(ctypes.c_int32),
                           _P(ctypes.c_uint64), *_ERR],
     "pyvgpu_g_private_dir": [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, *_ERR],
@@ -96,6 +97,7 @@ def lib() -> ctypes.CDLL:
         for name, args in _SIGNATURES.items():
             getattr(loaded, name).argtypes = args
         loaded.pyvgpu_g_map_shared.restype = ctypes.c_uint64
+        loaded.pyvgpu_g_env_region.restype = ctypes.c_size_t
         _lib = loaded
     return _lib
 
@@ -199,6 +201,15 @@ def env_devices(env: Mapping[str, str], shares: bool) -> tuple[int | None, dict[
     dflt, per, mask = ctypes.c_int64(), (ctypes.c_uint64 * MAX_DEVICES)(), ctypes.c_uint32()
     _call("pyvgpu_g_env_devices", envp(env), int(shares), ctypes.byref(dflt), per, ctypes.byref(mask))
     return _devices(dflt, per, mask)
+
+
+def env_region(env: Mapping[str, str]) -> Path | None:
+    """The group's region an environment names (PYVGPU_REGION, else CUDA_DEVICE_MEMORY_SHARED_CACHE), or None."""
+    out = ctypes.create_string_buffer(8192)
+    size = lib().pyvgpu_g_env_region(envp(env), out, len(out))
+    if size >= len(out):
+        raise PyvgpuError(f"the region path in the environment is {size} bytes; give one shorter than {len(out)}")
+    return Path(out.raw[:size].decode("utf-8", "surrogateescape")) if size else None
 
 
 def read_env(env: Mapping[str, str]) -> dict:

@@ -2,9 +2,12 @@
 
 Its layout is pyvgpu.layout (REGION_HEADER, REGION_DEVICE, REGION_SLOT);
 the callbacks in pyvgpu/jit/quota.py work on it through the same offsets.
-This module creates regions (atomically: a complete file is linked into
-place, never a half-initialised one), validates them (magic, version,
-size, owner), and reads them for `pyvgpu status`.
+Regions are created (atomically: a complete file is linked into place, never
+a half-initialised one), opened and validated (magic, version, size, owner,
+who may write it) and mapped by the group core in C (shim/src/pv_group_*.c,
+through pyvgpu/grouplib.py), the code the shim joins its group with. This
+module gives them Python's shape: the Region view, live changes, the event
+log, and reading them for `pyvgpu status`.
 
 Paths: ``--region PATH``; ``--group NAME`` -> <runtime dir>/groups/NAME.region;
 HAMi's CUDA_DEVICE_MEMORY_SHARED_CACHE names a path too. Without either,
@@ -65,11 +68,8 @@ def new_private_path() -> Path:
 
 
 def path_from_env(env: Mapping[str, str]) -> Path | None:
-    """The region this process belongs to, by the environment contract."""
-    for key in (envspec.REGION.name, envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name):
-        if env.get(key):
-            return Path(env[key])
-    return None
+    """The region this process belongs to, by the environment contract (as the shim reads it)."""
+    return grouplib.env_region(env)
 
 
 @dataclass

@@ -175,6 +175,16 @@ int pv_env_devices(char *const *envp, int kind, int64_t *dflt, uint64_t *per, ui
     return 0;
 }
 
+/* the group's region: PYVGPU_REGION, else HAMi's CUDA_DEVICE_MEMORY_SHARED_CACHE (a non-empty value) */
+void pv_env_region(char *const *envp, const char **path, const char **var) {
+    const char *t;
+    *path = *var = NULL;
+    if (env_get(envp, PV_ENV_REGION, &t) && *t)
+        *path = t, *var = PV_ENV_REGION;
+    else if (env_get(envp, PV_ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, &t) && *t)
+        *path = t, *var = PV_ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE;
+}
+
 int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n) {
     memset(env, 0, sizeof *env);
     int64_t s[PV_N_SETTINGS];
@@ -200,13 +210,6 @@ int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n) {
         env->memory[d] = mem_mask >> d & 1 ? mem_dev[d] : mem_default > 0 ? (uint64_t)mem_default : 0;
         env->sm[d] = (uint32_t)(sm_mask >> d & 1 ? sm_dev[d] : sm_default > 0 ? (uint64_t)sm_default : 0);
     }
-    const char *t;
-    if (env_get(envp, PV_ENV_REGION, &t) && *t) {
-        env->region = t;
-        env->region_var = PV_ENV_REGION;
-    } else if (env_get(envp, PV_ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, &t) && *t) {
-        env->region = t;
-        env->region_var = PV_ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE;
-    }
+    pv_env_region(envp, &env->region, &env->region_var);
     return 0;
 }

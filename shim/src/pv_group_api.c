@@ -4,6 +4,7 @@
  * a CLI process that loads it gets the one implementation of the limits grammar and the environment
  * contract without the shim's interposition or its start-up work. The shim is built from the same files.
  * Every function returns 0, or -1 with a one-sentence message in err. */
+#include <stdio.h>
 #include <string.h>
 
 #include "pv_shim.h"
@@ -48,6 +49,15 @@ PV_EXPORT int pyvgpu_g_env_setting(char *const *envp, int which, int64_t *out, c
 PV_EXPORT int pyvgpu_g_env_devices(char *const *envp, int kind, int64_t *dflt, uint64_t *per, uint32_t *mask,
                                    char *err, size_t n) {
     return pv_env_devices(envp, kind, dflt, per, mask, err, n);
+}
+/* the group's region named by an environment: 0 none, else the length of its path, copied into out */
+PV_EXPORT size_t pyvgpu_g_env_region(char *const *envp, char *out, size_t n) {
+    const char *path, *var;
+    pv_env_region(envp, &path, &var);
+    if (!path)
+        return 0;
+    snprintf(out, n, "%s", path);
+    return strlen(path);
 }
 /* what the shim itself reads at its start, for tests: memory[16], sm[16], {policy, turns, trust_shared,
  * priority, sm_borrow, clock}, batch_ns */

@@ -44,9 +44,9 @@ int pv_make_region(const char *path, const pv_region_header_t *want, const uint6
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         return pv_fail(err, n, "region %s is a directory; give the path of a region file, such as %s/NAME.region",
                        path, path);
-    if (want->n_slots == 0 || want->n_slots > PV_MAX_SLOTS || want->n_visible > PV_MAX_DEVICES)
-        return pv_fail(err, n, "region %s: %u slots and %u devices cannot be made (1..%d slots, at most %d "
-                       "devices)", path, want->n_slots, want->n_visible, PV_MAX_SLOTS, PV_MAX_DEVICES);
+    if (want->n_visible > PV_MAX_DEVICES)
+        return pv_fail(err, n, "region %s: %u devices cannot be made (at most %d)", path, want->n_visible,
+                       PV_MAX_DEVICES);
     char header[PV_REGION_SLOTS_OFF]; /* 15.5 KiB on the stack: no state shared between callers */
     memset(header, 0, sizeof header);
     pv_region_header_t *h = (pv_region_header_t *)header;

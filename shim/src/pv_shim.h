@@ -130,6 +130,7 @@ int pv_env_setting(char *const *envp, int which, int64_t *out, char *err, size_t
 /* kind 0: CUDA_DEVICE_MEMORY_LIMIT[_i], 1: CUDA_DEVICE_SM_LIMIT[_i]; *dflt -1 or the plain value; per[d] for
  * bit d of *mask */
 int pv_env_devices(char *const *envp, int kind, int64_t *dflt, uint64_t *per, uint32_t *mask, char *err, size_t n);
+void pv_env_region(char *const *envp, const char **path, const char **var); /* NULL, NULL if none */
 int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n); /* 0, or -1 naming the variable */
 
 /* pv_group_files.c: files other users may touch; 0/fd, or -1 with err */
