@@ -189,17 +189,34 @@ def envp(env: Mapping[str, str]) -> ctypes.Array:
     return (ctypes.c_char_p * (len(items) + 1))(*items, None)
 
 
+def _only(env: Mapping[str, str], names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict[str, str]:
+    """The variables of ``env`` a reader looks at (the rest need not be copied into C)."""
+    return {k: v for k, v in env.items() if k in names or k.startswith(prefixes)} if prefixes else \
+        {k: env[k] for k in names if k in env}
+
+
+def _setting_var(which: int) -> str:
+    from pyvgpu import envspec
+
+    return (envspec.GPU_CORE_UTILIZATION_POLICY, envspec.SM_BATCH_MS, envspec.SM_TURN, envspec.CLOCK,
+            envspec.TRUST_SHARED, envspec.CUDA_TASK_PRIORITY, envspec.SM_BORROW, envspec.MIN_MEMORY)[which].name
+
+
 def env_setting(env: Mapping[str, str], which: int) -> int:
     """One setting (POLICY, BATCH_NS, ...) as the shim reads it from ``env``; -1 for an unset priority or switch."""
     out = ctypes.c_int64()
-    _call("pyvgpu_g_env_setting", envp(env), which, ctypes.byref(out))
+    _call("pyvgpu_g_env_setting", envp(_only(env, (_setting_var(which),))), which, ctypes.byref(out))
     return out.value
 
 
 def env_devices(env: Mapping[str, str], shares: bool) -> tuple[int | None, dict[int, int]]:
     """CUDA_DEVICE_MEMORY_LIMIT[_i] (or CUDA_DEVICE_SM_LIMIT[_i] with shares): (every device's, {device: value})."""
+    from pyvgpu import envspec
+
+    base = (envspec.CUDA_DEVICE_SM_LIMIT if shares else envspec.CUDA_DEVICE_MEMORY_LIMIT).name
+    mine = _only(env, (base, envspec.MIN_MEMORY.name), (base + "_",))
     dflt, per, mask = ctypes.c_int64(), (ctypes.c_uint64 * MAX_DEVICES)(), ctypes.c_uint32()
-    _call("pyvgpu_g_env_devices", envp(env), int(shares), ctypes.byref(dflt), per, ctypes.byref(mask))
+    _call("pyvgpu_g_env_devices", envp(mine), int(shares), ctypes.byref(dflt), per, ctypes.byref(mask))
     return _devices(dflt, per, mask)
 
 
