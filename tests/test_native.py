@@ -1,8 +1,10 @@
 """What the shim does with no interpreter: pick the callback library, tell CPUs apart, make and join regions.
 
-shim/src/pv_load.c, pv_attach.c and pv_env.c do in C what pyvgpu/cache.py, cpuid.py, region.py and limits.py
-do in Python; these tests hold the two to the same results. (The grammar of the variables is in
-tests/test_sizes.py, through both readers.)
+shim/src/pv_load.c does in C what pyvgpu/cache.py and cpuid.py do in Python; these tests hold the two to the
+same results. Regions, turn files and the variables have one implementation, the group core
+(shim/src/pv_group_*.c, pv_env.c, pv_grammar.c), which the shim and pyvgpu share: the tests here check that
+a program started without `pyvgpu wrap` gets the group and the messages wrap would give it. (The grammar of
+the variables is in tests/test_sizes.py.)
 """
 
 from __future__ import annotations
