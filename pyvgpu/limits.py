@@ -34,8 +34,6 @@ from pyvgpu import envspec, grouplib, layout
 
 MAX_DEVICES = 16
 MIN_MEMORY = 64 << 20  # pv_env.c PV_MIN_MEMORY
-SIZE_HELP = ("a number of bytes, or a number with a binary unit K, M, G or T (also Ki, Mi, Gi, Ti), "
-             "e.g. 4G, 4.5G or 512Mi")
 
 
 def not_ascii(text: str, where: str, what: str, example: str) -> None:
@@ -175,9 +173,6 @@ def human(n: int) -> str:
         if n >= div:
             return f"{n // div} {unit}" if n % div == 0 else f"{n / div:.2f} {unit}"
     return f"{n} B"
-
-
-DEFAULT_SM_BATCH_MS = 10
 
 
 CLOCK_MODES = ("auto", "tsc", "system")
