@@ -98,7 +98,8 @@ const char *pv_foreign_problem(const struct stat *st, int root_group_ok, char *b
     return buf;
 }
 
-/* safefile.open_regular + check_trusted: the fd (blocking), or -1 with err (*missing: ENOENT) */
+/* safefile.open_regular + check_trusted: the fd (blocking), or -1 with err and *kind (PV_OPEN_*: missing,
+ * untrusted, refused otherwise) */
 int pv_open_shared(const char *path, int flags, const char *what, const char *fix, int root_group_ok,
                    int trust_shared, char *err, size_t n, int *kind) {
     *kind = PV_OPEN_REFUSED;
@@ -107,9 +108,8 @@ int pv_open_shared(const char *path, int flags, const char *what, const char *fi
         char t[512];
         if (errno == ENOENT)
             *kind = PV_OPEN_MISSING;
-        if (errno == ELOOP)
-            *kind = PV_OPEN_UNTRUSTED;
         if (errno == ELOOP) {
+            *kind = PV_OPEN_UNTRUSTED;
             link_target(path, t, sizeof t);
             snprintf(err, n, "%s %s is a symbolic link (to %s); pyvgpu does not follow links there. %s", what,
                      path, t, fix);
