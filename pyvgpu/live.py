@@ -16,8 +16,6 @@ from pyvgpu import layout as L
 from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 
-NONE_WORDS = ("none", "off", "0")
-
 
 @dataclass
 class Change:
@@ -58,16 +56,12 @@ def _values(spec: lim.DeviceValues) -> dict[int | None, int]:
 
 
 def parse_memory(text: str) -> lim.MemoryLimits:
-    """--memory for a live change: as wrap's, and 'none' removes the cap."""
-    if text.strip().lower() in NONE_WORDS:
-        return lim.MemoryLimits(default=0)
-    return lim.parse_memory_option(text)
+    """--memory for a live change: as wrap's, and none (off, 0) removes the cap."""
+    return lim.parse_memory_option(text, none=True)
 
 
 def parse_sm(text: str) -> lim.SmLimits:
-    if text.strip().lower() in NONE_WORDS:
-        return lim.SmLimits(default=0)
-    return lim.parse_sm_option(text)
+    return lim.parse_sm_option(text, none=True)
 
 
 def _physical(r: region.Region) -> list[devices.Gpu] | None:

@@ -2,9 +2,12 @@
 
 Its layout is pyvgpu.layout (REGION_HEADER, REGION_DEVICE, REGION_SLOT);
 the callbacks in pyvgpu/jit/quota.py work on it through the same offsets.
-This module creates regions (atomically: a complete file is linked into
-place, never a half-initialised one), validates them (magic, version,
-size, owner), and reads them for `pyvgpu status`.
+Regions are created (atomically: a complete file is linked into place, never
+a half-initialised one), opened and validated (magic, version, size, owner,
+who may write it) and mapped by the group core in C (shim/src/pv_group_*.c,
+through pyvgpu/grouplib.py), the code the shim joins its group with. This
+module gives them Python's shape: the Region view, live changes, the event
+log, and reading them for `pyvgpu status`.
 
 Paths: ``--region PATH``; ``--group NAME`` -> <runtime dir>/groups/NAME.region;
 HAMi's CUDA_DEVICE_MEMORY_SHARED_CACHE names a path too. Without either,
@@ -23,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyvgpu import atomics, envspec, safefile
+from pyvgpu import atomics, envspec, grouplib, safefile
 from pyvgpu import layout as L
 from pyvgpu import limits as lim
 from pyvgpu.devices import Gpu, uuid_text
@@ -37,22 +40,18 @@ _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 
 
 def runtime_dir() -> Path:
-    xdg = os.environ.get(envspec.XDG_RUNTIME_DIR.name)
-    if xdg and os.path.exists(xdg) and not os.path.isdir(xdg):
-        raise PyvgpuError(f"XDG_RUNTIME_DIR={xdg} is not a directory; set it to a directory of your own, or unset "
-                          f"it (pyvgpu then keeps its groups in /tmp/pyvgpu-{os.getuid()})")
-    base = Path(xdg) / "pyvgpu" if xdg and os.access(xdg, os.W_OK) else Path(f"/tmp/pyvgpu-{os.getuid()}")
-    return base
+    """Where this user's groups are (not made here: private_runtime_dir makes it)."""
+    return grouplib.runtime_dir(make=False)
 
 
 RUNTIME_FIX = ("Ask its owner or root to remove it, or set XDG_RUNTIME_DIR to a directory of your own (pyvgpu "
-               "then keeps its groups in $XDG_RUNTIME_DIR/pyvgpu)")
+               "then keeps its groups in $XDG_RUNTIME_DIR/pyvgpu)")  # pv_shim.h PV_RUNTIME_FIX
 
 
 def private_runtime_dir(sub: str | None = None) -> Path:
     """The runtime dir (and ``sub`` in it), made or checked by safefile.private_dir: 0700, this user's,
     no link; checked before anything is created inside."""
-    top = safefile.private_dir(runtime_dir(), "the runtime directory", RUNTIME_FIX)
+    top = grouplib.runtime_dir(make=True)
     if sub is None:
         return top
     return safefile.private_dir(top / sub, "the runtime directory", RUNTIME_FIX)
@@ -69,11 +68,8 @@ def new_private_path() -> Path:
 
 
 def path_from_env(env: Mapping[str, str]) -> Path | None:
-    """The region this process belongs to, by the environment contract."""
-    for key in (envspec.REGION.name, envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name):
-        if env.get(key):
-            return Path(env[key])
-    return None
+    """The region this process belongs to, by the environment contract (as the shim reads it)."""
+    return grouplib.env_region(env)
 
 
 @dataclass
@@ -163,69 +159,24 @@ def _sm_any(limits: list[int]) -> int:
     return sum(1 for v in limits if 0 < v < 100)
 
 
-def _fill(buf: bytearray, name: str, limits: list[int], n_slots: int, n_physical: int, sm: list[int],
-          visible: list[Gpu], priority: int, sm_borrow: bool) -> None:
-    h = Header.from_buffer(buf, 0)
-    h.magic = L.REGION_MAGIC
-    h.version = L.REGION_VERSION
-    h.n_devices = L.MAX_DEVICES
-    h.size = L.region_size(n_slots)
-    h.n_slots = n_slots
-    h.owner_uid = os.getuid()
-    h.n_physical = n_physical
-    h.created_ns = time.time_ns()
-    h.devices_off = L.REGION_DEVICES_OFF
-    h.slots_off = L.REGION_SLOTS_OFF
-    h.device_size = L.REGION_DEVICE.size
-    h.slot_size = L.REGION_SLOT.size
-    raw = name.encode()[: L.GROUP_NAME_BYTES - 1]
-    ctypes.memmove(ctypes.addressof(h) + L.REGION_HEADER.offset("name"), raw, len(raw))
-    for d, v in enumerate(limits):
-        dev = Device.from_buffer(buf, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size)
-        dev.limit = dev.limit_created = v
-    for d, v in enumerate(sm):
-        dev = Device.from_buffer(buf, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size)
-        dev.sm_limit = dev.sm_limit_created = v
-    h.sm_switch = 1
-    h.priority = priority
-    h.sm_borrow = 1 if sm_borrow else 0
-    h.sm_any = _sm_any(sm)
-    h.n_visible = len(visible)
-    uuids = b"".join(g.uuid_bytes for g in visible)
-    ctypes.memmove(ctypes.addressof(h) + L.REGION_HEADER.offset("visible_uuid"), uuids, len(uuids))
-    for i, g in enumerate(visible):
-        h.visible[i] = g.index | (L.VISIBLE_MIG if g.is_mig else 0)
-
-
 def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SLOTS,
            mode: int = 0o600, n_physical: int = 0, sm: list[int] | None = None,
            visible: list[Gpu] | None = None, priority: int = L.PRIORITY_LOW, sm_borrow: bool = False) -> bool:
     """Create the region file if it does not exist; True if this call created it.
 
-    The complete file is written under a temporary name and linked into place,
-    so nobody ever opens a half-initialised region.
+    The complete file is written under a temporary name and linked into place (shim/src/pv_group_region.c,
+    as the shim makes its own), so nobody ever opens a half-initialised region.
     """
-    if path.is_dir():
-        raise PyvgpuError(f"region {path} is a directory; give the path of a region file, such as "
-                          f"{path / 'NAME.region'}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    size = L.region_size(n_slots)
-    header = bytearray(L.REGION_SLOTS_OFF)
-    _fill(header, name, limits, n_slots, n_physical, sm or [0] * L.MAX_DEVICES, visible or [], priority, sm_borrow)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}"
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    try:
-        os.fchmod(fd, mode)
-        os.write(fd, bytes(header))
-        os.ftruncate(fd, size)  # slots: sparse zeros until used
-        try:
-            os.link(tmp, path)
-            return True
-        except FileExistsError:
-            return False
-    finally:
-        os.close(fd)
-        os.unlink(tmp)
+    want = Header(n_slots=n_slots, n_physical=n_physical, priority=priority, sm_borrow=int(sm_borrow))
+    raw = name.encode()[: L.GROUP_NAME_BYTES - 1]
+    ctypes.memmove(ctypes.addressof(want) + L.REGION_HEADER.offset("name"), raw, len(raw))
+    visible = visible or []
+    want.n_visible = len(visible)
+    uuids = b"".join(g.uuid_bytes for g in visible)
+    ctypes.memmove(ctypes.addressof(want) + L.REGION_HEADER.offset("visible_uuid"), uuids, len(uuids))
+    for i, g in enumerate(visible):
+        want.visible[i] = g.index | (L.VISIBLE_MIG if g.is_mig else 0)
+    return grouplib.make_region(path, want, limits, sm or [0] * L.MAX_DEVICES, mode)
 
 
 REGION_FIX = "use a region of your own (--group NAME, or --region PATH in a directory only you can write)"
@@ -237,57 +188,24 @@ MAX_SLOTS = 4 * L.DEFAULT_SLOTS
 
 
 def open_region(path: Path, writable: bool = True, env: Mapping[str, str] = os.environ) -> Region:
-    """Map an existing region, checking that it is one of ours, of this version, whole and not foreign.
+    """Map an existing region, checked (shim/src/pv_group_region.c, the shim's own checks) to be one of ours,
+    of this version, whole and not foreign.
 
     Opened with O_NOFOLLOW and O_NONBLOCK: a link or a FIFO at the path is refused, never followed or
     waited on. Mapped writable only if this user owns it and nobody else can write it
-    (safefile.check_trusted; PYVGPU_TRUST_SHARED=1 is the opt-in), else refused with UntrustedFile.
+    (PYVGPU_TRUST_SHARED=1 is the opt-in), else refused with UntrustedFile.
     A read-only open is a snapshot read with pread: a file someone truncates cannot crash the reader.
     """
-    if path.is_dir():
-        raise PyvgpuError(f"region {path} is a directory; give the path of a region file, such as "
-                          f"{path / 'NAME.region'}")
+    head = Header()
+    fd = grouplib.open_region(path, writable, safefile.trust_shared(env) if writable else True, head)
     try:
-        fd = safefile.open_regular(path, os.O_RDWR if writable else os.O_RDONLY, "region", REGION_FIX)
-    except FileNotFoundError:
-        raise PyvgpuError(f"region {path} does not exist; create it with `pyvgpu wrap --region {path}`") from None
-    except PermissionError:
-        raise PyvgpuError(f"region {path}: permission denied; it belongs to another user or group "
-                          "(see its owner with ls -l)") from None
-    try:
-        st = os.fstat(fd)
         if writable:
-            safefile.check_trusted(st, path, "region", REGION_FIX, env)
-        if st.st_size < L.REGION_SLOTS_OFF:
-            raise PyvgpuError(f"region {path} is {st.st_size} bytes, too short to be a pyvgpu region "
-                              "(corrupt or not ours); remove it and start the group again")
-        head = Header.from_buffer_copy(os.pread(fd, L.REGION_HEADER.size, 0))
-        if head.magic != L.REGION_MAGIC:
-            raise PyvgpuError(f"region {path} is not a pyvgpu region (bad magic); check the path, or remove "
-                              "the file if it is stale")
-        if head.version != L.REGION_VERSION:
-            raise PyvgpuError(f"region {path} has layout version {head.version}, this pyvgpu uses "
-                              f"{L.REGION_VERSION}; stop the group's programs and remove the file, or use the "
-                              "pyvgpu version that created it")
-        if head.n_slots > MAX_SLOTS:
-            raise PyvgpuError(f"region {path} claims {head.n_slots} process slots, more than the {MAX_SLOTS} any "
-                              "pyvgpu makes (corrupt, or written to make its readers read too much); remove it and "
-                              "start the group again")
-        expect = L.region_size(head.n_slots)
-        if (head.size != st.st_size or head.size != expect or head.n_devices != L.MAX_DEVICES
-                or head.devices_off != L.REGION_DEVICES_OFF or head.slots_off != L.REGION_SLOTS_OFF
-                or head.device_size != L.REGION_DEVICE.size or head.slot_size != L.REGION_SLOT.size):
-            raise PyvgpuError(f"region {path} is damaged: its header says {head.size} bytes and "
-                              f"{head.n_slots} slots, the file has {st.st_size} (expected {expect}); remove it "
-                              "and start the group again")
-        if head.owner_uid != st.st_uid:
-            raise PyvgpuError(f"region {path} was created by uid {head.owner_uid} but the file belongs to uid "
-                              f"{st.st_uid}: it has been replaced; refusing to use it")
-        if writable:
-            m: mmap.mmap | bytearray = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED,
-                                                 mmap.PROT_READ | mmap.PROT_WRITE)
+            m: mmap.mmap | bytearray = mmap.mmap(fd, head.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         else:
-            m = bytearray(os.pread(fd, st.st_size, 0))  # a snapshot
+            m = bytearray(os.pread(fd, head.size, 0))  # a snapshot
+            if len(m) < head.size:
+                raise PyvgpuError(f"region {path} was truncated while pyvgpu read it; remove it and start the "
+                                  "group again")
     except BaseException:
         os.close(fd)
         raise
@@ -313,13 +231,7 @@ def map_forever(fd: int, size: int, guard: str = "region") -> int:
         name = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         name = f"(fd {fd})"
-    safefile.check_size(fd, size, name, what, "remove it and start again")
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
-    if addr in (None, ctypes.c_void_p(-1).value):
-        raise PyvgpuError(f"cannot map {what} ({os.strerror(ctypes.get_errno())})")
+    addr = grouplib.map_shared(fd, size, name, what, "remove it and start again")
     from pyvgpu import shim
 
     lib = shim.loaded()
@@ -341,42 +253,17 @@ def check_bounds(r: Region, physical: list[int]) -> None:
                               "was altered; refusing it. Remove it and start the group again")
 
 
-def _follows(have: int, created: int, want: int) -> bool:
-    """A process's limit agrees with its group's: the same, or the one the group was created with (the
-    variables a child of the group's first programs inherited, or a container's, after `pyvgpu limits set`
-    changed the group's: the process follows the group's limit)."""
-    return want == have or want == created
-
-
 def check_limits(region: Region, wanted: lim.MemoryLimits, source: str) -> None:
-    """A process whose limits disagree with its group's gets a clear error."""
-    if not wanted:
-        return
-    have = region.limits()
-    want = wanted.as_list()
-    for d in range(L.MAX_DEVICES):
-        if not _follows(have[d], region.device(d).limit_created, want[d]):
-            h = lim.human(have[d]) if have[d] else "no limit"
-            w = lim.human(want[d]) if want[d] else "no limit"
-            raise PyvgpuError(
-                f"group {region.name!r} ({region.path}) has {h} on device {d}, but {source} asks for {w}; "
-                "use the group's limits, or start a group of your own"
-            )
+    """A process whose limits disagree with its group's gets a clear error (shim/src/pv_group_region.c, the
+    shim's own check): the same, or the limits the group was created with, which it then follows."""
+    if wanted:
+        grouplib.check_limits(region.path, region.address, False, wanted.as_list(), source)
 
 
 def check_sm(region: Region, wanted: lim.SmLimits, source: str) -> None:
     """Like check_limits, for compute shares."""
-    if not wanted:
-        return
-    have, want = region.sm_limits(), wanted.as_list()
-    for d in range(L.MAX_DEVICES):
-        if not _follows(have[d], region.device(d).sm_limit_created, want[d]):
-            h = f"{have[d]}%" if have[d] else "no compute limit"
-            w = f"{want[d]}%" if want[d] else "no compute limit"
-            raise PyvgpuError(
-                f"group {region.name!r} ({region.path}) has {h} on device {d}, but {source} asks for {w}; "
-                "use the group's limits, or start a group of your own"
-            )
+    if wanted:
+        grouplib.check_limits(region.path, region.address, True, wanted.as_list(), source)
 
 
 def check_devices(region: Region, wanted: list[Gpu], source: str) -> None:

@@ -28,10 +28,10 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from pyvgpu import envspec, safefile
+from pyvgpu import envspec, grouplib, safefile
 from pyvgpu import layout as L
 from pyvgpu.errors import PyvgpuError
-from pyvgpu.region import map_forever, private_runtime_dir
+from pyvgpu.region import map_forever
 
 Header = L.SCHED_HEADER.ctypes_class()
 Entry = L.SCHED_ENTRY.ctypes_class()
@@ -42,48 +42,22 @@ SETUP_MODE = 0o660
 
 def enabled(env: Mapping[str, str]) -> bool:
     """PYVGPU_SM_TURN: 1 (the default) or 0."""
-    text = env.get(envspec.SM_TURN.name, "").strip()
-    if text not in ("", "0", "1"):
-        raise PyvgpuError(f"PYVGPU_SM_TURN={text!r}: give 1 (groups with a share take turns on a GPU, the "
-                          "default) or 0 (they time-slice it)")
-    return text != "0"
+    return bool(grouplib.env_setting({envspec.SM_TURN.name: env.get(envspec.SM_TURN.name, "")}, grouplib.TURNS))
 
 
 def machine_problem(p: Path = SHM_PATH, env: Mapping[str, str] = os.environ) -> str | None:
     """Why this user cannot use the machine's turn file at p, or None if it can (lstat, owner, mode, access)."""
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        return f"{p} does not exist (`pyvgpu setup`, run by root, makes it)"
-    except OSError as e:
-        return f"{p}: {e.strerror}"
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
-        return f"{p} is not a regular file"
-    bad = safefile.foreign_problem(st, root_group_ok=True)
-    if bad and not safefile.trust_shared(env):
-        return f"{p}: {bad}"
-    if not os.access(p, os.R_OK | os.W_OK):
-        try:
-            group = grp.getgrgid(st.st_gid).gr_name
-        except KeyError:
-            group = str(st.st_gid)
-        return f"{p} is for the members of group {group!r}, and you are not one"
-    return None
+    return grouplib.machine_turns_problem(p, safefile.trust_shared(env))
 
 
 def choose(env: Mapping[str, str]) -> tuple[Path, str | None]:
     """The turn file this process uses, and a warning to show when the machine's is there but unusable."""
-    if env.get(envspec.SCHED.name):
-        return Path(env[envspec.SCHED.name]), None
-    problem = machine_problem(SHM_PATH, env)
-    if problem is None:
-        return SHM_PATH, None
-    own = private_runtime_dir() / "turns"
+    p, problem = grouplib.turn_path(env.get(envspec.SCHED.name, ""), SHM_PATH, safefile.trust_shared(env))
     note = None
-    if os.path.lexists(SHM_PATH):
+    if problem is not None and os.path.lexists(SHM_PATH):
         note = (f"not using the machine's turn file: {problem}; your groups take turns with each other only "
-                f"({own}). Ask root to run `pyvgpu setup`")
-    return own, note
+                f"({p}). Ask root to run `pyvgpu setup`")
+    return p, note
 
 
 def path(env: Mapping[str, str]) -> Path:
@@ -92,22 +66,7 @@ def path(env: Mapping[str, str]) -> Path:
 
 def _write_new(p: Path, mode: int, gid: int | None = None) -> None:
     """Link a complete, empty turn file into place unless one is there already (never a half-made one)."""
-    head = Header(magic=L.SCHED_MAGIC, version=L.SCHED_VERSION, n_entries=L.SCHED_ENTRIES, size=L.SCHED_SIZE)
-    tmp = p.parent / f".{p.name}.{os.getpid()}.{os.urandom(4).hex()}"
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        if gid is not None:
-            os.fchown(fd, 0, gid)
-        os.fchmod(fd, mode)  # the umask does not decide who may take turns
-        os.write(fd, bytes(head))
-        os.ftruncate(fd, L.SCHED_SIZE)
-        try:
-            os.link(tmp, p)
-        except FileExistsError:
-            pass
-    finally:
-        os.close(fd)
-        os.unlink(tmp)
+    grouplib.create_turns(p, mode, gid)
 
 
 def _fix(p: Path) -> str:
@@ -118,33 +77,14 @@ def _fix(p: Path) -> str:
 
 def open_fd(p: Path, env: Mapping[str, str] = os.environ) -> int:
     """Open (creating it if needed, not the machine's) and check the turn file; returns a read-write fd."""
-    fix = _fix(p)
-    try:
-        if not os.path.lexists(p) and p != SHM_PATH:
-            p.parent.mkdir(parents=True, exist_ok=True)
+    if not os.path.lexists(p) and p != SHM_PATH:
+        try:
             _write_new(p, 0o600)
-        fd = safefile.open_regular(p, os.O_RDWR, "the turn file", fix)
-    except safefile.UntrustedFile:
-        raise
-    except PermissionError:
-        raise PyvgpuError(f"the turn file {p}: permission denied; {fix}") from None
-    except OSError as e:
-        raise PyvgpuError(f"the turn file {p}: {e.strerror}; {fix}") from None
-    try:
-        st = os.fstat(fd)
-        safefile.check_trusted(st, p, "the turn file", fix, env, root_group_ok=True)
-        head = Header.from_buffer_copy(os.pread(fd, L.SCHED_HEADER.size, 0).ljust(L.SCHED_HEADER.size, b"\0"))
-        if head.magic != L.SCHED_MAGIC:
-            raise PyvgpuError(f"the turn file {p} is not a pyvgpu turn file (bad magic); {fix}")
-        if head.version != L.SCHED_VERSION or head.n_entries != L.SCHED_ENTRIES:
-            raise PyvgpuError(f"the turn file {p} has version {head.version} with {head.n_entries} entries, this "
-                              f"pyvgpu uses {L.SCHED_VERSION} with {L.SCHED_ENTRIES}; {fix}")
-        if head.size != L.SCHED_SIZE or st.st_size != L.SCHED_SIZE:
-            raise PyvgpuError(f"the turn file {p} is {st.st_size} bytes, expected {L.SCHED_SIZE} (damaged); {fix}")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        except PermissionError:
+            raise PyvgpuError(f"the turn file {p}: permission denied; {_fix(p)}") from None
+        except OSError as e:
+            raise PyvgpuError(f"the turn file {p}: {e.strerror}; {_fix(p)}") from None
+    return grouplib.open_turns(p, safefile.trust_shared(env))
 
 
 def setup(group: str = SETUP_GROUP, p: Path = SHM_PATH) -> str:

@@ -39,16 +39,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.pyvgpu_ctx.restype = ctypes.c_void_p
     lib.pyvgpu_lookups.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.pyvgpu_lookups.restype = ctypes.c_uint64
-    # the environment grammar in C (shim/src/pv_env.c), for tests/test_sizes.py
-    lib.pyvgpu_parse_size.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64),
-                                      ctypes.c_char_p, ctypes.c_size_t]
-    lib.pyvgpu_parse_percent.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint32),
-                                         ctypes.c_char_p, ctypes.c_size_t]
-    lib.pyvgpu_read_env.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_uint64),
-                                    ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
-                                    ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_size_t]
-    lib.pyvgpu_read_group_env.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int32),
-                                          ctypes.c_char_p, ctypes.c_size_t]
     lib.pyvgpu_cpu_id_of.argtypes = [ctypes.c_char_p]
     lib.pyvgpu_cpu_id_of.restype = ctypes.c_uint64
     return lib

@@ -7,6 +7,8 @@ calls build() with the wheel's package dir), after regenerating shim/generated/
 (scripts/gen_shim.py) if the hook table or the layouts changed since:
 
 * libpyvgpu.so, the LD_PRELOAD shim;
+* libpyvgpu_group.so, the group core alone (GROUP_SOURCES, which the shim is built from too), that Python
+  loads through ctypes (pyvgpu/grouplib.py) with none of the shim's interposition;
 * libpyvgpu_callbacks.so (+ .so.sha256, its hash; + .json, its build facts), the callbacks compiled
   by numba for the baseline CPU of this architecture (pyvgpu/cblib.py), which
   the shim loads with no interpreter;
@@ -33,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SHIM_SOURCES = sorted((ROOT / "shim" / "src").glob("*.c")) + [ROOT / "shim" / "generated" / "pv_hooks.c"]
+GROUP_SOURCES = [ROOT / "shim" / "src" / f for f in ("pv_grammar.c", "pv_env.c", "pv_group_files.c",
+                                                   "pv_group_region.c", "pv_group_turns.c", "pv_group_api.c")]
 BENCH_SOURCE = ROOT / "pyvgpu" / "bench" / "pv_bench.c"
 
 
@@ -49,9 +53,12 @@ def build_shim(out: Path, cc: str) -> list[Path]:
            "-Wl,-Bsymbolic-functions", "-Wl,-z,noexecstack", "-o", str(shim), *map(_rel, SHIM_SOURCES), "-ldl",
            "-lpthread"]
     subprocess.run(cmd, check=True, cwd=ROOT)
+    group = out / "libpyvgpu_group.so"
+    subprocess.run([cc, *common, "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-z,noexecstack", "-o", str(group),
+                    *map(_rel, GROUP_SOURCES)], check=True, cwd=ROOT)
     bench = out / "bin" / "pv_bench"
     subprocess.run([cc, *common, "-o", str(bench), _rel(BENCH_SOURCE), "-ldl", "-lpthread"], check=True, cwd=ROOT)
-    return [shim, bench]
+    return [shim, group, bench]
 
 
 def _build_cache_path(key: str) -> Path | None:

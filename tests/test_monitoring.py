@@ -268,7 +268,8 @@ def test_top_quits_on_q(env, tmp_path):
 
     env = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
     pid, fd = pty.fork()
-    if pid == 0:  # the child: pyvgpu top on a terminal
+    if pid == 0:  # the child: pyvgpu top on a terminal, the installed one (not the source tree a cwd would give)
+        os.chdir(tmp_path)
         os.execvpe(sys.executable, [sys.executable, "-m", "pyvgpu", "top", "--interval", "0.2"], env)
     out = b""
     deadline = time.monotonic() + 60

@@ -1,8 +1,10 @@
 """What the shim does with no interpreter: pick the callback library, tell CPUs apart, make and join regions.
 
-shim/src/pv_load.c, pv_attach.c and pv_env.c do in C what pyvgpu/cache.py, cpuid.py, region.py and limits.py
-do in Python; these tests hold the two to the same results. (The grammar of the variables is in
-tests/test_sizes.py, through both readers.)
+shim/src/pv_load.c does in C what pyvgpu/cache.py and cpuid.py do in Python; these tests hold the two to the
+same results. Regions, turn files and the variables have one implementation, the group core
+(shim/src/pv_group_*.c, pv_env.c, pv_grammar.c), which the shim and pyvgpu share: the tests here check that
+a program started without `pyvgpu wrap` gets the group and the messages wrap would give it. (The grammar of
+the variables is in tests/test_sizes.py.)
 """
 
 from __future__ import annotations
@@ -196,3 +198,22 @@ def test_wrap_collects_dead_private_groups_only(env, fake, tmp_path, monkeypatch
     finally:
         member.communicate("", timeout=60)
     assert region.gc_private() == 1 and not live.exists()  # its member is gone now
+
+
+@pytest.mark.parametrize("var,value,message", [
+    ("CUDA_DEVICE_MEMORY_LIMIT", "4GB", "CUDA_DEVICE_MEMORY_LIMIT: '4GB' is ambiguous (Kubernetes reads GB as powers "
+     "of 10, HAMi and nvidia-smi as powers of 2); write 4G or 4Gi for binary units, as pyvgpu reads them, or "
+     "4000000000 (bytes) for decimal ones"),
+    ("CUDA_DEVICE_SM_LIMIT", "3０", "CUDA_DEVICE_SM_LIMIT: '3０' has the character '０' ("),
+    ("PYVGPU_SM_TURN", " yes ", "PYVGPU_SM_TURN='yes': give 1 (groups with a share take turns on a GPU, the "
+     "default) or 0 (they time-slice it)"),
+])
+def test_the_shim_and_wrap_refuse_a_variable_in_one_message(env, fake, tmp_path, var, value, message):
+    """One reader (shim/src/pv_env.c): a program started by a device plugin and `pyvgpu wrap` refuse a bad
+    variable with the same sentence (the shim names a character's code point, wrap its Unicode name too)."""
+    e = bare(env, tmp_path, **{var: value, "CUDA_DEVICE_MEMORY_LIMIT_1": "4M"})
+    p = run([str(fake / "host_mem_linked"), "boundary", str(MiB)], env=e)
+    assert "-> 800" in p.stdout, p.stdout + p.stderr  # refused at cuInit: fail closed
+    assert message in p.stderr, p.stderr
+    w = run([*PYVGPU, "wrap", "--", "true"], env=dict(env, **{var: value}))
+    assert w.returncode == 2 and message in w.stderr, w.stderr

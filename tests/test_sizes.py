@@ -1,29 +1,30 @@
-"""The size, share and device grammar, in-process: every form, both ways, in both of its readers.
+"""The size, share and device grammar, in-process: every form, both ways.
 
 The same grammar reads --memory, `limits set --memory` and HAMi's variables, so
 what HAMi's device plugin writes (``CUDA_DEVICE_MEMORY_LIMIT_0=8192m``) is here too.
-It has two readers: pyvgpu/limits.py (options, `pyvgpu wrap`, the device plugin)
-and shim/src/pv_env.c (the variables, read inside a program that has no
-interpreter). Every case below runs through both (the ``grammar`` fixture); where
-the messages differ (C names no Unicode characters), each reader's own is checked.
+It has one implementation, shim/src/pv_grammar.c and pv_env.c: the shim reads the
+variables with it inside a program that has no interpreter, and pyvgpu/limits.py
+reaches it through pyvgpu/grouplib.py. The environment cases run through the
+shim's own start-up reader (``grouplib.read_env``, pv_read_env), the rest through
+limits.py.
 """
 
 from __future__ import annotations
 
-import ctypes
 from fractions import Fraction
 
 import pytest
 
-from pyvgpu import devices, sched, shim
+from pyvgpu import devices, grouplib
 from pyvgpu import limits as lim
 from pyvgpu.errors import PyvgpuError
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 
 
-class PythonGrammar:
-    name = "python"
+class Grammar:
+    """The grammar as the tests below call it: sizes and shares through limits.py, the environment through
+    the reader the shim runs at its start."""
 
     def size(self, text: str, where: str) -> int:
         return lim.parse_size(text, where)
@@ -33,46 +34,13 @@ class PythonGrammar:
 
     def env(self, env: dict[str, str]) -> tuple[list[int], list[int], int, int, bool]:
         """(memory per device, share per device, policy, batch ns, turns) as a process reads its variables."""
-        return (lim.memory_from_env(env).as_list(), lim.sm_from_env(env).as_list(), lim.sm_policy(env),
-                lim.sm_batch_ns(env), sched.enabled(env))
+        got = grouplib.read_env(env)
+        return got["memory"], got["sm"], got["policy"], got["batch_ns"], got["turns"]
 
 
-class CGrammar:
-    name = "c"
-
-    def __init__(self) -> None:
-        self.lib = shim.open_shim()
-
-    @staticmethod
-    def _raise(err: ctypes.Array) -> None:
-        raise PyvgpuError(err.value.decode())
-
-    def size(self, text: str, where: str) -> int:
-        out, err = ctypes.c_uint64(), ctypes.create_string_buffer(1024)
-        if self.lib.pyvgpu_parse_size(text.encode(), where.encode(), ctypes.byref(out), err, len(err)):
-            self._raise(err)
-        return out.value
-
-    def percent(self, text: str, where: str) -> int:
-        out, err = ctypes.c_uint32(), ctypes.create_string_buffer(1024)
-        if self.lib.pyvgpu_parse_percent(text.encode(), where.encode(), ctypes.byref(out), err, len(err)):
-            self._raise(err)
-        return out.value
-
-    def env(self, env: dict[str, str]) -> tuple[list[int], list[int], int, int, bool]:
-        items = [f"{k}={v}".encode() for k, v in env.items()]
-        envp = (ctypes.c_char_p * (len(items) + 1))(*items, None)
-        memory, sm = (ctypes.c_uint64 * 16)(), (ctypes.c_uint32 * 16)()
-        policy_turns, batch = (ctypes.c_uint32 * 3)(), ctypes.c_uint64()  # {policy, turns, trust_shared}
-        err = ctypes.create_string_buffer(1024)
-        if self.lib.pyvgpu_read_env(envp, memory, sm, policy_turns, ctypes.byref(batch), err, len(err)):
-            self._raise(err)
-        return list(memory), list(sm), policy_turns[0], batch.value, bool(policy_turns[1])
-
-
-@pytest.fixture(params=["python", "c"])
-def grammar(request):
-    return PythonGrammar() if request.param == "python" else CGrammar()
+@pytest.fixture
+def grammar():
+    return Grammar()
 
 
 @pytest.mark.parametrize("text,expect", [
@@ -105,10 +73,7 @@ def test_decimal_units_are_refused_with_what_to_write(grammar, text, message):
     with pytest.raises(PyvgpuError, match="ambiguous") as e:
         grammar.size(text, "--memory")
     assert str(e.value).startswith(f"--memory: '{text}' is ambiguous (Kubernetes reads")
-    if grammar.name == "python":
-        assert message in str(e.value)
-    else:  # C gives the rule, not the decimal figure
-        assert "write K, M, G or T (or Ki, Mi, Gi, Ti) for binary units" in str(e.value)
+    assert message in str(e.value)
 
 
 @pytest.mark.parametrize("text", ["", " ", "G", "Gi", "4X", "4P", "4Gx", "-1", "+4G", "4e9", "1e+06m", "0x10",
@@ -123,10 +88,10 @@ def test_what_is_not_a_size(grammar, text):
 def test_non_ascii_is_refused_with_the_character_named(grammar, text, char):
     with pytest.raises(PyvgpuError, match="write sizes with ASCII digits") as e:
         grammar.size(text, "--memory")
-    if grammar.name == "python":
-        assert char in str(e.value)
-    else:  # C names the first byte outside ASCII
-        assert f"a byte 0x{text.encode()[[b >= 0x80 for b in text.encode()].index(True)]:02X}" in str(e.value)
+    assert char in str(e.value)
+    first = next(c for c in text if not c.isascii())
+    assert str(e.value).startswith(f"--memory: {text!r} has the character {first!r} (")
+    assert f"U+{ord(first):04X}); write sizes" in str(e.value)
 
 
 def test_zero_and_too_large(grammar):
@@ -207,7 +172,7 @@ NONE = [0] * 16
     # a simulated driver (the test suite's) lowers the floor
     ({"CUDA_DEVICE_MEMORY_LIMIT_15": "4M", "PYVGPU_MIN_MEMORY": "1M"}, [0] * 15 + [4 * MiB], NONE),
 ])
-def test_the_environment_reads_alike(grammar, env, memory, sm):
+def test_the_environment_is_read(grammar, env, memory, sm):
     got = grammar.env(env)
     assert got[:2] == (memory, sm)
 
@@ -230,7 +195,7 @@ def test_the_environment_reads_alike(grammar, env, memory, sm):
     ({"PYVGPU_SM_BATCH_MS": "²"}, "PYVGPU_SM_BATCH_MS='²'"),
     ({"PYVGPU_SM_TURN": "yes"}, "PYVGPU_SM_TURN='yes': give 1"),
 ])
-def test_the_environment_is_refused_alike(grammar, env, start):
+def test_the_environment_is_refused(grammar, env, start):
     with pytest.raises(PyvgpuError) as e:
         grammar.env(env)
     assert str(e.value).startswith(start), str(e.value)
@@ -243,7 +208,7 @@ def test_the_environment_is_refused_alike(grammar, env, start):
      250_000_000, True),
     ({"GPU_CORE_UTILIZATION_POLICY": "", "PYVGPU_SM_BATCH_MS": "", "PYVGPU_SM_TURN": " "}, 0, 10_000_000, True),
 ])
-def test_the_compute_variables_read_alike(grammar, env, policy, batch_ns, turns):
+def test_the_compute_variables(grammar, env, policy, batch_ns, turns):
     assert grammar.env(env)[2:] == (policy, batch_ns, turns)
 
 
@@ -262,9 +227,8 @@ def test_sm_percent_refusals(grammar, text, message):
     with pytest.raises(PyvgpuError) as e:
         grammar.percent(text, "--sm")
     assert str(e.value).startswith(f"--sm: '{text}'")
-    if grammar.name == "python" or text.isascii():
-        assert message in str(e.value)
-    else:
+    assert message in str(e.value)
+    if not text.isascii():
         assert "write a compute share with ASCII digits" in str(e.value)
 
 
@@ -292,3 +256,28 @@ def test_devices_entries_are_checked_before_nvml(spec, message):
     assert message in str(e.value) and str(e.value).startswith(f"--devices {spec!r}")
     assert [g.index for g in devices.select("GPU-8e1f", {}, gpus=gpus)] == [0]
     assert [g.index for g in devices.select(" 0 ", {}, gpus=gpus)] == [0]
+
+
+def test_the_group_library_is_the_core_alone():
+    """libpyvgpu_group.so, which pyvgpu's commands load, holds the group core and none of the shim: no hooked
+    driver or NVML symbol, no dlsym override: loading it changes nothing in the process."""
+    import subprocess
+
+    lib = grouplib.path()
+    names = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True,
+                           check=True).stdout.split()
+    exported = {n for n in names if n.startswith(("pyvgpu", "cu", "nvml", "dl"))}
+    assert exported and all(n.startswith("pyvgpu_g_") for n in exported), sorted(exported)
+
+
+@pytest.mark.parametrize("text,shown", [("4'G", "\"4'G\""), ("4\"G", "'4\"G'"), ("a\\b", "'a\\\\b'"),
+                                        ("\x7f", "'\\x7f'"), ("\t", "'\\t'"), ("4\u00a0G", "'4\\xa0G'"),
+                                        ("٤G", "'٤G'"), ("4\u2009G", "'4\\u2009G'")])
+def test_values_are_shown_as_python_shows_them(text, shown):
+    """A message shows a value as repr() does, also when C writes it: the shim's messages and the commands' are
+    one text."""
+    assert repr(text) == shown
+    out = grouplib.ctypes.create_string_buffer(256)
+    raw = text.encode()
+    grouplib.lib().pyvgpu_g_repr(raw, len(raw), out, len(out))
+    assert out.value.decode() == shown

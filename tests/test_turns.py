@@ -9,7 +9,6 @@ behaviour gave are in the docstrings).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import sys
 import time
@@ -18,7 +17,7 @@ import pytest
 from helpers import PYVGPU, run
 from simgpu import Load, sim_busy, sim_env, sim_switch_ns
 
-from pyvgpu import limits, region, sched, shim
+from pyvgpu import grouplib, limits, region, sched
 from pyvgpu.errors import PyvgpuError
 
 SMALL = "200"  # a 20 us kernel: with a host gap (and a sync per step of 4), a launch-bound training step
@@ -323,32 +322,30 @@ def test_priority_and_borrowing_options(env, tmp_path):
 @pytest.mark.parametrize("value,priority", [("high", 0), ("HIGH", 0), (" 0 ", 0), ("low", 1), ("1", 1), ("", None),
                                             ("2", "not a priority"), ("urgent", "not a priority"),
                                             ("hígh", "ASCII")])
-def test_cuda_task_priority_reads_alike_in_python_and_the_shim(value, priority):
+def test_cuda_task_priority_is_read(value, priority):
     """HAMi's CUDA_TASK_PRIORITY makes a new group's priority: read by `pyvgpu wrap` (limits.py) and by the
-    shim when it makes a private group itself (shim/src/pv_env.c), with the same answers and messages."""
-    _both_readers({"CUDA_TASK_PRIORITY": value}, lambda env: limits.priority_from_env(env), 0, priority)
+    shim when it makes a private group itself, both through shim/src/pv_env.c."""
+    _read({"CUDA_TASK_PRIORITY": value}, limits.priority_from_env, "priority", priority)
 
 
 @pytest.mark.parametrize("value,borrow", [("1", 1), ("on", 1), ("Yes", 1), ("0", 0), ("off", 0), ("false", 0),
                                           ("", None), ("perhaps", "neither on nor off")])
-def test_pyvgpu_sm_borrow_reads_alike_in_python_and_the_shim(value, borrow):
-    _both_readers({"PYVGPU_SM_BORROW": value}, lambda env: limits.sm_borrow_from_env(env), 1, borrow)
+def test_pyvgpu_sm_borrow_is_read(value, borrow):
+    _read({"PYVGPU_SM_BORROW": value}, limits.sm_borrow_from_env, "sm_borrow", borrow)
 
 
-def _both_readers(env: dict[str, str], python, index: int, expect) -> None:
-    lib = shim.open_shim()
-    items = [f"{k}={v}".encode() for k, v in env.items()]
-    envp = (ctypes.c_char_p * (len(items) + 1))(*items, None)
-    out, err = (ctypes.c_int32 * 2)(), ctypes.create_string_buffer(1024)
-    rc = lib.pyvgpu_read_group_env(envp, out, err, len(err))
+def _read(env: dict[str, str], python, key: str, expect) -> None:
+    """limits.py's answer, and the shim's start-up reader's (grouplib.read_env), to one environment."""
     if isinstance(expect, str):
-        with pytest.raises(PyvgpuError, match=expect) as e:
-            python(env)
-        c = err.value.decode()
-        assert rc != 0 and expect in c, c
-        if expect != "ASCII":  # C names the byte outside ASCII, Python the character: otherwise word for word
-            assert c == str(e.value), (c, str(e.value))
+        for reader in (python, grouplib.read_env):
+            with pytest.raises(PyvgpuError, match=expect) as e:
+                reader(env)
+            var, value = next(iter(env.items()))
+            assert str(e.value).startswith(f"{var}: {value!r} "), str(e.value)
+            if expect == "ASCII":
+                assert "has the character 'í' (LATIN SMALL LETTER I WITH ACUTE, U+00ED)" in str(e.value)
     else:
         got = python(env)
-        assert rc == 0 and (None if got is None else int(got)) == expect
-        assert out[index] == (-1 if expect is None else expect)
+        assert (None if got is None else int(got)) == expect
+        shim_got = grouplib.read_env(env)[key]
+        assert (None if shim_got is None else int(shim_got)) == expect

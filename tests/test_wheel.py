@@ -57,8 +57,8 @@ def test_the_wheel_is_manylinux_for_any_python3(built):
     assert name.startswith("pyvgpu-") and "-py3-none-manylinux_" in name and name.endswith("_x86_64.whl"), name
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-    for f in ("pyvgpu/libpyvgpu.so", "pyvgpu/libpyvgpu_callbacks.so", "pyvgpu/libpyvgpu_callbacks.json",
-              "pyvgpu/bin/pv_bench"):
+    for f in ("pyvgpu/libpyvgpu.so", "pyvgpu/libpyvgpu_group.so", "pyvgpu/libpyvgpu_callbacks.so",
+              "pyvgpu/libpyvgpu_callbacks.json", "pyvgpu/bin/pv_bench"):
         assert f in names
     assert not any(n.startswith("pyvgpu.libs/") for n in names)  # auditwheel grafted nothing: libc only
 

@@ -2,6 +2,8 @@
  * hand-written plumbing (shim/src). */
 #ifndef PV_SHIM_H
 #define PV_SHIM_H
+#include <sys/types.h>
+
 #include "pv_types.h"
 #include "../generated/pv_layout.h"
 #include "../generated/pv_table.h"
@@ -87,7 +89,30 @@ void *pv_real_dlsym(void *handle, const char *name);
 /* pv_real.c: the driver's functions */
 void pv_resolve_real(void);             /* fill pv_ctx.entry[].real and pv_ctx.helper (idempotent) */
 
-/* pv_env.c: the environment contract, read as pyvgpu/limits.py reads it */
+/* pv_grammar.c: the grammar of limits (sizes, shares, devices, priorities, switches, --memory/--sm specs);
+ * values as (text, length); 0, or -1 with the message in err */
+int pv_space(unsigned char c);
+int pv_fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void pv_repr(const char *text, size_t len, char *out, size_t n); /* as Python's repr() of the str */
+void pv_strip(const char *text, size_t len, const char **b, const char **e);
+int pv_ascii_int(const char *b, const char *e, uint64_t *out);
+int pv_word(const char *text, size_t len, const char *const *words, int count);
+int pv_check_ascii(const char *text, size_t len, const char *where, const char *what, const char *example,
+                   char *err, size_t n);
+void pv_human(uint64_t bytes, char *out, size_t n); /* "4 GiB", as limits.human */
+int pv_parse_size(const char *text, size_t len, const char *where, uint64_t *out, char *err, size_t n);
+int pv_parse_cap(const char *text, size_t len, const char *where, uint64_t floor, uint64_t *out, char *err, size_t n);
+int pv_parse_percent(const char *text, size_t len, const char *where, uint32_t *out, char *err, size_t n);
+int pv_parse_device(const char *text, size_t len, const char *where, int *out, char *err, size_t n);
+int pv_parse_priority(const char *text, size_t len, const char *where, int *out, char *err, size_t n);
+int pv_parse_switch(const char *text, size_t len, const char *where, int *out, char *err, size_t n);
+#define PV_SPEC_NONE 2 /* pv_parse_spec's kind: "none" is no limit */
+int pv_parse_spec(const char *text, size_t len, const char *where, int kind, uint64_t floor, int64_t *dflt,
+                  uint64_t *per, uint32_t *mask, char *err, size_t n);
+
+/* pv_env.c: the environment contract, the one reader */
+enum { PV_SET_POLICY, PV_SET_BATCH_NS, PV_SET_TURNS, PV_SET_CLOCK, PV_SET_TRUST_SHARED, PV_SET_PRIORITY,
+       PV_SET_SM_BORROW, PV_SET_MIN_MEMORY, PV_N_SETTINGS };
 typedef struct {
     uint64_t memory[PV_MAX_DEVICES]; /* bytes per device, 0 = none */
     uint32_t sm[PV_MAX_DEVICES];     /* compute share in percent per device, 0 = none */
@@ -96,13 +121,60 @@ typedef struct {
     uint64_t sm_batch_ns;            /* PYVGPU_SM_BATCH_MS */
     int turns;                       /* PYVGPU_SM_TURN */
     int clock;                       /* PYVGPU_CLOCK: 0 auto, 1 tsc, 2 system */
-    int trust_shared;                /* PYVGPU_TRUST_SHARED (pyvgpu/safefile.py) */
+    int trust_shared;                /* PYVGPU_TRUST_SHARED */
     int priority;                    /* CUDA_TASK_PRIORITY: 0 high, 1 low; -1 unset (a new group's is low) */
     int sm_borrow;                   /* PYVGPU_SM_BORROW: 1, 0; -1 unset (a new group's share is a cap) */
     const char *region, *region_var; /* PYVGPU_REGION, else CUDA_DEVICE_MEMORY_SHARED_CACHE; NULL if neither */
 } pv_env_t;
+int pv_env_setting(char *const *envp, int which, int64_t *out, char *err, size_t n); /* PV_SET_* */
+/* kind 0: CUDA_DEVICE_MEMORY_LIMIT[_i], 1: CUDA_DEVICE_SM_LIMIT[_i]; *dflt -1 or the plain value; per[d] for
+ * bit d of *mask */
+int pv_env_devices(char *const *envp, int kind, int64_t *dflt, uint64_t *per, uint32_t *mask, char *err, size_t n);
+void pv_env_region(char *const *envp, const char **path, const char **var); /* NULL, NULL if none */
 int pv_read_env(char *const *envp, pv_env_t *env, char *err, size_t n); /* 0, or -1 naming the variable */
-void pv_human(uint64_t bytes, char *out, size_t n);                       /* "4 GiB", as limits.human */
+
+/* pv_group_files.c: files other users may touch; 0/fd, or -1 with err */
+#define PV_RUNTIME_FIX "Ask its owner or root to remove it, or set XDG_RUNTIME_DIR to a directory of your own " \
+                       "(pyvgpu then keeps its groups in $XDG_RUNTIME_DIR/pyvgpu)"
+#define PV_REGION_FIX "use a region of your own (--group NAME, or --region PATH in a directory only you can write)"
+#define PV_TRUST_NOTE "or set PYVGPU_TRUST_SHARED=1 if whoever can write it is trusted (docs/security.md)"
+enum { PV_OPEN_MISSING = 1, PV_OPEN_UNTRUSTED = 2, PV_OPEN_REFUSED = 3 }; /* why an open failed */
+struct stat;
+void pv_who(uid_t uid, char *out, size_t n); /* "uid 65534 (nobody)" */
+int pv_private_dir(const char *path, const char *what, const char *fix, char *err, size_t n);
+const char *pv_foreign_problem(const struct stat *st, int root_group_ok, char *buf, size_t n);
+int pv_open_shared(const char *path, int flags, const char *what, const char *fix, int root_group_ok,
+                   int trust_shared, char *err, size_t n, int *kind);
+int pv_runtime_path(char *out, size_t n, char *err, size_t errlen); /* where, not made */
+int pv_runtime_dir(char *out, size_t n, char *err, size_t errlen);  /* made private */
+int pv_make_parents(const char *path, mode_t mode);
+void *pv_map_shared(int fd, uint64_t size, const char *path, const char *what, const char *fix, char *err,
+                    size_t n); /* never unmapped; NULL with err */
+
+/* pv_group_region.c: the group's region */
+#define PV_MAX_SLOTS (4 * PV_REGION_DEFAULT_SLOTS) /* region.MAX_SLOTS: more is a corrupt or hostile header */
+uint64_t pv_region_size(uint32_t n_slots);
+int pv_make_region(const char *path, const pv_region_header_t *want, const uint64_t *memory, const uint32_t *sm,
+                   unsigned mode, char *err, size_t n); /* 1 made, 0 there already, -1 with err */
+int pv_create_region(const char *path, const pv_env_t *env, char *err, size_t n);
+int pv_private_path(char *out, size_t n, char *err, size_t errlen);
+int pv_open_region(const char *path, int writable, int trust_shared, pv_region_header_t *h, char *err, size_t n,
+                   int *kind);
+int pv_check_limits(const char *path, const pv_region_header_t *h, const pv_region_device_t *dev, int kind,
+                    const uint64_t *want, const char *source, char *err, size_t n);
+int pv_check_group(const char *path, const pv_region_header_t *h, const pv_region_device_t *dev,
+                   const pv_env_t *env, char *err, size_t n);
+
+/* pv_group_turns.c: the turn file */
+#define PV_SHM_TURNS "/dev/shm/pyvgpu-turns-v1"
+int pv_machine_turns_problem(const char *p, int trust_shared, char *why, size_t n); /* 1 with why, or 0 */
+int pv_turn_path(const char *sched, const char *machine, int trust_shared, char *out, size_t n, int *own, char *why, size_t whylen,
+                 char *err, size_t errlen);
+int pv_create_turns(const char *p, unsigned mode, int gid); /* 0, or -1 with errno */
+void pv_turns_fix(const char *p, char *fix, size_t n);
+int pv_open_turns(const char *p, int trust_shared, const char *fix, char *err, size_t n, int *kind);
+
+/* pv_group_api.c: the group library's exported functions, for Python's ctypes (pyvgpu/grouplib.py) */
 
 /* pv_load.c: the compiled callbacks, loaded without an interpreter; NULL with the reason in err */
 const pv_cblib_t *pv_load_callbacks(char *err, size_t n);
