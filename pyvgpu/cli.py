@@ -328,8 +328,7 @@ def exporter(
 def warmup(
     force: bool = typer.Option(False, "--force", help="Compile again even if the cache holds a library."),
     as_json: bool = typer.Option(False, "--json", help="Print what was compiled as JSON."),
-    vpmm: bool = typer.Option(False, "--vpmm", help="Also compile VPMM's allocator (numba's cache), which "
-                              "`wrap --allocator vpmm` would otherwise compile at its first use (15-25 s)."),
+    vpmm: bool = typer.Option(False, "--vpmm", help="Also load VPMM's allocator (compiled with the callbacks)."),
 ) -> None:
     """Compile the callbacks tuned for this CPU into the cache (PYVGPU_CACHE_DIR, else ~/.cache/pyvgpu).
 
@@ -352,10 +351,10 @@ def warmup(
         took = time.perf_counter() - t0
         typer.echo(f"callbacks ready: {m['library']} ({m['callbacks']} entries, for {m['cpu']}, {took:.2f} s)")
     if vpmm:
-        from pyvgpu.jit import vpmm as jit_vpmm
+        from pyvgpu import services
 
         t0 = time.perf_counter()
-        jit_vpmm.compile_entries()
+        services.functions()  # VPMM's entry points are services of the callback library
         if not as_json:
             typer.echo(f"VPMM allocator ready ({time.perf_counter() - t0:.2f} s)")
 

@@ -32,6 +32,12 @@ ALLOWED_EXTERNALS = frozenset({
 
 
 _NOINLINE = re.compile(r"(?<=[{ ])noinline(?=[ }])")  # replaced by the no-op "nounwind"
+# numba's reference counting of arrays (an array's meminfo; NULL for a view of memory it does not own).
+# Nothing in a callback allocates (NRT_Allocate and NRT_MemInfo_alloc are not allowed externals, so a
+# callback that did fails the check below), so every meminfo is NULL and both are no-ops; their bodies
+# are replaced by one, which removes their calls into the numba runtime (VPMM's entries pass carray
+# views between functions too large to inline, where the NULL is not seen).
+_REFCOUNT = re.compile(r"^(define [^\n]*@NRT_(?:incref|decref)\(ptr %[\w.]+\)[^\n{]*)\{\n.*?^\}", re.M | re.S)
 # LLVM's name of each architecture's baseline CPU: what every CPU of it runs (x86-64: SSE2, no AVX).
 BASELINE_CPU = {"x86_64": "x86-64", "AMD64": "x86-64"}
 
@@ -66,11 +72,20 @@ def _chunks(names: list[str], n: int) -> list[list[str]]:
     return [names[i::n] for i in range(n) if names[i::n]]
 
 
+def _parts(names: list[str], n: int) -> list[list[str]]:
+    """The callbacks split into parts compiled one at a time: each of callbacks.UNITS whole (its members
+    share code that one process then compiles once), first, as it takes longest; the rest in n chunks."""
+    units = [[m for m in u if m in names] for u in callbacks.UNITS]
+    units = [u for u in units if u]
+    grouped = {m for u in units for m in u}
+    return units + _chunks([m for m in names if m not in grouped], n)
+
+
 def _compile_all(workers: int, progress: Progress | None) -> list[tuple[str, str, str, list[str]]]:
     names = callbacks.all_names()
     done: list[tuple[str, str, str, list[str]]] = []
     # several chunks per worker, so progress moves while they compile
-    parts = _chunks(names, max(1, workers) * 4)
+    parts = _parts(names, max(1, workers) * 4)
     if workers <= 1:
         for part in parts:
             done += compile_ir(part)
@@ -110,7 +125,7 @@ def compile_object(workers: int = 1, tuned: bool = False,
     for name, ir_text, keep, abis in compiled:
         # numba marks the Python-level function noinline below its C wrapper;
         # lifting that lets the wrapper, policy and driver call fold into one.
-        mod = llvm.parse_assembly(_NOINLINE.sub("nounwind", ir_text))
+        mod = llvm.parse_assembly(_REFCOUNT.sub(r"\1{\n  ret void\n}", _NOINLINE.sub("nounwind", ir_text)))
         for fn in mod.functions:
             if not fn.is_declaration and fn.name != keep:
                 fn.linkage = "internal"
@@ -132,6 +147,14 @@ def compile_object(workers: int = 1, tuned: bool = False,
     pto = llvm.create_pipeline_tuning_options(speed_level=2)
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(main, pb)
+    # O2 removes the paths that raise only after its interprocedural constant propagation ran; once more,
+    # it learns that functions too large to inline (VPMM's) always answer "no exception", and their
+    # callers' paths that would raise one through the numba runtime go.
+    cleanup = llvm.create_new_module_pass_manager()
+    cleanup.add_ipsccp_pass()
+    cleanup.add_simplify_cfg_pass()
+    cleanup.add_global_dead_code_eliminate_pass()
+    cleanup.run(main, pb)
     main.verify()
 
     # A declaration nothing calls any more (an exception path the optimizer removed) leaves no
