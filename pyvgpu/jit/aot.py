@@ -81,14 +81,17 @@ def _parts(names: list[str], n: int) -> list[list[str]]:
     return units + _chunks([m for m in names if m not in grouped], n)
 
 
-def _compile_all(workers: int, progress: Progress | None) -> list[tuple[str, str, str, list[str]]]:
+Compiled = tuple[int, str, str, str, list[str]]  # (its part, then what compile_ir returns)
+
+
+def _compile_all(workers: int, progress: Progress | None) -> list[Compiled]:
     names = callbacks.all_names()
-    done: list[tuple[str, str, str, list[str]]] = []
+    done: list[Compiled] = []
     # several chunks per worker, so progress moves while they compile
     parts = _parts(names, max(1, workers) * 4)
     if workers <= 1:
-        for part in parts:
-            done += compile_ir(part)
+        for i, part in enumerate(parts):
+            done += [(i, *c) for c in compile_ir(part)]
             if progress:
                 progress(len(done), len(names))
         return done
@@ -97,8 +100,9 @@ def _compile_all(workers: int, progress: Progress | None) -> list[tuple[str, str
 
     # spawn, not fork: the caller may have threads (and numba's own state should not be forked)
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-        for fut in cf.as_completed([ex.submit(compile_ir, part) for part in parts]):
-            done += fut.result()
+        futures = {ex.submit(compile_ir, part): i for i, part in enumerate(parts)}
+        for fut in cf.as_completed(futures):
+            done += [(futures[fut], *c) for c in fut.result()]
             if progress:
                 progress(len(done), len(names))
     return done
@@ -118,26 +122,37 @@ def compile_object(workers: int = 1, tuned: bool = False,
 
         print(f"pyvgpu: parallel compile failed ({e}); compiling in this process", file=sys.stderr)
         compiled = _compile_all(1, progress)
-    compiled.sort(key=lambda c: c[0])  # the same object whatever order the workers finished in
-    modules = []
+    compiled.sort(key=lambda c: (c[0], c[1]))  # the same object whatever order the workers finished in
+    modules: dict[int, llvm.ModuleRef] = {}  # one per part
     symbols: dict[str, str] = {}
     entries: dict[str, str] = {}
-    for name, ir_text, keep, abis in compiled:
+    for part, name, ir_text, keep, abis in compiled:
         # numba marks the Python-level function noinline below its C wrapper;
         # lifting that lets the wrapper, policy and driver call fold into one.
         mod = llvm.parse_assembly(_REFCOUNT.sub(r"\1{\n  ret void\n}", _NOINLINE.sub("nounwind", ir_text)))
+        # Each callback's module holds a copy of every function it calls. Within a part (compiled by one
+        # process, where a name is one function) the copies are merged: linkonce_odr keeps one, so the
+        # code VPMM's entry points share is optimised once, not once per entry point.
         for fn in mod.functions:
             if not fn.is_declaration and fn.name != keep:
-                fn.linkage = "internal"
+                fn.linkage = "linkonce_odr"
         for gv in mod.global_variables:
             if not gv.is_declaration:
                 gv.linkage = "internal"
-        modules.append(mod)
+        if part in modules:
+            modules[part].link_in(mod)
+        else:
+            modules[part] = mod
         symbols[name] = keep
         for abi in abis:
             entries[abi] = name
-    main = modules[0]
-    for mod in modules[1:]:
+    keeps = set(symbols.values())
+    for mod in modules.values():  # between parts a name may be two functions: each part's stay its own
+        for fn in mod.functions:
+            if not fn.is_declaration and fn.name not in keeps:
+                fn.linkage = "internal"
+    main, *rest = (modules[p] for p in sorted(modules))
+    for mod in rest:
         main.link_in(mod)
 
     target = llvm.Target.from_triple(llvm.get_process_triple())
