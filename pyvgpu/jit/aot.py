@@ -37,7 +37,8 @@ _NOINLINE = re.compile(r"(?<=[{ ])noinline(?=[ }])")  # replaced by the no-op "n
 # callback that did fails the check below), so every meminfo is NULL and both are no-ops; their bodies
 # are replaced by one, which removes their calls into the numba runtime (VPMM's entries pass carray
 # views between functions too large to inline, where the NULL is not seen).
-_REFCOUNT = re.compile(r"^(define [^\n]*@NRT_(?:incref|decref)\(ptr %[\w.]+\)[^\n{]*)\{\n.*?^\}", re.M | re.S)
+_REFCOUNT = re.compile(r"^(define [^\n]*@NRT_(?:incref|decref)\((?:ptr|i8\*) %[\w.]+\)[^\n{]*)\{\n.*?^\}",
+                       re.M | re.S)  # (i8*: LLVM's typed pointers, before llvmlite 0.45)
 # LLVM's name of each architecture's baseline CPU: what every CPU of it runs (x86-64: SSE2, no AVX).
 BASELINE_CPU = {"x86_64": "x86-64", "AMD64": "x86-64"}
 
