@@ -12,10 +12,10 @@ interpreter and no JIT linker:
   (pyvgpu/cpuid.py): a home directory may be shared by different CPUs.
 
 A library serves only the sources it was compiled from: its key covers the
-pyvgpu version, the hook table, the layouts, the jit package and the
-architecture. A source tree edited since its package was built has no
-library that fits; its first ``wrap`` compiles a tuned one (with progress
-and an estimate).
+pyvgpu version, the hook table, the layouts, the jit package (VPMM's
+allocator included: one key for everything compiled) and the architecture.
+A source tree edited since its package was built has no library that fits;
+its first ``wrap`` compiles a tuned one (with progress and an estimate).
 
 The shim makes the same choice by itself (shim/src/pv_load.c) when
 ``pyvgpu wrap`` did not name the library (PYVGPU_CALLBACKS), as in a
@@ -38,7 +38,8 @@ from pyvgpu import cblib, cpuid, envspec, hooks, safefile
 from pyvgpu.errors import PyvgpuError
 
 FORMAT = 2
-_SOURCES = ("abi.py", "structs.py", "hooks.py", "layout.py", "jit/*.py")  # what the machine code is compiled from
+# what the machine code is compiled from
+_SOURCES = ("abi.py", "structs.py", "hooks.py", "hooks_model.py", "layout.py", "jit/*.py")
 # CPU-seconds of one compile on a loaded small machine (docs/measurements.md, native loading): the estimate when
 # nothing better is known
 DEFAULT_CPU_SECONDS = 200.0

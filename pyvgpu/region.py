@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyvgpu import atomics, envspec, grouplib, safefile
+from pyvgpu import envspec, grouplib, safefile
 from pyvgpu import layout as L
 from pyvgpu import limits as lim
 from pyvgpu.devices import Gpu, uuid_text
@@ -129,19 +129,11 @@ class Region:
         return bytes(self.header.name).rstrip(b"\0").decode(errors="replace")
 
     def log_event(self, kind: int, device: int, a: int, b: int, pid: int | None = None) -> None:
-        """Append an event to the group's ring, with the protocol the callbacks use (pyvgpu/jit/events.py):
-        take the next index atomically, fill the entry, publish its seq last."""
-        i = atomics.fetch_add_u64(self.address + L.REGION_HEADER.offset("ev_next"), 1)
-        e = self.event(i)
-        seq = ctypes.addressof(e) + L.REGION_EVENT.offset("seq")
-        atomics.store_u64(seq, 0)  # readers skip it until it is whole
-        e.time_ns = time.time_ns()
-        e.kind = kind
-        e.device = device
-        e.pid = os.getpid() if pid is None else pid
-        e.a = a & 0xFFFFFFFFFFFFFFFF
-        e.b = b & 0xFFFFFFFFFFFFFFFF
-        atomics.store_u64(seq, i + 1)
+        """Append an event to the group's ring: by the callbacks' own writer (pyvgpu/jit/events.py), called
+        through the callback library."""
+        from pyvgpu import services
+
+        services.log_event(self.address, kind, device, a, b, 0 if pid is None else pid)
 
     def close(self) -> None:
         """Close the file descriptor (and with it this process's locks); the mapping goes with the object."""

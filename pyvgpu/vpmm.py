@@ -31,7 +31,7 @@ import numpy as np
 
 from pyvgpu import abi, envspec
 from pyvgpu.errors import PyvgpuError
-from pyvgpu.jit import vpmm as V
+from pyvgpu.jit import vpmm_entries as V
 from pyvgpu.jit import vpmm_tables as T
 from pyvgpu.limits import human, parse_size
 
@@ -51,19 +51,18 @@ class _Entries(NamedTuple):
     preallocate: Callable[[int, int], int]
     record_stream: Callable[[int, int, int, int], int]
     capture: Callable[[int, int, int], int]
-    cfuncs: tuple  # numba's objects, in the same order: they own the code (and know its .address)
+    addresses: tuple[int, ...]  # of the same functions, in the same order
 
 
 @functools.cache
 def _entries() -> _Entries:
-    """The compiled C entry points as ctypes functions (compiled, or loaded from numba's cache, once per
-    process)."""
-    c = V.compile_entries()
-    i64, u64 = ctypes.c_int64, ctypes.c_uint64
-    types = ((i64, u64, i64, u64), (i64, u64, i64, u64, i64), (i64, u64, i64), (i64, u64, i64),
-             (i64, u64, i64, u64, i64), (i64, u64, u64, i64))
-    fns = [ctypes.CFUNCTYPE(*t)(f.address) for t, f in zip(types, c, strict=True)]
-    return _Entries(*fns, c)
+    """The C entry points as ctypes functions: services of the callback library (pyvgpu.hooks.SERVICES),
+    compiled with every other callback."""
+    from pyvgpu import services
+
+    names = ("vpmm_malloc", "vpmm_free", "vpmm_trim", "vpmm_preallocate", "vpmm_record_stream", "vpmm_capture")
+    fns = services.functions()
+    return _Entries(*(fns[n] for n in names), tuple(services.address(n) for n in names))
 
 
 class _Prop(ctypes.Structure):  # CUmemAllocationProp
@@ -387,7 +386,7 @@ _TORCH_POOLS: list[VirtualMemoryPool] = []  # alive as long as the process: PyTo
 
 def install(lib: ctypes.CDLL, pool: VirtualMemoryPool) -> None:
     """Serve ``pool.device`` through the shim's pyvgpu_vpmm_malloc/free (what PyTorch calls)."""
-    m_addr, f_addr = (f.address for f in _entries().cfuncs[:2])
+    m_addr, f_addr = _entries().addresses[:2]
     lib.pyvgpu_vpmm_install.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
     if lib.pyvgpu_vpmm_install(pool.device, m_addr, f_addr, ctypes.addressof(pool.state)) != 0:
         raise PyvgpuError(f"VPMM: the shim refused a pool for device {pool.device}")

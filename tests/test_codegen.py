@@ -259,3 +259,20 @@ def test_per_thread_bits_name_exactly_the_per_thread_variants():
     flags = [per_thread(i) for i in range(len(hooks.ENTRIES))]
     assert flags == [e.variant.per_thread for e in hooks.ENTRIES]
     assert any(flags) and not all(flags)
+
+
+def test_vpmm_entry_points_are_services_whose_c_types_are_generated():
+    """VPMM's entry points are declared once, in the hook table: the shim's C types for them are generated
+    (pv_vpmm.c writes none by hand) and they are compiled with every other callback (no second generator)."""
+    from pyvgpu.jit import callbacks, vpmm
+
+    names = {"vpmm_malloc", "vpmm_free", "vpmm_trim", "vpmm_preallocate", "vpmm_record_stream", "vpmm_capture"}
+    assert names <= set(hooks.SERVICE_INDEX)
+    table_h = (ROOT / "shim" / "generated" / "pv_table.h").read_text()
+    assert "typedef int64_t (*pv_vpmm_malloc_t)(uint64_t state, int64_t size, uint64_t stream);" in table_h
+    assert "typedef int64_t (*pv_vpmm_free_t)(uint64_t state, int64_t ptr, uint64_t stream, int64_t size);" in table_h
+    hand = ROOT / "shim" / "src" / "pv_vpmm.c"
+    assert not re.search(r"typedef[^;]*\bpv_vpmm_(malloc|free)_t\b", hand.read_text())
+    assert names <= set(callbacks.all_names())
+    assert not (ROOT / "pyvgpu" / "atomics.py").exists()  # the event log has one writer: pyvgpu/jit/events.py
+    assert not hasattr(vpmm, "compile_entries")  # its own module, numba cache and source hash are gone

@@ -14,8 +14,8 @@ from pyvgpu.cli.common import fail
 def warmup(
     force: Annotated[bool, typer.Option("--force", help="Compile again even if the cache holds a library.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print what was compiled as JSON.")] = False,
-    vpmm: Annotated[bool, typer.Option("--vpmm", help="Also compile VPMM's allocator, which `wrap --allocator "
-                                                      "vpmm` would otherwise compile at its first use.")] = False,
+    vpmm: Annotated[bool, typer.Option("--vpmm", help="Also load VPMM's allocator (compiled with the "
+                                                      "callbacks).")] = False,
 ) -> None:
     """Compile the callbacks tuned for this CPU into the cache (PYVGPU_CACHE_DIR, else ~/.cache/pyvgpu).
 
@@ -34,10 +34,10 @@ def warmup(
         took = time.perf_counter() - t0
         typer.echo(f"callbacks ready: {m['library']} ({m['callbacks']} entries, for {m['cpu']}, {took:.2f} s)")
     if vpmm:
-        from pyvgpu.jit import vpmm as jit_vpmm
+        from pyvgpu import services
 
         t0 = time.perf_counter()
-        jit_vpmm.compile_entries()
+        services.functions()  # VPMM's entry points are services of the callback library
         if not as_json:
             typer.echo(f"VPMM allocator ready ({time.perf_counter() - t0:.2f} s)")
 

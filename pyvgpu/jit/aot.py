@@ -32,6 +32,13 @@ ALLOWED_EXTERNALS = frozenset({
 
 
 _NOINLINE = re.compile(r"(?<=[{ ])noinline(?=[ }])")  # replaced by the no-op "nounwind"
+# numba's reference counting of arrays (an array's meminfo; NULL for a view of memory it does not own).
+# Nothing in a callback allocates (NRT_Allocate and NRT_MemInfo_alloc are not allowed externals, so a
+# callback that did fails the check below), so every meminfo is NULL and both are no-ops; their bodies
+# are replaced by one, which removes their calls into the numba runtime (VPMM's entries pass carray
+# views between functions too large to inline, where the NULL is not seen).
+_REFCOUNT = re.compile(r"^(define [^\n]*@NRT_(?:incref|decref)\((?:ptr|i8\*) %[\w.]+\)[^\n{]*)\{\n.*?^\}",
+                       re.M | re.S)  # (i8*: LLVM's typed pointers, before llvmlite 0.45)
 # LLVM's name of each architecture's baseline CPU: what every CPU of it runs (x86-64: SSE2, no AVX).
 BASELINE_CPU = {"x86_64": "x86-64", "AMD64": "x86-64"}
 
@@ -66,14 +73,26 @@ def _chunks(names: list[str], n: int) -> list[list[str]]:
     return [names[i::n] for i in range(n) if names[i::n]]
 
 
-def _compile_all(workers: int, progress: Progress | None) -> list[tuple[str, str, str, list[str]]]:
+def _parts(names: list[str], n: int) -> list[list[str]]:
+    """The callbacks split into parts compiled one at a time: each of callbacks.UNITS whole (its members
+    share code that one process then compiles once), first, as it takes longest; the rest in n chunks."""
+    units = [[m for m in u if m in names] for u in callbacks.UNITS]
+    units = [u for u in units if u]
+    grouped = {m for u in units for m in u}
+    return units + _chunks([m for m in names if m not in grouped], n)
+
+
+Compiled = tuple[int, str, str, str, list[str]]  # (its part, then what compile_ir returns)
+
+
+def _compile_all(workers: int, progress: Progress | None) -> list[Compiled]:
     names = callbacks.all_names()
-    done: list[tuple[str, str, str, list[str]]] = []
+    done: list[Compiled] = []
     # several chunks per worker, so progress moves while they compile
-    parts = _chunks(names, max(1, workers) * 4)
+    parts = _parts(names, max(1, workers) * 4)
     if workers <= 1:
-        for part in parts:
-            done += compile_ir(part)
+        for i, part in enumerate(parts):
+            done += [(i, *c) for c in compile_ir(part)]
             if progress:
                 progress(len(done), len(names))
         return done
@@ -82,8 +101,9 @@ def _compile_all(workers: int, progress: Progress | None) -> list[tuple[str, str
 
     # spawn, not fork: the caller may have threads (and numba's own state should not be forked)
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-        for fut in cf.as_completed([ex.submit(compile_ir, part) for part in parts]):
-            done += fut.result()
+        futures = {ex.submit(compile_ir, part): i for i, part in enumerate(parts)}
+        for fut in cf.as_completed(futures):
+            done += [(futures[fut], *c) for c in fut.result()]
             if progress:
                 progress(len(done), len(names))
     return done
@@ -103,26 +123,37 @@ def compile_object(workers: int = 1, tuned: bool = False,
 
         print(f"pyvgpu: parallel compile failed ({e}); compiling in this process", file=sys.stderr)
         compiled = _compile_all(1, progress)
-    compiled.sort(key=lambda c: c[0])  # the same object whatever order the workers finished in
-    modules = []
+    compiled.sort(key=lambda c: (c[0], c[1]))  # the same object whatever order the workers finished in
+    modules: dict[int, llvm.ModuleRef] = {}  # one per part
     symbols: dict[str, str] = {}
     entries: dict[str, str] = {}
-    for name, ir_text, keep, abis in compiled:
+    for part, name, ir_text, keep, abis in compiled:
         # numba marks the Python-level function noinline below its C wrapper;
         # lifting that lets the wrapper, policy and driver call fold into one.
-        mod = llvm.parse_assembly(_NOINLINE.sub("nounwind", ir_text))
+        mod = llvm.parse_assembly(_REFCOUNT.sub(r"\1{\n  ret void\n}", _NOINLINE.sub("nounwind", ir_text)))
+        # Each callback's module holds a copy of every function it calls. Within a part (compiled by one
+        # process, where a name is one function) the copies are merged: linkonce_odr keeps one, so the
+        # code VPMM's entry points share is optimised once, not once per entry point.
         for fn in mod.functions:
             if not fn.is_declaration and fn.name != keep:
-                fn.linkage = "internal"
+                fn.linkage = "linkonce_odr"
         for gv in mod.global_variables:
             if not gv.is_declaration:
                 gv.linkage = "internal"
-        modules.append(mod)
+        if part in modules:
+            modules[part].link_in(mod)
+        else:
+            modules[part] = mod
         symbols[name] = keep
         for abi in abis:
             entries[abi] = name
-    main = modules[0]
-    for mod in modules[1:]:
+    keeps = set(symbols.values())
+    for mod in modules.values():  # between parts a name may be two functions: each part's stay its own
+        for fn in mod.functions:
+            if not fn.is_declaration and fn.name not in keeps:
+                fn.linkage = "internal"
+    main, *rest = (modules[p] for p in sorted(modules))
+    for mod in rest:
         main.link_in(mod)
 
     target = llvm.Target.from_triple(llvm.get_process_triple())
@@ -132,6 +163,14 @@ def compile_object(workers: int = 1, tuned: bool = False,
     pto = llvm.create_pipeline_tuning_options(speed_level=2)
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(main, pb)
+    # O2 removes the paths that raise only after its interprocedural constant propagation ran; once more,
+    # it learns that functions too large to inline (VPMM's) always answer "no exception", and their
+    # callers' paths that would raise one through the numba runtime go.
+    cleanup = llvm.create_new_module_pass_manager()
+    cleanup.add_ipsccp_pass()
+    cleanup.add_simplify_cfg_pass()
+    cleanup.add_global_dead_code_eliminate_pass()
+    cleanup.run(main, pb)
     main.verify()
 
     # A declaration nothing calls any more (an exception path the optimizer removed) leaves no

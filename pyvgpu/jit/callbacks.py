@@ -9,7 +9,9 @@ its policy (named by the hook table, found by pyvgpu/jit/policies.py). The
 Python source of each callback is generated from the table (its arity
 varies), then compiled by numba. The services' signatures come from the
 table too (``pyvgpu.hooks.SERVICES``), the same declaration the shim's C
-typedefs are generated from.
+typedefs are generated from; their bodies are named in ``_SERVICE_FUNCS``:
+the watcher's work, the event log's writer (pyvgpu/jit/events.py) and VPMM's
+entry points (pyvgpu/jit/vpmm_entries.py), compiled into the same library.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from numba import cfunc, types
 
 from pyvgpu import abi, hooks
-from pyvgpu.jit import controller, quota
+from pyvgpu.jit import controller, events, quota, vpmm_entries
 from pyvgpu.jit.context import count_call
 from pyvgpu.jit.fields import CTX
 from pyvgpu.jit.intrinsics import monotonic_ns
@@ -100,7 +102,21 @@ def svc_reclaim(ctx):
     return quota.reclaim_dead(ctx)
 
 
-_SERVICE_FUNCS = {"svc_claim": svc_claim, "svc_tick": svc_tick, "svc_reclaim": svc_reclaim}
+def svc_log_event(region, kind, device, pid, a, b):
+    events.record(region, kind, device, pid, a, b)
+
+
+_SERVICE_FUNCS = {
+    "svc_claim": svc_claim, "svc_tick": svc_tick, "svc_reclaim": svc_reclaim, "svc_log_event": svc_log_event,
+    # the entry points' own bodies (they are @njit too: a GPU test calls them from numba code)
+    "vpmm_malloc": vpmm_entries.entry_malloc.py_func, "vpmm_free": vpmm_entries.entry_free.py_func,
+    "vpmm_trim": vpmm_entries.entry_trim.py_func, "vpmm_preallocate": vpmm_entries.entry_preallocate.py_func,
+    "vpmm_record_stream": vpmm_entries.entry_record_stream.py_func,
+    "vpmm_capture": vpmm_entries.entry_capture.py_func,
+}
+# Services compiled together in one process: they share most of their code (VPMM's allocator), which numba
+# then compiles once (pyvgpu/jit/aot.py keeps a unit in one part).
+UNITS = ([n for n in _SERVICE_FUNCS if n.startswith("vpmm_")],)
 
 
 def build_services(only: set[str] | None = None) -> list[Callback]:
@@ -108,7 +124,7 @@ def build_services(only: set[str] | None = None) -> list[Callback]:
     for s in hooks.SERVICES:
         if only is not None and s.name not in only:
             continue
-        sig = numba_signature(hooks.numba_type_name(s.ret), s.signature)
+        sig = numba_signature(s.ret_numba, s.signature)
         out.append(Callback(s.name, [], cfunc(sig, nopython=True, error_model="numpy")(_SERVICE_FUNCS[s.name])))
     return out
 

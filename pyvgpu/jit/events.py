@@ -5,7 +5,8 @@ publishes it by storing ``seq = index + 1`` last. A reader (status, top, the
 exporter) keeps an entry only if its ``seq`` is the one it expects, so a
 half-written or overwritten entry is skipped, never misread. No lock: an
 OOM refusal on the allocation path costs one atomic add and a few stores.
-Python tools write with the same protocol (``pyvgpu.region.Region.log_event``).
+Python tools call this same function, a service of the callback library
+(``pyvgpu.region.Region.log_event``, pyvgpu/services.py).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 malloc, free, record_stream, CUDA graph captures and preallocation over the
 tables of pyvgpu/jit/vpmm_tables.py, with the defragmentation of
-pyvgpu/jit/vpmm_defrag.py and the housekeeping of pyvgpu/jit/vpmm_trim.py; and
-the C entry points (cfuncs) the shim and ``pyvgpu.vpmm`` call. Driver calls go
+pyvgpu/jit/vpmm_defrag.py and the housekeeping of pyvgpu/jit/vpmm_trim.py. The
+C entry points the shim and ``pyvgpu.vpmm`` call are in pyvgpu/jit/vpmm_entries.py. Driver calls go
 through function pointers resolved in the process (pyvgpu/jit/vpmm_driver.py),
 so a pool under `pyvgpu wrap` creates its pages through the shim's cuMemCreate
 hook and is charged against the group's cap like any allocation.
@@ -12,11 +12,11 @@ hook and is charged against the group's cap like any allocation.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit
+from numba import njit
 
 from pyvgpu.abi import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS
 from pyvgpu.jit import vpmm_driver as D
-from pyvgpu.jit.intrinsics import atomic_cas_u64, atomic_store_u64, i64_ptr, load_u64, stack_u64, yield_cpu
+from pyvgpu.jit.intrinsics import load_u64, stack_u64
 from pyvgpu.jit.vpmm_defrag import READY, defragment, reserve_chunk, usability
 from pyvgpu.jit.vpmm_tables import (
     ADDR,
@@ -32,7 +32,6 @@ from pyvgpu.jit.vpmm_tables import (
     H_EVENTS,
     H_FREES,
     H_LIVE,
-    H_LOCK,
     H_MALLOCS,
     H_NEV,
     H_NEXT_ID,
@@ -49,7 +48,6 @@ from pyvgpu.jit.vpmm_tables import (
     ID,
     MALLOC,
     MAX_SIDE,
-    NCOL,
     NO_EVENT,
     REQ,
     SIZE,
@@ -446,213 +444,3 @@ def preallocate(reg, hd, pg, scr, n):
     reg[h, ID] = hd[H_NEXT_ID]
     hd[H_NEXT_ID] += 1
     return np.int64(CUDA_SUCCESS)
-
-
-# --- the C entry points (cfuncs: no GIL) ------------------------------------------------------
-# A pool's state is described by a block of eight int64: the addresses and lengths of its region table,
-# page table, header and scratch. The entries take that block's address, so one compiled set serves every
-# pool; a spinlock in the header serialises callers. Every entry that calls the driver does it with the
-# pool's context current on the calling thread (vpmm_driver.ctx_enter), whatever thread that is.
-
-S_REG, S_NREG, S_PG, S_NPG, S_HD, S_NHD, S_SCR, S_NSCR, N_STATE = range(9)
-
-
-@njit(inline="always")
-def views(state):
-    """The pool's tables as arrays, and the header's address (for the lock)."""
-    s = carray(i64_ptr(state), (N_STATE,))
-    reg = carray(i64_ptr(np.uint64(s[S_REG])), (s[S_NREG], NCOL))
-    pg = carray(i64_ptr(np.uint64(s[S_PG])), (s[S_NPG], 2))
-    hd = carray(i64_ptr(np.uint64(s[S_HD])), (s[S_NHD],))
-    scr = carray(i64_ptr(np.uint64(s[S_SCR])), (s[S_NSCR],))
-    return reg, pg, hd, scr, np.uint64(s[S_HD])
-
-
-@njit(inline="always")
-def lock(hd_addr):
-    while atomic_cas_u64(hd_addr + H_LOCK * 8, 0, 1) != 0:
-        yield_cpu()
-
-
-@njit(inline="always")
-def unlock(hd_addr):
-    atomic_store_u64(hd_addr + H_LOCK * 8, 0)
-
-
-@njit
-def entry_malloc(state, size, stream):
-    reg, pg, hd, scr, hd_addr = views(state)
-    lock(hd_addr)
-    r = prev = D.ctx_enter(hd)
-    if prev >= D.CTX_KEPT:
-        r = malloc(reg, hd, pg, scr, size, stream)
-        D.ctx_leave(hd, prev)
-    unlock(hd_addr)
-    return r
-
-
-@njit
-def entry_free(state, ptr, stream, size):
-    """size: what the caller asked for (PyTorch passes it). A pointer the pool holds is the pool's (during a
-    capture even small requests are pages); otherwise, under a page, it came from cuMemAllocAsync."""
-    reg, pg, hd, scr, hd_addr = views(state)
-    lock(hd_addr)
-    r = prev = D.ctx_enter(hd)
-    if prev >= D.CTX_KEPT:
-        i = find(reg, hd, ptr)
-        if i >= 0 and reg[i, STATE] == MALLOC:
-            r = free(reg, hd, pg, scr, ptr, stream)
-        elif 0 <= size < hd[H_PAGE]:  # PyTorch frees a zero-byte tensor's block with size 0
-            r = small_free(hd, ptr, stream, size)
-        else:
-            r = np.int64(CUDA_ERROR_INVALID_VALUE)
-        D.ctx_leave(hd, prev)
-    unlock(hd_addr)
-    return r
-
-
-@njit
-def entry_trim(state, release):
-    """pool.trim: unmap the zombies whose work is done; with release, also give free pages back. The pages
-    released (0 without release), or a negative error."""
-    reg, pg, hd, scr, hd_addr = views(state)
-    lock(hd_addr)
-    r = prev = D.ctx_enter(hd)
-    if prev >= D.CTX_KEPT:
-        if release:
-            r = release_free(reg, hd, pg, scr)
-        else:
-            r = settle(reg, hd)
-            if r == 0:
-                rc = unmap_stale(reg, hd, pg)
-                r = driver_error(rc) if rc != CUDA_SUCCESS else np.int64(0)
-        D.ctx_leave(hd, prev)
-    unlock(hd_addr)
-    return r
-
-
-@njit
-def entry_preallocate(state, n):
-    reg, pg, hd, scr, hd_addr = views(state)
-    lock(hd_addr)
-    r = prev = D.ctx_enter(hd)
-    if prev >= D.CTX_KEPT:
-        r = preallocate(reg, hd, pg, scr, n)
-        D.ctx_leave(hd, prev)
-    unlock(hd_addr)
-    return r
-
-
-@njit
-def entry_record_stream(state, ptr, stream, size):
-    reg, pg, hd, scr, hd_addr = views(state)
-    lock(hd_addr)
-    r = record_stream(reg, hd, ptr, stream, size)
-    unlock(hd_addr)
-    return r
-
-
-@njit
-def entry_capture(state, stream, what):
-    """what: 1 a capture begins on stream, 0 it ended, -N release the memory of capture N (-0: every one)."""
-    reg, pg, hd, scr, hd_addr = views(state)
-    lock(hd_addr)
-    r = prev = D.ctx_enter(hd)
-    if prev >= D.CTX_KEPT:
-        if what >= 0:
-            r = notify_capture(hd, stream, what == 1)
-        else:
-            r = release_graph(reg, hd, -what - 1)
-        D.ctx_leave(hd, prev)
-    unlock(hd_addr)
-    return r
-
-
-# The C entry points are numba cfuncs defined in a small module generated per version of VPMM's sources
-# (compile_entries): numba's disk cache checks only the file that defines a function, so a cfunc defined
-# here would keep running stale code after a change to vpmm_defrag.py or vpmm_tables.py.
-ENTRIES = (("malloc", "state, size, stream", "i64(u64, i64, u64)"),
-           ("free", "state, ptr, stream, size", "i64(u64, i64, u64, i64)"),
-           ("trim", "state, release", "i64(u64, i64)"),
-           ("preallocate", "state, n", "i64(u64, i64)"),
-           ("record_stream", "state, ptr, stream, size", "i64(u64, i64, u64, i64)"),
-           ("capture", "state, stream, what", "i64(u64, u64, i64)"))
-_SOURCES = ("jit/vpmm*.py", "jit/intrinsics.py", "abi.py")  # what the entry points are compiled from
-
-
-def sources_hash() -> str:
-    import hashlib
-    from pathlib import Path
-
-    import pyvgpu
-
-    h = hashlib.sha256()
-    pkg = Path(pyvgpu.__file__).parent
-    for pattern in _SOURCES:
-        for path in sorted(pkg.glob(pattern)):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()[:20]
-
-
-def _entries_module(directory):
-    """The generated module of the entry points' Python functions, in directory (written once per version)."""
-    import importlib.util
-    import os
-    import sys
-
-    key = sources_hash()
-    name = f"pyvgpu_vpmm_entries_{key}"
-    path = directory / f"{name}.py"
-    if not path.exists():
-        body = ["# @generated by pyvgpu.jit.vpmm.compile_entries from VPMM's sources " + key + ": the C entry",
-                "# points' bodies; numba caches their machine code next to this file.",
-                "from pyvgpu.jit import vpmm as V", ""]
-        for fname, args, _ in ENTRIES:
-            body += ["", f"def _c_{fname}({args}):", f"    return V.entry_{fname}({args})", ""]
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text("\n".join(body))
-        os.replace(tmp, path)  # atomic: a concurrent process sees the whole file or none
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # numba's cache finds the functions' module again by its name
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def compile_entries():
-    """The cfuncs behind the pool, in ENTRIES' order: int64 malloc(u64 state, i64 size, u64 stream),
-    free(u64 state, i64 ptr, u64 stream, i64 size), trim(u64 state, i64 release), preallocate(u64 state,
-    i64 pages), record_stream(u64 state, i64 ptr, u64 stream, i64 size), capture(u64 state, u64 stream,
-    i64 what). Compiling them takes tens of seconds, so numba caches them on disk, next to a module
-    generated in pyvgpu's cache directory per version of the sources (`pyvgpu warmup --vpmm` does it
-    ahead); with nowhere to write they are compiled each time, and stderr says so. Python calls nothing
-    else of this module: that would compile too."""
-    import sys
-
-    from numba import cfunc, types
-
-    from pyvgpu.cache import cache_dir, writable_problem
-
-    sig_types = {"i64": types.int64, "u64": types.uint64}
-
-    def sig(text):
-        ret, args = text.split("(", 1)
-        return sig_types[ret](*(sig_types[a.strip()] for a in args.rstrip(")").split(",")))
-
-    directory = cache_dir() / "vpmm"
-    problem = writable_problem(directory)
-    if problem is None:
-        try:
-            mod = _entries_module(directory)
-            return tuple(cfunc(sig(s), nopython=True, error_model="numpy", cache=True)(getattr(mod, f"_c_{f}"))
-                         for f, _, s in ENTRIES)
-        except (OSError, RuntimeError) as e:  # numba: "cannot cache function ...: no locator available"
-            problem = str(e)
-    print(f"pyvgpu: VPMM compiles its allocator without a cache ({problem}); set PYVGPU_CACHE_DIR to a "
-          "writable directory to keep it", file=sys.stderr)
-    funcs = {}
-    for f, args, _ in ENTRIES:  # the same bodies, defined here (compiled, never cached)
-        exec(f"def _c_{f}({args}):\n    return entry_{f}({args})\n", globals(), funcs)
-    return tuple(cfunc(sig(s), nopython=True, error_model="numpy")(funcs[f"_c_{f}"]) for f, _, s in ENTRIES)

@@ -70,6 +70,7 @@ from pyvgpu.jit.vpmm_tables import (
     split,
     stat_alloc,
     stat_pages,
+    steps,
     touching,
 )
 from pyvgpu.jit.vpmm_trim import unmap_stale
@@ -308,7 +309,9 @@ def _try(reg, hd, pg, scr, size, req, stream, quiet, tag):
         a = src[2 * k]
         row = find(reg, hd, a)
         end = a + reg[row, SIZE]
-        for off in range(end - src[2 * k + 1], end, page):
+        start = end - src[2 * k + 1]
+        for q in range(steps(start, end, page)):
+            off = start + q * page
             slots[2 * s] = span + s * page if s * page < left else right_start + (s * page - left)
             slots[2 * s + 1] = pg_get(pg, off)
             s += 1

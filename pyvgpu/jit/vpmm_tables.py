@@ -200,6 +200,21 @@ def rows_free(reg, hd):
     return reg.shape[0] - hd[H_NREG]
 
 
+@njit(inline="always")
+def steps(start, end, page):
+    """How many of range(start, end, page) there are (page > 0): loops count them instead, as numba's range
+    with a step it cannot see is not zero keeps a path that raises, which the callback library cannot have."""
+    return max((end - start + page - 1) // page, 0)
+
+
+@njit(inline="always")
+def copy_row(reg, dst, src):
+    """reg[dst] = reg[src], column by column: a row slice assigned from another made numba copy it through a
+    temporary array first (its overlap check), which needs the numba runtime the callback library lacks."""
+    for c in range(reg.shape[1]):
+        reg[dst, c] = reg[src, c]
+
+
 @njit
 def insert_after(reg, hd, i):
     """Make room for a row at i + 1 (rows after it move down); False when the table is full."""
@@ -207,7 +222,7 @@ def insert_after(reg, hd, i):
     if n >= reg.shape[0]:
         return False
     for j in range(n, i + 1, -1):
-        reg[j, :] = reg[j - 1, :]
+        copy_row(reg, j, j - 1)
     hd[H_NREG] = n + 1
     return True
 
@@ -216,7 +231,7 @@ def insert_after(reg, hd, i):
 def remove(reg, hd, i):
     n = hd[H_NREG]
     for j in range(i, n - 1):
-        reg[j, :] = reg[j + 1, :]
+        copy_row(reg, j, j + 1)
     hd[H_NREG] = n - 1
 
 
@@ -230,7 +245,7 @@ def split(reg, hd, i, size):
         return False
     if not insert_after(reg, hd, i):
         return False
-    reg[i + 1, :] = reg[i, :]
+    copy_row(reg, i + 1, i)
     reg[i + 1, ADDR] = reg[i, ADDR] + size
     reg[i + 1, SIZE] = reg[i, SIZE] - size
     reg[i, SIZE] = size

@@ -44,6 +44,7 @@ from pyvgpu.jit.vpmm_tables import (
     STREAM,
     XEV,
     ZOMBIE,
+    copy_row,
     event_unref,
     insert_after,
     merge_all,
@@ -51,6 +52,7 @@ from pyvgpu.jit.vpmm_tables import (
     pg_get,
     rows_free,
     stat_pages,
+    steps,
 )
 
 
@@ -112,8 +114,8 @@ def unmap_stale(reg, hd, pg):
         rc = D.unmap(hd, a, n)
         if rc != CUDA_SUCCESS:
             break
-        for off in range(0, n, page):
-            pg_del(pg, hd, a + off)
+        for q in range(steps(0, n, page)):
+            pg_del(pg, hd, a + q * page)
         for k in range(i, j + 1):
             reg[k, STATE] = HOLE
             reg[k, STREAM] = 0
@@ -153,7 +155,8 @@ def release_free(reg, hd, pg, scr):
     nbusy = 0
     for i in range(hd[H_NREG]):
         if reg[i, STATE] == ZOMBIE:
-            for off in range(0, reg[i, SIZE], page):
+            for q in range(steps(0, reg[i, SIZE], page)):
+                off = q * page
                 if nbusy < scr.shape[0]:
                     scr[nbusy] = pg_get(pg, reg[i, ADDR] + off)
                     nbusy += 1
@@ -168,7 +171,8 @@ def release_free(reg, hd, pg, scr):
             break
         a, n = reg[i, ADDR], reg[i, SIZE]
         busy = nbusy >= scr.shape[0]
-        for off in range(0, n, page):
+        for q in range(steps(0, n, page)):
+            off = q * page
             if busy or _busy_handle(hd, pg, scr, nbusy, pg_get(pg, a + off)):
                 busy = True
                 break
@@ -179,7 +183,8 @@ def release_free(reg, hd, pg, scr):
         if rc != CUDA_SUCCESS:
             merge_all(reg, hd)
             return D.driver_error(rc)
-        for off in range(0, n, page):
+        for q in range(steps(0, n, page)):
+            off = q * page
             rc = D.release(hd, pg_get(pg, a + off))
             if rc != CUDA_SUCCESS:
                 _restore_tail(reg, hd, pg, i, a, off, n)
@@ -210,7 +215,8 @@ def _restore_tail(reg, hd, pg, i, a, off, n):
     (counted in the driver's calls; the cap still charges them until the process ends)."""
     page = hd[H_PAGE]
     ok = True
-    for back in range(off, n, page):
+    for q in range(steps(off, n, page)):
+        back = off + q * page
         if D.map_page(hd, a + back, pg_get(pg, a + back)) != CUDA_SUCCESS:
             ok = False
             break
@@ -226,7 +232,7 @@ def _restore_tail(reg, hd, pg, i, a, off, n):
     if off == 0:
         return
     if insert_after(reg, hd, i - 1):  # (the caller made sure a row is free) row i moves to i + 1
-        reg[i, :] = reg[i + 1, :]
+        copy_row(reg, i, i + 1)
         reg[i, SIZE] = off
         reg[i, STATE] = HOLE
         reg[i, STREAM] = 0

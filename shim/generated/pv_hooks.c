@@ -1744,4 +1744,11 @@ const char *const pv_service_names[PV_N_SERVICES] = {
     [PV_S_svc_claim] = "svc_claim",
     [PV_S_svc_tick] = "svc_tick",
     [PV_S_svc_reclaim] = "svc_reclaim",
+    [PV_S_svc_log_event] = "svc_log_event",
+    [PV_S_vpmm_malloc] = "vpmm_malloc",
+    [PV_S_vpmm_free] = "vpmm_free",
+    [PV_S_vpmm_trim] = "vpmm_trim",
+    [PV_S_vpmm_preallocate] = "vpmm_preallocate",
+    [PV_S_vpmm_record_stream] = "vpmm_record_stream",
+    [PV_S_vpmm_capture] = "vpmm_capture",
 };

@@ -329,7 +329,7 @@ typedef struct pv_cblib {
     uint8_t key[32];  /* pyvgpu.cache.cache_key() of its sources, NUL-terminated */
     uint8_t cpu[64];  /* the CPU LLVM compiled for, NUL-terminated */
     uint64_t entries[77];  /* callback address per hook entry; 0 for entries implemented in C */
-    uint64_t services[3];  /* address per service, in hooks.SERVICES order */
+    uint64_t services[10];  /* address per service, in hooks.SERVICES order */
 } pv_cblib_t;
 _Static_assert(offsetof(pv_cblib_t, magic) == 0, "pv_cblib.magic");
 _Static_assert(offsetof(pv_cblib_t, format) == 8, "pv_cblib.format");
@@ -342,6 +342,6 @@ _Static_assert(offsetof(pv_cblib_t, key) == 64, "pv_cblib.key");
 _Static_assert(offsetof(pv_cblib_t, cpu) == 96, "pv_cblib.cpu");
 _Static_assert(offsetof(pv_cblib_t, entries) == 160, "pv_cblib.entries");
 _Static_assert(offsetof(pv_cblib_t, services) == 776, "pv_cblib.services");
-_Static_assert(sizeof(pv_cblib_t) == 800, "sizeof pv_cblib");
+_Static_assert(sizeof(pv_cblib_t) == 856, "sizeof pv_cblib");
 
 #endif

@@ -7,7 +7,7 @@
 #define PV_N_ENTRIES 77
 #define PV_N_HOOKS 50
 #define PV_N_HELPERS 22
-#define PV_TABLE_HASH "732e2c7496b2a0e7"
+#define PV_TABLE_HASH "20f444b3767c923c"
 
 /* One entry per exported ABI symbol (variant). */
 enum pv_entry {
@@ -96,6 +96,13 @@ enum pv_service {
     PV_S_svc_claim = 0,
     PV_S_svc_tick = 1,
     PV_S_svc_reclaim = 2,
+    PV_S_svc_log_event = 3,
+    PV_S_vpmm_malloc = 4,
+    PV_S_vpmm_free = 5,
+    PV_S_vpmm_trim = 6,
+    PV_S_vpmm_preallocate = 7,
+    PV_S_vpmm_record_stream = 8,
+    PV_S_vpmm_capture = 9,
     PV_N_SERVICES
 };
 /* take a slot in the group's region for this process; its index, or -1 when every slot is taken */
@@ -104,6 +111,20 @@ typedef int32_t (*pv_svc_claim_t)(pv_ctx_t *ctx);
 typedef int32_t (*pv_svc_tick_t)(pv_ctx_t *ctx);
 /* free the slots of the group's dead processes; the bytes given back */
 typedef uint64_t (*pv_svc_reclaim_t)(pv_ctx_t *ctx);
+/* append an event to the group's ring at region (pid 0: the calling process) */
+typedef void (*pv_svc_log_event_t)(uint64_t region, uint32_t kind, int32_t device, uint32_t pid, uint64_t a, uint64_t b);
+/* VPMM: allocate size bytes for stream; the address, or a negative error */
+typedef int64_t (*pv_vpmm_malloc_t)(uint64_t state, int64_t size, uint64_t stream);
+/* VPMM: give back the allocation at ptr (size: the bytes asked for); 0, or an error */
+typedef int64_t (*pv_vpmm_free_t)(uint64_t state, int64_t ptr, uint64_t stream, int64_t size);
+/* VPMM: unmap what is done (release: also give free pages back); the pages released, or an error */
+typedef int64_t (*pv_vpmm_trim_t)(uint64_t state, int64_t release);
+/* VPMM: map n pages free for every stream, all or nothing; 0, or an error */
+typedef int64_t (*pv_vpmm_preallocate_t)(uint64_t state, int64_t n);
+/* VPMM: the allocation at ptr is used on stream too; 0, or an error */
+typedef int64_t (*pv_vpmm_record_stream_t)(uint64_t state, int64_t ptr, uint64_t stream, int64_t size);
+/* VPMM: a capture begins on stream (what 1) or ended (0); what -N-1 releases capture N's memory (-1: every capture's) */
+typedef int64_t (*pv_vpmm_capture_t)(uint64_t state, uint64_t stream, int64_t what);
 
 /* One hook per base name (what cuGetProcAddress takes). */
 enum pv_hook {

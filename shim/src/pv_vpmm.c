@@ -1,7 +1,9 @@
 /* VPMM for PyTorch's CUDAPluggableAllocator: the malloc/free pair it loads from
  * this library by name. Each call goes straight to the pool's compiled entry
- * points (pyvgpu/jit/vpmm.py: cfuncs, no GIL), installed per device by
- * pyvgpu.vpmm_torch.enable. */
+ * points (services of the callback library, pyvgpu/jit/vpmm_entries.py: no
+ * GIL), installed per device by pyvgpu.vpmm_torch.enable. Their types,
+ * pv_vpmm_malloc_t and pv_vpmm_free_t, are generated from the hook table's
+ * declaration of them (pyvgpu/hooks.py SERVICES, shim/generated/pv_table.h). */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,9 +13,6 @@
 #include "pv_shim.h"
 
 #define PV_VPMM_DEVICES 16
-
-typedef int64_t (*pv_vpmm_malloc_t)(uint64_t state, int64_t size, uint64_t stream);
-typedef int64_t (*pv_vpmm_free_t)(uint64_t state, int64_t ptr, uint64_t stream, int64_t size);
 
 static struct {
     pv_vpmm_malloc_t malloc_fn;

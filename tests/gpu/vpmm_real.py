@@ -12,7 +12,7 @@ import time
 import numpy as np
 from numba import njit
 
-from pyvgpu.jit import vpmm as V
+from pyvgpu.jit import vpmm_entries as V
 from pyvgpu.jit import vpmm_tables as T
 from pyvgpu.jit.intrinsics import monotonic_ns
 from pyvgpu.vpmm import VirtualMemoryPool
