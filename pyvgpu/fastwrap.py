@@ -11,7 +11,7 @@ repeated option's last value), then PROGRAM and its arguments untouched.
 Anything else (`--help`, an unknown or misspelt option, a missing value, a
 value that looks like an option, no PROGRAM, another command) goes to the
 typer command line, which gives its usual message. Both paths then run
-:func:`run` with one :class:`pyvgpu.wrap.WrapRequest`, so every check and message after parsing is
+:func:`run` with one :class:`pyvgpu.ops.wrap.WrapRequest`, so every check and message after parsing is
 the same code.
 """
 
@@ -22,10 +22,10 @@ from collections.abc import Sequence
 
 TYPE_CHECKING = False  # not `typing`'s: importing typing is a noticeable part of a plain wrap's start
 if TYPE_CHECKING:
-    from pyvgpu.wrap import WrapRequest
+    from pyvgpu.ops.wrap import WrapRequest
 
 # wrap's options: flag -> (parameter, value); option taking a value -> parameter (the names of
-# pyvgpu.wrap.WrapRequest.from_options, as in pyvgpu/cli/wrap.py)
+# pyvgpu.ops.wrap.WrapRequest.from_options, as in pyvgpu/cli/wrap.py)
 FLAGS = {"--stats": ("stats", True), "--sm-borrow": ("sm_borrow", True), "--sm-cap": ("sm_borrow", False)}
 VALUED = {"--stats-file": "stats_file", "--memory": "memory", "-m": "memory", "--sm": "sm", "--devices": "devices",
           "-d": "devices", "--allocator": "allocator", "--group": "group", "-g": "group", "--region": "region_path",
@@ -81,7 +81,7 @@ def fail(msg: str, code: int = 2) -> int:
 def wrap(opts: dict, command: list[str]) -> int:
     """A wrap parsed here: its request made from ``opts`` (as :func:`parse` gives them), then :func:`run`."""
     from pyvgpu.errors import PyvgpuError
-    from pyvgpu.wrap import WrapRequest
+    from pyvgpu.ops.wrap import WrapRequest
 
     try:
         request = WrapRequest.from_options(**opts)
@@ -95,8 +95,8 @@ def run(command: list[str], request: WrapRequest) -> int:
     could not."""
     import os
 
-    from pyvgpu import wrap as w
     from pyvgpu.errors import PyvgpuError
+    from pyvgpu.ops import wrap as w
 
     try:
         env = w.build_env(os.environ, request)

@@ -8,9 +8,9 @@ calls build() with the wheel's package dir), after regenerating shim/generated/
 
 * libpyvgpu.so, the LD_PRELOAD shim;
 * libpyvgpu_group.so, the group core alone (GROUP_SOURCES, which the shim is built from too), that Python
-  loads through ctypes (pyvgpu/grouplib.py) with none of the shim's interposition;
+  loads through ctypes (pyvgpu/host/grouplib.py) with none of the shim's interposition;
 * libpyvgpu_callbacks.so (+ .so.sha256, its hash; + .json, its build facts), the callbacks compiled
-  by numba for the baseline CPU of this architecture (pyvgpu/cblib.py), which
+  by numba for the baseline CPU of this architecture (pyvgpu/native/cblib.py), which
   the shim loads with no interpreter;
 * bin/pv_bench, the benchmark and startup probe.
 
@@ -18,7 +18,7 @@ Nothing of this machine goes into them: sources are compiled by relative
 name with debug paths mapped to ".", and no interpreter path is recorded.
 
 A compile of the callbacks takes minutes on a small machine. When the user's
-cache (pyvgpu.cache.cache_dir()/build) holds a library compiled from the same
+cache (pyvgpu.native.cache.cache_dir()/build) holds a library compiled from the same
 sources by the same numba and llvmlite, it is copied instead; PYVGPU_BUILD_CACHE=0
 turns that off.
 """
@@ -67,7 +67,7 @@ def _build_cache_path(key: str) -> Path | None:
     import llvmlite
     import numba
 
-    from pyvgpu import cache
+    from pyvgpu.native import cache
 
     versions = f"numba{numba.__version__}-llvmlite{llvmlite.__version__}"
     return cache.cache_dir() / "build" / f"callbacks-{key}-portable-{versions}.so"
@@ -75,8 +75,8 @@ def _build_cache_path(key: str) -> Path | None:
 
 def build_callbacks(out: Path) -> Path:
     """The callbacks for this architecture's baseline CPU, as out/libpyvgpu_callbacks.so."""
-    from pyvgpu import cache, cblib
     from pyvgpu.errors import PyvgpuError
+    from pyvgpu.native import cache, cblib
 
     lib = out / cblib.FILE_NAME
     key = cache.cache_key()
@@ -125,13 +125,13 @@ def generate() -> None:
     finally:
         sys.path.pop(0)
     if gen_shim.main(["--check"]) != 0:
-        print("build_native: regenerating shim/generated/ from pyvgpu/hooks.py and pyvgpu/layout.py",
+        print("build_native: regenerating shim/generated/ from pyvgpu/contract/hooks.py and pyvgpu/contract/layout.py",
               file=sys.stderr)
         gen_shim.main([])
 
 
 def build(out: Path) -> list[Path]:
-    from pyvgpu import cblib
+    from pyvgpu.native import cblib
 
     out = Path(out)
     generate()

@@ -141,9 +141,9 @@ def http(work: Path) -> dict:
 
 
 def exporter(work: Path) -> dict:
-    from pyvgpu import exporter as ex
-    from pyvgpu import layout as L
-    from pyvgpu import region
+    from pyvgpu.contract import layout as L
+    from pyvgpu.group import region
+    from pyvgpu.ops import exporter as ex
 
     d = work / "state"
     d.mkdir()

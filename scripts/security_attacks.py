@@ -30,8 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fakecuda"))
 
 import pyvgpu  # noqa: E402
-from pyvgpu import cache, layout, region, sched  # noqa: E402
-from pyvgpu.shim import BENCH_BIN  # noqa: E402
+from pyvgpu.contract import layout  # noqa: E402
+from pyvgpu.group import region  # noqa: E402
+from pyvgpu.group import turnfile as sched
+from pyvgpu.native import cache  # noqa: E402
+from pyvgpu.native.shim import BENCH_BIN  # noqa: E402
 
 NOBODY = 65534
 PY = [sys.executable, "-m", "pyvgpu"]
@@ -314,7 +317,7 @@ def other_attacks(lab: Lab) -> dict:
     out["--stats-file through a link"] = r
 
     d = lab.sticky()
-    from pyvgpu import cblib
+    from pyvgpu.native import cblib
 
     lib = d / "c" / cblib.FILE_NAME
     lib.parent.mkdir()

@@ -19,7 +19,7 @@ sys.path.insert(0, str(TESTS / "fakecuda"))
 
 from helpers import clean_env  # noqa: E402
 
-from pyvgpu.shim import missing_fix, shim_path  # noqa: E402
+from pyvgpu.native.shim import missing_fix, shim_path  # noqa: E402
 
 # VPMM's allocator is compiled by numba at its first use (about a minute on a 2-core machine; cached per
 # source version in the user's cache). When VPMM tests were collected, the suite starts that compile in the
@@ -32,7 +32,7 @@ WAIT_FOR_VPMM = ("test_compute", "test_turns", "test_vpmm", "test_gpu_vpmm", "te
 
 def _start_vpmm_compile() -> None:
     log = tempfile.TemporaryFile()
-    code = "from pyvgpu import vpmm; vpmm._entries()"  # in the callback library: compiled when it was
+    code = "from pyvgpu.vpmm import pool as vpmm; vpmm._entries()"  # in the callback library: compiled when it was
     _VPMM_COMPILE["proc"] = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
                                              cwd="/")
     _VPMM_COMPILE["log"] = log
@@ -91,9 +91,9 @@ def fake(tmp_path_factory) -> Path:
 def cache_dir() -> Path:
     """The compiled callbacks, shared by every session: the user's cache (PYVGPU_CACHE_DIR or
     ~/.cache/pyvgpu), compiled once per source version. Its key covers every source the machine code is
-    compiled from (pyvgpu/cache.py), so a stale entry is never used; tests that need an empty cache make
+    compiled from (pyvgpu/native/cache.py), so a stale entry is never used; tests that need an empty cache make
     their own."""
-    from pyvgpu import cache
+    from pyvgpu.native import cache
 
     d = cache.cache_dir()
     cache.ensure(d, workers=cache.cli_workers())

@@ -64,7 +64,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def fake_gpu_turn_key(index: int = 0) -> int:
-    """The turn file's key of the fake's GPU ``index`` (UUID fa 4e c0 da 00 .. 00 index; pyvgpu/jit/turn.py)."""
+    """The turn file's key of the fake's GPU ``index`` (UUID fa 4e c0 da 00 .. 00 index; pyvgpu/jit/compute/turn.py)."""
     import struct
 
     m64 = (1 << 64) - 1

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from helpers import PYVGPU
 
-from pyvgpu import region
 from pyvgpu.errors import PyvgpuError
-from pyvgpu.shim import BENCH_BIN
+from pyvgpu.group import region
+from pyvgpu.native.shim import BENCH_BIN
 
 UNLIMITED = 5000.0  # kernels/s of the simulated 200 us spin kernel
 ITERS = "2000"

@@ -30,8 +30,9 @@ from pathlib import Path
 import pytest
 from helpers import run
 
-from pyvgpu import region, shim
-from pyvgpu.shim import BENCH_BIN
+from pyvgpu.group import region
+from pyvgpu.native import shim
+from pyvgpu.native.shim import BENCH_BIN
 
 MiB = 1 << 20
 CAP_MIB = 128

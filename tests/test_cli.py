@@ -10,7 +10,7 @@ import pytest
 from helpers import PYVGPU, run
 
 import pyvgpu
-from pyvgpu import hooks
+from pyvgpu.contract import hooks
 
 
 def test_version_and_help(env):
@@ -71,7 +71,7 @@ def test_warmup_compiles_for_this_cpu_into_the_given_dir(env, tuned_cache):
     """`pyvgpu warmup` (run once by the tuned_cache fixture) compiles with progress and an estimate."""
     import llvmlite.binding as llvm
 
-    from pyvgpu import cpuid
+    from pyvgpu.host import cpuid
 
     m = json.loads((tuned_cache.parent / "warmup.json").read_text())
     assert m["library"].startswith(str(tuned_cache)) and m["origin"] == "cache"
@@ -95,7 +95,7 @@ def test_bench_overhead_runs_on_the_fake(env, tmp_path):
         assert s["raw_ns"] > 0 and s["hook_ns"] > 0 and s["ratio"] > 0
     assert "ratio" in p.stdout and f"wrote {out}" in p.stderr
     assert "note: no GPU here" in p.stdout  # the fake's ratios say nothing about a GPU's
-    from pyvgpu import cache
+    from pyvgpu.native import cache
 
     assert r["callbacks"] == cache.read()["library"] and f"callbacks: {r['callbacks']}" in p.stdout
     # --json: the same result on stdout, and nothing else there
@@ -229,12 +229,13 @@ def test_every_option_has_one_sentence_of_help():
 
 
 def test_every_choice_is_an_enum_of_the_librarys_values_and_completes():
-    from pyvgpu import limits, mps, wrap
     from pyvgpu.bench import sm, vpmm_workloads
-    from pyvgpu.bootstrap import ALLOCATORS
     from pyvgpu.cli import bench, common
-    from pyvgpu.cluster.core import keys
     from pyvgpu.cluster.cli import NodePolicy
+    from pyvgpu.cluster.core import keys
+    from pyvgpu.group import limits, mps
+    from pyvgpu.ops import wrap
+    from pyvgpu.vpmm.torch_startup import ALLOCATORS
 
     for kind, values in ((common.Mode, mps.MODES), (common.Priority, limits.PRIORITIES),
                          (common.Allocator, ALLOCATORS), (common.OnError, wrap.ON_ERROR_CHOICES),

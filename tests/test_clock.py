@@ -1,4 +1,4 @@
-"""The launch path's clock (pyvgpu/jit/clock.py): the TSC, anchored to CLOCK_MONOTONIC.
+"""The launch path's clock (pyvgpu/jit/runtime/clock.py): the TSC, anchored to CLOCK_MONOTONIC.
 
 Called in this process on a context of our own, so every check is against
 ``time.monotonic_ns`` read just before and just after.
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from numba import cfunc, types
 
-from pyvgpu.jit import clock
-from pyvgpu.jit.fields import CTX
+from pyvgpu.jit.runtime import clock
+from pyvgpu.jit.runtime.fields import CTX
 
 pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the TSC clock is x86-64's")
 

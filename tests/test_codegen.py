@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pyvgpu import hooks, layout
+from pyvgpu.contract import hooks, layout
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTS = ROOT / "docs" / "facts" / "procaddr-h100-driver580.tsv"
@@ -150,7 +150,7 @@ def test_a_launch_under_a_share_reads_one_line_of_the_context_per_device():
 
 
 def test_a_record_renders_the_same_offsets_in_c_and_rejects_a_bad_size(tmp_path):
-    from pyvgpu.structs import Field, Record, Struct
+    from pyvgpu.contract.structs import Field, Record, Struct
 
     S = Struct("pv_t", [Field("a", "u32"), Record("r", 3, (Field("x", "u64"), Field("y", "u8")), size=16),
                         Field("b", "u16", align=64)])
@@ -229,7 +229,8 @@ def test_layer_check_sees_an_upward_call():
 def test_every_policy_in_the_table_resolves_without_compiling():
     """Each hook's policy and each service name a real @njit function of pyvgpu.jit:
     a typo in the table fails here in a second, not in a 3-minute warmup."""
-    from pyvgpu.jit import callbacks, policies
+    from pyvgpu.jit import policies
+    from pyvgpu.native import callbacks
 
     names = {e.policy for e in hooks.ENTRIES if e.policy}
     assert len(names) > 10
@@ -254,7 +255,7 @@ def test_the_readme_doctor_example_names_todays_hook_table():
 
 
 def test_per_thread_bits_name_exactly_the_per_thread_variants():
-    from pyvgpu.jit.context import per_thread
+    from pyvgpu.jit.runtime.context import per_thread
 
     flags = [per_thread(i) for i in range(len(hooks.ENTRIES))]
     assert flags == [e.variant.per_thread for e in hooks.ENTRIES]
@@ -264,7 +265,8 @@ def test_per_thread_bits_name_exactly_the_per_thread_variants():
 def test_vpmm_entry_points_are_services_whose_c_types_are_generated():
     """VPMM's entry points are declared once, in the hook table: the shim's C types for them are generated
     (pv_vpmm.c writes none by hand) and they are compiled with every other callback (no second generator)."""
-    from pyvgpu.jit import callbacks, vpmm
+    from pyvgpu.jit.vpmm import core as vpmm
+    from pyvgpu.native import callbacks
 
     names = {"vpmm_malloc", "vpmm_free", "vpmm_trim", "vpmm_preallocate", "vpmm_record_stream", "vpmm_capture"}
     assert names <= set(hooks.SERVICE_INDEX)
@@ -274,5 +276,6 @@ def test_vpmm_entry_points_are_services_whose_c_types_are_generated():
     hand = ROOT / "shim" / "src" / "pv_vpmm.c"
     assert not re.search(r"typedef[^;]*\bpv_vpmm_(malloc|free)_t\b", hand.read_text())
     assert names <= set(callbacks.all_names())
-    assert not (ROOT / "pyvgpu" / "atomics.py").exists()  # the event log has one writer: pyvgpu/jit/events.py
+    # the event log has one writer: pyvgpu/jit/state/events.py
+    assert not (ROOT / "pyvgpu" / "group" / "atomics.py").exists()
     assert not hasattr(vpmm, "compile_entries")  # its own module, numba cache and source hash are gone

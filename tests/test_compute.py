@@ -22,8 +22,10 @@ import pytest
 from helpers import PYVGPU, run
 from simgpu import ITERS, Load, sim_env, sim_switch_ns
 
-from pyvgpu import layout, limits, region, sched
-from pyvgpu.shim import BENCH_BIN
+from pyvgpu.contract import layout
+from pyvgpu.group import limits, region
+from pyvgpu.group import turnfile as sched
+from pyvgpu.native.shim import BENCH_BIN
 
 TESTS_DIR = Path(__file__).resolve().parent
 

@@ -15,7 +15,8 @@ import time
 import pytest
 from helpers import PYVGPU, run
 
-from pyvgpu import devices, region
+from pyvgpu.group import region
+from pyvgpu.host import devices
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -174,7 +175,7 @@ def test_select_resolves_against_a_given_machine():
 
 def test_utilization_reports_the_groups_share(env3, fake, tmp_path):
     """Under a share, NVML tells the group its own utilization: here a 30% group next to an unlimited one."""
-    from pyvgpu.shim import BENCH_BIN
+    from pyvgpu.native.shim import BENCH_BIN
 
     other = subprocess.Popen([*PYVGPU, "wrap", "--devices", "0", "--region", str(tmp_path / "b.region"), "--",
                               str(BENCH_BIN), "sm", "30", "2000", "kernel"], env=env3, stdout=subprocess.DEVNULL,

@@ -1,4 +1,4 @@
-"""The environment contract (pyvgpu/envspec.py) is the one place a variable's name is written."""
+"""The environment contract (pyvgpu/contract/envspec.py) is the one place a variable's name is written."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pyvgpu import envspec
+from pyvgpu.contract import envspec
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTRACT = ROOT / "pyvgpu" / "envspec.py"
+CONTRACT = ROOT / "pyvgpu" / "contract" / "envspec.py"
 DOC = ROOT / "docs" / "environment.md"
 # a name counts as written when a string literal is exactly the name, or a per-device variable's NAME_ or NAME_<i>
 FORBIDDEN = {v.name for v in envspec.VARS} | {v.prefix for v in envspec.PER_DEVICE}
@@ -51,7 +51,7 @@ def test_no_variable_name_is_written_outside_the_contract():
     py = [p for p in sorted((ROOT / "pyvgpu").rglob("*.py")) if p != CONTRACT and "deviceplugin" not in p.parts]
     c = sorted((ROOT / "shim" / "src").glob("*.[ch]"))
     bad = offenders(py, python_literals) + offenders(c, c_literals)
-    assert not bad, "name these through pyvgpu/envspec.py (PV_ENV_* in C):\n" + "\n".join(bad)
+    assert not bad, "name these through pyvgpu/contract/envspec.py (PV_ENV_* in C):\n" + "\n".join(bad)
 
 
 def test_the_check_sees_a_literal():

@@ -4,8 +4,9 @@ one read (docs/security.md, the cluster table)."""
 
 from __future__ import annotations
 
-from pyvgpu import exporter, region
-from pyvgpu import layout as L
+from pyvgpu.contract import layout as L
+from pyvgpu.group import region
+from pyvgpu.ops import exporter
 
 
 def test_a_region_claiming_too_many_slots_is_skipped_not_read(tmp_path, capsys):

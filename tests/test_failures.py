@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from helpers import PYVGPU, run
 
-from pyvgpu import cache
 from pyvgpu.errors import PyvgpuError
+from pyvgpu.native import cache
 
 BROKEN = {"PYVGPU_CALLBACKS": "/nonexistent/libpyvgpu_callbacks.so"}
 
@@ -53,7 +53,8 @@ def test_closed_explicitly_without_limits(env, fake):
 def test_bad_on_error_value(env, fake):
     p = run([*PYVGPU, "wrap", "--on-error", "maybe", "--", "true"], env=env)
     assert p.returncode == 2 and "maybe" in p.stderr
-    env.update(BROKEN, PYVGPU_ON_ERROR="maybe", LD_PRELOAD=str(__import__("pyvgpu.shim").shim.shim_path()))
+    env.update(BROKEN, PYVGPU_ON_ERROR="maybe",
+               LD_PRELOAD=str(__import__("pyvgpu.native.shim").native.shim.shim_path()))
     p = run([str(fake / "host_linked")], env=env)
     assert "PYVGPU_ON_ERROR=maybe is not 'open' or 'closed'" in p.stderr and p.returncode == 1
 
@@ -79,8 +80,8 @@ def test_a_python_that_cannot_import_pyvgpu_runs_under_its_limits(env, tmp_path)
 
 def _fake_library(tmp_path: Path, table_hash: str = "deadbeefdeadbeef", mode: int = 0o755) -> Path:
     """A callback library built from the layout's own table type, with a hook table hash of our choosing."""
-    from pyvgpu import hooks
-    from pyvgpu import layout as L
+    from pyvgpu.contract import hooks
+    from pyvgpu.contract import layout as L
 
     src = tmp_path / "fake_cb.c"
     src.write_text("#include <stddef.h>\n#include <stdint.h>\n" + L.CBLIB.c_struct() + "\n"
@@ -103,7 +104,7 @@ def test_a_callback_library_of_another_build_is_refused(env, fake, tmp_path):
 
 
 def test_a_callback_library_others_may_write_is_not_loaded(env, fake, tmp_path):
-    from pyvgpu import hooks
+    from pyvgpu.contract import hooks
 
     env["CUDA_DEVICE_MEMORY_LIMIT"] = "1G"
     env["PYVGPU_CALLBACKS"] = str(_fake_library(tmp_path, hooks.table_hash(), mode=0o777))
@@ -118,7 +119,7 @@ def stale_package(tmp_path: Path) -> Path:
 
     root = tmp_path / "stale"
     shutil.copytree(Path(pyvgpu.__file__).parent, root / "pyvgpu", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(root / "pyvgpu" / "jit" / "context.py", "a") as f:
+    with open(root / "pyvgpu" / "jit" / "runtime" / "context.py", "a") as f:
         f.write("\n# edited after the build\n")
     return root
 
@@ -179,7 +180,7 @@ def test_a_broken_tuned_library_falls_back_to_the_packaged_one(monkeypatch, tmp_
 
 
 def test_a_tuned_library_of_another_cpu_or_version_is_ignored(tmp_path, tuned_cache):
-    from pyvgpu import cpuid
+    from pyvgpu.host import cpuid
 
     d = tmp_path / "c"
     shutil.copytree(tuned_cache, d)
@@ -199,7 +200,7 @@ def test_a_compute_share_that_cannot_be_measured_fails_closed(env, fake):
     env["CUDA_DEVICE_SM_LIMIT"] = "30"
     p = run([*PYVGPU, "wrap", "--", str(fake / "host_linked")], env=env)
     assert p.returncode == 2 and "CUDA_DEVICE_SM_LIMIT" in p.stderr and "utilization" in p.stderr, p.stderr
-    env["LD_PRELOAD"] = str(__import__("pyvgpu.shim").shim.shim_path())
+    env["LD_PRELOAD"] = str(__import__("pyvgpu.native.shim").native.shim.shim_path())
     p = run([str(fake / "host_linked")], env=env)  # as HAMi's device plugin would start it
     assert "-> 800" in p.stdout and "utilization" in p.stderr, (p.stdout, p.stderr)
     env.pop("LD_PRELOAD")

@@ -104,7 +104,7 @@ def test_arguments_after_program_are_the_programs():
 
 
 def test_both_parsers_make_one_and_the_same_request(monkeypatch):
-    """The fast parser and typer's build the same pyvgpu.wrap.WrapRequest, and run hands it on whole."""
+    """The fast parser and typer's build the same pyvgpu.ops.wrap.WrapRequest, and run hands it on whole."""
     from typer.testing import CliRunner
 
     from pyvgpu.cli import app
@@ -127,9 +127,9 @@ def test_the_wrap_request_is_frozen_and_checked_when_made():
     import dataclasses
     import inspect
 
-    from pyvgpu import wrap
     from pyvgpu.errors import PyvgpuError
-    from pyvgpu.wrap import WrapRequest
+    from pyvgpu.ops import wrap
+    from pyvgpu.ops.wrap import WrapRequest
 
     r = WrapRequest.from_options(stats=True, memory="1G")
     assert r.stats == "1" and r.memory == "1G" and r.join
@@ -162,7 +162,7 @@ def test_a_plain_wrap_imports_neither_typer_nor_pydantic_nor_rich(env, tmp_path)
             env=e)
     assert p.returncode == 0, p.stderr
     imported = _imported(p.stderr)
-    assert "pyvgpu.wrap" in imported and "pyvgpu.region" in imported
+    assert "pyvgpu.ops.wrap" in imported and "pyvgpu.group.region" in imported
     # What the interpreter imports before any of pyvgpu (site, .pth files of the environment) is not ours.
     bare = run([sys.executable, "-X", "importtime", "-c", "pass"], env=e)
     imported -= _imported(bare.stderr)
@@ -176,7 +176,7 @@ def test_a_plain_wrap_imports_neither_typer_nor_pydantic_nor_rich(env, tmp_path)
 def test_the_program_lookup_is_shutil_which(cmd, path):
     import shutil
 
-    from pyvgpu.wrap import _which
+    from pyvgpu.ops.wrap import _which
 
     assert _which(cmd, path) == shutil.which(cmd, path=path)
 

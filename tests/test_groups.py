@@ -1,4 +1,4 @@
-"""Named groups' lifecycle (pyvgpu/groups.py): made and last used, `group ls`/`group rm`, the idle expiry, a
+"""Named groups' lifecycle (pyvgpu/ops/groups.py): made and last used, `group ls`/`group rm`, the idle expiry, a
 join whose limits differ from the group's, and dead private groups leaving `status` at once."""
 
 from __future__ import annotations

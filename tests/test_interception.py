@@ -8,8 +8,9 @@ import textwrap
 
 from helpers import PYVGPU, calls, lookups, run, wrapped
 
-from pyvgpu import cache, hooks
-from pyvgpu.shim import shim_path
+from pyvgpu.contract import hooks
+from pyvgpu.native import cache
+from pyvgpu.native.shim import shim_path
 
 PY_HOST = textwrap.dedent("""
     import ctypes, sys

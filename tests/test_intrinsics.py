@@ -10,7 +10,7 @@ import threading
 import numpy as np
 from numba import carray, cfunc, types
 
-from pyvgpu.jit import intrinsics as I
+from pyvgpu.jit.runtime import intrinsics as I
 
 SIG_ADD = types.uint64(types.uint64, types.uint64)
 
@@ -223,7 +223,7 @@ def test_futex_wait_returns_on_a_changed_word_on_time_out_and_on_wake():
 
 def test_branch_hints_keep_the_condition_and_weight_the_branch():
     """likely/unlikely return their condition unchanged and reach LLVM as branch weights (the usual path laid
-    out straight, pyvgpu/jit/launch.py); a non-boolean is refused at compile time."""
+    out straight, pyvgpu/jit/compute/launch.py); a non-boolean is refused at compile time."""
     import pytest
     from numba import njit
     from numba.core.errors import TypingError

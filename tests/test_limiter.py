@@ -1,4 +1,4 @@
-"""The compute budget's arithmetic (pyvgpu/jit/limiter.py), called in this process on a context of our own."""
+"""The compute budget's arithmetic (pyvgpu/jit/compute/limiter.py), called in this process on a context of our own."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import ctypes
 import numpy as np
 from numba import cfunc, types
 
-from pyvgpu.jit import limiter
-from pyvgpu.jit.fields import CTX
+from pyvgpu.jit.compute import limiter
+from pyvgpu.jit.runtime.fields import CTX
 
 
 @cfunc(types.uint64(types.uint64, types.int64, types.uint64, types.uint32), nopython=True, error_model="numpy")

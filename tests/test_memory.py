@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import PYVGPU, run
 
-from pyvgpu import layout as L
-from pyvgpu import region
+from pyvgpu.contract import layout as L
+from pyvgpu.group import region
 
 HOSTS = Path(__file__).resolve().parent / "hosts"
 MiB = 1 << 20

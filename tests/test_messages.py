@@ -81,7 +81,7 @@ def test_ctrl_c_before_the_program_starts_prints_no_traceback(env, tmp_path):
 
     e = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
     p = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
-                          "from pyvgpu import entry, wrap\n"
+                          "from pyvgpu import entry; from pyvgpu.ops import wrap\n"
                           "def slow(*a, **k):\n    time.sleep(60)\n"
                           "wrap.build_env = slow\n"  # stands for a wrap still preparing the vGPU
                           "print('ready', flush=True)\n"

@@ -14,7 +14,8 @@ import os
 import pytest
 from helpers import PYVGPU, run
 
-from pyvgpu import devices, region
+from pyvgpu.group import region
+from pyvgpu.host import devices
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -15,8 +15,8 @@ import pytest
 from helpers import PYVGPU, run
 from prometheus_client.parser import text_string_to_metric_families
 
-from pyvgpu import layout as L
-from pyvgpu import region
+from pyvgpu.contract import layout as L
+from pyvgpu.group import region
 
 MiB = 1 << 20
 HOSTS = Path(__file__).resolve().parent / "hosts"
@@ -510,7 +510,7 @@ def test_an_unknown_group_hint_names_the_option_used(env, tmp_path, args):
 def test_top_fits_80_columns():
     from rich.console import Console
 
-    from pyvgpu import top
+    from pyvgpu.ops import top
 
     def sm(limit):
         return {"limit_percent": limit, "enforced": True, "utilization_percent": 97.0,
@@ -540,7 +540,7 @@ def test_the_dashboard_asks_for_what_the_exporter_serves(tmp_path, monkeypatch):
     import importlib.util
     import re
 
-    from pyvgpu import exporter
+    from pyvgpu.ops import exporter
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("render", root / "deploy/grafana/render.py")
@@ -566,7 +566,8 @@ def test_the_dashboard_asks_for_what_the_exporter_serves(tmp_path, monkeypatch):
 def test_exporter_labels_a_mig_group_as_dcgm_exporter_does(tmp_path, monkeypatch):
     """A group on a MIG instance (wrap --devices MIG-...): its parent GPU's UUID and index, GPU_I_ID and
     GPU_I_PROFILE, where the series used to carry the instance's own MIG- UUID."""
-    from pyvgpu import devices, exporter
+    from pyvgpu.host import devices
+    from pyvgpu.ops import exporter
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     parent = "GPU-fa4ec0da-0000-0000-0000-000000000000"

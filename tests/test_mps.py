@@ -86,7 +86,7 @@ def test_a_group_keeps_its_mode(mps_env):
 
 
 def test_the_exporter_and_top_show_the_mode(mps_env):
-    from pyvgpu import exporter, status
+    from pyvgpu.ops import exporter, status
 
     assert run([*PYVGPU, "wrap", "--mode", "mps", "--sm", "40", "--group", "m", "--", "true"],
                env=mps_env).returncode == 0

@@ -1,6 +1,6 @@
 """What the shim does with no interpreter: pick the callback library, tell CPUs apart, make and join regions.
 
-shim/src/pv_load.c does in C what pyvgpu/cache.py and cpuid.py do in Python; these tests hold the two to the
+shim/src/pv_load.c does in C what pyvgpu/native/cache.py and cpuid.py do in Python; these tests hold the two to the
 same results. Regions, turn files and the variables have one implementation, the group core
 (shim/src/pv_group_*.c, pv_env.c, pv_grammar.c), which the shim and pyvgpu share: the tests here check that
 a program started without `pyvgpu wrap` gets the group and the messages wrap would give it. (The grammar of
@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 from helpers import PYVGPU, read_stats, run
 
-from pyvgpu import cache, cpuid, region, shim
-from pyvgpu import layout as L
-from pyvgpu import limits as lim
+from pyvgpu.contract import layout as L
+from pyvgpu.group import limits as lim
+from pyvgpu.group import region
+from pyvgpu.host import cpuid
+from pyvgpu.native import cache, shim
 
 MiB = 1 << 20
 

@@ -24,9 +24,13 @@ from pathlib import Path
 import pytest
 from helpers import PYVGPU, fake_gpu_turn_key, run
 
-from pyvgpu import cache, layout, region, safefile, sched
+from pyvgpu.contract import layout
 from pyvgpu.errors import PyvgpuError
-from pyvgpu.shim import BENCH_BIN, shim_path
+from pyvgpu.group import region
+from pyvgpu.group import turnfile as sched
+from pyvgpu.host import safefile
+from pyvgpu.native import cache
+from pyvgpu.native.shim import BENCH_BIN, shim_path
 
 NOBODY = 65534
 HOSTS = Path(__file__).resolve().parent / "hosts"
@@ -268,7 +272,7 @@ def test_stats_file_at_a_fifo_or_of_another_user_is_not_written(env, fake, stick
 
 def _copy_library(to: Path, name: str = "libpyvgpu_callbacks.so") -> Path:
     """A copy of the packaged callback library and its hash file."""
-    from pyvgpu import cblib
+    from pyvgpu.native import cblib
 
     to.mkdir(parents=True, exist_ok=True)
     lib = to / name
@@ -279,7 +283,7 @@ def _copy_library(to: Path, name: str = "libpyvgpu_callbacks.so") -> Path:
 
 def test_a_corrupt_callback_library_is_refused_by_both_loaders_with_a_message(env, fake, tmp_path):
     """The loaders check the bytes they load against the hash beside them: a corrupt library never runs."""
-    from pyvgpu import cblib
+    from pyvgpu.native import cblib
 
     lib = _copy_library(tmp_path / "c")
     data = bytearray(lib.read_bytes())
@@ -296,7 +300,7 @@ def test_a_corrupt_callback_library_is_refused_by_both_loaders_with_a_message(en
 def test_a_callback_cache_other_users_can_write_is_not_loaded(env, fake, sticky, capfd):
     """A library in the cache is code for every wrapped program: one another user owns or can write is left
     alone (with a warning naming it), and the packaged callbacks serve."""
-    from pyvgpu import cpuid
+    from pyvgpu.host import cpuid
 
     d = sticky / "c"
     lib = _copy_library(d, f"callbacks-{cache.cache_key()}-{cpuid.cpu_id():016x}.so")
@@ -578,7 +582,7 @@ def test_the_trust_opt_in_is_checked(monkeypatch):
 def _shim_verify():
     import ctypes
 
-    from pyvgpu import shim
+    from pyvgpu.native import shim
 
     lib = shim.open_shim()
     lib.pyvgpu_sha256_hex.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p]
@@ -593,7 +597,7 @@ def test_the_shims_object_check_for_a_c_loader(tmp_path):
     import ctypes
     import hashlib
 
-    from pyvgpu import cblib
+    from pyvgpu.native import cblib
 
     lib = _shim_verify()
     out = ctypes.create_string_buffer(65)

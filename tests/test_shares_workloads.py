@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from simgpu import Load, sim_env
 
-from pyvgpu import region
+from pyvgpu.group import region
 
 SMALL = "200"  # a 20 us kernel, four a step with a sync: a launch-bound training or decode step
 NEIGHBOUR_KEEPS = 0.3

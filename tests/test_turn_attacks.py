@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 from helpers import PYVGPU, fake_gpu_turn_key
 
-from pyvgpu import layout, region, sched
-from pyvgpu.shim import BENCH_BIN
+from pyvgpu.contract import layout
+from pyvgpu.group import region
+from pyvgpu.group import turnfile as sched
+from pyvgpu.native.shim import BENCH_BIN
 
 ITERS = "2000"  # 200 us of simulated GPU time a kernel
 ENTRY = layout.SCHED_ENTRIES_OFF

@@ -17,8 +17,10 @@ import pytest
 from helpers import PYVGPU, run
 from simgpu import Load, sim_busy, sim_env, sim_switch_ns
 
-from pyvgpu import grouplib, limits, region, sched
 from pyvgpu.errors import PyvgpuError
+from pyvgpu.group import limits, region
+from pyvgpu.group import turnfile as sched
+from pyvgpu.host import grouplib
 
 SMALL = "200"  # a 20 us kernel: with a host gap (and a sync per step of 4), a launch-bound training step
 GAP_US = 50

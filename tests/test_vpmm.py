@@ -113,11 +113,11 @@ def test_pytorch_is_given_the_preloaded_shim(env, tmp_path):
 
     from helpers import PYVGPU
 
-    from pyvgpu.shim import shim_path
+    from pyvgpu.native.shim import shim_path
 
     copy = tmp_path / "libpyvgpu.so"
     shutil.copy(shim_path(), copy)
-    probe = "from pyvgpu import shim; print(shim.loaded_path(), shim.shim_path())"
+    probe = "from pyvgpu.native import shim; print(shim.loaded_path(), shim.shim_path())"
     p = run([*PYVGPU, "wrap", "--", "env", "-u", "PYVGPU_SHIM", sys.executable, "-c", probe],
             env=dict(env, PYVGPU_SHIM=str(copy)))
     assert p.returncode == 0, p.stdout + p.stderr

@@ -77,7 +77,7 @@ def test_with_the_switch_off_the_old_failure_comes_back(env):
 
 def test_vpmm_context_takes_pool_or_caller():
     from pyvgpu.errors import PyvgpuError
-    from pyvgpu.vpmm import VirtualMemoryPool
+    from pyvgpu.vpmm.pool import VirtualMemoryPool
 
     with pytest.raises(PyvgpuError, match=r"VPMM_CONTEXT=thread: give 'pool' \(the default"):
         VirtualMemoryPool(env={"VPMM_CONTEXT": "thread"})

@@ -68,7 +68,7 @@ def test_the_stand_in_libc10_exports_what_pytorch_2_11_does(oom_host):
 def test_a_refusal_is_thrown_as_c10_out_of_memory_error(oom_host):
     """PyTorch's CUDAPluggableAllocator passes on whatever the malloc throws; its Python binding turns
     c10::OutOfMemoryError into torch.OutOfMemoryError and c10::Error into RuntimeError."""
-    from pyvgpu.shim import shim_path
+    from pyvgpu.native.shim import shim_path
 
     p = subprocess.run([str(oom_host), str(shim_path())], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -144,7 +144,7 @@ def test_graph_capture_queries_nothing_and_keeps_its_memory(env):
 
 
 def test_a_capture_keeps_the_epoch_pytorch_announced(env):
-    """PyTorch allocates on the capture stream between announcing the capture (pyvgpu.vpmm_torch's hook on
+    """PyTorch allocates on the capture stream between announcing the capture (pyvgpu.vpmm.pytorch's hook on
     CUDAGraph.capture_begin) and starting it (the RNG generator's graph-safe state). Those allocations must
     not end the announced epoch: the capture's memory is the announced epoch's, and releasing it (the
     CUDAGraph.reset hook) leaves no region of any capture (tests/gpu once found 4 left on a GPU)."""

@@ -1,6 +1,6 @@
 # pyvgpu startup hook. `pyvgpu wrap --allocator vpmm` puts this directory
 # first on PYTHONPATH so that VPMM becomes PyTorch's allocator before user
-# code runs (see pyvgpu/bootstrap.py). Then the next sitecustomize on
+# code runs (see pyvgpu/vpmm/torch_startup.py). Then the next sitecustomize on
 # sys.path, if any, runs as it would have without pyvgpu.
 
 
@@ -9,7 +9,7 @@ def _pyvgpu_startup():
     import sys
 
     try:
-        from pyvgpu import bootstrap
+        from pyvgpu.vpmm import torch_startup as bootstrap
     except Exception as e:  # another interpreter or venv: VPMM needs pyvgpu importable here
         print(f"pyvgpu: warning: --allocator vpmm is not set up: this Python ({sys.executable}) cannot import "
               f"pyvgpu ({type(e).__name__}: {e}); install pyvgpu into this environment", file=sys.stderr)

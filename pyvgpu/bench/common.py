@@ -7,7 +7,8 @@ import platform
 import statistics
 import subprocess
 
-from pyvgpu import envspec, shim
+from pyvgpu.contract import envspec
+from pyvgpu.native import shim
 
 
 def raw_env(base: dict[str, str] | None = None) -> dict[str, str]:

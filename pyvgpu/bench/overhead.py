@@ -20,10 +20,12 @@ import json
 import os
 import subprocess
 
-from pyvgpu import cache, envspec, wrap
 from pyvgpu.bench.common import machine, median, raw_env
+from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
-from pyvgpu.shim import BENCH_BIN
+from pyvgpu.native import cache
+from pyvgpu.native.shim import BENCH_BIN
+from pyvgpu.ops import wrap
 
 GOALS = {"launch": 1.01, "alloc_free": 1.02}
 
@@ -70,7 +72,7 @@ def run(rounds: int = 5, samples: int = 1000, launch_batch: int = 100, alloc_bat
     if sm:  # the figure is the limiter's cost while tokens are there: say whether launches ever waited
         from pathlib import Path
 
-        from pyvgpu import region
+        from pyvgpu.group import region
 
         r = region.open_region(Path(wrapped[envspec.REGION.name]), writable=False)
         os.close(r.fd)

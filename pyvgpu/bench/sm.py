@@ -38,13 +38,17 @@ import threading
 import time
 from pathlib import Path
 
-from pyvgpu import cache, envspec, region, sched, wrap
-from pyvgpu import limits as lim
 from pyvgpu.bench.common import machine, raw_env
 from pyvgpu.bench.gpu_util import UtilSampler
+from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
-from pyvgpu.limits import parse_percent
-from pyvgpu.shim import BENCH_BIN
+from pyvgpu.group import limits as lim
+from pyvgpu.group import region
+from pyvgpu.group import turnfile as sched
+from pyvgpu.group.limits import parse_percent
+from pyvgpu.native import cache
+from pyvgpu.native.shim import BENCH_BIN
+from pyvgpu.ops import wrap
 
 WORKLOADS = ("spin", "graph", "matmul", "mlp", "decode", "allreduce", "tp-decode")
 TORCH_WORKLOADS = WORKLOADS[2:]

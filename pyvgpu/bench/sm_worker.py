@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 import time
 
-from pyvgpu import envspec
+from pyvgpu.contract import envspec
 
 MLP_LAYERS, MLP_WIDTH, MLP_BATCH = 6, 1024, 256
 

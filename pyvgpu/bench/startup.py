@@ -25,10 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from pyvgpu import cache, envspec, region, shim
 from pyvgpu.bench.common import machine, median, raw_env
+from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
-from pyvgpu.shim import BENCH_BIN
+from pyvgpu.group import region
+from pyvgpu.native import cache, shim
+from pyvgpu.native.shim import BENCH_BIN
 
 PY_HOST = ("import ctypes, time\n"
            "lib = ctypes.CDLL('libcuda.so.1')\n"

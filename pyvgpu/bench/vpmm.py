@@ -23,9 +23,9 @@ import random
 import sys
 import time
 
-from pyvgpu import envspec
+from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
-from pyvgpu.limits import human
+from pyvgpu.group.limits import human
 
 DIRECT_HINT = ("`pyvgpu bench vpmm --direct` replays the trace on a VPMM pool without PyTorch or a GPU (also on "
                "a fake driver)")
@@ -149,7 +149,7 @@ def worker(mode: str, steps: int) -> dict:
 
     pools: list = []
     if mode == "vpmm":
-        from pyvgpu import vpmm
+        from pyvgpu.vpmm import pool as vpmm
 
         pools = vpmm._TORCH_POOLS
         if not pools:
@@ -174,8 +174,8 @@ def worker(mode: str, steps: int) -> dict:
 def run_direct(steps: int = 600, page_size: str | None = None) -> dict:
     """The trace on a VirtualMemoryPool in this process (no PyTorch, no wrap): the allocator alone, with
     VPMM's environment (VPMM_PAGE_SIZE, VPMM_GAP, ...); on a GPU or the test suite's fake driver."""
-    from pyvgpu.limits import parse_size
-    from pyvgpu.vpmm import VirtualMemoryPool
+    from pyvgpu.group.limits import parse_size
+    from pyvgpu.vpmm.pool import VirtualMemoryPool
 
     pool = VirtualMemoryPool(page_size=parse_size(page_size, "--page-size") if page_size else None)
     ops = trace(steps)
@@ -191,7 +191,7 @@ def run(steps: int = 600, cap: str | None = None, page_size: str | None = None) 
     import os
     import subprocess
 
-    from pyvgpu.limits import parse_size
+    from pyvgpu.group.limits import parse_size
 
     if page_size is not None:
         parse_size(page_size, "--page-size")  # a clear error before anything runs

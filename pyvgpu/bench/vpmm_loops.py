@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from pyvgpu import envspec
+from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
 
 # the shapes: GPT-2 architecture, 8 layers of width 1024, fp16; batch 1-32, prompt 16-512, 16-64 new
@@ -183,7 +183,7 @@ class LoopError(RuntimeError):
 # --- what a run reports -------------------------------------------------------------------------
 
 def pools() -> list:
-    from pyvgpu import vpmm
+    from pyvgpu.vpmm import pool as vpmm
 
     return vpmm._TORCH_POOLS
 

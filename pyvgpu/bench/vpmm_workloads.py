@@ -20,9 +20,9 @@ import statistics
 import subprocess
 import sys
 
-from pyvgpu import envspec
+from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
-from pyvgpu.limits import human
+from pyvgpu.group.limits import human
 
 MODES = ("default", "expandable_segments", "vpmm")
 WORKLOADS = ("decode", "train")
@@ -64,7 +64,7 @@ def run(workload: str, seconds: float = 16.0, rounds: int = 2, cap: str | None =
     if rounds < 1 or seconds <= 0:
         raise PyvgpuError("bench vpmm: give --rounds 1 or more and --seconds above 0")
     if page_size:
-        from pyvgpu.limits import parse_size
+        from pyvgpu.group.limits import parse_size
 
         parse_size(page_size, "--page-size")
     out: dict = {"bench": "vpmm-loops", "seconds": seconds, "rounds": rounds, "cap": cap,

@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pyvgpu import envspec
 from pyvgpu.bench.common import machine, median, raw_env
+from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
 
 GOAL_S = 3.0  # 100 wraps at once in one group on the 2-core box (issue 31)

@@ -125,7 +125,7 @@ def bench_sm(
                                              help="The share of the borrowing group in --burst.")] = 30,
     png: Annotated[str, typer.Option("--png", metavar="PATH",
                                      help="Where to write the plot ('' for none).")] = "bench-sm.png",
-    mode: Annotated[Mode, choice(Mode, "--mode", check=check_of("pyvgpu.wrap", "check_mode"),
+    mode: Annotated[Mode, choice(Mode, "--mode", check=check_of("pyvgpu.ops.wrap", "check_mode"),
                                  help="Who enforces the shares: pyvgpu or NVIDIA MPS.")] = Mode.hami_core,
     as_json: AsJson = False,
     output: Output = None,

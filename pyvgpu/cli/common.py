@@ -92,21 +92,21 @@ class OnError(str, enum.Enum):
 
 
 class Mode(str, enum.Enum):
-    """Who enforces a group's limits (pyvgpu.mps.MODES)."""
+    """Who enforces a group's limits (pyvgpu.group.mps.MODES)."""
 
     hami_core = "hami-core"
     mps = "mps"
 
 
 class Priority(str, enum.Enum):
-    """A group's priority on the GPU (pyvgpu.limits.PRIORITIES; HAMi's 0 and 1)."""
+    """A group's priority on the GPU (pyvgpu.group.limits.PRIORITIES; HAMi's 0 and 1)."""
 
     high = "high"
     low = "low"
 
 
 class Allocator(str, enum.Enum):
-    """PyTorch's allocator in the wrapped program (pyvgpu.bootstrap.ALLOCATORS)."""
+    """PyTorch's allocator in the wrapped program (pyvgpu.vpmm.torch_startup.ALLOCATORS)."""
 
     default = "default"
     vpmm = "vpmm"

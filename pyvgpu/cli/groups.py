@@ -19,7 +19,7 @@ def group_ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
     A group with no live member unused for PYVGPU_GROUP_IDLE_HOURS (default 12; 0: never) expires: this
     removes it, and the next `pyvgpu wrap --group NAME` starts it afresh.
     """
-    from pyvgpu import groups
+    from pyvgpu.ops import groups
 
     found = groups.list_groups()
     typer.echo(json.dumps({"groups": found}, indent=1) if as_json else groups.render(found))
@@ -35,7 +35,7 @@ class NameCommand(TyperCommand):
 @group_app.command("rm", cls=NameCommand)
 def group_rm(name: Annotated[str, typer.Argument(metavar="NAME", hidden=True)]) -> None:
     """Remove the named group NAME, which must have no live member (its limits go with it)."""
-    from pyvgpu import groups
+    from pyvgpu.ops import groups
 
     path = groups.remove(name)
     typer.echo(f"removed group {name!r} ({path})")

@@ -14,9 +14,9 @@ limits_app = typer.Typer(help="Change a running group's limits.", no_args_is_hel
 
 def group_path(group: str | None, region: str | None) -> Path:
     """The region of the group named by exactly one of --group and --region, which must exist."""
-    from pyvgpu import region as R
-    from pyvgpu import status as st
     from pyvgpu.errors import PyvgpuError
+    from pyvgpu.group import region as R
+    from pyvgpu.ops import status as st
 
     if bool(group) == bool(region):
         raise PyvgpuError("name the group: give --group NAME or --region PATH (one of them)")
@@ -37,7 +37,8 @@ def limits_set(
     sm: Annotated[str | None, typer.Option("--sm", metavar="PCT|DEV=PCT,...|none",
                                            help="New compute share, on every device (30), per device (0=30,1=50) "
                                                 "or none.")] = None,
-    priority: Annotated[Priority | None, choice(Priority, "--priority", check=check_of("pyvgpu.wrap", "check_priority"),
+    priority: Annotated[Priority | None, choice(Priority, "--priority", check=check_of("pyvgpu.ops.wrap",
+                                                                                       "check_priority"),
                                                 help="New priority of the group on the GPU (HAMi's 0 and "
                                                      "1).")] = None,
     sm_borrow: SmBorrow = None,
@@ -48,7 +49,7 @@ def limits_set(
 
     Example: pyvgpu limits set --group team-a --memory 8G --sm 50 --priority high
     """
-    from pyvgpu import live
+    from pyvgpu.group import live
 
     change = live.set_limits(group_path(group, region), memory, sm, priority.value if priority else None,
                              None if sm_borrow is None else "on" if sm_borrow else "off")

@@ -24,7 +24,7 @@ def warmup(
     """
     import time
 
-    from pyvgpu import cache
+    from pyvgpu.native import cache
 
     t0 = time.perf_counter()
     m = cache.warmup(force=force, workers=cache.cli_workers())
@@ -34,7 +34,7 @@ def warmup(
         took = time.perf_counter() - t0
         typer.echo(f"callbacks ready: {m['library']} ({m['callbacks']} entries, for {m['cpu']}, {took:.2f} s)")
     if vpmm:
-        from pyvgpu import services
+        from pyvgpu.native import services
 
         t0 = time.perf_counter()
         services.functions()  # VPMM's entry points are services of the callback library
@@ -52,7 +52,7 @@ def setup(
     Groups with a compute share take turns on a GPU only with groups that use the same turn file. Without
     this, each user has a turn file of their own (docs/security.md says why).
     """
-    from pyvgpu import sched
+    from pyvgpu.group import turnfile as sched
 
     try:
         typer.echo(sched.setup(group))
@@ -65,7 +65,7 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
     Read only: MIG mode and instances are an administrator's (nvidia-smi mig); pyvgpu never changes them.
     """
-    from pyvgpu import devices as dv
+    from pyvgpu.host import devices as dv
 
     inv = dv.inventory()
     if inv is None:
@@ -80,7 +80,7 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")]
                                                   "legacy_name": m.legacy_name}
                                                  for m in migs if m.index == g.index]} for g in gpus]}, indent=1))
         return
-    from pyvgpu.limits import human
+    from pyvgpu.group.limits import human
 
     for g in gpus:
         typer.echo(f"GPU {g.index}: {g.name} ({g.uuid}) {human(g.total)}" + ("  MIG mode on" if g.mig_mode else ""))
@@ -93,7 +93,7 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 def doctor(as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False) -> None:
     """Check that this machine can run vGPUs, with a fix for each problem. Exits 1 if a required check fails."""
-    from pyvgpu import doctor as d
+    from pyvgpu.ops import doctor as d
 
     checks = d.run_checks()
     if as_json:

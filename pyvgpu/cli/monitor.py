@@ -22,7 +22,7 @@ def status(
 
     Dead members' quota is reclaimed first, so what is shown is what is live.
     """
-    from pyvgpu import status as st
+    from pyvgpu.ops import status as st
 
     skipped: list[tuple[Path, str]] = []
     groups = st.collect(group=group, region_path=region, skipped=skipped)
@@ -40,7 +40,7 @@ def top(
 ) -> None:
     """A live table of every group, device and process: memory used vs limit, SM share vs target,
     launches/s, OOM refusals, and the latest events. Quits on q or Ctrl-C."""
-    from pyvgpu import top as t
+    from pyvgpu.ops import top as t
 
     t.run(group=group, region_path=region, interval=interval, once=once)
 
@@ -68,7 +68,7 @@ def exporter(
     pyvgpu_oom_refusals_total, pyvgpu_throttle_seconds_total, pyvgpu_launches_total, pyvgpu_build_info
     (docs/monitoring.md; a Grafana dashboard and a scrape config are in deploy/).
     """
-    from pyvgpu import exporter as ex
+    from pyvgpu.ops import exporter as ex
 
     if state_dir is not None and not Path(state_dir).is_dir():
         raise fail(f"--state-dir {state_dir}: no such directory; give the node state directory the device plugin "

@@ -1,7 +1,7 @@
 """`pyvgpu wrap` on the typer command line: its options, its help and its usage line.
 
 A plain wrap never comes here: pyvgpu/entry.py parses it without typer (pyvgpu/fastwrap.py). Both make one
-pyvgpu.wrap.WrapRequest and run pyvgpu.fastwrap.run, so the checks and messages after parsing are the same
+pyvgpu.ops.wrap.WrapRequest and run pyvgpu.fastwrap.run, so the checks and messages after parsing are the same
 code. Each option's details are in docs/manual.md ("wrap's options").
 """
 
@@ -41,7 +41,7 @@ def wrap(
                                                 help="The devices the program sees, in this order (indices, GPU "
                                                      "or MIG UUIDs; `pyvgpu devices` lists them).")] = None,
     allocator: Annotated[Allocator | None, choice(Allocator, "--allocator",
-                                                  check=check_of("pyvgpu.wrap", "check_allocator"),
+                                                  check=check_of("pyvgpu.ops.wrap", "check_allocator"),
                                                   help="PyTorch's allocator: vpmm is the defragmenting pool of "
                                                        "docs/vpmm.md.")] = None,
     group: Annotated[str | None, typer.Option("--group", "-g", metavar="NAME",
@@ -53,10 +53,11 @@ def wrap(
     on_error: Annotated[OnError | None, typer.Option("--on-error", case_sensitive=False, metavar="closed|open",
                                                      help="When the limits cannot be enforced: refuse CUDA calls "
                                                           "(closed) or run unlimited (open).")] = None,
-    mode: Annotated[Mode | None, choice(Mode, "--mode", check=check_of("pyvgpu.wrap", "check_mode"),
+    mode: Annotated[Mode | None, choice(Mode, "--mode", check=check_of("pyvgpu.ops.wrap", "check_mode"),
                                         help="Who enforces a new group's limits: pyvgpu (hami-core) or NVIDIA "
                                              "MPS.")] = None,
-    priority: Annotated[Priority | None, choice(Priority, "--priority", check=check_of("pyvgpu.wrap", "check_priority"),
+    priority: Annotated[Priority | None, choice(Priority, "--priority", check=check_of("pyvgpu.ops.wrap",
+                                                                                       "check_priority"),
                                                 help="The group's priority on the GPU (HAMi's 0 and 1).")] = None,
     sm_borrow: SmBorrow = None,
 ) -> None:
@@ -68,7 +69,7 @@ def wrap(
     Example: pyvgpu wrap --memory 4G --sm 30 --devices 1 python train.py --lr 0.1
     """
     from pyvgpu import fastwrap
-    from pyvgpu.wrap import WrapRequest
+    from pyvgpu.ops.wrap import WrapRequest
 
     request = WrapRequest.from_options(
         stats=stats, stats_file=stats_file, memory=memory, sm=sm, devices=devices, group=group, region_path=region,

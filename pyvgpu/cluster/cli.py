@@ -12,8 +12,8 @@ from typing import Annotated
 
 import typer
 
-from pyvgpu import envspec
 from pyvgpu.cli.common import choice
+from pyvgpu.contract import envspec
 
 cluster_app = typer.Typer(help="The cluster half, HAMi-compatible: the scheduler extender and webhook, the device "
                                "plugin and node agent (deploy/helm/pyvgpu runs them), and 'why is my pod Pending?' "

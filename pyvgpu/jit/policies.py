@@ -1,13 +1,13 @@
 """Policies: what happens on a hooked call, and how the hook table names them.
 
 A policy is an ``njit`` function ``policy(ctx, idx, args, notfound)``:
-``ctx`` is the address of the per-process context (pyvgpu.layout.CTX),
+``ctx`` is the address of the per-process context (pyvgpu.contract.layout.CTX),
 ``idx`` the hook entry index, ``args`` the call's arguments as a tuple and
 ``notfound`` the library's "function not found" code. It returns the
 CUresult / nvmlReturn_t the application sees. Policies only call
 intrinsics and each other; they never allocate and never touch Python objects.
 
-The hook table (pyvgpu/hooks.py) names each entry's policy as
+The hook table (pyvgpu/contract/hooks.py) names each entry's policy as
 ``module.function`` inside ``pyvgpu.jit``: :func:`resolve` finds it. There is
 no registry to keep in step with the table.
 """
@@ -18,7 +18,7 @@ import importlib
 
 from numba import njit
 
-from pyvgpu.jit.context import call_real
+from pyvgpu.jit.runtime.context import call_real
 
 
 @njit
@@ -28,7 +28,7 @@ def forward(ctx, idx, args, notfound):
 
 
 def resolve(name: str):
-    """The policy the hook table calls ``name`` ("memory.mem_alloc"): a numba dispatcher."""
+    """The policy the hook table calls ``name`` ("memory.alloc.mem_alloc"): a numba dispatcher."""
     module, _, func = name.rpartition(".")
     if not module or not func:
         raise ValueError(f"hook table: policy {name!r} must be 'module.function' inside pyvgpu.jit")

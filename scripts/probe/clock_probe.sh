@@ -6,7 +6,7 @@ set -u
 W=$(mktemp -d)
 bash scripts/gpu_check.sh none >"$W/setup.log" 2>&1  # install and warm up only
 cd "$W"
-B=$(python3 -c "from pyvgpu.shim import BENCH_BIN; print(BENCH_BIN)")
+B=$(python3 -c "from pyvgpu.native.shim import BENCH_BIN; print(BENCH_BIN)")
 run() {  # name, command...
   name=$1; shift
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,power.limit,utilization.gpu,clocks_event_reasons.active --format=csv,noheader -lms 100 > "$W/$name.csv" &

@@ -108,7 +108,7 @@ static int utilization_problem(const pv_env_t *env, char *why, size_t n) {
     return 0;
 }
 
-/* ---- the launch clock (pyvgpu/jit/clock.py) -------------------------------- */
+/* ---- the launch clock (pyvgpu/jit/runtime/clock.py) -------------------------------- */
 
 /* 1 if launches extrapolate CLOCK_MONOTONIC from the TSC: asked (PYVGPU_CLOCK=tsc), or by default where the
  * kernel keeps CLOCK_MONOTONIC on the TSC itself (it found the counter invariant and synchronized across
@@ -194,7 +194,7 @@ int pv_attach(char *err, size_t n) {
     int shared = 0;
     for (int d = 0; d < PV_MAX_DEVICES; d++)
         shared |= dev[d].sm_limit > 0 && dev[d].sm_limit < 100;
-    /* Every group takes part in the GPU's turns (pyvgpu/jit/turn.py): one with a share, one without (best
+    /* Every group takes part in the GPU's turns (pyvgpu/jit/compute/turn.py): one with a share, one without (best
      * effort, while a group with a share takes turns), one given a share later by a live change. A group
      * with a share cannot run without them; one without runs on, said once, when the file is unusable (the
      * groups with a share refuse it too). */

@@ -88,7 +88,7 @@ static const char *limits_requested(char *out, size_t len) {
 
 /* ---- the watcher thread -------------------------------------------------
  * Calls the svc_tick callback ten times a second while this process is in a
- * group: the compute controller steps from it (pyvgpu/jit/controller.py) and
+ * group: the compute controller steps from it (pyvgpu/jit/compute/controller.py) and
  * quota of dead members comes back within a second. It never takes the GIL
  * and never calls the CUDA driver. */
 
@@ -171,7 +171,7 @@ static void boot_once(void) {
     if (!pv_staged_ok && !pv_err[0])
         snprintf(pv_err, sizeof pv_err, "the callbacks were not installed (no reason given: a bug)");
     if (pv_staged_ok && pv_ctx.region && !pv_ctx.slot) {
-        /* join the group now, at the first GPU call (pyvgpu/jit/quota.py claim_slot) */
+        /* join the group now, at the first GPU call (pyvgpu/jit/state/quota.py claim_slot) */
         pv_svc_claim_t claim = SERVICE(svc_claim);
         if (!claim || claim(&pv_ctx) < 0) {
             snprintf(pv_err, sizeof pv_err, "the group's region has no free slot (%u processes are members); "
@@ -225,7 +225,7 @@ int pv_boot(void) {
     return pv_boot_state;
 }
 
-/* ---- what Python tools and tests read (pyvgpu/shim.py) ------------------- */
+/* ---- what Python tools and tests read (pyvgpu/native/shim.py) ------------------- */
 
 PV_EXPORT const char *pyvgpu_table_hash(void) { return PV_TABLE_HASH; }
 PV_EXPORT pv_ctx_t *pyvgpu_ctx(void) { return &pv_ctx; }
@@ -252,7 +252,7 @@ static void atfork_child(void) {
         pv_ctx.dev[d].turn_waited = 0; /* the parent's waits are not the child's debt */
         pv_ctx.dev[d].turn_mine = 0; /* the parent's turn is not the child's to lose */
     }
-    /* the parent's streams and events are not the child's (pyvgpu/jit/drain.py) */
+    /* the parent's streams and events are not the child's (pyvgpu/jit/compute/drain.py) */
     for (size_t i = 0; i < sizeof pv_ctx.stream / sizeof pv_ctx.stream[0]; i++)
         pv_ctx.stream[i].turn_stream = pv_ctx.stream[i].turn_stream_ev = 0;
     pv_ctx.turn_stream_lock = 0;

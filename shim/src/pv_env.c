@@ -1,10 +1,10 @@
 /* The environment contract, read in C, the one reader: HAMi's CUDA_DEVICE_MEMORY_LIMIT[_i],
  * CUDA_DEVICE_SM_LIMIT[_i], GPU_CORE_UTILIZATION_POLICY, CUDA_TASK_PRIORITY, the group's region
  * (PYVGPU_REGION, CUDA_DEVICE_MEMORY_SHARED_CACHE) and PYVGPU_SM_BATCH_MS, PYVGPU_SM_TURN, PYVGPU_CLOCK,
- * PYVGPU_TRUST_SHARED, PYVGPU_SM_BORROW, PYVGPU_MIN_MEMORY (pyvgpu/envspec.py says what each means).
+ * PYVGPU_TRUST_SHARED, PYVGPU_SM_BORROW, PYVGPU_MIN_MEMORY (pyvgpu/contract/envspec.py says what each means).
  *
  * The shim reads them inside the program; `pyvgpu wrap` and the device plugin reach the same functions
- * through libpyvgpu_group.so (pyvgpu/grouplib.py), so a variable is read one way with one message.
+ * through libpyvgpu_group.so (pyvgpu/host/grouplib.py), so a variable is read one way with one message.
  * The values follow the grammar of pv_grammar.c. No allocation, no locale. */
 #include <stdio.h>
 #include <string.h>

@@ -1,8 +1,8 @@
 /* The group's region, the one implementation: where a private group's file goes, how a region is created
  * (complete under a temporary name, then linked into place, never half-initialised), how an existing one is
  * opened and checked (ours, this layout version, whole, not replaced), and whether a process's limits agree
- * with its group's. The layouts are generated from pyvgpu/layout.py. The shim joins its group with these
- * (pv_attach.c); pyvgpu/region.py reaches them through libpyvgpu_group.so. */
+ * with its group's. The layouts are generated from pyvgpu/contract/layout.py. The shim joins its group with these
+ * (pv_attach.c); pyvgpu/group/region.py reaches them through libpyvgpu_group.so. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

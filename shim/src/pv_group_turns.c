@@ -1,6 +1,6 @@
 /* The turn file, the one implementation: which file a group takes turns in (PYVGPU_SCHED, the machine's,
  * or this user's), how it is created (complete, then linked into place) and opened and checked. The shim
- * maps it (pv_attach.c); pyvgpu/sched.py reaches these through libpyvgpu_group.so. */
+ * maps it (pv_attach.c); pyvgpu/group/turnfile.py reaches these through libpyvgpu_group.so. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 /* Loading the compiled callbacks, with no interpreter in the process.
  *
- * The callbacks are numba code linked into a shared object (pyvgpu/cblib.py)
- * that exports one table, PV_CBLIB_SYMBOL (pv_cblib_t, pyvgpu/layout.py CBLIB):
+ * The callbacks are numba code linked into a shared object (pyvgpu/native/cblib.py)
+ * that exports one table, PV_CBLIB_SYMBOL (pv_cblib_t, pyvgpu/contract/layout.py CBLIB):
  * an address per hook entry and per service, the hook table's hash, the key of
  * the sources and the CPU it was compiled for. Which library:
  *
@@ -9,7 +9,7 @@
  *   2. else the one `pyvgpu warmup` tuned for this CPU, in the user's cache
  *      (PYVGPU_CACHE_DIR, else $XDG_CACHE_HOME/pyvgpu, else ~/.cache/pyvgpu),
  *      named callbacks-<key>-<cpu id>.so, when it fits the packaged library's
- *      sources and is stamped with this CPU's id (pyvgpu/cpuid.py, computed
+ *      sources and is stamped with this CPU's id (pyvgpu/host/cpuid.py, computed
  *      here the same way);
  *   3. else the packaged one, libpyvgpu_callbacks.so beside this shim.
  *
@@ -32,7 +32,7 @@
 
 #define PV_CBLIB_FILE "libpyvgpu_callbacks.so"
 
-/* ---- the CPU's id: pyvgpu/cpuid.py, byte for byte ---------------------- */
+/* ---- the CPU's id: pyvgpu/host/cpuid.py, byte for byte ---------------------- */
 
 static const char *const CPU_KEYS[] = {
     "vendor_id", "cpu family", "model", "model name", "stepping", "flags",

@@ -5,7 +5,7 @@
  * not-found results are exactly the driver's. A pointer for a hooked name
  * is then replaced by the hook of the same ABI variant. The variant comes
  * from the hook table's rule (pv_select_variant, twin of
- * pyvgpu.hooks.select_variant) and is cross-checked against the driver's
+ * pyvgpu.contract.hooks.select_variant) and is cross-checked against the driver's
  * pointer, which on driver 580 is always one of the exported variants
  * (docs/facts/procaddr-h100-driver580.tsv). On disagreement the driver wins
  * and a warning names both.

@@ -1,6 +1,6 @@
 /* The few CUDA driver and NVML types the shim needs, so that building it
  * needs no CUDA toolkit. The codes are in ../generated/pv_abi.h,
- * rendered from pyvgpu/abi.py. */
+ * rendered from pyvgpu/contract/abi.py. */
 #ifndef PV_TYPES_H
 #define PV_TYPES_H
 #include <stddef.h>

@@ -1,4 +1,4 @@
-/* Checking the compiled callbacks before they are loaded (pyvgpu/cblib.py
+/* Checking the compiled callbacks before they are loaded (pyvgpu/native/cblib.py
  * load applies the same rules in Python).
  *
  * The callback library is machine code that runs in every wrapped program,
@@ -128,7 +128,7 @@ PV_EXPORT int pyvgpu_verify_object(const char *path, const char *sha256, void **
 
 /* For the loader (pv_load.c): open the callback library at path (O_NOFOLLOW with nofollow), check that it
  * is a regular file of this user or root that nobody else can write, and that its bytes hash to the 64 hex
- * digits of path + ".sha256" (written beside it by pyvgpu/cblib.py; checked the same way). Returns the fd
+ * digits of path + ".sha256" (written beside it by pyvgpu/native/cblib.py; checked the same way). Returns the fd
  * the bytes were read through: the loader loads through it, so the code that runs is the code hashed (only
  * its owner could change it meanwhile). -1 with the reason in why; errno is ENOENT when path is missing. */
 int pv_verified_fd(const char *path, int nofollow, char *why, size_t n) {

@@ -1,9 +1,9 @@
 /* VPMM for PyTorch's CUDAPluggableAllocator: the malloc/free pair it loads from
  * this library by name. Each call goes straight to the pool's compiled entry
- * points (services of the callback library, pyvgpu/jit/vpmm_entries.py: no
- * GIL), installed per device by pyvgpu.vpmm_torch.enable. Their types,
+ * points (services of the callback library, pyvgpu/jit/vpmm/entries.py: no
+ * GIL), installed per device by pyvgpu.vpmm.pytorch.enable. Their types,
  * pv_vpmm_malloc_t and pv_vpmm_free_t, are generated from the hook table's
- * declaration of them (pyvgpu/hooks.py SERVICES, shim/generated/pv_table.h). */
+ * declaration of them (pyvgpu/contract/hooks.py SERVICES, shim/generated/pv_table.h). */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -139,13 +139,13 @@ static void *pv_vpmm_refuse(ssize_t size, int device, int64_t rc) {
     char msg[320];
     if (rc == -1000 - 2) /* CUDA_ERROR_OUT_OF_MEMORY */
         snprintf(msg, sizeof msg, "CUDA out of memory: pyvgpu VPMM could not map %zd bytes on device %d (the "
-                 "vGPU's memory cap or the device is full; pyvgpu.vpmm pools' dump() shows what it holds)", size,
+                 "vGPU's memory cap or the device is full; pyvgpu.vpmm.pool pools' dump() shows what it holds)", size,
                  device);
     else if (rc == -2)
         snprintf(msg, sizeof msg, "pyvgpu VPMM: the pool's tables for device %d are full (%zd bytes asked)",
                  device, size);
     else if (rc == 0)
-        snprintf(msg, sizeof msg, "pyvgpu VPMM has no pool for device %d (pyvgpu.vpmm_torch.enable made "
+        snprintf(msg, sizeof msg, "pyvgpu VPMM has no pool for device %d (pyvgpu.vpmm.pytorch.enable made "
                  "none)", device);
     else
         snprintf(msg, sizeof msg, "pyvgpu VPMM: malloc(%zd) on device %d failed: CUresult %lld", size, device,

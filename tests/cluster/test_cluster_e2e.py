@@ -30,14 +30,14 @@ from fake_apiserver import gpu_container, node, pod
 from fake_kubelet import FakeKubelet
 from helpers import clean_env
 
-from pyvgpu import region
 from pyvgpu.cluster.api.kube import Kube
 from pyvgpu.cluster.core import codec, keys
 from pyvgpu.cluster.core.config import ClusterConfig
 from pyvgpu.cluster.node.deviceplugin.v1beta1 import api_pb2 as pb
 from pyvgpu.cluster.scheduler.extender import Scheduler
 from pyvgpu.cluster.scheduler.informer import Informer
-from pyvgpu.shim import BENCH_BIN
+from pyvgpu.group import region
+from pyvgpu.native.shim import BENCH_BIN
 
 MiB = 1 << 20
 U0 = "GPU-fa4ec0da-0000-0000-0000-000000000000"
@@ -87,7 +87,8 @@ class PluginProcess:
         self.log = tmp_path / "plugin.log"
         # the runtime a container gets: the package directory with the shim and its callbacks, nothing else
         runtime = [str(Path(json.loads(subprocess.run(
-            [sys.executable, "-c", "import json; from pyvgpu import shim; print(json.dumps(str(shim.shim_path())))"],
+            [sys.executable, "-c",
+             "import json; from pyvgpu.native import shim; print(json.dumps(str(shim.shim_path())))"],
             capture_output=True, text=True, cwd=str(tmp_path)).stdout)).resolve().parent)]
         self.env = clean_env(LD_LIBRARY_PATH=str(fake), PYVGPU_CACHE_DIR=str(cache_dir), FAKECUDA_DEVICES="8G,8G",
                              FAKENVML_LOST_FILE=str(self.lost))
@@ -182,7 +183,7 @@ def test_a_pod_from_scheduler_to_container_gets_exactly_its_cap_and_share(cluste
     v = json.loads(view.stdout)
     assert v["cuda_count"] == 1 and v["cuda"][0]["uuid"] == chosen
     assert v["cuda"][0]["total"] == 4096 * MiB  # cuMemGetInfo: the cap, not the GPU's 8 GiB
-    # without the trust opt-in the shim refuses the root-owned 0666 region (pyvgpu.safefile): Allocate must give it
+    # without the trust opt-in the shim refuses the root-owned 0666 region (pyvgpu.host.safefile): Allocate must give it
     no_trust = pb.ContainerAllocateResponse(envs={k: v for k, v in answer.envs.items() if k != "PYVGPU_TRUST_SHARED"},
                                             mounts=answer.mounts)
     refused = run_container(no_trust, [str(fake / "host_devices")], machine)

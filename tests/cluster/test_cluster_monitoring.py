@@ -18,10 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_cluster_mig import GM, M2, MIG_GPU
 from test_cluster_plugin import GPUS, U0, U1, Node, binding_pod
 
-from pyvgpu import exporter
-from pyvgpu import layout as L
 from pyvgpu.cluster.core import keys
 from pyvgpu.cluster.node import records
+from pyvgpu.contract import layout as L
+from pyvgpu.ops import exporter
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -127,7 +127,7 @@ def test_what_a_container_writes_in_its_region_does_not_change_its_labels(node, 
     uid = _allocate_both(node, api)
     d = node.state.container_dir(uid, "a")
     _tamper(d / "vgpu.region")
-    from pyvgpu import status
+    from pyvgpu.ops import status
 
     (g,) = [g for g in status.collect(state_dir=node.state.root) if g["path"] == str(d / "vgpu.region")]
     assert g["name"] == "evil" and g["gpus"][0]["uuid"] == U1  # the tampering took

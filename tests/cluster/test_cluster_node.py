@@ -143,8 +143,8 @@ def test_numa_from_sysfs(tmp_path):
 
 
 def test_the_runtime_is_the_shim_and_its_callbacks_and_nothing_of_python(tmp_path):
-    from pyvgpu import cache, cblib
-    from pyvgpu.shim import shim_path
+    from pyvgpu.native import cache, cblib
+    from pyvgpu.native.shim import shim_path
 
     with pytest.raises(PyvgpuError, match="under none of the runtime directories"):
         current([str(tmp_path)])
@@ -171,7 +171,7 @@ def test_cli_errors_name_the_option():
 
 
 def test_exporter_reads_the_containers_regions_of_a_node_state_dir(tmp_path, monkeypatch):
-    from pyvgpu import exporter
+    from pyvgpu.ops import exporter
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))  # no groups of this user in the way
     (tmp_path / "xdg").mkdir()

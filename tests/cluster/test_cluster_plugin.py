@@ -17,7 +17,6 @@ import pytest
 from fake_apiserver import gpu_container, pod
 from fake_kubelet import FakeKubelet
 
-from pyvgpu import region
 from pyvgpu.cluster.core import keys
 from pyvgpu.cluster.node.allocate import AllocateConfig, Allocator
 from pyvgpu.cluster.node.deviceplugin.v1beta1 import api_pb2 as pb
@@ -25,6 +24,7 @@ from pyvgpu.cluster.node.gpus import GpuInfo
 from pyvgpu.cluster.node.nodestate import NodeState
 from pyvgpu.cluster.node.plugin import DevicePluginService, Devices, PluginServer
 from pyvgpu.cluster.node.runtime import Runtime
+from pyvgpu.group import region
 
 U0 = "GPU-fa4ec0da-0000-0000-0000-000000000000"
 U1 = "GPU-fa4ec0da-0000-0000-0000-000000000001"

@@ -11,7 +11,7 @@ import sys
 import pytest
 from helpers import PYVGPU, run
 
-from pyvgpu import devices
+from pyvgpu.host import devices
 
 GiB = 1 << 30
 

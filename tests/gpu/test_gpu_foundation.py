@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import calls, clean_env, lookups, run, wrapped
 
-from pyvgpu import hooks
+from pyvgpu.contract import hooks
 
 HERE = Path(__file__).resolve().parent
 VERSIONS = (2000, 3000, 3020, 4000, 5000, 6000, 6050, 7000, 9020, 10000, 10020, 11000, 11030, 11060, 12000,

@@ -82,7 +82,7 @@ def test_context_and_eager_module_memory_are_charged():
     """Eagerly loaded modules are loaded while the context is created, so they are
     measured (and charged) with it: more than the lazily loaded context."""
     code = ("import os, json, torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()\n"
-            "from pyvgpu import region\n"
+            "from pyvgpu.group import region\n"
             "r = region.open_region(region.path_from_env(os.environ), writable=False)\n"
             "s = [r.slot(i) for i in range(r.header.n_slots) if r.slot(i).pid == os.getpid()][0]\n"
             "print(json.dumps({'context': s.used[1], 'module': s.used[2], 'data': s.used[0]}))")

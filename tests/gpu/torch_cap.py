@@ -16,7 +16,7 @@ except torch.OutOfMemoryError as e:
     msg = str(e).splitlines()[0]
 else:
     msg = ""
-from pyvgpu import region  # noqa: E402
+from pyvgpu.group import region  # noqa: E402
 
 used = region.open_region(region.path_from_env(os.environ), writable=False).device(0).used
 print(json.dumps({"free": free, "total": total, "oom": oom, "message": msg, "group_used": used,

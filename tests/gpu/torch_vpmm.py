@@ -5,7 +5,7 @@ import json
 
 import torch
 
-import pyvgpu.vpmm as v
+import pyvgpu.vpmm.pool as v
 
 GiB = 1 << 30
 assert v._TORCH_POOLS, "pyvgpu wrap --allocator vpmm installed no pool"

@@ -2,7 +2,7 @@
 
     python torch_vpmm_api.py stats|oom|graph|record_stream|empty_cache
 
-Each part checks one thing PyTorch's CUDAPluggableAllocator leaves out and pyvgpu.vpmm_torch fills in
+Each part checks one thing PyTorch's CUDAPluggableAllocator leaves out and pyvgpu.vpmm.pytorch fills in
 (tests/gpu/test_gpu_vpmm.py asserts the results).
 """
 
@@ -11,8 +11,8 @@ import sys
 
 import torch
 
-import pyvgpu.vpmm as v
-from pyvgpu.jit import vpmm_tables as T
+import pyvgpu.vpmm.pool as v
+from pyvgpu.jit.vpmm import tables as T
 
 MiB, GiB = 1 << 20, 1 << 30
 assert v._TORCH_POOLS, "pyvgpu wrap --allocator vpmm installed no pool"

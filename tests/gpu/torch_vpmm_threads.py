@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from pyvgpu import vpmm
+from pyvgpu.vpmm import pool as vpmm
 
 kind = sys.argv[1]
 torch.manual_seed(0)

@@ -2,7 +2,7 @@
 
     python tests/gpu/vpmm_ctx_probe.py
 
-1. A new thread, no context current: each call VPMM makes (pyvgpu/jit/vpmm_driver.py), with handles and
+1. A new thread, no context current: each call VPMM makes (pyvgpu/jit/vpmm/driver.py), with handles and
    streams of device 0's primary context, and its CUresult (201: CUDA_ERROR_INVALID_CONTEXT); then the same
    after cuCtxSetCurrent(primary) on that thread (the fix: every entry point does this).
 2. With PyTorch: the context current on autograd's worker thread when the first backward node runs (before

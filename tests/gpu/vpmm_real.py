@@ -12,10 +12,10 @@ import time
 import numpy as np
 from numba import njit
 
-from pyvgpu.jit import vpmm_entries as V
-from pyvgpu.jit import vpmm_tables as T
-from pyvgpu.jit.intrinsics import monotonic_ns
-from pyvgpu.vpmm import VirtualMemoryPool
+from pyvgpu.jit.runtime.intrinsics import monotonic_ns
+from pyvgpu.jit.vpmm import entries as V
+from pyvgpu.jit.vpmm import tables as T
+from pyvgpu.vpmm.pool import VirtualMemoryPool
 
 G, MiB = 1 << 30, 1 << 20
 cu = ctypes.CDLL("libcuda.so.1")
@@ -92,7 +92,8 @@ def latency() -> dict:
             pool.free(p)
             ns.append(time.perf_counter_ns() - t)
         out[f"malloc_free_{size >> 20}MiB_python_ns"] = statistics.median(ns)
-    from pyvgpu import shim, vpmm
+    from pyvgpu.native import shim
+    from pyvgpu.vpmm import pool as vpmm
 
     lib = shim.open_shim()
     vpmm.install(lib, pool)

@@ -30,7 +30,7 @@ ok(c.cuCtxSetCurrent(ctx), "setcur")
 
 
 def region_used():
-    from pyvgpu import region
+    from pyvgpu.group import region
 
     r = region.open_region(region.path_from_env(os.environ), writable=False)
     return r.device(0).used

@@ -24,8 +24,8 @@ import subprocess
 import sys
 import time
 
-from pyvgpu.jit import vpmm_tables as T
-from pyvgpu.vpmm import VirtualMemoryPool
+from pyvgpu.jit.vpmm import tables as T
+from pyvgpu.vpmm.pool import VirtualMemoryPool
 
 G = 1 << 30
 MiB = 1 << 20
@@ -212,7 +212,8 @@ def prop(n: int) -> dict:
 
 def cexports() -> dict:
     """The shim's pyvgpu_vpmm_malloc/free (PyTorch's CUDAPluggableAllocator calls them) on a pool."""
-    from pyvgpu import shim, vpmm
+    from pyvgpu.native import shim
+    from pyvgpu.vpmm import pool as vpmm
 
     lib = shim.loaded() or shim.open_shim()
     pool = VirtualMemoryPool(page_size=2 * MiB, va_size=1 * G)
@@ -559,7 +560,7 @@ def capture_case() -> dict:
 
 def capture_prologue_case() -> dict:
     """PyTorch's order of events around a capture (torch.cuda.graph with CUDAGraph, PyTorch 2.11):
-    pyvgpu.vpmm_torch's capture_begin hook announces the capture, then CUDAGraph.capture_begin allocates the
+    pyvgpu.vpmm.pytorch's capture_begin hook announces the capture, then CUDAGraph.capture_begin allocates the
     RNG generator's two graph-safe state tensors on the capture stream (not capturing yet), then the driver's
     capture starts. The capture's memory must carry the announced epoch, so that CUDAGraph.reset (release of
     that epoch) gives all of it back."""
@@ -582,7 +583,7 @@ def capture_prologue_case() -> dict:
         return sorted({int(g) for g in rows[:, T.GRAPH] if g != 0})
 
     out = {"epoch": epoch, "tags_before_reset": tags()}
-    out["released"] = pool.release_graph_memory(epoch)  # what pyvgpu.vpmm_torch's CUDAGraph.reset hook does
+    out["released"] = pool.release_graph_memory(epoch)  # what pyvgpu.vpmm.pytorch's CUDAGraph.reset hook does
     out["tags_after_reset"] = tags()
     pool.free(y, cap)
     pool.free(seed, cap)

@@ -10,7 +10,7 @@ KIND is who calls the pool:
   none   a thread that never had a context (PyTorch's autograd worker before its first kernel), on a pool
          made on the main thread
   other  a thread with device 1's primary context current that makes and uses a pool of device 0 (what
-         pyvgpu.vpmm_torch.enable did for the second GPU of a machine)
+         pyvgpu.vpmm.pytorch.enable did for the second GPU of a machine)
   dead   a thread whose current context was destroyed, on a pool made on the main thread
   shim   the shim's pyvgpu_vpmm_malloc/free (PyTorch's CUDAPluggableAllocator's pair) from a thread that
          never had a context, growing the pool by a chunk, then trimming it from that thread
@@ -29,8 +29,8 @@ import sys
 import threading
 import time
 
-from pyvgpu.jit import vpmm_tables as T
-from pyvgpu.vpmm import VirtualMemoryPool
+from pyvgpu.jit.vpmm import tables as T
+from pyvgpu.vpmm.pool import VirtualMemoryPool
 
 MiB = 1 << 20
 cu = ctypes.CDLL("libcuda.so.1")
@@ -127,7 +127,8 @@ def exercise(steps: Steps, pool: VirtualMemoryPool, s: dict) -> None:
 
 
 def shim_exercise(steps: Steps, pool: VirtualMemoryPool) -> None:
-    from pyvgpu import shim, vpmm
+    from pyvgpu.native import shim
+    from pyvgpu.vpmm import pool as vpmm
 
     lib = shim.loaded() or shim.open_shim()
     vpmm.install(lib, pool)

@@ -4,6 +4,6 @@
 Shared by both sides: the scheduler takes a node's lock at bind and the device plugin releases it once
 Allocate has served the pod (HAMi's protocol), and both write Events.
 
-May import: pyvgpu.cluster.core, pyvgpu.errors, pyvgpu.envspec, the standard library and the kubernetes
+May import: pyvgpu.cluster.core, pyvgpu.errors, pyvgpu.contract.envspec, the standard library and the kubernetes
 client (imported inside the functions that call it). Never pyvgpu.cluster.scheduler or .node.
 """

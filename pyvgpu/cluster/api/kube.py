@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from pyvgpu import envspec
+from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
 
 MERGE_PATCH = "application/merge-patch+json"

@@ -46,8 +46,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyvgpu import envspec
-from pyvgpu import limits as lim
 from pyvgpu.cluster.api import events, nodelock
 from pyvgpu.cluster.api.kube import Kube, KubeError, KubeUnreachable
 from pyvgpu.cluster.core import codec, keys
@@ -56,7 +54,9 @@ from pyvgpu.cluster.core.model import ContainerDevice
 from pyvgpu.cluster.node import gpus as G
 from pyvgpu.cluster.node import nodestate, records
 from pyvgpu.cluster.node.runtime import Runtime
+from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
+from pyvgpu.group import limits as lim
 
 REGION_MOUNT = "/run/pyvgpu/region"  # the container's region directory, inside the container
 TURNS_MOUNT = "/run/pyvgpu/turns"  # the node's turn file, inside the container

@@ -1,6 +1,6 @@
 """The node's GPUs as NVML tells them: inventory, health, and the links between them.
 
-NVML is opened through ctypes and shut again after each question, as pyvgpu/devices.py does, so a
+NVML is opened through ctypes and shut again after each question, as pyvgpu/host/devices.py does, so a
 driver reload or a GPU that falls off the bus is seen at the next question, not hidden by a stale handle.
 
 * Inventory: index, UUID, name, memory (MiB), NUMA node (from the PCI bus id in sysfs, as HAMi reads

@@ -5,13 +5,13 @@ distributions: the files are mapped and written on every CUDA allocation, and no
 a reboot):
 
     /run/pyvgpu/                         0755 root   the state root
-    /run/pyvgpu/turns                    0666 root   the turn file (pyvgpu.sched): every container with a
+    /run/pyvgpu/turns                    0666 root   the turn file (pyvgpu.group.turnfile): every container with a
                                                      compute share takes turns in it, so all of them write it
     /run/pyvgpu/containers/              0700 root   no host user but root lists or enters it
     /run/pyvgpu/containers/UID_NAME/     0755 root   one per container (pod UID, container name); mounted
                                                      into that container only; its processes cannot create,
                                                      rename or remove files in it (unless they run as root)
-    /run/pyvgpu/containers/UID_NAME/vgpu.region      the container's region (pyvgpu.region), created by the
+    /run/pyvgpu/containers/UID_NAME/vgpu.region      the container's region (pyvgpu.group.region), created by the
                                                      device plugin's Allocate with the container's limits
     /run/pyvgpu/containers/UID_NAME.json  0600 root  what Allocate gave the container (pod, GPUs), in no
                                                      mount: the exporter's labels (pyvgpu.cluster.node.records)
@@ -20,7 +20,7 @@ The region file must be writable by the container's processes (they account thei
 and the device plugin does not always know which uid they run as:
 
 * the pod or container names `securityContext.runAsUser`: the file belongs to that uid (and
-  `runAsGroup`, if given), mode 0600, and its header records that uid as its owner (pyvgpu.region checks
+  `runAsGroup`, if given), mode 0600, and its header records that uid as its owner (pyvgpu.group.region checks
   that the two agree);
 * otherwise the image decides the uid: the file stays root's, mode 0666. No other tenant can reach it:
   its directory is mounted into this container only, and on the host the 0700 `containers/` directory
@@ -30,7 +30,7 @@ Either way a process inside the container can change its own region (its limits 
 the process's own address space cannot defend against the process itself. What this layout does is keep
 every other tenant out of it.
 
-pyvgpu refuses a region or turn file that another user owns or every user can write (pyvgpu.safefile),
+pyvgpu refuses a region or turn file that another user owns or every user can write (pyvgpu.host.safefile),
 unless PYVGPU_TRUST_SHARED=1. Here the directory layout, not the file mode, keeps other tenants out, so
 Allocate sets that opt-in in every container's environment (docs/security.md, "Kubernetes"): the turn
 file is root's 0666 for every container, and a region is root's 0666 when the container's uid is not
@@ -47,9 +47,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyvgpu import layout as L
-from pyvgpu import region, safefile
+from pyvgpu.contract import layout as L
 from pyvgpu.errors import PyvgpuError
+from pyvgpu.group import region
+from pyvgpu.host import safefile
 
 DEFAULT_ROOT = Path("/run/pyvgpu")
 TURNS = "turns"
@@ -121,7 +122,7 @@ class NodeState:
 
     def ensure(self) -> None:
         """Create (or repair the modes of) the state root, the containers directory and the turn file."""
-        from pyvgpu import sched
+        from pyvgpu.group import turnfile as sched
 
         try:
             self.root.mkdir(parents=True, exist_ok=True)

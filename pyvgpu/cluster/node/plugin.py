@@ -26,11 +26,11 @@ from pathlib import Path
 
 import grpc
 
-from pyvgpu import envspec
 from pyvgpu.cluster.node import gpus as G
 from pyvgpu.cluster.node.allocate import AllocateError, Allocator
 from pyvgpu.cluster.node.deviceplugin.v1beta1 import api_pb2 as pb
 from pyvgpu.cluster.node.deviceplugin.v1beta1 import api_pb2_grpc as pbg
+from pyvgpu.contract import envspec
 
 VERSION = "v1beta1"
 HEALTHY = "Healthy"

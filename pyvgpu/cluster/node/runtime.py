@@ -1,7 +1,7 @@
 """What a container needs to run under the shim: the environment and the read-only mounts.
 
 Nothing of Python: the shim loads the compiled callbacks that sit beside it (libpyvgpu_callbacks.so,
-pyvgpu/cblib.py) and joins the container's group by itself (shim/src/pv_load.c, pv_attach.c), so a
+pyvgpu/native/cblib.py) and joins the container's group by itself (shim/src/pv_load.c, pv_attach.c), so a
 container with any Python, or none, needs only
 
 * LD_PRELOAD naming the shim (besides the limits, the region and the turn file that Allocate sets);
@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyvgpu import envspec
+from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
 
 # Directories a runtime must never be: mounting them over a container's own would break it.
@@ -32,7 +32,7 @@ class Runtime:
 
     def check(self) -> None:
         """The shim exists and the callbacks beside it load (the plugin checks this once, at start)."""
-        from pyvgpu import cblib
+        from pyvgpu.native import cblib
 
         shim = Path(self.env[envspec.LD_PRELOAD.name])
         if not shim.exists():
@@ -60,8 +60,8 @@ def current(runtime_dirs: list[str] | None = None) -> Runtime:
     directory that holds the shim and its callbacks. Raises PyvgpuError naming a needed file outside them,
     a system directory, or callbacks that do not fit this pyvgpu (a source tree edited since its build).
     """
-    from pyvgpu import cache, cblib
-    from pyvgpu.shim import shim_path
+    from pyvgpu.native import cache, cblib
+    from pyvgpu.native.shim import shim_path
 
     shim = str(shim_path().resolve())
     if not Path(shim).exists():

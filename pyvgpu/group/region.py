@@ -1,0 +1,378 @@
+"""The shared region: one file per group of processes that share a quota.
+
+Its layout is pyvgpu.contract.layout (REGION_HEADER, REGION_DEVICE, REGION_SLOT);
+the callbacks in pyvgpu/jit/state/quota.py work on it through the same offsets.
+Regions are created (atomically: a complete file is linked into place, never
+a half-initialised one), opened and validated (magic, version, size, owner,
+who may write it) and mapped by the group core in C (shim/src/pv_group_*.c,
+through pyvgpu/host/grouplib.py), the code the shim joins its group with. This
+module gives them Python's shape: the Region view, live changes, the event
+log, and reading them for `pyvgpu status`.
+
+Paths: ``--region PATH``; ``--group NAME`` -> <runtime dir>/groups/NAME.region;
+HAMi's CUDA_DEVICE_MEMORY_SHARED_CACHE names a path too. Without either,
+`pyvgpu wrap` makes a private group: <runtime dir>/private/<pid>-<random>.region.
+The runtime dir is $XDG_RUNTIME_DIR/pyvgpu, else /tmp/pyvgpu-<uid>.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyvgpu.contract import envspec
+from pyvgpu.contract import layout as L
+from pyvgpu.errors import PyvgpuError
+from pyvgpu.group import limits as lim
+from pyvgpu.host import grouplib, safefile
+from pyvgpu.host.devices import Gpu, uuid_text
+
+Header = L.REGION_HEADER.ctypes_class()
+Event = L.REGION_EVENT.ctypes_class()
+Device = L.REGION_DEVICE.ctypes_class()
+Slot = L.REGION_SLOT.ctypes_class()
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+
+
+def runtime_dir() -> Path:
+    """Where this user's groups are (not made here: private_runtime_dir makes it)."""
+    return grouplib.runtime_dir(make=False)
+
+
+RUNTIME_FIX = ("Ask its owner or root to remove it, or set XDG_RUNTIME_DIR to a directory of your own (pyvgpu "
+               "then keeps its groups in $XDG_RUNTIME_DIR/pyvgpu)")  # pv_shim.h PV_RUNTIME_FIX
+
+
+def private_runtime_dir(sub: str | None = None) -> Path:
+    """The runtime dir (and ``sub`` in it), made or checked by safefile.private_dir: 0700, this user's,
+    no link; checked before anything is created inside."""
+    top = grouplib.runtime_dir(make=True)
+    if sub is None:
+        return top
+    return safefile.private_dir(top / sub, "the runtime directory", RUNTIME_FIX)
+
+
+def group_path(name: str) -> Path:
+    if not _GROUP_NAME.match(name or ""):
+        raise PyvgpuError(f"--group {name!r}: a group name is 1-63 letters, digits, '.', '_' or '-'")
+    return private_runtime_dir("groups") / f"{name}.region"
+
+
+def new_private_path() -> Path:
+    return private_runtime_dir("private") / f"{os.getpid()}-{os.urandom(4).hex()}.region"
+
+
+def path_from_env(env: Mapping[str, str]) -> Path | None:
+    """The region this process belongs to, by the environment contract (as the shim reads it)."""
+    return grouplib.env_region(env)
+
+
+@dataclass
+class Region:
+    """A mapped region file (or, read-only, a snapshot of one)."""
+
+    path: Path
+    fd: int
+    map: mmap.mmap | bytearray
+    header: ctypes.Structure
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+
+    def device(self, d: int) -> ctypes.Structure:
+        return Device.from_buffer(self.map, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size)
+
+    def slot(self, i: int) -> ctypes.Structure:
+        return Slot.from_buffer(self.map, L.REGION_SLOTS_OFF + i * L.REGION_SLOT.size)
+
+    def limits(self) -> list[int]:
+        return [self.device(d).limit for d in range(L.MAX_DEVICES)]
+
+    def sm_limits(self) -> list[int]:
+        return [self.device(d).sm_limit for d in range(L.MAX_DEVICES)]
+
+    def visible(self) -> list[tuple[int, str]]:
+        """The group's devices (--devices): (NVML index, UUID) of each; [] = as CUDA sees them.
+
+        A MIG instance: its GPU's NVML index and its own UUID ("MIG-...")."""
+        raw = bytes(self.header.visible_uuid)
+        return [(self.header.visible[g] & L.VISIBLE_INDEX,
+                 uuid_text(raw[g * L.UUID_BYTES:(g + 1) * L.UUID_BYTES], bool(self.header.visible[g] & L.VISIBLE_MIG)))
+                for g in range(self.header.n_visible)]
+
+    def event(self, i: int) -> ctypes.Structure:
+        return Event.from_buffer(self.map, L.REGION_EVENTS_OFF + (i % L.N_EVENTS) * L.REGION_EVENT.size)
+
+    def events(self, last: int = L.N_EVENTS) -> list[dict]:
+        """The latest events, oldest first; entries being written or overwritten are skipped."""
+        end = self.header.ev_next
+        out = []
+        for i in range(max(0, end - min(last, L.N_EVENTS)), end):
+            e = self.event(i)
+            seq = e.seq
+            if seq != i + 1:
+                continue
+            item = {"time_ns": e.time_ns, "kind": L.EVENT_KINDS[e.kind] if e.kind < len(L.EVENT_KINDS) else "?",
+                    "device": e.device if e.device >= 0 else None, "pid": e.pid, "a": e.a, "b": e.b}
+            if e.seq == seq:  # not overwritten while we read it
+                out.append(item)
+        return out
+
+    @property
+    def name(self) -> str:
+        return bytes(self.header.name).rstrip(b"\0").decode(errors="replace")
+
+    def log_event(self, kind: int, device: int, a: int, b: int, pid: int | None = None) -> None:
+        """Append an event to the group's ring: by the callbacks' own writer (pyvgpu/jit/state/events.py), called
+        through the callback library."""
+        from pyvgpu.native import services
+
+        services.log_event(self.address, kind, device, a, b, 0 if pid is None else pid)
+
+    def close(self) -> None:
+        """Close the file descriptor (and with it this process's locks); the mapping goes with the object."""
+        os.close(self.fd)
+
+
+def slot_launches(slot: ctypes.Structure) -> int:
+    """Every launch a process made: its slot counts each once, in ``launches`` or, when the launch was charged
+    to the group's accounting on a device, in that device's ``sm_launches`` (pyvgpu/jit/compute/launch.py)."""
+    return slot.launches + sum(d.sm_launches for d in slot.dev)
+
+
+def _sm_any(limits: list[int]) -> int:
+    """Devices whose share actually limits (1..99): 0 lets every launch skip the limiter."""
+    return sum(1 for v in limits if 0 < v < 100)
+
+
+def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SLOTS,
+           mode: int = 0o600, n_physical: int = 0, sm: list[int] | None = None,
+           visible: list[Gpu] | None = None, priority: int = L.PRIORITY_LOW, sm_borrow: bool = False) -> bool:
+    """Create the region file if it does not exist; True if this call created it.
+
+    The complete file is written under a temporary name and linked into place (shim/src/pv_group_region.c,
+    as the shim makes its own), so nobody ever opens a half-initialised region.
+    """
+    want = Header(n_slots=n_slots, n_physical=n_physical, priority=priority, sm_borrow=int(sm_borrow))
+    raw = name.encode()[: L.GROUP_NAME_BYTES - 1]
+    ctypes.memmove(ctypes.addressof(want) + L.REGION_HEADER.offset("name"), raw, len(raw))
+    visible = visible or []
+    want.n_visible = len(visible)
+    uuids = b"".join(g.uuid_bytes for g in visible)
+    ctypes.memmove(ctypes.addressof(want) + L.REGION_HEADER.offset("visible_uuid"), uuids, len(uuids))
+    for i, g in enumerate(visible):
+        want.visible[i] = g.index | (L.VISIBLE_MIG if g.is_mig else 0)
+    return grouplib.make_region(path, want, limits, sm or [0] * L.MAX_DEVICES, mode)
+
+
+REGION_FIX = "use a region of your own (--group NAME, or --region PATH in a directory only you can write)"
+
+
+# A reader (status, the exporter) reads every slot of a region: a member writing a huge n_slots into the
+# header (and growing the file to match) would make each read cost gigabytes. No pyvgpu makes more.
+MAX_SLOTS = 4 * L.DEFAULT_SLOTS
+
+
+def open_region(path: Path, writable: bool = True, env: Mapping[str, str] = os.environ) -> Region:
+    """Map an existing region, checked (shim/src/pv_group_region.c, the shim's own checks) to be one of ours,
+    of this version, whole and not foreign.
+
+    Opened with O_NOFOLLOW and O_NONBLOCK: a link or a FIFO at the path is refused, never followed or
+    waited on. Mapped writable only if this user owns it and nobody else can write it
+    (PYVGPU_TRUST_SHARED=1 is the opt-in), else refused with UntrustedFile.
+    A read-only open is a snapshot read with pread: a file someone truncates cannot crash the reader.
+    """
+    head = Header()
+    fd = grouplib.open_region(path, writable, safefile.trust_shared(env) if writable else True, head)
+    try:
+        if writable:
+            m: mmap.mmap | bytearray = mmap.mmap(fd, head.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        else:
+            m = bytearray(os.pread(fd, head.size, 0))  # a snapshot
+            if len(m) < head.size:
+                raise PyvgpuError(f"region {path} was truncated while pyvgpu read it; remove it and start the "
+                                  "group again")
+    except BaseException:
+        os.close(fd)
+        raise
+    return Region(path, fd, m, Header.from_buffer(m, 0))
+
+
+GUARDS = {"region": 0, "turns": 1}  # pv_guard.c's PV_GUARD_*
+
+
+def map_forever(fd: int, size: int, guard: str = "region") -> int:
+    """Map the region (or the turn file) for the callbacks, never to be unmapped.
+
+    Python's mmap objects are unmapped when the interpreter finalizes, but
+    hooked calls keep coming after that (libraries' static destructors free
+    their device memory), so the callbacks get a mapping of their own. The
+    file's size is checked right before mapping, and the mapping is registered
+    with the shim's SIGBUS guard (shim/src/pv_guard.c): if someone truncates
+    the file later, the process fails closed (a region) or stops taking turns
+    (the turn file) instead of dying.
+    """
+    what = "the turn file" if guard == "turns" else "the group region"
+    try:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        name = f"(fd {fd})"
+    addr = grouplib.map_shared(fd, size, name, what, "remove it and start again")
+    from pyvgpu.native import shim
+
+    lib = shim.loaded()
+    register = getattr(lib, "pyvgpu_guard", None) if lib is not None else None
+    if register is not None:
+        register.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int]
+        register.restype = ctypes.c_int
+        register(addr, size, GUARDS[guard])
+    return addr
+
+
+def check_bounds(r: Region, physical: list[int]) -> None:
+    """A region whose cap on a device is above the device's memory was not written by pyvgpu (wrap and
+    `limits set` refuse such caps): refuse it rather than trust a cap no GPU has."""
+    for d, cap in enumerate(r.limits()):
+        if cap and d < len(physical) and physical[d] and cap > physical[d]:
+            raise PyvgpuError(f"region {r.path} holds a cap of {lim.human(cap)} on device {d}, more than the "
+                              f"device's {lim.human(physical[d])}: pyvgpu never writes such a cap, so the file "
+                              "was altered; refusing it. Remove it and start the group again")
+
+
+def check_limits(region: Region, wanted: lim.MemoryLimits, source: str) -> None:
+    """A process whose limits disagree with its group's gets a clear error (shim/src/pv_group_region.c, the
+    shim's own check): the same, or the limits the group was created with, which it then follows."""
+    if wanted:
+        grouplib.check_limits(region.path, region.address, False, wanted.as_list(), source)
+
+
+def check_sm(region: Region, wanted: lim.SmLimits, source: str) -> None:
+    """Like check_limits, for compute shares."""
+    if wanted:
+        grouplib.check_limits(region.path, region.address, True, wanted.as_list(), source)
+
+
+def check_devices(region: Region, wanted: list[Gpu], source: str) -> None:
+    """A process asking for other devices than its group's gets a clear error."""
+    have = region.visible()
+    if wanted and [g.uuid for g in wanted] != [u for _, u in have]:
+        h = "devices " + ",".join(str(i) for i, _ in have) if have else "every device CUDA sees (no --devices)"
+        w = ",".join(str(g.index) for g in wanted)
+        raise PyvgpuError(f"group {region.name!r} ({region.path}) uses {h}, but {source} asks for {w}; "
+                          "use the group's devices, or start a group of your own")
+
+
+def check_setting(region: Region, field: str, wanted: int | None, source: str, words: tuple[str, ...]) -> None:
+    """Like check_limits, for a group setting of the header (priority, sm_borrow): words[v] names value v."""
+    have = getattr(region.header, field)
+    if wanted is not None and have != wanted:
+        raise PyvgpuError(f"group {region.name!r} ({region.path}) has {field.replace('_', '-')} {words[have]}, but "
+                          f"{source} asks for {words[wanted]}; change the group's with `pyvgpu limits set`, or "
+                          "start a group of your own")
+
+
+BORROW_WORDS = ("off", "on")
+
+
+def create_or_open(path: Path, name: str, limits: lim.MemoryLimits, source: str, n_physical: int = 0,
+                   sm: lim.SmLimits | None = None, sm_source: str = envspec.CUDA_DEVICE_SM_LIMIT.name,
+                   visible: list[Gpu] | None = None, devices_source: str = "--devices",
+                   priority: int | None = None, priority_source: str = envspec.CUDA_TASK_PRIORITY.name,
+                   sm_borrow: bool | None = None, borrow_source: str = envspec.SM_BORROW.name,
+                   check_settings: bool = True) -> Region:
+    sm = sm or lim.SmLimits()
+    if not path.exists():
+        create(path, name, limits.as_list(), n_physical=n_physical, sm=sm.as_list(), visible=visible,
+               priority=L.PRIORITY_LOW if priority is None else priority, sm_borrow=bool(sm_borrow))
+    r = open_region(path)
+    check_limits(r, limits, source)
+    check_sm(r, sm, sm_source)
+    check_devices(r, visible or [], devices_source)
+    if check_settings:
+        check_setting(r, "priority", priority, priority_source, lim.PRIORITIES)
+        check_setting(r, "sm_borrow", None if sm_borrow is None else int(sm_borrow), borrow_source, BORROW_WORDS)
+    return r
+
+
+def _devices_of(device: int | None) -> list[int]:
+    if device is not None and not 0 <= device < L.MAX_DEVICES:
+        raise PyvgpuError(f"device {device!r} is not a device index 0..{L.MAX_DEVICES - 1}")
+    return list(range(L.MAX_DEVICES)) if device is None else [device]
+
+
+def _log_change(r: Region, kind: int, device: int | None, old: list[int], new: list[int]) -> None:
+    """One event per device changed; one with device -1 when every device was set alike."""
+    if old == new:
+        return
+    if device is None and len(set(old)) == 1:
+        r.log_event(kind, -1, old[0], new[0])
+        return
+    for d in range(L.MAX_DEVICES):
+        if old[d] != new[d]:
+            r.log_event(kind, d, old[d], new[d])
+
+
+def change_per_device(r: Region, field: str, value: int, device: int | None) -> list[int]:
+    """Set a per-device field (``limit`` or ``sm_limit``) on one device or all of an open region, and log the
+    change; the new values. Members read it at their next call."""
+    kind = {"limit": L.EV_MEMORY_LIMIT, "sm_limit": L.EV_SM_LIMIT}[field]
+    devices = _devices_of(device)
+    old = [getattr(r.device(d), field) for d in range(L.MAX_DEVICES)]
+    for d in devices:
+        setattr(r.device(d), field, value)
+    new = [getattr(r.device(d), field) for d in range(L.MAX_DEVICES)]
+    if field == "sm_limit":
+        r.header.sm_any = _sm_any(new)
+    _log_change(r, kind, device, old, new)
+    return new
+
+
+def change_setting(r: Region, field: str, value: int) -> int:
+    """Set a group setting of the header (``priority`` or ``sm_borrow``) of an open region and log the
+    change; members follow at their next launch."""
+    kind = {"priority": L.EV_PRIORITY, "sm_borrow": L.EV_SM_BORROW}[field]
+    old = getattr(r.header, field)
+    setattr(r.header, field, value)
+    if old != value:
+        r.log_event(kind, -1, old, value)
+    return value
+
+
+def has_live_member(r: Region) -> bool:
+    """Does a process of the group live? Every member holds a lock on its slot's bytes: one query over all
+    the slots tells (a loop over every slot in Python made `pyvgpu wrap` slow on a machine with many regions)."""
+    import fcntl
+    import struct
+
+    lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF, r.header.n_slots * L.REGION_SLOT.size, 0)
+    return struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))[0] != fcntl.F_UNLCK
+
+
+def gc_private() -> int:
+    """Remove private regions whose processes are all gone; returns how many."""
+    d = runtime_dir() / "private"
+    if not d.is_dir():
+        return 0
+    removed = 0
+    for p in d.glob("*.region"):
+        try:
+            r = open_region(p)
+        except PyvgpuError:
+            continue
+        try:
+            busy = has_live_member(r)
+            # a region nobody ever joined is young: keep it for a minute (its wrap may still be starting)
+            young = time.time_ns() - r.header.created_ns < 60 * 10**9
+            if not busy and not young:
+                p.unlink()
+                removed += 1
+        finally:
+            os.close(r.fd)
+    return removed

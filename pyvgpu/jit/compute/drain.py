@@ -1,0 +1,176 @@
+"""Draining: before a process hands a device's turn over, the work it queued on every stream is done.
+
+A CUDA event recorded on a stream completes when the work queued on that
+stream before it is done, and only that stream's. A process that launches on
+several streams (PyTorch's side streams, NCCL's, a data loader's copies) has
+work on each; draining one of them let the rest run into the next holder's
+turn. So the process keeps a small table of the streams it launched on under
+turns (``ctx.turn_stream``; a lookup per launch, usually one compare), and a
+drain records an event on each stream of the device, then waits for them all.
+
+Rules that keep it safe:
+
+* A stream that captures a graph is skipped: nothing queued on it runs now,
+  and recording on it would add a node to the graph.
+* cuStreamDestroy removes the stream from the table first (``stream_destroy``,
+  a hooked call), under the same spinlock a drain holds while it records and
+  waits, so a drain never records on a stream that is gone.
+* Events belong to a context: a drain only records on the streams of the
+  calling thread's current context.
+* Launches on a stream that found the table full are counted
+  (``turn_streams_lost``); its work is drained only when the launch that
+  hands over is on it.
+* The per-thread default stream of another thread cannot be named from this
+  one (its handle means the caller's own); work there is drained when that
+  thread hands over.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from pyvgpu.contract import abi
+from pyvgpu.contract import layout as L
+from pyvgpu.jit.runtime.context import HELPER, call_real
+from pyvgpu.jit.runtime.fields import CTX
+from pyvgpu.jit.runtime.intrinsics import likely, load_i32, load_u64, stack_u64, yield_cpu
+
+
+@njit
+def lock(ctx):
+    while CTX.cas_turn_stream_lock(ctx, 0, 1) != 0:
+        yield_cpu()
+
+
+@njit
+def unlock(ctx):
+    CTX.store_turn_stream_lock(ctx, 0)
+
+
+@njit(inline="always")
+def note_stream(ctx, dev, stream):
+    """Remember that this process launches on stream (of device dev) under turns. A launch on a stream it
+    knows costs a compare or two; a new stream takes the lock once."""
+    key = stream + np.uint64(1)
+    for i in range(L.TURN_STREAMS):
+        k = CTX.get_turn_stream(ctx, i)
+        if likely(k == key and CTX.get_turn_stream_dev(ctx, i) == np.uint64(dev)):
+            return
+    add_stream(ctx, dev, stream)
+
+
+@njit
+def add_stream(ctx, dev, stream):
+    key = stream + np.uint64(1)
+    cur = stack_u64()
+    if HELPER.cuCtxGetCurrent(ctx, cur) != abi.CUDA_SUCCESS or load_u64(cur) == 0:
+        return
+    lock(ctx)
+    free = -1
+    for i in range(L.TURN_STREAMS):
+        k = CTX.get_turn_stream(ctx, i)
+        if k == key and CTX.get_turn_stream_dev(ctx, i) == np.uint64(dev):
+            free = -2  # another thread added it meanwhile
+            break
+        if k == 0 and free == -1:
+            free = i
+    if free >= 0:
+        CTX.set_turn_stream_dev(ctx, free, np.uint64(dev))
+        CTX.set_turn_stream_ctx(ctx, free, load_u64(cur))
+        CTX.set_turn_stream_ev(ctx, free, 0)
+        CTX.store_turn_stream(ctx, free, key)
+    elif free == -1:
+        CTX.add_turn_streams_lost(ctx, 1)
+    unlock(ctx)
+
+
+@njit
+def _capturing(ctx, stream):
+    status = stack_u64()
+    return HELPER.cuStreamIsCapturing(ctx, stream, status) != abi.CUDA_SUCCESS or load_i32(status) != 0
+
+
+@njit
+def _record(ctx, i, stream):
+    """Record table entry i's event on its stream (created in the current context if new); True if recorded."""
+    ev = CTX.get_turn_stream_ev(ctx, i)
+    if ev == 0:
+        out = stack_u64()
+        if HELPER.cuEventCreate(ctx, out, abi.CU_EVENT_DISABLE_TIMING) != abi.CUDA_SUCCESS:
+            return False
+        ev = load_u64(out)
+        CTX.set_turn_stream_ev(ctx, i, ev)
+    return HELPER.cuEventRecord(ctx, ev, stream) == abi.CUDA_SUCCESS
+
+
+@njit
+def _drain_unlisted(ctx, stream, cur):
+    """The launching stream when the table had no room for it: one event of its own."""
+    ev = CTX.get_drain_ev(ctx)
+    if ev != 0 and CTX.get_drain_ctx(ctx) != cur:
+        HELPER.cuEventDestroy_v2(ctx, ev)
+        ev = np.uint64(0)
+        CTX.set_drain_ev(ctx, 0)
+    if ev == 0:
+        out = stack_u64()
+        if HELPER.cuEventCreate(ctx, out, abi.CU_EVENT_DISABLE_TIMING) != abi.CUDA_SUCCESS:
+            return
+        ev = load_u64(out)
+        CTX.set_drain_ev(ctx, ev)
+        CTX.set_drain_ctx(ctx, cur)
+    if HELPER.cuEventRecord(ctx, ev, stream) == abi.CUDA_SUCCESS:
+        HELPER.cuEventSynchronize(ctx, ev)
+
+
+@njit
+def drain(ctx, dev, stream):
+    """Wait until the work this process queued on device dev, on every stream it launched on there, is
+    done. Returns the number of streams waited for."""
+    out = stack_u64()
+    if HELPER.cuCtxGetCurrent(ctx, out) != abi.CUDA_SUCCESS or load_u64(out) == 0:
+        return 0
+    cur = load_u64(out)
+    key = stream + np.uint64(1)
+    listed = False
+    recorded = np.uint64(0)  # a bit per table entry
+    n = 0
+    lock(ctx)
+    for i in range(L.TURN_STREAMS):
+        k = CTX.get_turn_stream(ctx, i)
+        if k == 0 or CTX.get_turn_stream_dev(ctx, i) != np.uint64(dev) or CTX.get_turn_stream_ctx(ctx, i) != cur:
+            continue
+        if k == key:
+            listed = True
+        s = k - np.uint64(1)
+        if _capturing(ctx, s):
+            continue
+        if _record(ctx, i, s):
+            recorded |= np.uint64(1) << np.uint64(i)
+            n += 1
+    for i in range(L.TURN_STREAMS):  # under the lock: no event is destroyed while it is waited for
+        if recorded & (np.uint64(1) << np.uint64(i)):
+            HELPER.cuEventSynchronize(ctx, CTX.get_turn_stream_ev(ctx, i))
+    unlock(ctx)
+    if not listed and not _capturing(ctx, stream):
+        _drain_unlisted(ctx, stream, cur)
+        n += 1
+    return n
+
+
+@njit
+def stream_destroy(ctx, idx, args, notfound):
+    """cuStreamDestroy: forget the stream (and its drain event) before the driver frees it."""
+    (stream,) = args
+    key = stream + np.uint64(1)
+    if CTX.get_turn_stream(ctx, 0) != 0:
+        lock(ctx)
+        for i in range(L.TURN_STREAMS):
+            if CTX.get_turn_stream(ctx, i) == key:
+                ev = CTX.get_turn_stream_ev(ctx, i)
+                if ev != 0:
+                    HELPER.cuEventDestroy_v2(ctx, ev)
+                CTX.set_turn_stream_ev(ctx, i, 0)
+                CTX.store_turn_stream(ctx, i, 0)
+        unlock(ctx)
+    return call_real(ctx, idx, args, notfound)

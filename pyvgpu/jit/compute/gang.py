@@ -1,0 +1,92 @@
+"""Gangs: a group whose processes launch under a share on several devices at once.
+
+A collective kernel (an NCCL all-reduce, a tensor-parallel layer's reduction) runs on every device of the
+group at once, and each rank's kernel waits inside the GPU until its peers' kernels arrive. Throttled one
+device at a time, the ranks of one group are held back at different moments: each rank's kernels then spend
+the other's hold waiting, the waiting is GPU time charged to the share, and the group gets a fraction of
+its share (docs/compute.md, "Collectives"). Taking turns one device at a time is worse: two such groups on
+the same two GPUs can each hold the turn on one GPU while its kernel waits for a peer on the other.
+
+So a group that launches under a share on several devices is a *gang*: its ranks draw on one budget (the
+lowest device's ``sm_tat``, each launch charged 1/k of its cost for k devices: the group still gets its
+share of each device's time) and take the turn together, on the lowest device's turn entry, under one turn
+id that every process of the group uses there. Held back together and let go together, the ranks' kernels
+meet instead of waiting for each other, and two gangs on the same GPUs hand the whole set over at once.
+
+The watcher of every process (10 Hz, ``update``) works out which devices the group's live processes
+launched on under a share (``sm_devs``) and publishes the gang in one word (``sm_gang``) that a launch
+reads beside ``sm_any``. Limits: a process without a share beside a gang takes turns only on the gang's
+lowest device (on the others it time-slices with the gang); a gang forms within a watcher tick of its
+ranks' first launches, so their first ~100 ms are throttled one device at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from pyvgpu.contract import layout as L
+from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, REGION, SCHED, SLOT
+from pyvgpu.jit.runtime.intrinsics import unlikely
+
+LOW32 = np.uint64(0xFFFFFFFF)
+
+
+@njit(inline="always")
+def word(devs):
+    """``sm_gang`` for a set of devices (a bit each): 0 for fewer than two, else (lowest + 1) | count << 8."""
+    n = 0
+    low = -1
+    for d in range(L.MAX_DEVICES):
+        if devs & (np.uint64(1) << np.uint64(d)):
+            n += 1
+            if low < 0:
+                low = d
+    return np.uint32(0) if n < 2 else np.uint32((low + 1) | (n << 8))
+
+
+@njit(inline="always")
+def lead(g, dev):
+    """The device whose budget and turn a launch on dev uses: the gang's lowest device (gang word g), or dev."""
+    return np.int64((g & np.uint32(0xFF)) - 1) if g != 0 else dev
+
+
+@njit(inline="always")
+def size(g):
+    """How many devices share the budget (1 outside a gang)."""
+    return np.uint64(g >> np.uint32(8)) if g != 0 else np.uint64(1)
+
+
+@njit
+def update(ctx, region):
+    """The watcher's step: the devices the group's live processes launched on under a share, and the gang
+    word and shared turn id they make. Every process does it; they all write the same answer."""
+    devs = np.uint64(0)
+    for i in range(CTX.get_n_slots(ctx)):
+        s = REGION.slot(region, i)
+        if SLOT.load_state(s) != L.SLOT_LIVE:
+            continue
+        for d in range(L.MAX_DEVICES):
+            if SLOT.load_sm_launches(s, d) != 0 and DEV.get_sm_limit(REGION.device(region, d)) != 0:
+                devs |= np.uint64(1) << np.uint64(d)
+    if HDR.load_sm_devs(region) != devs:
+        HDR.store_sm_devs(region, devs)
+    g = word(devs)
+    if g != 0 and HDR.load_turn_gid(region) == 0:
+        sched = CTX.get_sched(ctx)
+        if sched != 0:
+            gid = np.uint32(0)
+            while gid == 0:  # 0 means nobody
+                gid = np.uint32((np.uint64(SCHED.add_next_id(sched, 1)) + np.uint64(1)) & LOW32)
+            HDR.cas_turn_gid(region, 0, gid)
+    if HDR.load_sm_gang(region) != g:
+        HDR.store_sm_gang(region, g)
+
+
+@njit(inline="always")
+def join(ctx, region, g):
+    """A launch of a gang member: its turns are taken under the group's shared id from now on."""
+    if unlikely(g != 0):
+        gid = HDR.load_turn_gid(region)
+        if gid != 0 and CTX.get_turn_id(ctx) != gid:
+            CTX.set_turn_id(ctx, gid)

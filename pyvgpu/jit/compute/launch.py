@@ -1,0 +1,212 @@
+"""What happens on every kernel launch: count it, and under a compute share, charge and pace it.
+
+Every launch path (cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel,
+cuGraphLaunch, their per-thread-stream variants, and the multi-device
+cooperative launch) ends in :func:`launch`:
+
+1. count the launch in the process's slot (``pyvgpu top``'s launches/s), once:
+   a launch charged to the group's accounting on its device is counted there
+   (``sm_launches``), any other in the slot's ``launches``;
+2. if the group has a share in force on the launch's device: look up the
+   kernel's cost (pyvgpu/jit/compute/cost.py), charge it to the group's budget
+   (pyvgpu/jit/compute/limiter.py) and wait while the budget is spent; a group that
+   may borrow (--sm-borrow) goes on instead, best effort, while nobody with a
+   share waits for the GPU;
+3. take the device's turn (pyvgpu/jit/compute/turn.py), so the GPU never holds two
+   groups' deep queues at once. A launch without a share takes part too
+   while a group with a share takes turns on the machine, best effort;
+4. time one launch in SAMPLE_EVERY, at most one per SAMPLE_GAP_NS (and every new kernel's first) with
+   events; under turns the process's very first timed launch is waited for, so that its later launches
+   have a cost;
+5. call the driver.
+
+With no limit in force, and no group with a share taking turns on the
+machine, a launch costs a few loads and one atomic add before the driver is
+called: no clock read, no lock, no syscall. Under a share its clock is the TSC
+(pyvgpu/jit/runtime/clock.py), where the kernel's own clock runs on it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from pyvgpu.contract import abi
+from pyvgpu.jit.compute import cost, gang, limiter, turn
+from pyvgpu.jit.devices.nvml import handle as nvml_handle
+from pyvgpu.jit.runtime import clock
+from pyvgpu.jit.runtime.context import REAL, call_real, current_device, stream_of
+from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, LAUNCH_CONFIG, LAUNCH_PARAMS, REGION, SLOT
+from pyvgpu.jit.runtime.intrinsics import load_i32, monotonic_ns, stack_u64, unlikely
+
+SAMPLE_EVERY = 256  # time one launch in this many (a power of two); a new kernel's first launch always
+SAMPLE_GAP_NS = 4_000_000  # and at most one each this long: a timing costs ~5 driver calls (docs/compute.md,
+#                           "What a launch under a share costs"), too many at hundreds of thousands of launches a second
+HARVEST_EVERY = 64  # look for finished timings every this many launches (a power of two)
+OUTSIDE = np.uint64(0xFFFFFFFFFFFFFFFF)  # turn_out when a launch went outside the turns on an unknown device
+
+
+@njit(inline="always")
+def count_launch(ctx):
+    """Count a launch that no device's accounting counts (``limiter.charge_slot``) in the process's slot."""
+    slot = CTX.get_slot(ctx)
+    if slot != 0:
+        SLOT.add_launches(slot, 1)
+
+
+@njit
+def launch_device(ctx):
+    """The device a launch runs on. A process that sees one CUDA device launches on device 0, so it
+    skips cuCtxGetDevice, the dearest call of the limited path; the count is asked once."""
+    n = CTX.get_sm_ndev(ctx)
+    if unlikely(n == 0):
+        out = stack_u64()
+        if REAL.cuDeviceGetCount(ctx, out) == abi.CUDA_SUCCESS:
+            n = np.uint32(load_i32(out) + 1)
+            CTX.set_sm_ndev(ctx, n)
+    if n == 2:
+        return np.int64(0)
+    return np.int64(current_device(ctx))
+
+
+@njit(inline="always")
+def gate(ctx):
+    """A launch's first step, loads only (no clock, lock or syscall): (region, limited), region 0 when the
+    launch goes straight to the driver (counted here). Each policy calls it before it works out the
+    kernel's key and stream, which only the rest of the launch needs."""
+    region = CTX.get_region(ctx)
+    if region == 0:
+        return region, False
+    limited = limiter.limited(ctx, region)
+    if not limited and not turn.machine_active(ctx):
+        count_launch(ctx)
+        if CTX.get_turn_out(ctx) != OUTSIDE:  # which device is not known here: all of them (turn.join); a
+            CTX.set_turn_out(ctx, OUTSIDE)  # store only once, so that launching threads share the line
+        return np.uint64(0), limited
+    return region, limited
+
+
+@njit
+def launch(ctx, idx, args, notfound, key, stream, region, limited):
+    """Every launch path ends here, after ``gate``: limit, take the turn, time a sample, launch."""
+    dev = launch_device(ctx)
+    if unlikely(dev < 0):
+        count_launch(ctx)
+        return call_real(ctx, idx, args, notfound)
+    limit = limiter.share(region, dev) if limited else np.uint32(0)
+    g = HDR.get_sm_gang(region) if limit != 0 else np.uint32(0)  # on sm_any's line
+    tdev = gang.lead(g, dev)  # whose budget and turn: dev's, or the gang's lead device's
+    gang.join(ctx, region, g)
+    now = clock.now(ctx)  # the TSC, anchored to CLOCK_MONOTONIC about once a millisecond (clock.py)
+    e = turn.entry(ctx, tdev)  # the device's turn entry (a load, once known): looked up here only
+    if limit == 0 and not turn.active_on(e, now):  # no group with a share takes turns here
+        count_launch(ctx)
+        CTX.set_turn_out(ctx, CTX.get_turn_out(ctx) | (np.uint64(1) << np.uint64(dev)))
+        return call_real(ctx, idx, args, notfound)
+    if unlikely(limit != 0 and CTX.get_sm_nvml(ctx, dev) == 0):
+        nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
+    slot = cost.cost_slot(ctx, key)
+    c = cost.cost_of(ctx, slot)
+    if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, tdev, now)
+                           and not turn.share_waits(ctx, e, now)):
+        rank = limiter.rank(region, True)
+        wait, n = limiter.throttle(ctx, region, dev, tdev, gang.size(g), c, limit, now)
+        if unlikely(wait > 0):
+            now = limiter.hold(ctx, region, tdev, wait, stream, True, rank)
+    else:
+        # best effort: no share here, or a share spent while the group may borrow idle time and nobody
+        # with a share waits. No budget is charged (the group is not in debt when it stops borrowing), but
+        # its GPU time counts in the group's accounting.
+        rank = limiter.rank(region, False)
+        n = limiter.charge_slot(ctx, dev, c)
+        if limit != 0:
+            DEV.add_sm_borrow_ns(REGION.device(region, dev), c)
+    # the count first: sm_pending is on a line of its own, which 63 launches in 64 leave unread
+    if unlikely((n & np.uint64(HARVEST_EVERY - 1)) == 0 and CTX.load_sm_pending(ctx) != 0):
+        cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones
+    turn.take(ctx, region, tdev, e, stream, now, c, rank, limit != 0)
+    s = -1
+    if unlikely(cost.new_kernel(ctx, slot) or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
+                                               and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
+        s = cost.sample_begin(ctx, key, stream)
+        if s >= 0:
+            CTX.set_samp_next_ns(ctx, np.uint64(now + SAMPLE_GAP_NS))
+    rc = call_real(ctx, idx, args, notfound)
+    if unlikely(s >= 0):
+        cost.sample_end(ctx, s, stream, rc)
+        if CTX.get_sm_default_cost(ctx) == 0 and turn.takes_turns(ctx, tdev):
+            # the process's first timing: until it has one, every launch would join the turns' queue
+            # estimate at cost 0 (turn.py)
+            cost.wait_for(ctx, s)
+    return rc
+
+
+# --- the hooks' policies: one per launch path, both stream flavours (context.stream_of) -------
+
+@njit
+def kernel(ctx, idx, args, notfound):
+    region, limited = gate(ctx)
+    if region == 0:
+        return call_real(ctx, idx, args, notfound)
+    f, gx, gy, gz, bx, by, bz, shm, stream, params, extra = args
+    return launch(ctx, idx, args, notfound, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream),
+                  region, limited)
+
+
+@njit
+def cooperative(ctx, idx, args, notfound):
+    region, limited = gate(ctx)
+    if region == 0:
+        return call_real(ctx, idx, args, notfound)
+    f, gx, gy, gz, bx, by, bz, shm, stream, params = args
+    return launch(ctx, idx, args, notfound, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream),
+                  region, limited)
+
+
+@njit
+def kernel_ex(ctx, idx, args, notfound):
+    config, f, params, extra = args
+    if config == 0:
+        return call_real(ctx, idx, args, notfound)
+    region, limited = gate(ctx)
+    if region == 0:
+        return call_real(ctx, idx, args, notfound)
+    C = LAUNCH_CONFIG
+    key = cost.shape_key(f, C.get_gridDimX(config), C.get_gridDimY(config), C.get_gridDimZ(config),
+                         C.get_blockDimX(config), C.get_blockDimY(config), C.get_blockDimZ(config))
+    return launch(ctx, idx, args, notfound, key, stream_of(idx, C.get_hStream(config)), region, limited)
+
+
+@njit
+def graph(ctx, idx, args, notfound):
+    region, limited = gate(ctx)
+    if region == 0:
+        return call_real(ctx, idx, args, notfound)
+    exec_, stream = args
+    return launch(ctx, idx, args, notfound, exec_ | np.uint64(1), stream_of(idx, stream), region, limited)
+
+
+@njit
+def multi_device(ctx, idx, args, notfound):
+    """One kernel on several devices at once: charged to the calling thread's device, by the first entry's
+    kernel (the launches run in lockstep); not timed, its streams belong to several contexts."""
+    plist, ndev, flags = args
+    region = CTX.get_region(ctx)
+    if region == 0:
+        return call_real(ctx, idx, args, notfound)
+    dev = -1
+    if limiter.limited(ctx, region) and plist != 0 and ndev != 0:
+        dev = current_device(ctx)
+    limit = limiter.share(region, dev) if dev >= 0 else np.uint32(0)
+    if limit == 0:
+        count_launch(ctx)
+        return call_real(ctx, idx, args, notfound)
+    P = LAUNCH_PARAMS
+    key = cost.shape_key(P.get_function(plist), P.get_gridDimX(plist), P.get_gridDimY(plist),
+                         P.get_gridDimZ(plist), P.get_blockDimX(plist), P.get_blockDimY(plist),
+                         P.get_blockDimZ(plist))
+    wait, _ = limiter.throttle(ctx, region, dev, dev, 1, cost.cost_of(ctx, cost.cost_slot(ctx, key)), limit,
+                               monotonic_ns())  # counts the launch
+    if wait > 0:
+        limiter.hold(ctx, region, dev, wait, np.uint64(0), False, 0)  # streams of several devices: no turns
+    return call_real(ctx, idx, args, notfound)
