@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests" / "fakecuda"))
 import pyvgpu  # noqa: E402
 from pyvgpu.contract import layout  # noqa: E402
 from pyvgpu.group import region  # noqa: E402
-from pyvgpu.group import turnfile as sched
+from pyvgpu.group import turnfile as sched  # noqa: E402
 from pyvgpu.native import cache  # noqa: E402
 from pyvgpu.native.shim import BENCH_BIN  # noqa: E402
 

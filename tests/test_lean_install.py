@@ -60,7 +60,8 @@ def test_the_single_machine_commands_work_without_the_extra(tmp_path):
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout) is not None
     # what wrap, limits, top, the exporter (also on a node's state dir) and `cluster explain` import
-    code = ("import pyvgpu.cli.root, pyvgpu.ops.wrap, pyvgpu.group.limits, pyvgpu.ops.top, pyvgpu.ops.exporter, pyvgpu.ops.status\n"
+    code = ("import pyvgpu.cli.root, pyvgpu.ops.wrap, pyvgpu.group.limits, pyvgpu.ops.top, pyvgpu.ops.exporter\n"
+            "import pyvgpu.ops.status\n"
             "import pyvgpu.cluster.core.decide, pyvgpu.cluster.core.explain\n"
             "from pyvgpu.ops import status\n"
             f"assert status.collect(state_dir={str(tmp_path / 'state')!r}) == []\n"

@@ -1,8 +1,14 @@
-"""numba callbacks (cfuncs) and the llvmlite intrinsics they are built from.
+"""The callbacks' code: numba policies the shim calls on every hooked driver and NVML call, built from
+llvmlite intrinsics, compiled ahead of time by pyvgpu/native/ into libpyvgpu_callbacks.so. Layered:
 
-intrinsics.py  atomics, function-pointer calls, libc calls with errno
-policies.py    what a hooked call does (njit functions that only call intrinsics)
-callbacks.py   one cfunc per (policy, signature) of the hook table, and the services (VPMM's entry points too)
-aot.py         compiles all callbacks into one cached object file
-vpmm*.py       VPMM's allocator; vpmm_entries.py its C entry points, services of the hook table
+runtime/   intrinsics, typed accessors of the layouts, the per-process context, the clock
+state/     the group's quota and event log in the region, the process's allocation table
+devices/   what the program sees of the machine: CUDA and NVML devices, NVML handles, the memory view
+memory/    the memory policies: allocation calls, stream-ordered pools, measured memory
+compute/   the compute share: launches, budget, turns, drains, cost model, controller, gangs
+vpmm/      VPMM's allocator core and its entry points, services of the hook table (the pool's Python side is
+           pyvgpu/vpmm/)
+policies.py  how the hook table names a policy ("memory.alloc.mem_alloc") and finds it here
+
+May import: pyvgpu.contract; each layer only those above it in this list (runtime first); vpmm/ only runtime/.
 """
