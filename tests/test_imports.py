@@ -97,7 +97,7 @@ def test_a_circle_is_found():
 # --- layers: which package may import which (move.py: new layout below) ---------------------------------
 # A module belongs to the longest package below that names it; it may import its own package and those listed.
 # docs/architecture.md ("How the layers map to folders") draws the same stack.
-SPEC, HOST, BUILD = "pyvgpu.contract", "pyvgpu.host", "pyvgpu.native"
+CONTRACT, HOST, NATIVE = "pyvgpu.contract", "pyvgpu.host", "pyvgpu.native"
 GROUP, VPMM, OPS = "pyvgpu.group", "pyvgpu.vpmm", "pyvgpu.ops"
 RUNTIME, STATE, JDEV = "pyvgpu.jit.runtime", "pyvgpu.jit.state", "pyvgpu.jit.devices"
 JMEM, COMPUTE, JVPMM = "pyvgpu.jit.memory", "pyvgpu.jit.compute", "pyvgpu.jit.vpmm"
@@ -105,21 +105,21 @@ JIT_LAYERS = {RUNTIME, STATE, JDEV, JMEM, COMPUTE, JVPMM}
 ERRORS, CLUSTER, BENCH = "pyvgpu.errors", "pyvgpu.cluster", "pyvgpu.bench"
 MAY_IMPORT: dict[str, set[str]] = {
     ERRORS: set(),
-    SPEC: set(),  # the models: nothing of pyvgpu
-    RUNTIME: {SPEC},
-    STATE: {SPEC, RUNTIME},
-    JDEV: {SPEC, RUNTIME, STATE},
-    JMEM: {SPEC, RUNTIME, STATE, JDEV},
-    COMPUTE: {SPEC, RUNTIME, STATE, JDEV},
-    JVPMM: {SPEC, RUNTIME},
-    "pyvgpu.jit": {SPEC} | JIT_LAYERS - {JVPMM},  # policies.py: the hook table's names, resolved in jit
-    HOST: {ERRORS, SPEC},
-    BUILD: {ERRORS, SPEC, HOST, "pyvgpu.jit"} | JIT_LAYERS,
-    GROUP: {ERRORS, SPEC, HOST, BUILD},  # never jit, vpmm, ops, the cluster or the CLI
-    VPMM: {ERRORS, SPEC, HOST, BUILD, GROUP, JVPMM},
-    CLUSTER: {ERRORS, SPEC, HOST, BUILD, GROUP, VPMM},  # never ops or the CLI
-    OPS: {ERRORS, SPEC, HOST, BUILD, GROUP, VPMM, CLUSTER},  # never the CLI
-    BENCH: {ERRORS, SPEC, HOST, BUILD, GROUP, VPMM, CLUSTER, OPS},
+    CONTRACT: set(),  # the models: nothing of pyvgpu
+    RUNTIME: {CONTRACT},
+    STATE: {CONTRACT, RUNTIME},
+    JDEV: {CONTRACT, RUNTIME, STATE},
+    JMEM: {CONTRACT, RUNTIME, STATE, JDEV},
+    COMPUTE: {CONTRACT, RUNTIME, STATE, JDEV},
+    JVPMM: {CONTRACT, RUNTIME},
+    "pyvgpu.jit": {CONTRACT} | JIT_LAYERS - {JVPMM},  # policies.py: the hook table's names, resolved in jit
+    HOST: {ERRORS, CONTRACT},
+    NATIVE: {ERRORS, CONTRACT, HOST, "pyvgpu.jit"} | JIT_LAYERS,
+    GROUP: {ERRORS, CONTRACT, HOST, NATIVE},  # never jit, vpmm, ops, the cluster or the CLI
+    VPMM: {ERRORS, CONTRACT, HOST, NATIVE, GROUP, JVPMM},
+    CLUSTER: {ERRORS, CONTRACT, HOST, NATIVE, GROUP, VPMM},  # never ops or the CLI
+    OPS: {ERRORS, CONTRACT, HOST, NATIVE, GROUP, VPMM, CLUSTER},  # never the CLI
+    BENCH: {ERRORS, CONTRACT, HOST, NATIVE, GROUP, VPMM, CLUSTER, OPS},
 }
 # what sits on top (the CLI, its entry points) may import every layer
 TOP = ("pyvgpu.cli", "pyvgpu.entry", "pyvgpu.fastwrap", "pyvgpu.__main__")
@@ -164,7 +164,7 @@ def test_each_layer_imports_only_the_layers_below_it():
 def test_the_layer_rules_catch_an_upward_import():
     assert layer_of("pyvgpu.group.region") == GROUP and layer_of("pyvgpu.jit.compute.turn") == COMPUTE
     assert layer_of("pyvgpu.cli.wrap") == "pyvgpu.cli" and layer_of("pyvgpu.cluster.core.fit") == CLUSTER
-    assert OPS not in MAY_IMPORT[GROUP] and "pyvgpu.jit" not in MAY_IMPORT[GROUP] and not MAY_IMPORT[SPEC]
+    assert OPS not in MAY_IMPORT[GROUP] and "pyvgpu.jit" not in MAY_IMPORT[GROUP] and not MAY_IMPORT[CONTRACT]
 
 
 def test_the_top_level_holds_packages_and_the_entry_modules_only():
