@@ -94,7 +94,7 @@ def test_a_circle_is_found():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-# --- layers: which package may import which (move.py: new layout below) ---------------------------------
+# --- layers: which package may import which (names below are the layer packages) -----------------------
 # A module belongs to the longest package below that names it; it may import its own package and those listed.
 # docs/architecture.md ("How the layers map to folders") draws the same stack.
 CONTRACT, HOST, NATIVE = "pyvgpu.contract", "pyvgpu.host", "pyvgpu.native"
