@@ -10,5 +10,6 @@ vpmm/      VPMM's allocator core and its entry points, services of the hook tabl
            pyvgpu/vpmm/)
 policies.py  how the hook table names a policy ("memory.alloc.mem_alloc") and finds it here
 
-May import: pyvgpu.contract; each layer only those above it in this list (runtime first); vpmm/ only runtime/.
+May import: pyvgpu.contract; each layer only those listed before it, but memory/ and compute/ not each
+other, and vpmm/ only runtime/ (tests/test_imports.py).
 """
