@@ -8,7 +8,7 @@ calls build() with the wheel's package dir), after regenerating shim/generated/
 
 * libpyvgpu.so, the LD_PRELOAD shim;
 * libpyvgpu_group.so, the group core alone (GROUP_SOURCES, which the shim is built from too), that Python
-  loads through ctypes (pyvgpu/host/grouplib.py) with none of the shim's interposition;
+  loads through ctypes (pyvgpu/native/grouplib.py) with none of the shim's interposition;
 * libpyvgpu_callbacks.so (+ .so.sha256, its hash; + .json, its build facts), the callbacks compiled
   by numba for the baseline CPU of this architecture (pyvgpu/native/cblib.py), which
   the shim loads with no interpreter;

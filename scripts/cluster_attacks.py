@@ -172,9 +172,8 @@ def exporter(work: Path) -> dict:
 
 
 def turns(work: Path) -> dict:
-    from test_turn_attacks import _stall, _turns, _victim, _want_refresher
-
     from build import build
+    from test_turn_attacks import _stall, _turns, _victim, _want_refresher
 
     fake = build(work / "fake")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYVGPU_", "CUDA_DEVICE_", "FAKE"))}

@@ -28,8 +28,7 @@ from pyvgpu.contract import layout
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import region
 from pyvgpu.group import turnfile as sched
-from pyvgpu.host import safefile
-from pyvgpu.native import cache
+from pyvgpu.native import cache, safefile
 from pyvgpu.native.shim import BENCH_BIN, shim_path
 
 NOBODY = 65534

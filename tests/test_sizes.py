@@ -4,7 +4,7 @@ The same grammar reads --memory, `limits set --memory` and HAMi's variables, so
 what HAMi's device plugin writes (``CUDA_DEVICE_MEMORY_LIMIT_0=8192m``) is here too.
 It has one implementation, shim/src/pv_grammar.c and pv_env.c: the shim reads the
 variables with it inside a program that has no interpreter, and pyvgpu/group/limits.py
-reaches it through pyvgpu/host/grouplib.py. The environment cases run through the
+reaches it through pyvgpu/native/grouplib.py. The environment cases run through the
 shim's own start-up reader (``grouplib.read_env``, pv_read_env), the rest through
 limits.py.
 """
@@ -17,7 +17,8 @@ import pytest
 
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
-from pyvgpu.host import devices, grouplib
+from pyvgpu.host import devices
+from pyvgpu.native import grouplib
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 

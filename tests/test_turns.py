@@ -20,7 +20,7 @@ from simgpu import Load, sim_busy, sim_env, sim_switch_ns
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits, region
 from pyvgpu.group import turnfile as sched
-from pyvgpu.host import grouplib
+from pyvgpu.native import grouplib
 
 SMALL = "200"  # a 20 us kernel: with a host gap (and a sync per step of 4), a launch-bound training step
 GAP_US = 50

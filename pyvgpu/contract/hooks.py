@@ -11,8 +11,8 @@ writer) and the helpers (driver functions the policies call without hooking
 them), so that their C typedefs, numba signatures and ctypes prototypes come
 from one place too, and all of them are compiled into one callback library.
 
-The model (its classes are in pyvgpu/contract/hooks_model.py) follows the driver's own structure, as measured on driver 580
-(docs/facts/procaddr-h100-driver580.tsv):
+The model (its classes are in pyvgpu/contract/hooks_model.py) follows the driver's own structure, as
+measured on driver 580 (docs/facts/procaddr-h100-driver580.tsv):
 
 * A :class:`Hook` is one API function under its *base name*, the name that
   cuGetProcAddress takes ("cuMemAlloc"). Versioned names such as

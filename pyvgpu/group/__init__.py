@@ -1,5 +1,5 @@
-"""The group protocol from Python, through the one C implementation (pyvgpu.host.grouplib): the region a group's processes share, the machine's turn
-file, the limit grammar, live limit changes, and the MPS mode.
+"""The group protocol from Python, through its one C implementation (pyvgpu.native.grouplib): the region a
+group's processes share, the machine's turn file, the limit grammar, live limit changes, and the MPS mode.
 
 region.py    the shared region: one file per group of processes that share a quota
 turnfile.py  the turn file: where the groups on each GPU take turns

@@ -1,6 +1,6 @@
 """Limits: sizes and per-device specs from options and the environment, read by the group core in C.
 
-Every value is parsed by shim/src/pv_grammar.c and pv_env.c through pyvgpu/host/grouplib.py, the functions
+Every value is parsed by shim/src/pv_grammar.c and pv_env.c through pyvgpu/native/grouplib.py, the functions
 the shim reads the same variables with inside a program: one grammar, one set of messages. This module
 gives them Python's types (MemoryLimits, SmLimits) and formats values back (human, *_to_env).
 
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pyvgpu.contract import envspec, layout
-from pyvgpu.host import grouplib
+from pyvgpu.native import grouplib
 
 MAX_DEVICES = 16
 MIN_MEMORY = 64 << 20  # pv_env.c PV_MIN_MEMORY

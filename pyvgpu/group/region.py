@@ -5,7 +5,7 @@ the callbacks in pyvgpu/jit/state/quota.py work on it through the same offsets.
 Regions are created (atomically: a complete file is linked into place, never
 a half-initialised one), opened and validated (magic, version, size, owner,
 who may write it) and mapped by the group core in C (shim/src/pv_group_*.c,
-through pyvgpu/host/grouplib.py), the code the shim joins its group with. This
+through pyvgpu/native/grouplib.py), the code the shim joins its group with. This
 module gives them Python's shape: the Region view, live changes, the event
 log, and reading them for `pyvgpu status`.
 
@@ -30,8 +30,8 @@ from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
-from pyvgpu.host import grouplib, safefile
 from pyvgpu.host.devices import Gpu, uuid_text
+from pyvgpu.native import grouplib, safefile
 
 Header = L.REGION_HEADER.ctypes_class()
 Event = L.REGION_EVENT.ctypes_class()

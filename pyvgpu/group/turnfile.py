@@ -32,7 +32,7 @@ from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group.region import map_forever
-from pyvgpu.host import grouplib, safefile
+from pyvgpu.native import grouplib, safefile
 
 Header = L.SCHED_HEADER.ctypes_class()
 Entry = L.SCHED_ENTRY.ctypes_class()

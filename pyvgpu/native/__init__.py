@@ -1,8 +1,12 @@
-"""The native parts and their one compile and load path: where the shim is and its ctypes
-face, the callbacks compiled from pyvgpu/jit/ to machine code in one shared object, and the cache of compiled
-libraries.
+"""The native parts and how Python reaches them: where the shim is and its ctypes face, the group core in C
+(libpyvgpu_group.so) and its binding, the callbacks compiled from pyvgpu/jit/ to machine code in one shared
+object, and the cache of compiled libraries.
 
 shim.py       where libpyvgpu.so is, and its ctypes interface
+grouplib.py   the ctypes binding of libpyvgpu_group.so: the group protocol's one implementation (limits
+              grammar, environment, safe files, opening, checking and creating a region and the turn file),
+              which the shim is built from too
+safefile.py   directories, regions, turn files and caches opened safely (thin calls into grouplib)
 callbacks.py  one numba cfunc per (policy, signature) of the hook table, and the services
 aot.py        every callback compiled into one relocatable object
 cblib.py      the callback library: that object as a shared library any process loads

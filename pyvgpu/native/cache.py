@@ -36,8 +36,8 @@ from pathlib import Path
 import pyvgpu
 from pyvgpu.contract import envspec, hooks
 from pyvgpu.errors import PyvgpuError
-from pyvgpu.host import cpuid, safefile
-from pyvgpu.native import cblib
+from pyvgpu.host import cpuid
+from pyvgpu.native import cblib, safefile
 
 FORMAT = 2
 # what the machine code is compiled from

@@ -19,8 +19,8 @@ from pyvgpu.group import limits
 from pyvgpu.group import region as R
 from pyvgpu.group.limits import human
 from pyvgpu.group.mps import mode_name
-from pyvgpu.host.safefile import UntrustedFile
 from pyvgpu.native import services
+from pyvgpu.native.safefile import UntrustedFile
 
 
 def check_exists(path: Path, group: str | None, region_path: str | None) -> None:

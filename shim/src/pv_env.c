@@ -4,7 +4,7 @@
  * PYVGPU_TRUST_SHARED, PYVGPU_SM_BORROW, PYVGPU_MIN_MEMORY (pyvgpu/contract/envspec.py says what each means).
  *
  * The shim reads them inside the program; `pyvgpu wrap` and the device plugin reach the same functions
- * through libpyvgpu_group.so (pyvgpu/host/grouplib.py), so a variable is read one way with one message.
+ * through libpyvgpu_group.so (pyvgpu/native/grouplib.py), so a variable is read one way with one message.
  * The values follow the grammar of pv_grammar.c. No allocation, no locale. */
 #include <stdio.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  *
  * The shim reads HAMi's variables with it (pv_env.c) inside a program that may have no interpreter, and
  * `pyvgpu wrap`, `limits set` and the device plugin reach it through libpyvgpu_group.so and ctypes
- * (pyvgpu/host/grouplib.py), so every reader gives the same values and the same refusals, word for word.
+ * (pyvgpu/native/grouplib.py), so every reader gives the same values and the same refusals, word for word.
  * A value is shown in a message as Python's repr() shows it (pv_repr); a character outside ASCII is shown
  * with its code point, and the Python binding adds the character's Unicode name, which C has no table of.
  *

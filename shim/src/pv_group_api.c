@@ -1,4 +1,4 @@
-/* The group library's exported functions: what Python calls through ctypes (pyvgpu/host/grouplib.py).
+/* The group library's exported functions: what Python calls through ctypes (pyvgpu/native/grouplib.py).
  *
  * libpyvgpu_group.so is built from the group core's files alone (pv_grammar.c, pv_env.c and this one), so
  * a CLI process that loads it gets the one implementation of the limits grammar and the environment

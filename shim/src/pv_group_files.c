@@ -1,7 +1,7 @@
 /* Files other users may touch, the one implementation (docs/security.md): shared files are opened with
  * O_NOFOLLOW and O_NONBLOCK, must be regular files of this user that nobody else can write (the machine's
  * turn file may be root's, writable by its group) unless PYVGPU_TRUST_SHARED=1; directories pyvgpu makes
- * are 0700, this user's, no link. The shim joins its group with these (pv_attach.c); pyvgpu/host/safefile.py
+ * are 0700, this user's, no link. The shim joins its group with these (pv_attach.c); pyvgpu/native/safefile.py
  * reaches them through libpyvgpu_group.so. */
 #define _GNU_SOURCE
 #include <errno.h>

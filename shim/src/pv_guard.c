@@ -3,7 +3,7 @@
  * The callbacks work on the group's region and the machine's turn file
  * through shared mappings. Touching a mapped page past the end of its file is
  * a SIGBUS, so a process that can write either file could kill every member
- * by truncating it. Sizes are checked before mapping (pyvgpu/host/safefile.py);
+ * by truncating it. Sizes are checked before mapping (pyvgpu/native/safefile.py);
  * this covers a truncation afterwards. The mappings are registered here, and
  * a SIGBUS inside one of them replaces that mapping with private zero pages
  * (mmap MAP_FIXED, async-signal-safe), so the faulting access runs again and

@@ -174,7 +174,7 @@ int pv_create_turns(const char *p, unsigned mode, int gid); /* 0, or -1 with err
 void pv_turns_fix(const char *p, char *fix, size_t n);
 int pv_open_turns(const char *p, int trust_shared, const char *fix, char *err, size_t n, int *kind);
 
-/* pv_group_api.c: the group library's exported functions, for Python's ctypes (pyvgpu/host/grouplib.py) */
+/* pv_group_api.c: the group library's exported functions, for Python's ctypes (pyvgpu/native/grouplib.py) */
 
 /* pv_load.c: the compiled callbacks, loaded without an interpreter; NULL with the reason in err */
 const pv_cblib_t *pv_load_callbacks(char *err, size_t n);

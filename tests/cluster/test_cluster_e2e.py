@@ -183,7 +183,8 @@ def test_a_pod_from_scheduler_to_container_gets_exactly_its_cap_and_share(cluste
     v = json.loads(view.stdout)
     assert v["cuda_count"] == 1 and v["cuda"][0]["uuid"] == chosen
     assert v["cuda"][0]["total"] == 4096 * MiB  # cuMemGetInfo: the cap, not the GPU's 8 GiB
-    # without the trust opt-in the shim refuses the root-owned 0666 region (pyvgpu.host.safefile): Allocate must give it
+    # without the trust opt-in the shim refuses the root-owned 0666 region (pyvgpu.native.safefile):
+    # Allocate must give it
     no_trust = pb.ContainerAllocateResponse(envs={k: v for k, v in answer.envs.items() if k != "PYVGPU_TRUST_SHARED"},
                                             mounts=answer.mounts)
     refused = run_container(no_trust, [str(fake / "host_devices")], machine)

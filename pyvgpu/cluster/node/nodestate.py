@@ -30,7 +30,7 @@ Either way a process inside the container can change its own region (its limits 
 the process's own address space cannot defend against the process itself. What this layout does is keep
 every other tenant out of it.
 
-pyvgpu refuses a region or turn file that another user owns or every user can write (pyvgpu.host.safefile),
+pyvgpu refuses a region or turn file that another user owns or every user can write (pyvgpu.native.safefile),
 unless PYVGPU_TRUST_SHARED=1. Here the directory layout, not the file mode, keeps other tenants out, so
 Allocate sets that opt-in in every container's environment (docs/security.md, "Kubernetes"): the turn
 file is root's 0666 for every container, and a region is root's 0666 when the container's uid is not
@@ -50,7 +50,7 @@ from pathlib import Path
 from pyvgpu.contract import layout as L
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import region
-from pyvgpu.host import safefile
+from pyvgpu.native import safefile
 
 DEFAULT_ROOT = Path("/run/pyvgpu")
 TURNS = "turns"

@@ -17,7 +17,7 @@ rules here, applied by every module that opens such a file:
   the limits it holds.
 
 docs/security.md has the threat model these rules serve. The rules are implemented once, in C
-(shim/src/pv_group_files.c), for the shim and, through pyvgpu/host/grouplib.py, for pyvgpu's commands.
+(shim/src/pv_group_files.c), for the shim and, through pyvgpu/native/grouplib.py, for pyvgpu's commands.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pyvgpu.contract import envspec
-from pyvgpu.host import grouplib
+from pyvgpu.native import grouplib
 
 TRUST_ENV = envspec.TRUST_SHARED.name
 UntrustedFile = grouplib.UntrustedFile  # a file or directory another user owns or can write, or a link
