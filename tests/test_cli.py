@@ -257,6 +257,34 @@ def test_every_choice_is_an_enum_of_the_librarys_values_and_completes():
         assert [c.value for c in param.shell_complete(ctx, typed)] == want, (path, option)
 
 
+def test_every_choice_survives_older_typers_second_conversion():
+    """typer before 0.29 (pyproject allows 0.12 on) converts an Enum option's parsed value once more, looking
+    it up by ``str(value).lower()`` among the values; a member whose ``str()`` is "Kind.member" became None
+    there (`bench vpmm --workload decode` failed with "'NoneType' object has no attribute 'value'" on a GPU
+    machine with such a typer). Every choice of every command is a ``Choice``, whose ``str()`` is its value."""
+    import enum
+    import typing
+
+    from pyvgpu.cli.common import Choice
+
+    seen = set()
+    for path, cmd in _commands():
+        hints = typing.get_type_hints(cmd.callback, include_extras=True)
+        for p in cmd.params:
+            if p.name not in hints:
+                continue
+            kind = typing.get_args(hints[p.name])[0]  # Annotated[kind, option]
+            for k in typing.get_args(kind) or (kind,):  # kind | None
+                if isinstance(k, type) and issubclass(k, enum.Enum):
+                    assert issubclass(k, Choice), (path, p.name, k)
+                    seen.add(k)
+    assert len(seen) == len(Choice.__subclasses__()) >= 8, seen
+    for kind in seen:
+        lookup = {str(m.value).lower(): m for m in kind}  # the older typers' table
+        for m in kind:
+            assert lookup.get(str(m).lower()) is m, (kind, m)
+
+
 def test_a_bad_choice_gets_the_librarys_one_line_message_on_every_path(env):
     for args, says in ((["wrap", "--priority", "mid", "--", "true"], "--priority: 'mid' is not a priority; give high"),
                        (["bench", "sm", "--workload", "fft"], "--workload 'fft' is not one of spin, graph, matmul"),

@@ -6,20 +6,19 @@ Each command imports its benchmark (pyvgpu/bench/) when it runs. What each load 
 
 from __future__ import annotations
 
-import enum
 import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from pyvgpu.cli.common import AsJson, Mode, Output, check_of, choice, emit, fail
+from pyvgpu.cli.common import AsJson, Choice, Mode, Output, check_of, choice, emit, fail
 
 bench_app = typer.Typer(help="Benchmarks that print figures, raw against wrapped, measured in one run.",
                         no_args_is_help=True, rich_markup_mode=None)
 
 
-class SmWorkload(str, enum.Enum):
+class SmWorkload(Choice):
     """`bench sm`'s loads (pyvgpu.bench.sm.WORKLOADS, in its order)."""
 
     spin = "spin"
@@ -31,14 +30,14 @@ class SmWorkload(str, enum.Enum):
     tp_decode = "tp-decode"
 
 
-class Neighbour(str, enum.Enum):
+class Neighbour(Choice):
     """What runs beside a wrapped group in `bench sm` (pyvgpu.bench.sm.NEIGHBOURS)."""
 
     none = "none"
     unlimited = "unlimited"
 
 
-class VpmmWorkload(str, enum.Enum):
+class VpmmWorkload(Choice):
     """`bench vpmm`'s runs: the trace, real loops (pyvgpu.bench.vpmm_workloads.WORKLOADS), or all of them."""
 
     trace = "trace"

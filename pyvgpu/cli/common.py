@@ -84,28 +84,36 @@ SmBorrow = Annotated[bool | None, typer.Option("--sm-borrow/--sm-cap",
                                                        "there.")]
 
 
-class OnError(str, enum.Enum):
+class Choice(str, enum.Enum):
+    """The values of an option. ``str()`` of a member is its value: typer before 0.29 converts an Enum
+    option's parsed value once more, looking it up by ``str(value)``, and gets None for "Kind.member"."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class OnError(Choice):
     """PYVGPU_ON_ERROR: refuse CUDA calls, or run unlimited, when the limits cannot be enforced."""
 
     closed = "closed"
     open = "open"
 
 
-class Mode(str, enum.Enum):
+class Mode(Choice):
     """Who enforces a group's limits (pyvgpu.group.mps.MODES)."""
 
     hami_core = "hami-core"
     mps = "mps"
 
 
-class Priority(str, enum.Enum):
+class Priority(Choice):
     """A group's priority on the GPU (pyvgpu.group.limits.PRIORITIES; HAMi's 0 and 1)."""
 
     high = "high"
     low = "low"
 
 
-class Allocator(str, enum.Enum):
+class Allocator(Choice):
     """PyTorch's allocator in the wrapped program (pyvgpu.vpmm.torch_startup.ALLOCATORS)."""
 
     default = "default"

@@ -7,12 +7,11 @@ option are in docs/cluster.md.
 
 from __future__ import annotations
 
-import enum
 from typing import Annotated
 
 import typer
 
-from pyvgpu.cli.common import choice
+from pyvgpu.cli.common import Choice, choice
 from pyvgpu.contract import envspec
 
 cluster_app = typer.Typer(help="The cluster half, HAMi-compatible: the scheduler extender and webhook, the device "
@@ -22,7 +21,7 @@ cluster_app = typer.Typer(help="The cluster half, HAMi-compatible: the scheduler
 DEFAULT_SCHEDULER = "pyvgpu-scheduler"
 
 
-class NodePolicy(str, enum.Enum):
+class NodePolicy(Choice):
     """The default node policy (HAMi's hami.io/node-scheduler-policy values)."""
 
     binpack = "binpack"
