@@ -155,11 +155,28 @@ def inner(a: argparse.Namespace) -> int:
         state.clear()
         gc.collect()
         torch.cuda.synchronize()
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:  # PyTorch keeps a cuBLAS workspace per stream used, live in the pool
+            clear()
         torch.cuda.empty_cache()
 
     def accounting() -> tuple[int, int]:
         free, _ = torch.cuda.mem_get_info()
         return free, torch.cuda.memory_reserved()
+
+    def kinds() -> dict:
+        """What the group charges this process on device 0, by kind (data, context, module): where a
+        difference between the driver's and the pool's change lies."""
+        from pyvgpu.ops import status
+
+        try:
+            for g in status.collect(region_path=os.environ.get("PYVGPU_REGION")):
+                for p in g["processes"]:
+                    if p["pid"] == os.getpid():
+                        return dict(p["devices"].get("0", {}))
+        except Exception as e:  # noqa: BLE001 - a diagnostic; the soak's verdict does not depend on it
+            return {"error": f"{type(e).__name__}: {e}"}
+        return {}
 
     error = None
     t_start = time.time()
@@ -169,6 +186,7 @@ def inner(a: argparse.Namespace) -> int:
             f()
         drop()
         free0, res0 = accounting()
+        kinds0 = kinds()
         consistent("start")
         build()
         last_check = time.time()
@@ -185,9 +203,11 @@ def inner(a: argparse.Namespace) -> int:
                 last_check = time.time()
         drop()
         free1, res1 = accounting()
+        kinds1 = kinds()
     except Exception as e:  # noqa: BLE001 - the soak reports any failure, whatever raised it
         error = f"{type(e).__name__}: {e}"
         free1 = res1 = free0 = res0 = 0
+        kinds0 = kinds1 = {}
     st = pool.stats()
     if error is None:
         consistent("end")
@@ -199,7 +219,8 @@ def inner(a: argparse.Namespace) -> int:
     ok = error is None and not checks and abs(driver_delta - pool_delta) <= TOLERANCE
     out = {"seconds": round(time.time() - t_start, 1), "activities": counts, "error": error, "checks": checks,
            "driver_used_change": driver_delta, "pool_reserved_change": pool_delta,
-           "worst_mid_run_difference": worst_mid, "pool": {k: st.get(k) for k in L.POOL_KEYS},
+           "worst_mid_run_difference": worst_mid, "charged_start": kinds0, "charged_end": kinds1,
+           "pool": {k: st.get(k) for k in L.POOL_KEYS},
            "device": torch.cuda.get_device_name(0)}
     print(json.dumps(out))
     if ok:
