@@ -15,6 +15,8 @@
 #             high against low priority (60/60 and 50/50, spin)
 #   workloads bench sm on decode, the MLP beside an unlimited neighbour, and (2 GPUs) all-reduce and
 #             tensor-parallel decode: alone, pairs taking turns and time-sliced, beside an unlimited neighbour
+#   latency   bench latency: a decode service (--priority high) beside a training loop, p50/p99 alone and
+#             stacked under pyvgpu, time slicing and MPS (LAT_SECONDS, default 30 a scenario)
 #   mps       bench sm under --mode mps (MPS alone), the memory view and OOM under MPS with and without pyvgpu
 #   vpmm-loops VPMM on real loops: the context probe, the issue-32 repro (before the fix too, from .old),
 #             the loop tests, bench vpmm --workload all, a soak (SOAK_SECONDS)
@@ -112,6 +114,10 @@ for part in $PARTS; do
     else
       say "(one GPU: the all-reduce and tensor-parallel rows need two)"
     fi ;;
+  latency)
+    say "## A decode service beside a training loop, by latency (issue 27, item 6)"
+    timeout 560 $PY -m pyvgpu bench latency --seconds "${LAT_SECONDS:-30}" --output "$W/latency.json" 2>&1 |
+      tail -10 | block; pack ;;
   mps)
     say "## MPS mode against MPS alone and pyvgpu's turns (spin kernel)"
     $PY -m pyvgpu bench sm --workload spin --targets 30,70 --pair 30,70 --mode mps --png "" \

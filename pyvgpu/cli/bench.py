@@ -143,6 +143,37 @@ def bench_sm(
     emit(result, bench.table(result), as_json, output)
 
 
+@bench_app.command("latency")
+def bench_latency(
+    seconds: Annotated[float, typer.Option("--seconds", min=5.0, metavar="SECONDS",
+                                           help="How long requests arrive in each scenario.")] = 30.0,
+    rate: Annotated[float, typer.Option("--rate", min=0.01, metavar="PER_S",
+                                        help="Requests a second, arriving at random.")] = 4.0,
+    tokens: Annotated[int, typer.Option("--tokens", min=1, metavar=N,
+                                        help="New tokens a request generates.")] = 16,
+    train_sm: Annotated[int, typer.Option("--train-sm", min=1, max=99, metavar="PCT",
+                                          help="The training loop's share in the pyvgpu scenario.")] = 50,
+    borrow: Annotated[bool, typer.Option("--sm-borrow/--sm-cap",
+                                         help="Let the training loop use idle GPU time beyond its share, or "
+                                              "cap it there.")] = True,
+    scenarios: Annotated[str, typer.Option("--scenarios", metavar="NAME,...",
+                                           help="Stacked scenarios to run: sliced, pyvgpu, mps.")]
+    = "sliced,pyvgpu,mps",
+    seed: Annotated[int, typer.Option("--seed", metavar=N, help="Seed of the arrival times.")] = 0,
+    as_json: AsJson = False,
+    output: Output = None,
+) -> None:
+    """A decode service (--priority high) beside a training loop: the service's p50/p99 latency alone and
+    stacked, under pyvgpu, time slicing and MPS, and what the training loop keeps (needs PyTorch,
+    transformers and a GPU)."""
+    from pyvgpu.bench import latency as bench
+
+    names = tuple(n.strip() for n in scenarios.split(",") if n.strip())
+    result = bench.run(seconds=seconds, rate=rate, tokens=tokens, train_sm=train_sm, borrow=borrow,
+                       scenarios=names, seed=seed)
+    emit(result, bench.table(result), as_json, output)
+
+
 @bench_app.command("vpmm")
 def bench_vpmm(
     steps: Annotated[int, typer.Option("--steps", min=10, metavar=N,
