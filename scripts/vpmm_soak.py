@@ -178,6 +178,40 @@ def inner(a: argparse.Namespace) -> int:
             return {"error": f"{type(e).__name__}: {e}"}
         return {}
 
+    def driver_side() -> dict:
+        """Beside the group's charge: what the device's default memory pool (behind VPMM's small requests)
+        reserves, and what NVML says this process holds on the GPU (the driver's own count, contexts and
+        modules included), so that a difference can be placed."""
+        import ctypes
+
+        out: dict = {}
+        try:
+            cu = ctypes.CDLL("libcuda.so.1")
+            pool, v = ctypes.c_void_p(), ctypes.c_uint64()
+            if cu.cuDeviceGetDefaultMemPool(ctypes.byref(pool), 0) == 0 and \
+                    cu.cuMemPoolGetAttribute(pool, 5, ctypes.byref(v)) == 0:  # RESERVED_MEM_CURRENT
+                out["mempool_reserved"] = v.value
+            if cu.cuMemPoolGetAttribute(pool, 7, ctypes.byref(v)) == 0:  # USED_MEM_CURRENT
+                out["mempool_used"] = v.value
+        except (OSError, AttributeError) as e:
+            out["mempool_error"] = str(e)
+        try:
+            nv = ctypes.CDLL("libnvidia-ml.so.1")
+
+            class Proc(ctypes.Structure):
+                _fields_ = [("pid", ctypes.c_uint), ("used", ctypes.c_ulonglong), ("gi", ctypes.c_uint),
+                            ("ci", ctypes.c_uint)]
+
+            h, n = ctypes.c_void_p(), ctypes.c_uint(64)
+            procs = (Proc * 64)()
+            if nv.nvmlInit_v2() == 0 and nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0 and \
+                    nv.nvmlDeviceGetComputeRunningProcesses_v3(h, ctypes.byref(n), procs) == 0:
+                out["nvml_process_used"] = next((procs[i].used for i in range(n.value)
+                                                 if procs[i].pid == os.getpid()), None)
+        except (OSError, AttributeError) as e:
+            out["nvml_error"] = str(e)
+        return out
+
     error = None
     t_start = time.time()
     try:
@@ -186,7 +220,7 @@ def inner(a: argparse.Namespace) -> int:
             f()
         drop()
         free0, res0 = accounting()
-        kinds0 = kinds()
+        kinds0 = {**kinds(), **driver_side()}
         consistent("start")
         build()
         last_check = time.time()
@@ -203,7 +237,7 @@ def inner(a: argparse.Namespace) -> int:
                 last_check = time.time()
         drop()
         free1, res1 = accounting()
-        kinds1 = kinds()
+        kinds1 = {**kinds(), **driver_side()}
     except Exception as e:  # noqa: BLE001 - the soak reports any failure, whatever raised it
         error = f"{type(e).__name__}: {e}"
         free1 = res1 = free0 = res0 = 0
