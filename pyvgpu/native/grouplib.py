@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import ctypes
 import re
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
 from pyvgpu.errors import PyvgpuError
 
 FILE_NAME = "libpyvgpu_group.so"
-ABI = 1  # pv_group_api.c pyvgpu_g_abi
+ABI = 2  # pv_group_api.c pyvgpu_g_abi
 ERR_BYTES = 2048
 MAX_DEVICES = 16
 
@@ -27,6 +28,7 @@ POLICY, BATCH_NS, TURNS, CLOCK, TRUST_SHARED, PRIORITY, SM_BORROW, MIN_MEMORY = 
 
 # pv_shim.h PV_OPEN_*: why an open failed
 OPEN_MISSING, OPEN_UNTRUSTED, OPEN_REFUSED = 1, 2, 3
+PRIORITY_SETTING, SM_BORROW_SETTING = 0, 1  # pv_shim.h PV_SETTING_*: the region header's group settings
 
 
 class UntrustedFile(PyvgpuError):
@@ -59,8 +61,23 @@ _SIGNATURES = {
     "pyvgpu_g_open_shared": [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
                              ctypes.c_int, *_ERR, _P(ctypes.c_int)],
     "pyvgpu_g_open_region": [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, *_ERR, _P(ctypes.c_int)],
-    "pyvgpu_g_open_turns": [ctypes.c_char_p, ctypes.c_int, *_ERR, _P(ctypes.c_int)],
-    "pyvgpu_g_create_turns": [ctypes.c_char_p, ctypes.c_uint, ctypes.c_int],
+    "pyvgpu_g_use_turns": [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, *_ERR, _P(ctypes.c_int)],
+    "pyvgpu_g_read_turns": [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, *_ERR, _P(ctypes.c_int)],
+    "pyvgpu_g_setup_turns": [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_int, *_ERR],
+    "pyvgpu_g_view_region": [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, _P(ctypes.c_void_p), *_ERR,
+                             _P(ctypes.c_int)],
+    "pyvgpu_g_unmap": [ctypes.c_void_p, ctypes.c_uint64],
+    "pyvgpu_g_slots_locked": [ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32],
+    "pyvgpu_g_gc_private": [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int],
+    "pyvgpu_g_check_devices": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint32, _P(ctypes.c_uint32), ctypes.c_char_p,
+                               ctypes.c_char_p, *_ERR],
+    "pyvgpu_g_check_setting": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_char_p, *_ERR],
+    "pyvgpu_g_check_bounds": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint32, _P(ctypes.c_uint64), *_ERR],
+    "pyvgpu_g_check_change": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, _P(ctypes.c_uint64),
+                              ctypes.c_uint32, ctypes.c_uint32, _P(ctypes.c_uint64), ctypes.c_char_p, *_ERR],
+    "pyvgpu_g_set_device_limit": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, _P(ctypes.c_uint64),
+                                  _P(ctypes.c_uint64), *_ERR],
+    "pyvgpu_g_set_setting": [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, _P(ctypes.c_uint32), *_ERR],
     "pyvgpu_g_machine_turns_problem": [ctypes.c_char_p, ctypes.c_int, *_ERR],
     "pyvgpu_g_check_limits": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, _P(ctypes.c_uint64), ctypes.c_char_p,
                               *_ERR],
@@ -69,7 +86,7 @@ _SIGNATURES = {
                            _P(ctypes.c_int),
                            ctypes.c_char_p, ctypes.c_size_t, *_ERR],
     "pyvgpu_g_make_region": [ctypes.c_char_p, ctypes.c_void_p, _P(ctypes.c_uint64), _P(ctypes.c_uint32),
-                             ctypes.c_uint, *_ERR],
+                             ctypes.c_uint, ctypes.c_int64, ctypes.c_int64, *_ERR],
 }
 
 
@@ -98,6 +115,7 @@ def lib() -> ctypes.CDLL:
             getattr(loaded, name).argtypes = args
         loaded.pyvgpu_g_map_shared.restype = ctypes.c_uint64
         loaded.pyvgpu_g_env_region.restype = ctypes.c_size_t
+        loaded.pyvgpu_g_unmap.restype = None
         _lib = loaded
     return _lib
 
@@ -282,18 +300,26 @@ def open_region(p: Path, writable: bool, trust: bool, header: ctypes.Structure) 
     return _open("pyvgpu_g_open_region", _b(str(p)), int(writable), int(trust), ctypes.addressof(header))
 
 
-def open_turns(p: Path, trust: bool) -> int:
-    """The turn file at ``p`` opened read-write and checked (ours or root's, this version, whole); the fd."""
-    return _open("pyvgpu_g_open_turns", _b(str(p)), int(trust))
+def use_turns(p: Path, machine: Path, trust: bool) -> int:
+    """The turn file at ``p`` opened read-write and checked (ours or root's, this version, whole), made first
+    (0600) when it is missing and not the ``machine``'s; the fd."""
+    return _open("pyvgpu_g_use_turns", _b(str(p)), _b(str(machine)), int(trust))
 
 
-def create_turns(p: Path, mode: int, gid: int | None = None) -> None:
-    """Link a complete, empty turn file into place unless one is there (root:gid with gid); OSError if not."""
-    if lib().pyvgpu_g_create_turns(_b(str(p)), mode, -1 if gid is None else gid):
-        import os
+def read_turns(p: Path, machine: Path, trust: bool, size: int) -> bytes:
+    """A snapshot of the turn file at ``p`` (``size`` bytes, the layout's), opened as use_turns opens it."""
+    out = ctypes.create_string_buffer(size)
+    _open("pyvgpu_g_read_turns", _b(str(p)), _b(str(machine)), int(trust), out)
+    return out.raw
 
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), str(p))
+
+def setup_turns(p: Path, gid: int, mode: int, trust: bool) -> str:
+    """The machine's turn file at ``p`` for group ``gid`` (root): "kept", "replaced" or "made"."""
+    err = ctypes.create_string_buffer(ERR_BYTES)
+    rc = lib().pyvgpu_g_setup_turns(_b(str(p)), gid, mode, int(trust), err, ERR_BYTES)
+    if rc < 0:
+        raise PyvgpuError(err.value.decode("utf-8", "replace"))
+    return ("kept", "replaced", "made")[rc]
 
 
 def machine_turns_problem(p: Path, trust: bool) -> str | None:
@@ -304,12 +330,16 @@ def machine_turns_problem(p: Path, trust: bool) -> str | None:
     return None
 
 
-def make_region(p: Path, want: ctypes.Structure, memory: list[int], sm: list[int], mode: int) -> bool:
+def make_region(p: Path, want: ctypes.Structure, memory: list[int], sm: list[int], mode: int,
+                owner: tuple[int, int | None] | None = None) -> bool:
     """Link a complete region into place unless one is there; True if this call made it. ``want`` (a region
-    header) holds the group's own fields; the layout's, the owner, the time and the limits are filled in C."""
+    header) holds the group's own fields; the layout's, the owner, the time and the limits are filled in C.
+    ``owner`` (uid, gid or None): the file is theirs and the header says so, else this user's."""
     err = ctypes.create_string_buffer(ERR_BYTES)
+    uid, gid = owner if owner is not None else (-1, None)
     rc = lib().pyvgpu_g_make_region(_b(str(p)), ctypes.addressof(want), (ctypes.c_uint64 * MAX_DEVICES)(*memory),
-                                    (ctypes.c_uint32 * MAX_DEVICES)(*sm), mode, err, ERR_BYTES)
+                                    (ctypes.c_uint32 * MAX_DEVICES)(*sm), mode, uid, -1 if gid is None else gid,
+                                    err, ERR_BYTES)
     if rc < 0:
         raise PyvgpuError(err.value.decode("utf-8", "replace"))
     return rc == 1
@@ -340,3 +370,75 @@ def turn_path(sched: str, machine: Path, trust: bool) -> tuple[Path, str | None]
           ERR_BYTES)
     return Path(out.value.decode("utf-8", "surrogateescape")), (why.value.decode("utf-8", "replace")
                                                                  if own.value else None)
+
+
+# ---- a view of a region, its members; a process's wishes against its group's; live changes -------------
+
+def view_region(p: Path, writable: bool, trust: bool, header: ctypes.Structure) -> tuple[int, ctypes.Array]:
+    """The region at ``p`` opened and checked as open_region does, and a view of its ``header.size`` bytes:
+    writable, the file mapped shared; else a private snapshot. (fd, the view); the view is unmapped when the
+    last object that uses its memory goes."""
+    addr = ctypes.c_void_p()
+    fd = _open("pyvgpu_g_view_region", _b(str(p)), int(writable), int(trust), ctypes.addressof(header),
+               ctypes.byref(addr))
+    view = (ctypes.c_char * header.size).from_address(addr.value)
+    weakref.finalize(view, lib().pyvgpu_g_unmap, addr.value, header.size)
+    return fd, view
+
+
+def slots_locked(fd: int, first: int, count: int) -> bool:
+    """Does a process hold the lock of one of the slots first..first+count-1 of the region open at ``fd``?"""
+    got = lib().pyvgpu_g_slots_locked(fd, first, count)
+    if got < 0:
+        import os
+
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return bool(got)
+
+
+def gc_private(directory: Path, min_age_ns: int, trust: bool) -> int:
+    """Remove the regions in ``directory`` no process holds and older than ``min_age_ns``; how many."""
+    return lib().pyvgpu_g_gc_private(_b(str(directory)), min_age_ns, int(trust))
+
+
+def check_devices(p: Path, region_address: int, want: list[int], uuids: bytes, source: str) -> None:
+    """The group's devices against those a process asks for (NVML index | VISIBLE_MIG each, their raw UUIDs)."""
+    _call("pyvgpu_g_check_devices", _b(str(p)), region_address, len(want), (ctypes.c_uint32 * MAX_DEVICES)(*want),
+          uuids, _b(source))
+
+
+def check_setting(p: Path, region_address: int, which: int, want: int, source: str) -> None:
+    """A group setting (PRIORITY_SETTING, SM_BORROW_SETTING) against what a process asks for."""
+    _call("pyvgpu_g_check_setting", _b(str(p)), region_address, which, want, _b(source))
+
+
+def check_bounds(p: Path, region_address: int, physical: list[int]) -> None:
+    """Refuse a region with a cap above its device's memory (``physical``: bytes per device, 0 unknown)."""
+    phys = physical[:MAX_DEVICES]
+    _call("pyvgpu_g_check_bounds", _b(str(p)), region_address, len(phys), (ctypes.c_uint64 * MAX_DEVICES)(*phys))
+
+
+def check_change(p: Path, region_address: int, shares: bool, spec: tuple[int | None, dict[int, int]],
+                 n_devices: int, total: list[int] | None, where: str) -> None:
+    """A live change (a --memory or --sm spec: every device's value or None, {device: value}) against the
+    group's ``n_devices`` devices and their memory (``total``, None when unknown), before anything changes."""
+    dflt, per = spec
+    values = (ctypes.c_uint64 * MAX_DEVICES)(*[per.get(d, 0) for d in range(MAX_DEVICES)])
+    mask = sum(1 << d for d in per if 0 <= d < MAX_DEVICES)
+    totals = (ctypes.c_uint64 * MAX_DEVICES)(*total[:MAX_DEVICES]) if total is not None else None
+    _call("pyvgpu_g_check_change", _b(str(p)), region_address, int(shares), -1 if dflt is None else dflt, values,
+          mask, n_devices, totals, _b(where))
+
+
+def set_device_limit(region_address: int, shares: bool, device: int | None, value: int) -> tuple[list[int], list[int]]:
+    """Device ``device``'s (None: every device's) memory cap, or compute share, set to ``value``; (before, after)."""
+    old, new = (ctypes.c_uint64 * MAX_DEVICES)(), (ctypes.c_uint64 * MAX_DEVICES)()
+    _call("pyvgpu_g_set_device_limit", region_address, int(shares), -1 if device is None else device, value, old, new)
+    return list(old), list(new)
+
+
+def set_setting(region_address: int, which: int, value: int) -> int:
+    """A group setting (PRIORITY_SETTING, SM_BORROW_SETTING) set to ``value``; the one before."""
+    old = ctypes.c_uint32()
+    _call("pyvgpu_g_set_setting", region_address, which, value, ctypes.byref(old))
+    return old.value

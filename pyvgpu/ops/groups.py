@@ -49,10 +49,9 @@ def last_used_ns(r: R.Region) -> int:
 
 def members(r: R.Region) -> list[int]:
     """Pids of the group's live members."""
-    from pyvgpu.ops import status
 
     return [r.slot(i).pid for i in range(r.header.n_slots)
-            if r.slot(i).state != L.SLOT_FREE and status._alive(r, i)]
+            if r.slot(i).state != L.SLOT_FREE and R.slot_alive(r, i)]
 
 
 def touch(path: Path) -> None:

@@ -5,10 +5,7 @@ The JSON schema is documented in docs/status.md.
 
 from __future__ import annotations
 
-import fcntl
-import mmap
 import os
-import struct
 import time
 from pathlib import Path
 
@@ -58,11 +55,6 @@ def region_paths(group: str | None = None, region_path: str | None = None,
     return out
 
 
-def _alive(r: R.Region, i: int) -> bool:
-    lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF + i * L.REGION_SLOT.size, 1, 0)
-    return struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))[0] != fcntl.F_UNLCK
-
-
 SM_STATES = ("idle", "calibrating (alone on the device)", "holding (others share the device)",
              "no measurement (NVML failed)", "holding (the group borrowed idle time beyond its share)")
 
@@ -108,7 +100,7 @@ def describe(r: R.Region, reclaimed: int) -> dict:
             kinds = {k: s.used[d * L.N_KINDS + j] for j, k in enumerate(L.KINDS)}
             if any(kinds.values()):
                 by_dev[str(d)] = kinds
-        procs.append({"slot": i, "pid": s.pid, "alive": _alive(r, i), "start_ns": s.start_ns,
+        procs.append({"slot": i, "pid": s.pid, "alive": R.slot_alive(r, i), "start_ns": s.start_ns,
                       "oom_refusals": s.oom_refusals, "devices": by_dev,
                       "sm_policy": limits.SM_POLICIES[s.sm_policy] if s.sm_policy < 3 else "?",
                       "launches": R.slot_launches(s), "launches_limited": sum(d.sm_launches for d in s.dev)})
@@ -194,7 +186,7 @@ def collect(group: str | None = None, region_path: str | None = None,
                 skipped.append((p, str(e)))
             continue
         try:
-            reclaimed = services.reclaim(r) if isinstance(r.map, mmap.mmap) else 0  # a read-only snapshot cannot
+            reclaimed = services.reclaim(r) if r.writable else 0  # a read-only snapshot cannot
             shown = describe(r, reclaimed)
             # a private group lives as long as its program: once no member lives it is gone (the next wrap
             # removes the file), unless asked for by name

@@ -89,14 +89,6 @@ PV_EXPORT int pyvgpu_g_open_region(const char *path, int writable, int trust_sha
                                    size_t n, int *kind) {
     return pv_open_region(path, writable, trust_shared, (pv_region_header_t *)header, err, n, kind);
 }
-PV_EXPORT int pyvgpu_g_open_turns(const char *path, int trust_shared, char *err, size_t n, int *kind) {
-    char fix[1400];
-    pv_turns_fix(path, fix, sizeof fix);
-    return pv_open_turns(path, trust_shared, fix, err, n, kind);
-}
-PV_EXPORT int pyvgpu_g_create_turns(const char *path, unsigned mode, int gid) {
-    return pv_create_turns(path, mode, gid);
-}
 PV_EXPORT int pyvgpu_g_machine_turns_problem(const char *path, int trust_shared, char *why, size_t n) {
     return pv_machine_turns_problem(path, trust_shared, why, n);
 }
