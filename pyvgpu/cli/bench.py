@@ -73,9 +73,9 @@ def bench_overhead(
 @bench_app.command("startup")
 def bench_startup(
     runs: Annotated[int, typer.Option("--runs", min=1, metavar=N, help="Runs per case.")] = 5,
-    python: Annotated[list[str] | None, typer.Option("--python", metavar="PATH",
-                                                     help="Another interpreter to time as a host "
-                                                          "(repeatable).")] = None,
+    python: Annotated[list[Path] | None, typer.Option("--python", metavar="PATH",
+                                                      help="Another interpreter to time as a host "
+                                                           "(repeatable).")] = None,
     concurrent: Annotated[int, typer.Option("--concurrent", min=0, metavar=N,
                                             help="Instead, start N `pyvgpu wrap --group` at once and time "
                                                  "them.")] = 0,
@@ -92,7 +92,7 @@ def bench_startup(
         return
     from pyvgpu.bench import startup
 
-    result = startup.run(runs=runs, pythons=python or [])
+    result = startup.run(runs=runs, pythons=[str(p) for p in python or []])
     emit(result, startup.table(result), as_json, output)
 
 

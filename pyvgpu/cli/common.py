@@ -77,8 +77,8 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON on stdout inste
 Output = Annotated[Path | None, typer.Option("--output", "-o", metavar="PATH",
                                                 help="Also write the full result as JSON to PATH.")]
 OnlyGroup = Annotated[str | None, typer.Option("--group", "-g", metavar="NAME", help="Only this named group.")]
-OnlyRegion = Annotated[str | None, typer.Option("--region", metavar="PATH",
-                                                   help="Only the group region at PATH.")]
+OnlyRegion = Annotated[Path | None, typer.Option("--region", metavar="PATH",
+                                                    help="Only the group region at PATH.")]
 SmBorrow = Annotated[bool | None, typer.Option("--sm-borrow/--sm-cap",
                                                   help="Let the group use idle GPU time beyond its share, or cap it "
                                                        "there.")]

@@ -20,7 +20,7 @@ from pyvgpu.native import services
 from pyvgpu.native.safefile import UntrustedFile
 
 
-def check_exists(path: Path, group: str | None, region_path: str | None) -> None:
+def check_exists(path: Path, group: str | None, region_path: Path | str | None) -> None:
     """A group asked for by name or path that is not there: an error that names the option the user gave."""
     if path.exists():
         return
@@ -36,7 +36,7 @@ def is_private(path: Path) -> bool:
     return Path(path).parent == R.runtime_dir() / "private"
 
 
-def region_paths(group: str | None = None, region_path: str | None = None,
+def region_paths(group: str | None = None, region_path: Path | str | None = None,
                  state_dir: Path | None = None) -> list[Path]:
     if region_path:
         return [Path(region_path)]
@@ -154,7 +154,7 @@ def event_text(e: dict) -> str:
     return f"{time.strftime('%H:%M:%S', time.localtime(e['time_ns'] / 1e9))} {what}"
 
 
-def collect(group: str | None = None, region_path: str | None = None,
+def collect(group: str | None = None, region_path: Path | str | None = None,
             skipped: list[tuple[Path, str]] | None = None, strict: bool = True,
             state_dir: Path | None = None) -> list[dict]:
     """Every group (or the one named), dead members reclaimed first.
