@@ -51,27 +51,25 @@ class GpuPolicy(str, enum.Enum):
 GPU_POLICY_FIX = "use spread, binpack, topology-aware, mutex or numa, or a comma list of them"
 
 
-class GpuPolicies(tuple):
-    """--gpu-policy: one GPU policy word or HAMi's comma list of them, each a GpuPolicy; ``text`` is the value
-    as given, which the cluster core reads by HAMi's rules (a comma makes a chain of sort keys)."""
+class GpuPolicies(str):
+    """--gpu-policy: one GPU policy word or HAMi's comma list of them, checked to be GpuPolicy words. The text
+    as given is what the cluster core reads (by HAMi's rules a comma makes a chain of sort keys); ``words``
+    are its GpuPolicy members."""
 
-    text: str
+    words: tuple[GpuPolicy, ...]
 
     def __new__(cls, text: str) -> GpuPolicies:
         from pyvgpu.errors import PyvgpuError
 
-        words = [t.strip() for t in text.split(",") if t.strip()]
         try:
-            got = super().__new__(cls, [GpuPolicy(w) for w in words])
+            words = tuple(GpuPolicy(t.strip()) for t in text.split(",") if t.strip())
         except ValueError:
-            got = None
-        if not got:
+            words = ()
+        if not words:
             raise PyvgpuError(f"--gpu-policy {text!r}: {GPU_POLICY_FIX}")
-        got.text = text
+        got = super().__new__(cls, text)
+        got.words = words
         return got
-
-    def __str__(self) -> str:  # the default in --help, and messages: as given
-        return self.text
 
 
 DEFAULT_GPU_POLICY = GpuPolicies(GpuPolicy.spread.value)
@@ -176,7 +174,7 @@ def explain(
     from pyvgpu.cluster.core.errors import ClusterInputError
 
     try:
-        cfg = ClusterConfig(node_policy=node_policy.value, gpu_policy=gpu_policy.text,
+        cfg = ClusterConfig(node_policy=node_policy.value, gpu_policy=str(gpu_policy),
                             scheduler_names=(scheduler_name,))
         docs = {}
         for option, path in (("--nodes", nodes), ("--pods", pods), ("--pod", pod), ("--quotas", quotas)):
@@ -353,7 +351,7 @@ def scheduler(
                 raise PyvgpuError(f"{opt} {path}: no such file")
         from pyvgpu.cluster.scheduler import extender_server
 
-        cfg = ClusterConfig(node_policy=node_policy.value, gpu_policy=gpu_policy.text, scheduler_names=(name,))
+        cfg = ClusterConfig(node_policy=node_policy.value, gpu_policy=str(gpu_policy), scheduler_names=(name,))
 
         def text(p: Path | None) -> str | None:
             return None if p is None else str(p)
