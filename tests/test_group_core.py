@@ -198,3 +198,21 @@ def test_a_region_is_made_for_the_uid_a_container_runs_as(tmp_path):
     r = region.open_region(p, writable=False)  # the header agrees with the file's owner: not "replaced"
     assert r.header.owner_uid == 1234
     assert not [q for q in tmp_path.iterdir() if q != p]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("text,hours", [("", 12.0), (" 12 ", 12.0), ("0.5", 0.5), (".5", 0.5), ("+3", 3.0),
+                                        ("0", 0.0), ("0.00001", 0.00001)])
+def test_the_idle_expiry_is_read_by_the_group_core(text, hours):
+    from pyvgpu.ops import groups
+
+    assert groups.idle_hours({"PYVGPU_GROUP_IDLE_HOURS": text}) == pytest.approx(hours)
+
+
+@pytest.mark.parametrize("text", ["soon", "-1", "1000000", ".", "1.2.3", "nan", "1e3", "１２"])
+def test_a_bad_idle_expiry_is_refused_by_wrap_not_by_the_shim(text):
+    from pyvgpu.ops import groups
+
+    with pytest.raises(PyvgpuError, match=r"^PYVGPU_GROUP_IDLE_HOURS=.* is not a number of hours; give e\.g\. 12, "
+                                          r"0\.5, or 0 for never$"):
+        groups.idle_hours({"PYVGPU_GROUP_IDLE_HOURS": text})
+    assert grouplib.read_env({"PYVGPU_GROUP_IDLE_HOURS": text})["turns"]  # a program's shim does not read it

@@ -24,7 +24,7 @@ ERR_BYTES = 2048
 MAX_DEVICES = 16
 
 # pv_shim.h PV_SET_*
-POLICY, BATCH_NS, TURNS, CLOCK, TRUST_SHARED, PRIORITY, SM_BORROW, MIN_MEMORY = range(8)
+POLICY, BATCH_NS, TURNS, CLOCK, TRUST_SHARED, PRIORITY, SM_BORROW, MIN_MEMORY, GROUP_IDLE_NS = range(9)
 
 # pv_shim.h PV_OPEN_*: why an open failed
 OPEN_MISSING, OPEN_UNTRUSTED, OPEN_REFUSED = 1, 2, 3
@@ -217,7 +217,8 @@ def _setting_var(which: int) -> str:
     from pyvgpu.contract import envspec
 
     return (envspec.GPU_CORE_UTILIZATION_POLICY, envspec.SM_BATCH_MS, envspec.SM_TURN, envspec.CLOCK,
-            envspec.TRUST_SHARED, envspec.CUDA_TASK_PRIORITY, envspec.SM_BORROW, envspec.MIN_MEMORY)[which].name
+            envspec.TRUST_SHARED, envspec.CUDA_TASK_PRIORITY, envspec.SM_BORROW, envspec.MIN_MEMORY,
+            envspec.GROUP_IDLE_HOURS)[which].name
 
 
 def env_setting(env: Mapping[str, str], which: int) -> int:

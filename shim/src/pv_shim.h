@@ -112,7 +112,8 @@ int pv_parse_spec(const char *text, size_t len, const char *where, int kind, uin
 
 /* pv_env.c: the environment contract, the one reader */
 enum { PV_SET_POLICY, PV_SET_BATCH_NS, PV_SET_TURNS, PV_SET_CLOCK, PV_SET_TRUST_SHARED, PV_SET_PRIORITY,
-       PV_SET_SM_BORROW, PV_SET_MIN_MEMORY, PV_N_SETTINGS };
+       PV_SET_SM_BORROW, PV_SET_MIN_MEMORY, PV_N_SETTINGS, /* the shim reads these at its start */
+       PV_SET_GROUP_IDLE_NS = PV_N_SETTINGS };             /* pyvgpu's commands only */
 typedef struct {
     uint64_t memory[PV_MAX_DEVICES]; /* bytes per device, 0 = none */
     uint32_t sm[PV_MAX_DEVICES];     /* compute share in percent per device, 0 = none */
