@@ -216,3 +216,24 @@ def test_a_bad_idle_expiry_is_refused_by_wrap_not_by_the_shim(text):
                                           r"0\.5, or 0 for never$"):
         groups.idle_hours({"PYVGPU_GROUP_IDLE_HOURS": text})
     assert grouplib.read_env({"PYVGPU_GROUP_IDLE_HOURS": text})["turns"]  # a program's shim does not read it
+
+
+def test_a_watched_region_is_checked_then_seen_live_and_read_only(tmp_path):
+    """region.watch (VPMM's pool): the group's cap as it changes, through a mapping nobody can write."""
+    import ctypes
+
+    p = tmp_path / "w.region"
+    region.create(p, "w", [64 * MiB] * 16)
+    addr = region.watch(p)
+    cap = ctypes.c_uint64.from_address(addr + L.REGION_DEVICES_OFF + 1 * L.REGION_DEVICE.size
+                                       + L.REGION_DEVICE.offset("limit"))
+    assert cap.value == 64 * MiB
+    r = region.open_region(p)
+    region.change_per_device(r, "limit", 128 * MiB, 1)
+    assert cap.value == 128 * MiB  # shared: a live change is seen
+    with open("/proc/self/maps") as f:
+        (line,) = [ln for ln in f if ln.rstrip().endswith(str(p)) and ln.split()[0].startswith(f"{addr:x}-")]
+    assert line.split()[1].startswith("r--")  # read-only
+    (tmp_path / "bad.region").write_bytes(b"\0" * 20000)
+    with pytest.raises(PyvgpuError, match="is not a pyvgpu region"):
+        region.watch(tmp_path / "bad.region")

@@ -193,6 +193,12 @@ def open_region(path: Path, writable: bool = True, env: Mapping[str, str] = os.e
     return Region(path, fd, view, Header.from_buffer(view, 0), writable)
 
 
+def watch(path: Path) -> int:
+    """The region at ``path``, checked as a read-only open is, mapped shared and read-only and never unmapped
+    (a pool that watches its group's cap and refusals while it runs); the address."""
+    return grouplib.watch_region(path)
+
+
 GUARDS = {"region": 0, "turns": 1}  # pv_guard.c's PV_GUARD_*
 
 

@@ -67,6 +67,7 @@ _SIGNATURES = {
     "pyvgpu_g_view_region": [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, _P(ctypes.c_void_p), *_ERR,
                              _P(ctypes.c_int)],
     "pyvgpu_g_unmap": [ctypes.c_void_p, ctypes.c_uint64],
+    "pyvgpu_g_watch_region": [ctypes.c_char_p, *_ERR],
     "pyvgpu_g_slots_locked": [ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32],
     "pyvgpu_g_gc_private": [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int],
     "pyvgpu_g_check_devices": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint32, _P(ctypes.c_uint32), ctypes.c_char_p,
@@ -116,6 +117,7 @@ def lib() -> ctypes.CDLL:
         loaded.pyvgpu_g_map_shared.restype = ctypes.c_uint64
         loaded.pyvgpu_g_env_region.restype = ctypes.c_size_t
         loaded.pyvgpu_g_unmap.restype = None
+        loaded.pyvgpu_g_watch_region.restype = ctypes.c_uint64
         _lib = loaded
     return _lib
 
@@ -385,6 +387,15 @@ def view_region(p: Path, writable: bool, trust: bool, header: ctypes.Structure) 
     view = (ctypes.c_char * header.size).from_address(addr.value)
     weakref.finalize(view, lib().pyvgpu_g_unmap, addr.value, header.size)
     return fd, view
+
+
+def watch_region(p: Path) -> int:
+    """The region at ``p``, checked, mapped shared and read-only for good; the address."""
+    err = ctypes.create_string_buffer(ERR_BYTES)
+    addr = lib().pyvgpu_g_watch_region(_b(str(p)), err, ERR_BYTES)
+    if not addr:
+        raise PyvgpuError(err.value.decode("utf-8", "replace"))
+    return addr
 
 
 def slots_locked(fd: int, first: int, count: int) -> bool:

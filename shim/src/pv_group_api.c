@@ -117,6 +117,9 @@ PV_EXPORT int pyvgpu_g_view_region(const char *path, int writable, int trust_sha
     return pv_view_region(path, writable, trust_shared, (pv_region_header_t *)header, addr, err, n, kind);
 }
 PV_EXPORT void pyvgpu_g_unmap(void *addr, uint64_t size) { pv_unmap_view(addr, size); }
+PV_EXPORT uint64_t pyvgpu_g_watch_region(const char *path, char *err, size_t n) {
+    return (uint64_t)(uintptr_t)pv_watch_region(path, err, n);
+}
 PV_EXPORT int pyvgpu_g_slots_locked(int fd, uint32_t first, uint32_t count) {
     return pv_slots_locked(fd, first, count);
 }

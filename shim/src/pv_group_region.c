@@ -271,6 +271,22 @@ int pv_view_region(const char *path, int writable, int trust_shared, pv_region_h
 
 void pv_unmap_view(void *addr, uint64_t size) { munmap(addr, size); }
 
+/* A region checked as a read-only open is, then mapped shared and read-only, never unmapped: what VPMM's pool
+ * watches (a member's refusals, the group's cap) while it runs. The address, or NULL with err. */
+void *pv_watch_region(const char *path, char *err, size_t n) {
+    pv_region_header_t h;
+    int kind, fd = pv_open_region(path, 0, 1, &h, err, n, &kind);
+    if (fd < 0)
+        return NULL;
+    void *m = mmap(NULL, h.size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        pv_fail(err, n, "cannot map the group region %s (%s)", path, strerror(errno));
+        return NULL;
+    }
+    return m;
+}
+
 /* region.has_live_member: does a process hold a lock on the bytes of slots first..first+count-1 (every member
  * locks its slot's)? One query for them all. 1, 0, or -1 with errno. */
 int pv_slots_locked(int fd, uint32_t first, uint32_t count) {

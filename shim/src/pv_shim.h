@@ -168,6 +168,7 @@ int pv_check_group(const char *path, const pv_region_header_t *h, const pv_regio
 int pv_view_region(const char *path, int writable, int trust_shared, pv_region_header_t *h, void **addr,
                    char *err, size_t n, int *kind); /* the fd, the view at *addr */
 void pv_unmap_view(void *addr, uint64_t size);
+void *pv_watch_region(const char *path, char *err, size_t n); /* read-only, shared, never unmapped */
 int pv_slots_locked(int fd, uint32_t first, uint32_t count); /* 1 a member holds one, 0, -1 with errno */
 int pv_gc_private(const char *dir, uint64_t min_age_ns, int trust_shared); /* how many removed */
 
