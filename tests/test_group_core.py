@@ -21,7 +21,7 @@ from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import region
 from pyvgpu.group import turnfile as sched
 from pyvgpu.host.devices import Gpu
-from pyvgpu.native import grouplib, safefile
+from pyvgpu.native import groupfiles, grouplib, safefile
 
 MiB = 1 << 20
 GIB = 1 << 30
@@ -144,15 +144,15 @@ def test_a_live_change_is_checked_then_written_with_the_share_count(tmp_path):
     region.create(p, "l", [64 * MiB] * 16)
     r = region.open_region(p)
     with pytest.raises(PyvgpuError, match=r"^--memory 5=1G: group 'l' has no device 5 \(2 devices\)$"):
-        grouplib.check_change(r.path, r.address, False, (None, {5: GIB}), 2, None, "--memory 5=1G")
+        groupfiles.check_change(r.path, r.address, False, (None, {5: GIB}), 2, None, "--memory 5=1G")
     with pytest.raises(PyvgpuError, match=r"^--memory 32G: 32 GiB is more than device 1's 16 GiB; give a limit at "
                                           r"most the device's memory$"):
-        grouplib.check_change(r.path, r.address, False, (32 * GIB, {0: GIB}), 2, [16 * GIB] * 2, "--memory 32G")
-    grouplib.check_change(r.path, r.address, False, (32 * GIB, {}), 2, None, "--memory 32G")  # memory unknown
-    grouplib.check_change(r.path, r.address, True, (30, {1: 50}), 2, None, "--sm 30")
+        groupfiles.check_change(r.path, r.address, False, (32 * GIB, {0: GIB}), 2, [16 * GIB] * 2, "--memory 32G")
+    groupfiles.check_change(r.path, r.address, False, (32 * GIB, {}), 2, None, "--memory 32G")  # memory unknown
+    groupfiles.check_change(r.path, r.address, True, (30, {1: 50}), 2, None, "--sm 30")
     r.header.mode = L.MODE_MPS
     with pytest.raises(PyvgpuError, match=r"^--sm 30: group 'l' runs in mode mps, where the share is MPS's"):
-        grouplib.check_change(r.path, r.address, True, (30, {}), 2, None, "--sm 30")
+        groupfiles.check_change(r.path, r.address, True, (30, {}), 2, None, "--sm 30")
     r.header.mode = L.MODE_HAMI_CORE
     assert r.header.sm_any == 0
     assert region.change_per_device(r, "sm_limit", 30, 1)[:3] == [0, 30, 0] and r.header.sm_any == 1
@@ -181,7 +181,7 @@ def test_the_turn_file_is_made_read_and_a_link_refused(tmp_path):
         sched.entries(link)
     machine = tmp_path / "machine"
     with pytest.raises(PyvgpuError, match="ask root to run `pyvgpu setup`"):
-        grouplib.use_turns(machine, machine, trust=False)  # the machine's is made by `pyvgpu setup` only
+        groupfiles.use_turns(machine, machine, trust=False)  # the machine's is made by `pyvgpu setup` only
     assert not machine.exists()
     own.write_bytes(b"\0" * 64)
     with pytest.raises(PyvgpuError, match=r"is not a pyvgpu turn file \(bad magic\); remove .* or set PYVGPU_SCHED"):

@@ -16,7 +16,7 @@ from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
 from pyvgpu.group import region
 from pyvgpu.host import devices
-from pyvgpu.native import grouplib
+from pyvgpu.native import groupfiles
 
 
 @dataclass
@@ -98,9 +98,9 @@ def set_limits(path: Path, memory: str | None, sm: str | None, priority: str | N
         n = len(gpus) if gpus is not None else L.MAX_DEVICES
         # the group core refuses a share for an MPS group, a device the group lacks, a cap above its memory
         if shares is not None:
-            grouplib.check_change(r.path, r.address, True, (shares.default, shares.per_device), n, None, f"--sm {sm}")
+            groupfiles.check_change(r.path, r.address, True, (shares.default, shares.per_device), n, None, f"--sm {sm}")
         if mem is not None:
-            grouplib.check_change(r.path, r.address, False, (mem.default, mem.per_device), n,
+            groupfiles.check_change(r.path, r.address, False, (mem.default, mem.per_device), n,
                                   [g.total for g in gpus] if gpus is not None else None, f"--memory {memory}")
         if shares is not None:
             limited = sorted({d for d, v in _values(shares).items() if v and v < 100 and d is not None}

@@ -29,7 +29,7 @@ from pyvgpu.contract import layout as L
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
 from pyvgpu.host.devices import Gpu, uuid_text
-from pyvgpu.native import grouplib, safefile
+from pyvgpu.native import groupfiles, grouplib, safefile
 
 Header = L.REGION_HEADER.ctypes_class()
 Event = L.REGION_EVENT.ctypes_class()
@@ -40,7 +40,7 @@ _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 
 def runtime_dir() -> Path:
     """Where this user's groups are (not made here: private_runtime_dir makes it)."""
-    return grouplib.runtime_dir(make=False)
+    return groupfiles.runtime_dir(make=False)
 
 
 RUNTIME_FIX = ("Ask its owner or root to remove it, or set XDG_RUNTIME_DIR to a directory of your own (pyvgpu "
@@ -50,7 +50,7 @@ RUNTIME_FIX = ("Ask its owner or root to remove it, or set XDG_RUNTIME_DIR to a 
 def private_runtime_dir(sub: str | None = None) -> Path:
     """The runtime dir (and ``sub`` in it), made or checked by safefile.private_dir: 0700, this user's,
     no link; checked before anything is created inside."""
-    top = grouplib.runtime_dir(make=True)
+    top = groupfiles.runtime_dir(make=True)
     if sub is None:
         return top
     return safefile.private_dir(top / sub, "the runtime directory", RUNTIME_FIX)
@@ -74,7 +74,7 @@ def path_from_env(env: Mapping[str, str]) -> Path | None:
 @dataclass
 class Region:
     """A mapped region file (or, read-only, a snapshot of one): ``view`` is its memory, mapped by the group
-    core (grouplib.view_region) and unmapped when nothing uses it any more; the fields are read through the
+    core (groupfiles.view_region) and unmapped when nothing uses it any more; the fields are read through the
     generated layout's ctypes classes."""
 
     path: Path
@@ -166,7 +166,7 @@ def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SL
     ctypes.memmove(ctypes.addressof(want) + L.REGION_HEADER.offset("visible_uuid"), uuids, len(uuids))
     for i, v in enumerate(indices):
         want.visible[i] = v
-    return grouplib.make_region(path, want, limits, sm or [0] * L.MAX_DEVICES, mode, owner)
+    return groupfiles.make_region(path, want, limits, sm or [0] * L.MAX_DEVICES, mode, owner)
 
 
 def _visible_fields(visible: list[Gpu]) -> tuple[list[int], bytes]:
@@ -189,14 +189,14 @@ def open_region(path: Path, writable: bool = True, env: Mapping[str, str] = os.e
     A read-only open is a snapshot read with pread: a file someone truncates cannot crash the reader.
     """
     head = Header()
-    fd, view = grouplib.view_region(path, writable, safefile.trust_shared(env) if writable else True, head)
+    fd, view = groupfiles.view_region(path, writable, safefile.trust_shared(env) if writable else True, head)
     return Region(path, fd, view, Header.from_buffer(view, 0), writable)
 
 
 def watch(path: Path) -> int:
     """The region at ``path``, checked as a read-only open is, mapped shared and read-only and never unmapped
     (a pool that watches its group's cap and refusals while it runs); the address."""
-    return grouplib.watch_region(path)
+    return groupfiles.watch_region(path)
 
 
 GUARDS = {"region": 0, "turns": 1}  # pv_guard.c's PV_GUARD_*
@@ -218,7 +218,7 @@ def map_forever(fd: int, size: int, guard: str = "region") -> int:
         name = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         name = f"(fd {fd})"
-    addr = grouplib.map_shared(fd, size, name, what, "remove it and start again")
+    addr = groupfiles.map_shared(fd, size, name, what, "remove it and start again")
     from pyvgpu.native import shim
 
     lib = shim.loaded()
@@ -233,35 +233,35 @@ def map_forever(fd: int, size: int, guard: str = "region") -> int:
 def check_bounds(r: Region, physical: list[int]) -> None:
     """A region whose cap on a device is above the device's memory was not written by pyvgpu (wrap and
     `limits set` refuse such caps): refuse it rather than trust a cap no GPU has (pv_group_checks.c)."""
-    grouplib.check_bounds(r.path, r.address, physical)
+    groupfiles.check_bounds(r.path, r.address, physical)
 
 
 def check_limits(region: Region, wanted: lim.MemoryLimits, source: str) -> None:
     """A process whose limits disagree with its group's gets a clear error (shim/src/pv_group_region.c, the
     shim's own check): the same, or the limits the group was created with, which it then follows."""
     if wanted:
-        grouplib.check_limits(region.path, region.address, False, wanted.as_list(), source)
+        groupfiles.check_limits(region.path, region.address, False, wanted.as_list(), source)
 
 
 def check_sm(region: Region, wanted: lim.SmLimits, source: str) -> None:
     """Like check_limits, for compute shares."""
     if wanted:
-        grouplib.check_limits(region.path, region.address, True, wanted.as_list(), source)
+        groupfiles.check_limits(region.path, region.address, True, wanted.as_list(), source)
 
 
 def check_devices(region: Region, wanted: list[Gpu], source: str) -> None:
     """A process asking for other devices than its group's gets a clear error (pv_group_checks.c)."""
     indices, uuids = _visible_fields(wanted)
-    grouplib.check_devices(region.path, region.address, indices, uuids, source)
+    groupfiles.check_devices(region.path, region.address, indices, uuids, source)
 
 
-SETTINGS = {"priority": grouplib.PRIORITY_SETTING, "sm_borrow": grouplib.SM_BORROW_SETTING}  # the header's
+SETTINGS = {"priority": groupfiles.PRIORITY_SETTING, "sm_borrow": groupfiles.SM_BORROW_SETTING}  # the header's
 
 
 def check_setting(region: Region, field: str, wanted: int | None, source: str) -> None:
     """Like check_limits, for a group setting of the header (priority, sm_borrow)."""
     if wanted is not None:
-        grouplib.check_setting(region.path, region.address, SETTINGS[field], wanted, source)
+        groupfiles.check_setting(region.path, region.address, SETTINGS[field], wanted, source)
 
 
 def create_or_open(path: Path, name: str, limits: lim.MemoryLimits, source: str, n_physical: int = 0,
@@ -300,7 +300,7 @@ def change_per_device(r: Region, field: str, value: int, device: int | None) -> 
     """Set a per-device field (``limit`` or ``sm_limit``) on one device or all of an open region
     (pv_group_checks.c), and log the change; the new values. Members read it at their next call."""
     kind = {"limit": L.EV_MEMORY_LIMIT, "sm_limit": L.EV_SM_LIMIT}[field]
-    old, new = grouplib.set_device_limit(r.address, field == "sm_limit", device, value)
+    old, new = groupfiles.set_device_limit(r.address, field == "sm_limit", device, value)
     _log_change(r, kind, device, old, new)
     return new
 
@@ -309,7 +309,7 @@ def change_setting(r: Region, field: str, value: int) -> int:
     """Set a group setting of the header (``priority`` or ``sm_borrow``) of an open region and log the
     change; members follow at their next launch."""
     kind = {"priority": L.EV_PRIORITY, "sm_borrow": L.EV_SM_BORROW}[field]
-    old = grouplib.set_setting(r.address, SETTINGS[field], value)
+    old = groupfiles.set_setting(r.address, SETTINGS[field], value)
     if old != value:
         r.log_event(kind, -1, old, value)
     return value
@@ -318,12 +318,12 @@ def change_setting(r: Region, field: str, value: int) -> int:
 def has_live_member(r: Region) -> bool:
     """Does a process of the group live? Every member holds a lock on its slot's bytes: one query over all
     the slots tells (a loop over every slot in Python made `pyvgpu wrap` slow on a machine with many regions)."""
-    return grouplib.slots_locked(r.fd, 0, r.header.n_slots)
+    return groupfiles.slots_locked(r.fd, 0, r.header.n_slots)
 
 
 def slot_alive(r: Region, i: int) -> bool:
     """Does the process of slot ``i`` live (it holds the lock on its slot's bytes)?"""
-    return grouplib.slots_locked(r.fd, i, 1)
+    return groupfiles.slots_locked(r.fd, i, 1)
 
 
 PRIVATE_MIN_AGE_NS = 60 * 10**9  # a region nobody joined yet is kept a minute: its wrap may still be starting
@@ -331,4 +331,4 @@ PRIVATE_MIN_AGE_NS = 60 * 10**9  # a region nobody joined yet is kept a minute: 
 
 def gc_private(env: Mapping[str, str] = os.environ) -> int:
     """Remove private regions whose processes are all gone (pv_group_region.c); returns how many."""
-    return grouplib.gc_private(runtime_dir() / "private", PRIVATE_MIN_AGE_NS, safefile.trust_shared(env))
+    return groupfiles.gc_private(runtime_dir() / "private", PRIVATE_MIN_AGE_NS, safefile.trust_shared(env))

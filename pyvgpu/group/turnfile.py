@@ -31,7 +31,7 @@ from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group.region import map_forever
-from pyvgpu.native import grouplib, safefile
+from pyvgpu.native import groupfiles, grouplib, safefile
 
 Header = L.SCHED_HEADER.ctypes_class()
 Entry = L.SCHED_ENTRY.ctypes_class()
@@ -47,12 +47,12 @@ def enabled(env: Mapping[str, str]) -> bool:
 
 def machine_problem(p: Path = SHM_PATH, env: Mapping[str, str] = os.environ) -> str | None:
     """Why this user cannot use the machine's turn file at p, or None if it can (lstat, owner, mode, access)."""
-    return grouplib.machine_turns_problem(p, safefile.trust_shared(env))
+    return groupfiles.machine_turns_problem(p, safefile.trust_shared(env))
 
 
 def choose(env: Mapping[str, str]) -> tuple[Path, str | None]:
     """The turn file this process uses, and a warning to show when the machine's is there but unusable."""
-    p, problem = grouplib.turn_path(env.get(envspec.SCHED.name, ""), SHM_PATH, safefile.trust_shared(env))
+    p, problem = groupfiles.turn_path(env.get(envspec.SCHED.name, ""), SHM_PATH, safefile.trust_shared(env))
     note = None
     if problem is not None and os.path.lexists(SHM_PATH):
         note = (f"not using the machine's turn file: {problem}; your groups take turns with each other only "
@@ -66,7 +66,13 @@ def path(env: Mapping[str, str]) -> Path:
 
 def open_fd(p: Path, env: Mapping[str, str] = os.environ) -> int:
     """Open (creating it if needed, not the machine's) and check the turn file; returns a read-write fd."""
-    return grouplib.use_turns(p, SHM_PATH, safefile.trust_shared(env))
+    return groupfiles.use_turns(p, SHM_PATH, safefile.trust_shared(env))
+
+
+def node_file(p: Path, mode: int) -> None:
+    """The turn file a Kubernetes node's agent keeps for every container (pyvgpu/cluster/node/nodestate.py):
+    made with ``mode`` when missing, checked (the agent made it, so trusted), its mode set back if changed."""
+    groupfiles.node_turns(p, mode)
 
 
 def setup(group: str = SETUP_GROUP, p: Path = SHM_PATH) -> str:
@@ -83,7 +89,7 @@ def setup(group: str = SETUP_GROUP, p: Path = SHM_PATH) -> str:
     except KeyError:
         raise PyvgpuError(f"there is no group {group!r}: create it (groupadd {group}) and add the users who share "
                           f"the GPUs (usermod -aG {group} USER), then run `pyvgpu setup` again") from None
-    done = grouplib.setup_turns(p, gid, SETUP_MODE, safefile.trust_shared())
+    done = groupfiles.setup_turns(p, gid, SETUP_MODE, safefile.trust_shared())
     if done == "kept":
         return f"{p} is in place (root:{group}, mode {SETUP_MODE:04o}); kept"
     was = "replaced the file that was there" if done == "replaced" else "made it"
@@ -103,7 +109,7 @@ def attach(env: Mapping[str, str] = os.environ) -> int:
 
 def entries(p: Path) -> list[dict]:
     """The GPUs in use in the turn file, for reports: key, holder id and the counters."""
-    data = grouplib.read_turns(p, SHM_PATH, safefile.trust_shared(), L.SCHED_SIZE)
+    data = groupfiles.read_turns(p, SHM_PATH, safefile.trust_shared(), L.SCHED_SIZE)
     out = []
     for i in range(L.SCHED_ENTRIES):
         e = Entry.from_buffer_copy(data, L.SCHED_ENTRIES_OFF + i * L.SCHED_ENTRY.size)

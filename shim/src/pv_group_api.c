@@ -85,10 +85,6 @@ PV_EXPORT int pyvgpu_g_open_shared(const char *path, int flags, const char *what
                                    int trust_shared, char *err, size_t n, int *kind) {
     return pv_open_shared(path, flags, what, fix, root_group_ok, trust_shared, err, n, kind);
 }
-PV_EXPORT int pyvgpu_g_open_region(const char *path, int writable, int trust_shared, void *header, char *err,
-                                   size_t n, int *kind) {
-    return pv_open_region(path, writable, trust_shared, (pv_region_header_t *)header, err, n, kind);
-}
 PV_EXPORT int pyvgpu_g_machine_turns_problem(const char *path, int trust_shared, char *why, size_t n) {
     return pv_machine_turns_problem(path, trust_shared, why, n);
 }
@@ -161,6 +157,9 @@ PV_EXPORT int pyvgpu_g_use_turns(const char *path, const char *machine, int trus
 PV_EXPORT int pyvgpu_g_read_turns(const char *path, const char *machine, int trust_shared, void *out, char *err,
                                   size_t n, int *kind) {
     return pv_read_turns(path, machine, trust_shared, out, err, n, kind) ? -1 : 0;
+}
+PV_EXPORT int pyvgpu_g_node_turns(const char *path, unsigned mode, char *err, size_t n) {
+    return pv_node_turns(path, mode, err, n);
 }
 PV_EXPORT int pyvgpu_g_setup_turns(const char *path, int gid, unsigned mode, int trust_shared, char *err, size_t n) {
     return pv_setup_turns(path, gid, mode, trust_shared, err, n);

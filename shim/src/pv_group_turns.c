@@ -197,3 +197,22 @@ int pv_setup_turns(const char *p, int gid, unsigned mode, int trust_shared, char
     close(fd);
     return there ? 1 : 2;
 }
+
+/* The node agent's turn file (pyvgpu/cluster/node/nodestate.py): made with mode when missing, checked (the
+ * agent made it, so trusted), and its mode set back to mode if it was changed. 0, or -1 with err. */
+int pv_node_turns(const char *p, unsigned mode, char *err, size_t n) {
+    struct stat st;
+    int kind;
+    if (lstat(p, &st) != 0 && errno == ENOENT && pv_create_turns(p, mode, -1) != 0)
+        return pv_fail(err, n, "the turn file %s: %s", p, strerror(errno));
+    char fix[1400];
+    fix_for(p, PV_SHM_TURNS, fix, sizeof fix);
+    int fd = pv_open_turns(p, 1, fix, err, n, &kind);
+    if (fd < 0)
+        return -1;
+    int rc = 0;
+    if (fstat(fd, &st) != 0 || ((st.st_mode & 07777) != mode && fchmod(fd, mode) != 0))
+        rc = pv_fail(err, n, "the turn file %s: cannot make it mode %04o (%s)", p, mode, strerror(errno));
+    close(fd);
+    return rc;
+}

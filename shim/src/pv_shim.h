@@ -200,6 +200,7 @@ void pv_turns_fix(const char *p, char *fix, size_t n);
 int pv_open_turns(const char *p, int trust_shared, const char *fix, char *err, size_t n, int *kind);
 int pv_use_turns(const char *p, const char *machine, int trust_shared, char *err, size_t n, int *kind); /* fd */
 int pv_read_turns(const char *p, const char *machine, int trust_shared, void *out, char *err, size_t n, int *kind);
+int pv_node_turns(const char *p, unsigned mode, char *err, size_t n); /* 0, or -1 with err */
 int pv_setup_turns(const char *p, int gid, unsigned mode, int trust_shared, char *err, size_t n); /* 0 kept,
                                                                                    1 replaced, 2 made, -1 err */
 

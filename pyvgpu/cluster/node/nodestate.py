@@ -128,9 +128,7 @@ class NodeState:
             _chmod_dir(self.root, MODE_ROOT)
             _chmod_dir(self.containers, MODE_CONTAINERS)
             # created if missing, checked otherwise; root's 0666 by design (the module's docstring), so trusted
-            os.close(sched.open_fd(self.turn_path, env={**os.environ, safefile.TRUST_ENV: "1"}))
-            if stat.S_IMODE(self.turn_path.stat().st_mode) != MODE_TURNS:
-                os.chmod(self.turn_path, MODE_TURNS)
+            sched.node_file(self.turn_path, MODE_TURNS)
         except PermissionError as e:
             raise PyvgpuError(f"the node state directory {self.root}: {e.strerror} ({e.filename}); run the node "
                               "agent as root, or give --state-dir a directory it owns") from None
