@@ -237,3 +237,30 @@ def test_a_watched_region_is_checked_then_seen_live_and_read_only(tmp_path):
     (tmp_path / "bad.region").write_bytes(b"\0" * 20000)
     with pytest.raises(PyvgpuError, match="is not a pyvgpu region"):
         region.watch(tmp_path / "bad.region")
+
+
+def test_a_command_gets_the_group_core_alone_without_the_shim(env, tmp_path):
+    """What `wrap`, `status`, `limits set`, the exporter and the node agent do with regions and turn files loads
+    libpyvgpu_group.so and never the shim (libpyvgpu.so), whose interposition a command must not have."""
+    import subprocess
+    import sys
+
+    code = f"""
+from pathlib import Path
+from pyvgpu.group import live, region, turnfile
+from pyvgpu.ops import status
+p = Path({str(tmp_path / "c.region")!r})
+region.create(p, "c", [64 << 20] * 16)
+r = region.open_region(p)
+region.check_bounds(r, [1 << 34])
+region.has_live_member(r)
+live.set_limits(p, "128M", "50", "high", "on")
+status.collect(region_path=p)
+turnfile.entries(Path({str(tmp_path / "turns")!r}))
+maps = open("/proc/self/maps").read()
+print("libpyvgpu_group.so" in maps, "/libpyvgpu.so" in maps)
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env=env)  # the fake driver's NVML: a share can be checked
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["True", "False"]
