@@ -257,6 +257,13 @@ def test_a_gpu_policy_is_its_words_and_keeps_hamis_spelling():
             GpuPolicies(bad)
 
 
+def test_a_priority_pair_is_two_priorities_as_given():
+    from pyvgpu.cli.common import Priority, PriorityPair
+
+    assert PriorityPair("high,low").priorities == (Priority.high, Priority.low) and PriorityPair("0, 1") == "0, 1"
+    assert PriorityPair("0, 1").priorities == (Priority.high, Priority.low)  # HAMi's numbers
+
+
 def test_explain_reads_its_files_and_stdin_by_path(env, tmp_path):
     """--nodes/--pods/--pod are Paths; '-' still reads stdin, and --gpu-policy reaches the decision."""
     nodes, pods = tmp_path / "nodes.json", tmp_path / "pods.json"
@@ -322,7 +329,9 @@ def test_a_bad_choice_gets_the_librarys_one_line_message_on_every_path(env):
                         "--gpu-policy 'binpack,pack': use spread, binpack, topology-aware, mutex or numa, or a comma "
                         "list of them"),
                        (["cluster", "explain", "--nodes", "n", "--pods", "p", "--pod", "x", "--gpu-policy", " , "],
-                        "--gpu-policy ' , ': use spread")):
+                        "--gpu-policy ' , ': use spread"),
+                       (["bench", "sm", "--priorities", "high"], "--priorities 'high': give two, one per group"),
+                       (["bench", "sm", "--priorities", "high,mid"], "--priorities: 'mid' is not a priority")):
         for entry in (PYVGPU, [sys.executable, "-m", "pyvgpu.cli"]):
             p = run([*entry, *args], env=env)
             assert p.returncode == 2 and p.stderr.startswith("pyvgpu: ") and says in p.stderr, (args, p.stderr)

@@ -105,6 +105,27 @@ class Priority(str, enum.Enum):
     low = "low"
 
 
+class PriorityPair(str):
+    """Two priorities, one per group of a pair ("high,low"; HAMi's 0 and 1 too), checked by the library's own
+    check; the text as given, and ``priorities`` its Priority members."""
+
+    priorities: tuple[Priority, Priority]
+
+    def __new__(cls, text: str) -> PriorityPair:
+        from pyvgpu.group import limits
+
+        parts = [p.strip() for p in text.split(",")]
+        if len(parts) != 2:
+            raise PyvgpuError(f"--priorities {text!r}: give two, one per group of the pair, e.g. high,low")
+        got = super().__new__(cls, text)
+        got.priorities = tuple(Priority(limits.PRIORITIES[limits.parse_priority(p, "--priorities")]) for p in parts)
+        return got
+
+
+def priority_pair(text: str | PriorityPair) -> PriorityPair:
+    return text if isinstance(text, PriorityPair) else PriorityPair(text)
+
+
 class Allocator(str, enum.Enum):
     """PyTorch's allocator in the wrapped program (pyvgpu.vpmm.torch_startup.ALLOCATORS)."""
 

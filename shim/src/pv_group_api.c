@@ -1,9 +1,10 @@
-/* The group library's exported functions: what Python calls through ctypes (pyvgpu/native/grouplib.py).
+/* The group library's exported functions: what Python calls through ctypes (pyvgpu/native/grouplib.py and
+ * groupfiles.py).
  *
- * libpyvgpu_group.so is built from the group core's files alone (pv_grammar.c, pv_env.c and this one), so
- * a CLI process that loads it gets the one implementation of the limits grammar and the environment
- * contract without the shim's interposition or its start-up work. The shim is built from the same files.
- * Every function returns 0, or -1 with a one-sentence message in err. */
+ * libpyvgpu_group.so is built from the group core's files alone (pv_grammar.c, pv_env.c, pv_group_*.c), so
+ * a CLI process that loads it gets the one implementation of the limits grammar, the environment contract,
+ * the region and the turn file without the shim's interposition or its start-up work. The shim is built from
+ * the same files. Every function returns 0, or -1 with a one-sentence message in err, unless it says. */
 #include <stdio.h>
 #include <string.h>
 

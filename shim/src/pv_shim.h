@@ -204,7 +204,7 @@ int pv_node_turns(const char *p, unsigned mode, char *err, size_t n); /* 0, or -
 int pv_setup_turns(const char *p, int gid, unsigned mode, int trust_shared, char *err, size_t n); /* 0 kept,
                                                                                    1 replaced, 2 made, -1 err */
 
-/* pv_group_api.c: the group library's exported functions, for Python's ctypes (pyvgpu/native/grouplib.py) */
+/* pv_group_api.c: the group library's exported functions, for Python's ctypes (pyvgpu/native/group*.py) */
 
 /* pv_load.c: the compiled callbacks, loaded without an interpreter; NULL with the reason in err */
 const pv_cblib_t *pv_load_callbacks(char *err, size_t n);
