@@ -145,7 +145,8 @@ def view_region(p: Path, writable: bool, trust: bool, header: ctypes.Structure) 
     fd = _open("pyvgpu_g_view_region", _b(str(p)), int(writable), int(trust), ctypes.addressof(header),
                ctypes.byref(addr))
     view = (ctypes.c_char * header.size).from_address(addr.value)
-    weakref.finalize(view, lib().pyvgpu_g_unmap, addr.value, header.size)
+    # unmapped once unused; at exit it is left to the kernel, so no exit handler reads an unmapped view
+    weakref.finalize(view, lib().pyvgpu_g_unmap, addr.value, header.size).atexit = False
     return fd, view
 
 
