@@ -36,7 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 SHIM_SOURCES = sorted((ROOT / "shim" / "src").glob("*.c")) + [ROOT / "shim" / "generated" / "pv_hooks.c"]
 GROUP_SOURCES = [ROOT / "shim" / "src" / f for f in ("pv_grammar.c", "pv_env.c", "pv_group_files.c",
-                                                   "pv_group_region.c", "pv_group_turns.c", "pv_group_api.c")]
+                                                   "pv_group_region.c", "pv_group_checks.c", "pv_group_turns.c",
+                                                   "pv_group_api.c")]
 BENCH_SOURCE = ROOT / "pyvgpu" / "bench" / "pv_bench.c"
 
 

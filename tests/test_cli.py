@@ -218,6 +218,68 @@ def test_every_option_is_annotated_with_its_true_type():
                     (path, name, t)
 
 
+# Options that name a file or directory; --png takes '' for "no plot" (scripts/gpu_check.sh), which a Path cannot.
+NOT_A_PATH = {(("bench", "sm"), "png")}
+
+
+def test_every_option_that_names_a_file_is_a_path():
+    """PATH, FILE and DIR options are typed Path (list[Path] when repeatable), never text."""
+    import typing
+    from pathlib import Path
+
+    named = []
+    for path, cmd in _commands():
+        hints = typing.get_type_hints(cmd.callback, include_extras=True)
+        for p in cmd.params:
+            if not any(w in str(p.metavar or "") for w in ("PATH", "FILE", "DIR")) or (path, p.name) in NOT_A_PATH:
+                continue
+            t = typing.get_args(hints[p.name])[0]
+            args = [a for a in typing.get_args(t) if a is not type(None)] or [t]
+            inner = typing.get_args(args[0]) if typing.get_origin(args[0]) is list else args
+            assert inner == [Path] or inner == (Path,), (path, p.name, t)
+            named.append(p.opts[0])
+    assert {"--region", "--stats-file", "--state-dir", "--kubeconfig", "--nodes", "--runtime-dir",
+            "--tls-cert-file", "--python", "--output"} <= set(named)
+
+
+def test_a_gpu_policy_is_its_words_and_keeps_hamis_spelling():
+    from pyvgpu.cluster.cli import GpuPolicies, GpuPolicy
+    from pyvgpu.cluster.core.request import gpu_policy_of
+    from pyvgpu.errors import PyvgpuError
+
+    for text in ("spread", "binpack", "numa", "binpack,topology-aware", "binpack,", " mutex , numa"):
+        got = GpuPolicies(text)
+        assert got.words and all(isinstance(w, GpuPolicy) for w in got.words) and got == text
+        gpu_policy_of(str(got), "--gpu-policy")  # what the scheduler is given reads as the text would
+    assert GpuPolicies("binpack,topology-aware").words == (GpuPolicy.binpack, GpuPolicy.topology_aware)
+    for bad in ("", ",", "pack", "binpack,pack"):
+        with pytest.raises(PyvgpuError, match="--gpu-policy .*: use spread, binpack"):
+            GpuPolicies(bad)
+
+
+def test_a_priority_pair_is_two_priorities_as_given():
+    from pyvgpu.cli.common import Priority, PriorityPair
+
+    assert PriorityPair("high,low").priorities == (Priority.high, Priority.low) and PriorityPair("0, 1") == "0, 1"
+    assert PriorityPair("0, 1").priorities == (Priority.high, Priority.low)  # HAMi's numbers
+
+
+def test_explain_reads_its_files_and_stdin_by_path(env, tmp_path):
+    """--nodes/--pods/--pod are Paths; '-' still reads stdin, and --gpu-policy reaches the decision."""
+    nodes, pods = tmp_path / "nodes.json", tmp_path / "pods.json"
+    nodes.write_text(json.dumps({"kind": "NodeList", "items": []}))
+    pods.write_text(json.dumps({"kind": "PodList", "items": []}))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "d", "uid": "u1"},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+    p = run([*PYVGPU, "cluster", "explain", "--nodes", str(nodes), "--pods", str(pods), "--pod", "-", "--json",
+             "--gpu-policy", "binpack,topology-aware"], env=env, input=json.dumps(pod))
+    assert p.returncode == 0, p.stderr
+    assert isinstance(json.loads(p.stdout), dict)
+    p = run([*PYVGPU, "cluster", "explain", "--nodes", str(tmp_path / "none.json"), "--pods", str(pods), "--pod",
+             "-"], env=env, input="{}")
+    assert p.returncode == 2 and f"--nodes {tmp_path / 'none.json'}: cannot read it" in p.stderr, p.stderr
+
+
 def test_every_option_has_one_sentence_of_help():
     """Details go to docs/manual.md and docs/cluster.md, not into --help."""
     import re
@@ -231,7 +293,7 @@ def test_every_option_has_one_sentence_of_help():
 def test_every_choice_is_an_enum_of_the_librarys_values_and_completes():
     from pyvgpu.bench import sm, vpmm_workloads
     from pyvgpu.cli import bench, common
-    from pyvgpu.cluster.cli import NodePolicy
+    from pyvgpu.cluster.cli import GpuPolicy, NodePolicy
     from pyvgpu.cluster.core import keys
     from pyvgpu.group import limits, mps
     from pyvgpu.ops import wrap
@@ -241,7 +303,7 @@ def test_every_choice_is_an_enum_of_the_librarys_values_and_completes():
                          (common.Allocator, ALLOCATORS), (common.OnError, wrap.ON_ERROR_CHOICES),
                          (bench.SmWorkload, sm.WORKLOADS), (bench.Neighbour, sm.NEIGHBOURS),
                          (bench.VpmmWorkload, ("trace", *vpmm_workloads.WORKLOADS, "all")),
-                         (NodePolicy, (keys.BINPACK, keys.SPREAD))):
+                         (NodePolicy, (keys.BINPACK, keys.SPREAD)), (GpuPolicy, keys.GPU_POLICY_WORDS)):
         assert tuple(m.value for m in kind) == tuple(values), kind
     import typer
 
@@ -278,7 +340,8 @@ def test_every_choice_survives_older_typers_second_conversion():
                 if isinstance(k, type) and issubclass(k, enum.Enum):
                     assert issubclass(k, Choice), (path, p.name, k)
                     seen.add(k)
-    assert len(seen) == len(Choice.__subclasses__()) >= 8, seen
+    assert len(seen) >= 8 and seen <= set(Choice.__subclasses__()), seen
+    seen |= set(Choice.__subclasses__())  # and the choices read inside an option's text (--gpu-policy's words)
     for kind in seen:
         lookup = {str(m.value).lower(): m for m in kind}  # the older typers' table
         for m in kind:
@@ -290,7 +353,14 @@ def test_a_bad_choice_gets_the_librarys_one_line_message_on_every_path(env):
                        (["bench", "sm", "--workload", "fft"], "--workload 'fft' is not one of spin, graph, matmul"),
                        (["bench", "sm", "--mode", "mig"], "--mode 'mig' is not one of hami-core, mps"),
                        (["cluster", "scheduler", "--port", "1", "--node-policy", "pack"],
-                        "--node-policy 'pack': use binpack or spread")):
+                        "--node-policy 'pack': use binpack or spread"),
+                       (["cluster", "scheduler", "--port", "1", "--gpu-policy", "binpack,pack"],
+                        "--gpu-policy 'binpack,pack': use spread, binpack, topology-aware, mutex or numa, or a comma "
+                        "list of them"),
+                       (["cluster", "explain", "--nodes", "n", "--pods", "p", "--pod", "x", "--gpu-policy", " , "],
+                        "--gpu-policy ' , ': use spread"),
+                       (["bench", "sm", "--priorities", "high"], "--priorities 'high': give two, one per group"),
+                       (["bench", "sm", "--priorities", "high,mid"], "--priorities: 'mid' is not a priority")):
         for entry in (PYVGPU, [sys.executable, "-m", "pyvgpu.cli"]):
             p = run([*entry, *args], env=env)
             assert p.returncode == 2 and p.stderr.startswith("pyvgpu: ") and says in p.stderr, (args, p.stderr)

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from pyvgpu.cli.common import AsJson, Choice, Mode, Output, check_of, choice, emit, fail
+from pyvgpu.cli.common import AsJson, Choice, Mode, Output, PriorityPair, check_of, choice, emit, fail, priority_pair
 
 bench_app = typer.Typer(help="Benchmarks that print figures, raw against wrapped, measured in one run.",
                         no_args_is_help=True, rich_markup_mode=None)
@@ -72,9 +72,9 @@ def bench_overhead(
 @bench_app.command("startup")
 def bench_startup(
     runs: Annotated[int, typer.Option("--runs", min=1, metavar=N, help="Runs per case.")] = 5,
-    python: Annotated[list[str] | None, typer.Option("--python", metavar="PATH",
-                                                     help="Another interpreter to time as a host "
-                                                          "(repeatable).")] = None,
+    python: Annotated[list[Path] | None, typer.Option("--python", metavar="PATH",
+                                                      help="Another interpreter to time as a host "
+                                                           "(repeatable).")] = None,
     concurrent: Annotated[int, typer.Option("--concurrent", min=0, metavar=N,
                                             help="Instead, start N `pyvgpu wrap --group` at once and time "
                                                  "them.")] = 0,
@@ -91,7 +91,7 @@ def bench_startup(
         return
     from pyvgpu.bench import startup
 
-    result = startup.run(runs=runs, pythons=python or [])
+    result = startup.run(runs=runs, pythons=[str(p) for p in python or []])
     emit(result, startup.table(result), as_json, output)
 
 
@@ -109,9 +109,10 @@ def bench_sm(
                                       help="Shares of the two groups run at once ('' to skip).")] = "30,70",
     sliced: Annotated[bool, typer.Option("--sliced", help="Run the pair once more time-sliced, to "
                                                           "compare.")] = False,
-    priorities: Annotated[str | None, typer.Option("--priorities", metavar="PRIO,PRIO",
-                                                   help="Priorities of the pair's two groups, e.g. "
-                                                        "high,low.")] = None,
+    priorities: Annotated[PriorityPair | None, typer.Option("--priorities", metavar="PRIO,PRIO",
+                                                            parser=priority_pair,
+                                                            help="Priorities of the pair's two groups, e.g. "
+                                                                 "high,low.")] = None,
     neighbour: Annotated[Neighbour, choice(Neighbour, "--neighbour",
                                            help="Also run a group beside an unlimited wrapped "
                                                 "neighbour.")] = Neighbour.none,
@@ -139,7 +140,8 @@ def bench_sm(
 
     result = bench.run(targets=targets, seconds=seconds, workload=workload.value, pair=pair,
                        png=Path(png) if png else None, neighbour=neighbour.value, neighbour_share=neighbour_share,
-                       sliced=sliced, priorities=priorities, burst=burst, burst_share=burst_share, mode=mode.value)
+                       sliced=sliced, priorities=None if priorities is None else str(priorities), burst=burst,
+                       burst_share=burst_share, mode=mode.value)
     emit(result, bench.table(result), as_json, output)
 
 

@@ -77,8 +77,8 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON on stdout inste
 Output = Annotated[Path | None, typer.Option("--output", "-o", metavar="PATH",
                                                 help="Also write the full result as JSON to PATH.")]
 OnlyGroup = Annotated[str | None, typer.Option("--group", "-g", metavar="NAME", help="Only this named group.")]
-OnlyRegion = Annotated[str | None, typer.Option("--region", metavar="PATH",
-                                                   help="Only the group region at PATH.")]
+OnlyRegion = Annotated[Path | None, typer.Option("--region", metavar="PATH",
+                                                    help="Only the group region at PATH.")]
 SmBorrow = Annotated[bool | None, typer.Option("--sm-borrow/--sm-cap",
                                                   help="Let the group use idle GPU time beyond its share, or cap it "
                                                        "there.")]
@@ -111,6 +111,27 @@ class Priority(Choice):
 
     high = "high"
     low = "low"
+
+
+class PriorityPair(str):
+    """Two priorities, one per group of a pair ("high,low"; HAMi's 0 and 1 too), checked by the library's own
+    check; the text as given, and ``priorities`` its Priority members."""
+
+    priorities: tuple[Priority, Priority]
+
+    def __new__(cls, text: str) -> PriorityPair:
+        from pyvgpu.group import limits
+
+        parts = [p.strip() for p in text.split(",")]
+        if len(parts) != 2:
+            raise PyvgpuError(f"--priorities {text!r}: give two, one per group of the pair, e.g. high,low")
+        got = super().__new__(cls, text)
+        got.priorities = tuple(Priority(limits.PRIORITIES[limits.parse_priority(p, "--priorities")]) for p in parts)
+        return got
+
+
+def priority_pair(text: str | PriorityPair) -> PriorityPair:
+    return text if isinstance(text, PriorityPair) else PriorityPair(text)
 
 
 class Allocator(Choice):

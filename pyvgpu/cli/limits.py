@@ -12,7 +12,7 @@ from pyvgpu.cli.common import Priority, SmBorrow, check_of, choice
 limits_app = typer.Typer(help="Change a running group's limits.", no_args_is_help=True, rich_markup_mode=None)
 
 
-def group_path(group: str | None, region: str | None) -> Path:
+def group_path(group: str | None, region: Path | None) -> Path:
     """The region of the group named by exactly one of --group and --region, which must exist."""
     from pyvgpu.errors import PyvgpuError
     from pyvgpu.group import region as R
@@ -29,8 +29,8 @@ def group_path(group: str | None, region: str | None) -> Path:
 def limits_set(
     group: Annotated[str | None, typer.Option("--group", "-g", metavar="NAME",
                                               help="The named group to change.")] = None,
-    region: Annotated[str | None, typer.Option("--region", metavar="PATH",
-                                               help="The group region file to change.")] = None,
+    region: Annotated[Path | None, typer.Option("--region", metavar="PATH",
+                                                help="The group region file to change.")] = None,
     memory: Annotated[str | None, typer.Option("--memory", "-m", metavar="SIZE|DEV=SIZE,...|none",
                                                help="New memory cap, on every device (4G), per device (0=2G,1=6G) "
                                                     "or none.")] = None,

@@ -50,12 +50,13 @@ def exporter(
                                       help="TCP port to serve /metrics on (0: any free one, printed at "
                                            "start).")] = DEFAULT_EXPORTER_PORT,
     address: Annotated[str, typer.Option("--address", metavar="ADDRESS",
-                                         help="Address to listen on: 0.0.0.0, ::, 127.0.0.1 or ::1.")] = "0.0.0.0",
+                                         help="An address of this host to listen on (0.0.0.0 or :: for "
+                                              "all).")] = "0.0.0.0",
     group: OnlyGroup = None,
     region: OnlyRegion = None,
-    state_dir: Annotated[str | None, typer.Option("--state-dir", metavar="DIR",
-                                                  help="Export the containers' regions of a Kubernetes node's "
-                                                       "state directory instead.")] = None,
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", metavar="DIR",
+                                                   help="Export the containers' regions of a Kubernetes node's "
+                                                        "state directory instead.")] = None,
     cache: Annotated[float, typer.Option("--cache-seconds", min=0.0, max=60.0, metavar="SECONDS",
                                          help="Scrapes within this long of a read share it (0: read at every "
                                               "scrape).")] = 1.0,
@@ -70,7 +71,7 @@ def exporter(
     """
     from pyvgpu.ops import exporter as ex
 
-    if state_dir is not None and not Path(state_dir).is_dir():
+    if state_dir is not None and not state_dir.is_dir():
         raise fail(f"--state-dir {state_dir}: no such directory; give the node state directory the device plugin "
                    "was given (--state-dir, default /run/pyvgpu)")
     try:

@@ -7,6 +7,7 @@ code. Each option's details are in docs/manual.md ("wrap's options").
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -28,9 +29,9 @@ def wrap(
     command: Annotated[list[str], typer.Argument(metavar="PROGRAM", hidden=True)],
     stats: Annotated[bool, typer.Option("--stats", help="Print each process's CUDA/NVML call counts to stderr "
                                                         "at exit.")] = False,
-    stats_file: Annotated[str | None, typer.Option("--stats-file", metavar="PATH",
-                                                   help="Append the call counts as JSON to PATH (%p: the pid) "
-                                                        "instead.")] = None,
+    stats_file: Annotated[Path | None, typer.Option("--stats-file", metavar="PATH",
+                                                    help="Append the call counts as JSON to PATH (%p: the pid) "
+                                                         "instead.")] = None,
     memory: Annotated[str | None, typer.Option("--memory", "-m", metavar="SIZE|DEV=SIZE,...",
                                                help="The group's memory cap, on every device (4G) or per device "
                                                     "(0=2G,1=6G).")] = None,
@@ -47,9 +48,9 @@ def wrap(
     group: Annotated[str | None, typer.Option("--group", "-g", metavar="NAME",
                                               help="Join or start the named group, whose processes share one "
                                                    "quota.")] = None,
-    region: Annotated[str | None, typer.Option("--region", metavar="PATH",
-                                               help="Use the group region file at PATH instead of a named "
-                                                    "group.")] = None,
+    region: Annotated[Path | None, typer.Option("--region", metavar="PATH",
+                                                help="Use the group region file at PATH instead of a named "
+                                                     "group.")] = None,
     on_error: Annotated[OnError | None, typer.Option("--on-error", case_sensitive=False, metavar="closed|open",
                                                      help="When the limits cannot be enforced: refuse CUDA calls "
                                                           "(closed) or run unlimited (open).")] = None,
@@ -72,7 +73,8 @@ def wrap(
     from pyvgpu.ops.wrap import WrapRequest
 
     request = WrapRequest.from_options(
-        stats=stats, stats_file=stats_file, memory=memory, sm=sm, devices=devices, group=group, region_path=region,
+        stats=stats, stats_file=None if stats_file is None else str(stats_file), memory=memory, sm=sm,
+        devices=devices, group=group, region_path=None if region is None else str(region),
         allocator=allocator.value if allocator else None, on_error=on_error.value if on_error else None,
         mode=mode.value if mode else None, priority=priority.value if priority else None, sm_borrow=sm_borrow)
     raise typer.Exit(fastwrap.run(command, request))

@@ -7,6 +7,7 @@ option are in docs/cluster.md.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -36,33 +37,73 @@ def _check_node_policy(text: str) -> str:
     return text
 
 
+class GpuPolicy(Choice):
+    """A word of a GPU policy (HAMi's hami.io/gpu-scheduler-policy words, pyvgpu.cluster.core.keys)."""
+
+    binpack = "binpack"
+    spread = "spread"
+    topology_aware = "topology-aware"
+    mutex = "mutex"
+    numa = "numa"
+
+
+GPU_POLICY_FIX = "use spread, binpack, topology-aware, mutex or numa, or a comma list of them"
+
+
+class GpuPolicies(str):
+    """--gpu-policy: one GPU policy word or HAMi's comma list of them, checked to be GpuPolicy words. The text
+    as given is what the cluster core reads (by HAMi's rules a comma makes a chain of sort keys); ``words``
+    are its GpuPolicy members."""
+
+    words: tuple[GpuPolicy, ...]
+
+    def __new__(cls, text: str) -> GpuPolicies:
+        from pyvgpu.errors import PyvgpuError
+
+        try:
+            words = tuple(GpuPolicy(t.strip()) for t in text.split(",") if t.strip())
+        except ValueError:
+            words = ()
+        if not words:
+            raise PyvgpuError(f"--gpu-policy {text!r}: {GPU_POLICY_FIX}")
+        got = super().__new__(cls, text)
+        got.words = words
+        return got
+
+
+DEFAULT_GPU_POLICY = GpuPolicies(GpuPolicy.spread.value)
+
+
+def _parse_gpu_policy(text: str | GpuPolicies) -> GpuPolicies:
+    return text if isinstance(text, GpuPolicies) else GpuPolicies(text)
+
+
 def _complete_gpu_policy(incomplete: str) -> list[str]:
     """The words of a GPU policy, after the comma list's words already written."""
-    from pyvgpu.cluster.core.keys import GPU_POLICY_WORDS
-
     done, _, word = incomplete.rpartition(",")
-    return [f"{done},{w}" if done else w for w in GPU_POLICY_WORDS if w.startswith(word)]
+    return [f"{done},{w.value}" if done else w.value for w in GpuPolicy if w.value.startswith(word)]
 
 
 # The options the scheduler and `explain` share, written once.
 NodePolicyOption = Annotated[NodePolicy, choice(NodePolicy, "--node-policy", check=_check_node_policy,
                                                 help="The default node policy (a pod's "
                                                      "hami.io/node-scheduler-policy wins).")]
-# A comma list of words (binpack,topology-aware), so text: checked by _gpu_policy_ok, completed word by word.
-GpuPolicyOption = Annotated[str, typer.Option("--gpu-policy", metavar="POLICY", autocompletion=_complete_gpu_policy,
-                                              help="The default GPU policy: spread, binpack, topology-aware, mutex, "
-                                                   "numa or a comma list (a pod's hami.io/gpu-scheduler-policy "
-                                                   "wins).")]
+# One word or a comma list of them (binpack,topology-aware): parsed into GpuPolicy words, completed word by word.
+GpuPolicyOption = Annotated[GpuPolicies, typer.Option("--gpu-policy", metavar="POLICY[,POLICY...]",
+                                                      parser=_parse_gpu_policy, autocompletion=_complete_gpu_policy,
+                                                      help="The default GPU policy: spread, binpack, topology-aware, "
+                                                           "mutex, numa or a comma list (a pod's "
+                                                           "hami.io/gpu-scheduler-policy wins).")]
 SchedulerName = Annotated[str, typer.Option("--scheduler-name", metavar="NAME",
                                             help="The scheduler's name: pods of this schedulerName are "
                                                  "pyvgpu's.")]
-Kubeconfig = Annotated[str | None, typer.Option("--kubeconfig", metavar="PATH",
-                                                help="Kubeconfig of the API server (default: in-cluster, else "
-                                                     "~/.kube/config).")]
+Kubeconfig = Annotated[Path | None, typer.Option("--kubeconfig", metavar="PATH",
+                                                 help="Kubeconfig of the API server (default: in-cluster, else "
+                                                      "~/.kube/config).")]
 NodeName = Annotated[str | None, typer.Option("--node-name", metavar="NAME",
                                               help="This node's name (default: $NODE_NAME).")]
-StateDir = Annotated[str, typer.Option("--state-dir", metavar="DIR",
-                                       help="The node's shared state: turn file and per-container regions.")]
+StateDir = Annotated[Path, typer.Option("--state-dir", metavar="DIR",
+                                        help="The node's shared state: turn file and per-container regions.")]
 Split = Annotated[int, typer.Option("--split", metavar="N",
                                     help="Virtual devices per GPU: how many containers may share one (HAMi's "
                                          "deviceSplitCount).")]
@@ -70,7 +111,7 @@ HealthInterval = Annotated[float, typer.Option("--health-interval", metavar="SEC
                                                help="How often NVML is asked whether each GPU is healthy.")]
 
 
-def _load(path: str, option: str):
+def _load(path: Path, option: str):
     """A JSON or YAML document from a file ('-': stdin). Errors name the option and the file."""
     import json
     import sys
@@ -78,7 +119,7 @@ def _load(path: str, option: str):
     from pyvgpu.cluster.core.errors import ClusterInputError
 
     try:
-        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
     except OSError as e:
         raise ClusterInputError(f"{option} {path}", f"cannot read it: {e.strerror}") from None
     except UnicodeDecodeError:
@@ -103,19 +144,19 @@ def _load(path: str, option: str):
 
 @cluster_app.command()
 def explain(
-    nodes: Annotated[str, typer.Option("--nodes", metavar="FILE",
-                                       help="The nodes: `kubectl get nodes -o json` output (JSON or YAML).")],
-    pods: Annotated[str, typer.Option("--pods", metavar="FILE",
-                                      help="The pods whose GPUs count: `kubectl get pods -A -o json` output.")],
-    pod: Annotated[str, typer.Option("--pod", metavar="FILE",
-                                     help="The pod to place: one Pod manifest, YAML or JSON ('-' reads stdin).")],
+    nodes: Annotated[Path, typer.Option("--nodes", metavar="FILE",
+                                        help="The nodes: `kubectl get nodes -o json` output (JSON or YAML).")],
+    pods: Annotated[Path, typer.Option("--pods", metavar="FILE",
+                                       help="The pods whose GPUs count: `kubectl get pods -A -o json` output.")],
+    pod: Annotated[Path, typer.Option("--pod", metavar="FILE",
+                                      help="The pod to place: one Pod manifest, YAML or JSON ('-' reads stdin).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema: docs/cluster.md).")] = False,
     node_policy: NodePolicyOption = NodePolicy.binpack,
-    gpu_policy: GpuPolicyOption = "spread",
+    gpu_policy: GpuPolicyOption = DEFAULT_GPU_POLICY,
     scheduler_name: SchedulerName = DEFAULT_SCHEDULER,
-    quotas: Annotated[str | None, typer.Option("--quotas", metavar="FILE",
-                                               help="Namespace GPU quotas: `kubectl get resourcequotas -A -o json` "
-                                                    "output.")] = None,
+    quotas: Annotated[Path | None, typer.Option("--quotas", metavar="FILE",
+                                                help="Namespace GPU quotas: `kubectl get resourcequotas -A -o json` "
+                                                     "output.")] = None,
 ) -> None:
     """Where would the scheduler put POD, and why not elsewhere? Prints the decision, the annotations it would
     write, and per node: fits or not, its score, and which container, GPU and limit refused it.
@@ -132,9 +173,8 @@ def explain(
     from pyvgpu.cluster.core.errors import ClusterInputError
 
     try:
-        if not _gpu_policy_ok(gpu_policy):
-            raise ClusterInputError("--gpu-policy", f"{gpu_policy!r}: {GPU_POLICY_FIX}")
-        cfg = ClusterConfig(node_policy=node_policy.value, gpu_policy=gpu_policy, scheduler_names=(scheduler_name,))
+        cfg = ClusterConfig(node_policy=node_policy.value, gpu_policy=str(gpu_policy),
+                            scheduler_names=(scheduler_name,))
         docs = {}
         for option, path in (("--nodes", nodes), ("--pods", pods), ("--pod", pod), ("--quotas", quotas)):
             docs[option] = _load(path, option) if path is not None else None
@@ -155,21 +195,6 @@ def explain(
     typer.echo(json.dumps(render.to_json(decision), indent=1) if as_json else render.to_text(decision))
 
 
-GPU_POLICY_FIX = "use spread, binpack, topology-aware, mutex or numa, or a comma list of them"
-
-
-def _gpu_policy_ok(policy: str) -> bool:
-    """A default GPU policy as a pod's annotation may give it (pyvgpu.cluster.core.request.gpu_policy_of)."""
-    from pyvgpu.cluster.core.errors import ClusterInputError
-    from pyvgpu.cluster.core.request import gpu_policy_of
-
-    try:
-        gpu_policy_of(policy, "--gpu-policy")
-    except ClusterInputError:
-        return False
-    return bool(policy.strip())
-
-
 def _node_options(node_name: str | None, **kw):
     import os
 
@@ -185,11 +210,8 @@ def _node_options(node_name: str | None, **kw):
         if opt in kw and not kw[opt] > 0:
             raise PyvgpuError(f"--{opt.replace('_s', '').replace('_', '-')} {kw[opt]}: give a positive number of "
                               "seconds")
-    from pathlib import Path
-
-    for opt in ("plugin_dir", "state_dir"):
-        if opt in kw:
-            kw[opt] = Path(kw[opt])
+    if kw.get("kubeconfig") is not None:
+        kw["kubeconfig"] = str(kw["kubeconfig"])
     return NodeOptions(node=node, **kw)
 
 
@@ -215,18 +237,18 @@ def _run_daemon(command: str, fn, opts_factory) -> None:
 
 @cluster_app.command("device-plugin")
 def device_plugin(
-    plugin_dir: Annotated[str, typer.Option("--plugin-dir", metavar="DIR",
-                                            help="The kubelet's device-plugin directory (kubelet.sock is "
-                                                 "there).")] = "/var/lib/kubelet/device-plugins",
+    plugin_dir: Annotated[Path, typer.Option("--plugin-dir", metavar="DIR",
+                                             help="The kubelet's device-plugin directory (kubelet.sock is "
+                                                  "there).")] = Path("/var/lib/kubelet/device-plugins"),
     split: Split = 10,
     node_name: NodeName = None,
     resource: Annotated[str, typer.Option("--resource", metavar="NAME",
                                           help="The resource to serve.")] = "nvidia.com/gpu",
     kubeconfig: Kubeconfig = None,
-    state_dir: StateDir = "/run/pyvgpu",
-    runtime_dir: Annotated[list[str] | None, typer.Option("--runtime-dir", metavar="DIR",
-                                                          help="A host directory of the pyvgpu runtime to mount "
-                                                               "read-only into containers (repeatable).")] = None,
+    state_dir: StateDir = Path("/run/pyvgpu"),
+    runtime_dir: Annotated[list[Path] | None, typer.Option("--runtime-dir", metavar="DIR",
+                                                           help="A host directory of the pyvgpu runtime to mount "
+                                                                "read-only into containers (repeatable).")] = None,
     api_retry: Annotated[float, typer.Option("--api-retry", metavar="SECONDS",
                                              help="How long Allocate keeps trying an unreachable API "
                                                   "server.")] = 10.0,
@@ -246,7 +268,7 @@ def device_plugin(
 
     _run_daemon("device-plugin", daemon.device_plugin, lambda: _node_options(
         node_name, split=split, resource=resource, plugin_dir=plugin_dir, kubeconfig=kubeconfig,
-        state_dir=state_dir, runtime_dirs=list(runtime_dir or []), api_retry_s=api_retry,
+        state_dir=state_dir, runtime_dirs=[str(d) for d in runtime_dir or []], api_retry_s=api_retry,
         health_interval=health_interval, agent_interval=agent_interval, with_agent=with_agent,
         scheduler_names=tuple(scheduler_names or (DEFAULT_SCHEDULER,))))
 
@@ -256,7 +278,7 @@ def node_agent(
     node_name: NodeName = None,
     split: Split = 10,
     kubeconfig: Kubeconfig = None,
-    state_dir: StateDir = "/run/pyvgpu",
+    state_dir: StateDir = Path("/run/pyvgpu"),
     interval: Annotated[float, typer.Option("--interval", metavar="SECONDS",
                                             help="How often the registration is checked and regions "
                                                  "reclaimed.")] = 30.0,
@@ -279,26 +301,26 @@ def scheduler(
     kubeconfig: Kubeconfig = None,
     name: SchedulerName = DEFAULT_SCHEDULER,
     node_policy: NodePolicyOption = NodePolicy.binpack,
-    gpu_policy: GpuPolicyOption = "spread",
+    gpu_policy: GpuPolicyOption = DEFAULT_GPU_POLICY,
     lock_expire: Annotated[float, typer.Option("--lock-expire", metavar="SECONDS",
                                                help="Age after which a node lock (hami.io/mutex.lock) is taken "
                                                     "over.")] = 300.0,
     webhook_port: Annotated[int | None, typer.Option("--webhook-port", metavar="P",
                                                      help="Also serve everything over HTTPS on this port (needs "
                                                           "--tls-cert-file and --tls-key-file).")] = None,
-    tls_cert: Annotated[str | None, typer.Option("--tls-cert-file", metavar="PATH",
-                                                 help="PEM certificate for --webhook-port.")] = None,
-    tls_key: Annotated[str | None, typer.Option("--tls-key-file", metavar="PATH",
-                                                help="PEM key for --webhook-port.")] = None,
+    tls_cert: Annotated[Path | None, typer.Option("--tls-cert-file", metavar="PATH",
+                                                  help="PEM certificate for --webhook-port.")] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key-file", metavar="PATH",
+                                                 help="PEM key for --webhook-port.")] = None,
     address: Annotated[str, typer.Option("--address", metavar="IP",
                                          help="Address of --port; any but localhost needs "
                                               "--token-file.")] = "127.0.0.1",
-    token_file: Annotated[str | None, typer.Option("--token-file", metavar="PATH",
-                                                   help="A bearer token (16+ characters) that callers beyond "
-                                                        "localhost must give.")] = None,
-    client_ca: Annotated[str | None, typer.Option("--client-ca-file", metavar="PATH",
-                                                  help="PEM CA whose client certificates may call the extender "
-                                                       "verbs on --webhook-port.")] = None,
+    token_file: Annotated[Path | None, typer.Option("--token-file", metavar="PATH",
+                                                    help="A bearer token (16+ characters) that callers beyond "
+                                                         "localhost must give.")] = None,
+    client_ca: Annotated[Path | None, typer.Option("--client-ca-file", metavar="PATH",
+                                                   help="PEM CA whose client certificates may call the extender "
+                                                        "verbs on --webhook-port.")] = None,
     annotation_writers: Annotated[list[str] | None, typer.Option("--annotation-writer", metavar="USER",
                                                                  help="A user the webhook lets write the hami.io "
                                                                       "allocation annotations "
@@ -318,8 +340,6 @@ def scheduler(
         extras.require("scheduler", {"kubernetes": "kubernetes"})
         if not 0 < port < 65536:
             raise PyvgpuError(f"--port {port}: give a TCP port 1..65535")
-        if not _gpu_policy_ok(gpu_policy):
-            raise PyvgpuError(f"--gpu-policy {gpu_policy!r}: {GPU_POLICY_FIX}")
         if lock_expire <= 0:
             raise PyvgpuError(f"--lock-expire {lock_expire}: give a positive number of seconds")
         if webhook_port is not None and not (tls_cert and tls_key):
@@ -330,10 +350,14 @@ def scheduler(
                 raise PyvgpuError(f"{opt} {path}: no such file")
         from pyvgpu.cluster.scheduler import extender_server
 
-        cfg = ClusterConfig(node_policy=node_policy.value, gpu_policy=gpu_policy, scheduler_names=(name,))
-        extender_server.run(kubeconfig, port, name, cfg,
-                     lock_expire, webhook_port, tls_cert, tls_key, address, token_file, client_ca,
-                     tuple(annotation_writers or ()))
+        cfg = ClusterConfig(node_policy=node_policy.value, gpu_policy=str(gpu_policy), scheduler_names=(name,))
+
+        def text(p: Path | None) -> str | None:
+            return None if p is None else str(p)
+
+        extender_server.run(text(kubeconfig), port, name, cfg, lock_expire, webhook_port, text(tls_cert),
+                            text(tls_key), address, text(token_file), text(client_ca),
+                            tuple(annotation_writers or ()))
     except (PyvgpuError, OSError, ValueError) as e:
         typer.echo(f"pyvgpu: {e}", err=True)
         raise typer.Exit(2) from None

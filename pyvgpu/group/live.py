@@ -16,6 +16,7 @@ from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
 from pyvgpu.group import region
 from pyvgpu.host import devices
+from pyvgpu.native import groupfiles
 
 
 @dataclass
@@ -93,21 +94,14 @@ def set_limits(path: Path, memory: str | None, sm: str | None, priority: str | N
     borrow = lim.parse_switch(sm_borrow, "--sm-borrow") if sm_borrow is not None else None
     r = region.open_region(path)
     try:
-        if shares is not None and r.header.mode == L.MODE_MPS:
-            raise PyvgpuError(f"--sm {sm}: group {r.name!r} runs in mode mps, where the share is MPS's active-thread "
-                              "percentage, fixed when each client starts; start a new group with the new --sm")
         gpus = _physical(r)
         n = len(gpus) if gpus is not None else L.MAX_DEVICES
-        for spec, where in ((mem, f"--memory {memory}"), (shares, f"--sm {sm}")):
-            for d in (spec.per_device if spec else {}):
-                if d >= n:
-                    raise PyvgpuError(f"{where}: group {r.name!r} has no device {d} ({n} devices)")
-        if mem is not None and gpus is not None:
-            for d, g in enumerate(gpus):
-                want = mem.for_device(d)
-                if want and want > g.total:
-                    raise PyvgpuError(f"--memory {memory}: {lim.human(want)} is more than device {d}'s "
-                                      f"{lim.human(g.total)}; give a limit at most the device's memory")
+        # the group core refuses a share for an MPS group, a device the group lacks, a cap above its memory
+        if shares is not None:
+            groupfiles.check_change(r.path, r.address, True, (shares.default, shares.per_device), n, None, f"--sm {sm}")
+        if mem is not None:
+            groupfiles.check_change(r.path, r.address, False, (mem.default, mem.per_device), n,
+                                  [g.total for g in gpus] if gpus is not None else None, f"--memory {memory}")
         if shares is not None:
             limited = sorted({d for d, v in _values(shares).items() if v and v < 100 and d is not None}
                              | (set(range(n)) if shares.default and shares.default < 100 else set()))

@@ -18,10 +18,8 @@ The runtime dir is $XDG_RUNTIME_DIR/pyvgpu, else /tmp/pyvgpu-<uid>.
 from __future__ import annotations
 
 import ctypes
-import mmap
 import os
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +29,7 @@ from pyvgpu.contract import layout as L
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
 from pyvgpu.host.devices import Gpu, uuid_text
-from pyvgpu.native import grouplib, safefile
+from pyvgpu.native import groupfiles, grouplib, safefile
 
 Header = L.REGION_HEADER.ctypes_class()
 Event = L.REGION_EVENT.ctypes_class()
@@ -42,7 +40,7 @@ _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 
 def runtime_dir() -> Path:
     """Where this user's groups are (not made here: private_runtime_dir makes it)."""
-    return grouplib.runtime_dir(make=False)
+    return groupfiles.runtime_dir(make=False)
 
 
 RUNTIME_FIX = ("Ask its owner or root to remove it, or set XDG_RUNTIME_DIR to a directory of your own (pyvgpu "
@@ -52,7 +50,7 @@ RUNTIME_FIX = ("Ask its owner or root to remove it, or set XDG_RUNTIME_DIR to a 
 def private_runtime_dir(sub: str | None = None) -> Path:
     """The runtime dir (and ``sub`` in it), made or checked by safefile.private_dir: 0700, this user's,
     no link; checked before anything is created inside."""
-    top = grouplib.runtime_dir(make=True)
+    top = groupfiles.runtime_dir(make=True)
     if sub is None:
         return top
     return safefile.private_dir(top / sub, "the runtime directory", RUNTIME_FIX)
@@ -75,22 +73,25 @@ def path_from_env(env: Mapping[str, str]) -> Path | None:
 
 @dataclass
 class Region:
-    """A mapped region file (or, read-only, a snapshot of one)."""
+    """A mapped region file (or, read-only, a snapshot of one): ``view`` is its memory, mapped by the group
+    core (groupfiles.view_region) and unmapped when nothing uses it any more; the fields are read through the
+    generated layout's ctypes classes."""
 
     path: Path
     fd: int
-    map: mmap.mmap | bytearray
+    view: ctypes.Array
     header: ctypes.Structure
+    writable: bool = True
 
     @property
     def address(self) -> int:
-        return ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        return ctypes.addressof(self.view)
 
     def device(self, d: int) -> ctypes.Structure:
-        return Device.from_buffer(self.map, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size)
+        return Device.from_buffer(self.view, L.REGION_DEVICES_OFF + d * L.REGION_DEVICE.size)
 
     def slot(self, i: int) -> ctypes.Structure:
-        return Slot.from_buffer(self.map, L.REGION_SLOTS_OFF + i * L.REGION_SLOT.size)
+        return Slot.from_buffer(self.view, L.REGION_SLOTS_OFF + i * L.REGION_SLOT.size)
 
     def limits(self) -> list[int]:
         return [self.device(d).limit for d in range(L.MAX_DEVICES)]
@@ -108,7 +109,7 @@ class Region:
                 for g in range(self.header.n_visible)]
 
     def event(self, i: int) -> ctypes.Structure:
-        return Event.from_buffer(self.map, L.REGION_EVENTS_OFF + (i % L.N_EVENTS) * L.REGION_EVENT.size)
+        return Event.from_buffer(self.view, L.REGION_EVENTS_OFF + (i % L.N_EVENTS) * L.REGION_EVENT.size)
 
     def events(self, last: int = L.N_EVENTS) -> list[dict]:
         """The latest events, oldest first; entries being written or overwritten are skipped."""
@@ -147,37 +148,35 @@ def slot_launches(slot: ctypes.Structure) -> int:
     return slot.launches + sum(d.sm_launches for d in slot.dev)
 
 
-def _sm_any(limits: list[int]) -> int:
-    """Devices whose share actually limits (1..99): 0 lets every launch skip the limiter."""
-    return sum(1 for v in limits if 0 < v < 100)
-
-
 def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SLOTS,
            mode: int = 0o600, n_physical: int = 0, sm: list[int] | None = None,
-           visible: list[Gpu] | None = None, priority: int = L.PRIORITY_LOW, sm_borrow: bool = False) -> bool:
+           visible: list[Gpu] | None = None, priority: int = L.PRIORITY_LOW, sm_borrow: bool = False,
+           owner: tuple[int, int | None] | None = None) -> bool:
     """Create the region file if it does not exist; True if this call created it.
 
     The complete file is written under a temporary name and linked into place (shim/src/pv_group_region.c,
-    as the shim makes its own), so nobody ever opens a half-initialised region.
+    as the shim makes its own), so nobody ever opens a half-initialised region. ``owner`` (uid, gid or
+    None; root only): the file belongs to them and its header records the uid (the node agent's regions).
     """
     want = Header(n_slots=n_slots, n_physical=n_physical, priority=priority, sm_borrow=int(sm_borrow))
     raw = name.encode()[: L.GROUP_NAME_BYTES - 1]
     ctypes.memmove(ctypes.addressof(want) + L.REGION_HEADER.offset("name"), raw, len(raw))
-    visible = visible or []
-    want.n_visible = len(visible)
-    uuids = b"".join(g.uuid_bytes for g in visible)
+    indices, uuids = _visible_fields(visible or [])
+    want.n_visible = len(indices)
     ctypes.memmove(ctypes.addressof(want) + L.REGION_HEADER.offset("visible_uuid"), uuids, len(uuids))
-    for i, g in enumerate(visible):
-        want.visible[i] = g.index | (L.VISIBLE_MIG if g.is_mig else 0)
-    return grouplib.make_region(path, want, limits, sm or [0] * L.MAX_DEVICES, mode)
+    for i, v in enumerate(indices):
+        want.visible[i] = v
+    return groupfiles.make_region(path, want, limits, sm or [0] * L.MAX_DEVICES, mode, owner)
 
 
-REGION_FIX = "use a region of your own (--group NAME, or --region PATH in a directory only you can write)"
+def _visible_fields(visible: list[Gpu]) -> tuple[list[int], bytes]:
+    """The header's encoding of a group's devices: NVML index | VISIBLE_MIG each, and their raw UUIDs."""
+    return [g.index | (L.VISIBLE_MIG if g.is_mig else 0) for g in visible], b"".join(g.uuid_bytes for g in visible)
 
 
 # A reader (status, the exporter) reads every slot of a region: a member writing a huge n_slots into the
 # header (and growing the file to match) would make each read cost gigabytes. No pyvgpu makes more.
-MAX_SLOTS = 4 * L.DEFAULT_SLOTS
+MAX_SLOTS = 4 * L.DEFAULT_SLOTS  # pv_shim.h PV_MAX_SLOTS
 
 
 def open_region(path: Path, writable: bool = True, env: Mapping[str, str] = os.environ) -> Region:
@@ -190,19 +189,14 @@ def open_region(path: Path, writable: bool = True, env: Mapping[str, str] = os.e
     A read-only open is a snapshot read with pread: a file someone truncates cannot crash the reader.
     """
     head = Header()
-    fd = grouplib.open_region(path, writable, safefile.trust_shared(env) if writable else True, head)
-    try:
-        if writable:
-            m: mmap.mmap | bytearray = mmap.mmap(fd, head.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        else:
-            m = bytearray(os.pread(fd, head.size, 0))  # a snapshot
-            if len(m) < head.size:
-                raise PyvgpuError(f"region {path} was truncated while pyvgpu read it; remove it and start the "
-                                  "group again")
-    except BaseException:
-        os.close(fd)
-        raise
-    return Region(path, fd, m, Header.from_buffer(m, 0))
+    fd, view = groupfiles.view_region(path, writable, safefile.trust_shared(env) if writable else True, head)
+    return Region(path, fd, view, Header.from_buffer(view, 0), writable)
+
+
+def watch(path: Path) -> int:
+    """The region at ``path``, checked as a read-only open is, mapped shared and read-only and never unmapped
+    (a pool that watches its group's cap and refusals while it runs); the address."""
+    return groupfiles.watch_region(path)
 
 
 GUARDS = {"region": 0, "turns": 1}  # pv_guard.c's PV_GUARD_*
@@ -224,7 +218,7 @@ def map_forever(fd: int, size: int, guard: str = "region") -> int:
         name = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         name = f"(fd {fd})"
-    addr = grouplib.map_shared(fd, size, name, what, "remove it and start again")
+    addr = groupfiles.map_shared(fd, size, name, what, "remove it and start again")
     from pyvgpu.native import shim
 
     lib = shim.loaded()
@@ -238,47 +232,36 @@ def map_forever(fd: int, size: int, guard: str = "region") -> int:
 
 def check_bounds(r: Region, physical: list[int]) -> None:
     """A region whose cap on a device is above the device's memory was not written by pyvgpu (wrap and
-    `limits set` refuse such caps): refuse it rather than trust a cap no GPU has."""
-    for d, cap in enumerate(r.limits()):
-        if cap and d < len(physical) and physical[d] and cap > physical[d]:
-            raise PyvgpuError(f"region {r.path} holds a cap of {lim.human(cap)} on device {d}, more than the "
-                              f"device's {lim.human(physical[d])}: pyvgpu never writes such a cap, so the file "
-                              "was altered; refusing it. Remove it and start the group again")
+    `limits set` refuse such caps): refuse it rather than trust a cap no GPU has (pv_group_checks.c)."""
+    groupfiles.check_bounds(r.path, r.address, physical)
 
 
 def check_limits(region: Region, wanted: lim.MemoryLimits, source: str) -> None:
     """A process whose limits disagree with its group's gets a clear error (shim/src/pv_group_region.c, the
     shim's own check): the same, or the limits the group was created with, which it then follows."""
     if wanted:
-        grouplib.check_limits(region.path, region.address, False, wanted.as_list(), source)
+        groupfiles.check_limits(region.path, region.address, False, wanted.as_list(), source)
 
 
 def check_sm(region: Region, wanted: lim.SmLimits, source: str) -> None:
     """Like check_limits, for compute shares."""
     if wanted:
-        grouplib.check_limits(region.path, region.address, True, wanted.as_list(), source)
+        groupfiles.check_limits(region.path, region.address, True, wanted.as_list(), source)
 
 
 def check_devices(region: Region, wanted: list[Gpu], source: str) -> None:
-    """A process asking for other devices than its group's gets a clear error."""
-    have = region.visible()
-    if wanted and [g.uuid for g in wanted] != [u for _, u in have]:
-        h = "devices " + ",".join(str(i) for i, _ in have) if have else "every device CUDA sees (no --devices)"
-        w = ",".join(str(g.index) for g in wanted)
-        raise PyvgpuError(f"group {region.name!r} ({region.path}) uses {h}, but {source} asks for {w}; "
-                          "use the group's devices, or start a group of your own")
+    """A process asking for other devices than its group's gets a clear error (pv_group_checks.c)."""
+    indices, uuids = _visible_fields(wanted)
+    groupfiles.check_devices(region.path, region.address, indices, uuids, source)
 
 
-def check_setting(region: Region, field: str, wanted: int | None, source: str, words: tuple[str, ...]) -> None:
-    """Like check_limits, for a group setting of the header (priority, sm_borrow): words[v] names value v."""
-    have = getattr(region.header, field)
-    if wanted is not None and have != wanted:
-        raise PyvgpuError(f"group {region.name!r} ({region.path}) has {field.replace('_', '-')} {words[have]}, but "
-                          f"{source} asks for {words[wanted]}; change the group's with `pyvgpu limits set`, or "
-                          "start a group of your own")
+SETTINGS = {"priority": groupfiles.PRIORITY_SETTING, "sm_borrow": groupfiles.SM_BORROW_SETTING}  # the header's
 
 
-BORROW_WORDS = ("off", "on")
+def check_setting(region: Region, field: str, wanted: int | None, source: str) -> None:
+    """Like check_limits, for a group setting of the header (priority, sm_borrow)."""
+    if wanted is not None:
+        groupfiles.check_setting(region.path, region.address, SETTINGS[field], wanted, source)
 
 
 def create_or_open(path: Path, name: str, limits: lim.MemoryLimits, source: str, n_physical: int = 0,
@@ -296,15 +279,9 @@ def create_or_open(path: Path, name: str, limits: lim.MemoryLimits, source: str,
     check_sm(r, sm, sm_source)
     check_devices(r, visible or [], devices_source)
     if check_settings:
-        check_setting(r, "priority", priority, priority_source, lim.PRIORITIES)
-        check_setting(r, "sm_borrow", None if sm_borrow is None else int(sm_borrow), borrow_source, BORROW_WORDS)
+        check_setting(r, "priority", priority, priority_source)
+        check_setting(r, "sm_borrow", None if sm_borrow is None else int(sm_borrow), borrow_source)
     return r
-
-
-def _devices_of(device: int | None) -> list[int]:
-    if device is not None and not 0 <= device < L.MAX_DEVICES:
-        raise PyvgpuError(f"device {device!r} is not a device index 0..{L.MAX_DEVICES - 1}")
-    return list(range(L.MAX_DEVICES)) if device is None else [device]
 
 
 def _log_change(r: Region, kind: int, device: int | None, old: list[int], new: list[int]) -> None:
@@ -320,16 +297,10 @@ def _log_change(r: Region, kind: int, device: int | None, old: list[int], new: l
 
 
 def change_per_device(r: Region, field: str, value: int, device: int | None) -> list[int]:
-    """Set a per-device field (``limit`` or ``sm_limit``) on one device or all of an open region, and log the
-    change; the new values. Members read it at their next call."""
+    """Set a per-device field (``limit`` or ``sm_limit``) on one device or all of an open region
+    (pv_group_checks.c), and log the change; the new values. Members read it at their next call."""
     kind = {"limit": L.EV_MEMORY_LIMIT, "sm_limit": L.EV_SM_LIMIT}[field]
-    devices = _devices_of(device)
-    old = [getattr(r.device(d), field) for d in range(L.MAX_DEVICES)]
-    for d in devices:
-        setattr(r.device(d), field, value)
-    new = [getattr(r.device(d), field) for d in range(L.MAX_DEVICES)]
-    if field == "sm_limit":
-        r.header.sm_any = _sm_any(new)
+    old, new = groupfiles.set_device_limit(r.address, field == "sm_limit", device, value)
     _log_change(r, kind, device, old, new)
     return new
 
@@ -338,8 +309,7 @@ def change_setting(r: Region, field: str, value: int) -> int:
     """Set a group setting of the header (``priority`` or ``sm_borrow``) of an open region and log the
     change; members follow at their next launch."""
     kind = {"priority": L.EV_PRIORITY, "sm_borrow": L.EV_SM_BORROW}[field]
-    old = getattr(r.header, field)
-    setattr(r.header, field, value)
+    old = groupfiles.set_setting(r.address, SETTINGS[field], value)
     if old != value:
         r.log_event(kind, -1, old, value)
     return value
@@ -348,31 +318,17 @@ def change_setting(r: Region, field: str, value: int) -> int:
 def has_live_member(r: Region) -> bool:
     """Does a process of the group live? Every member holds a lock on its slot's bytes: one query over all
     the slots tells (a loop over every slot in Python made `pyvgpu wrap` slow on a machine with many regions)."""
-    import fcntl
-    import struct
-
-    lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF, r.header.n_slots * L.REGION_SLOT.size, 0)
-    return struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))[0] != fcntl.F_UNLCK
+    return groupfiles.slots_locked(r.fd, 0, r.header.n_slots)
 
 
-def gc_private() -> int:
-    """Remove private regions whose processes are all gone; returns how many."""
-    d = runtime_dir() / "private"
-    if not d.is_dir():
-        return 0
-    removed = 0
-    for p in d.glob("*.region"):
-        try:
-            r = open_region(p)
-        except PyvgpuError:
-            continue
-        try:
-            busy = has_live_member(r)
-            # a region nobody ever joined is young: keep it for a minute (its wrap may still be starting)
-            young = time.time_ns() - r.header.created_ns < 60 * 10**9
-            if not busy and not young:
-                p.unlink()
-                removed += 1
-        finally:
-            os.close(r.fd)
-    return removed
+def slot_alive(r: Region, i: int) -> bool:
+    """Does the process of slot ``i`` live (it holds the lock on its slot's bytes)?"""
+    return groupfiles.slots_locked(r.fd, i, 1)
+
+
+PRIVATE_MIN_AGE_NS = 60 * 10**9  # a region nobody joined yet is kept a minute: its wrap may still be starting
+
+
+def gc_private(env: Mapping[str, str] = os.environ) -> int:
+    """Remove private regions whose processes are all gone (pv_group_region.c); returns how many."""
+    return groupfiles.gc_private(runtime_dir() / "private", PRIVATE_MIN_AGE_NS, safefile.trust_shared(env))

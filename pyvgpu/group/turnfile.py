@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import grp
 import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group.region import map_forever
-from pyvgpu.native import grouplib, safefile
+from pyvgpu.native import groupfiles, grouplib, safefile
 
 Header = L.SCHED_HEADER.ctypes_class()
 Entry = L.SCHED_ENTRY.ctypes_class()
@@ -48,12 +47,12 @@ def enabled(env: Mapping[str, str]) -> bool:
 
 def machine_problem(p: Path = SHM_PATH, env: Mapping[str, str] = os.environ) -> str | None:
     """Why this user cannot use the machine's turn file at p, or None if it can (lstat, owner, mode, access)."""
-    return grouplib.machine_turns_problem(p, safefile.trust_shared(env))
+    return groupfiles.machine_turns_problem(p, safefile.trust_shared(env))
 
 
 def choose(env: Mapping[str, str]) -> tuple[Path, str | None]:
     """The turn file this process uses, and a warning to show when the machine's is there but unusable."""
-    p, problem = grouplib.turn_path(env.get(envspec.SCHED.name, ""), SHM_PATH, safefile.trust_shared(env))
+    p, problem = groupfiles.turn_path(env.get(envspec.SCHED.name, ""), SHM_PATH, safefile.trust_shared(env))
     note = None
     if problem is not None and os.path.lexists(SHM_PATH):
         note = (f"not using the machine's turn file: {problem}; your groups take turns with each other only "
@@ -65,27 +64,15 @@ def path(env: Mapping[str, str]) -> Path:
     return choose(env)[0]
 
 
-def _write_new(p: Path, mode: int, gid: int | None = None) -> None:
-    """Link a complete, empty turn file into place unless one is there already (never a half-made one)."""
-    grouplib.create_turns(p, mode, gid)
-
-
-def _fix(p: Path) -> str:
-    if p == SHM_PATH:
-        return "ask root to run `pyvgpu setup` (it recreates the file), or set PYVGPU_SM_TURN=0"
-    return f"remove {p} when no pyvgpu program runs, or set PYVGPU_SCHED to a file of your own, or PYVGPU_SM_TURN=0"
-
-
 def open_fd(p: Path, env: Mapping[str, str] = os.environ) -> int:
     """Open (creating it if needed, not the machine's) and check the turn file; returns a read-write fd."""
-    if not os.path.lexists(p) and p != SHM_PATH:
-        try:
-            _write_new(p, 0o600)
-        except PermissionError:
-            raise PyvgpuError(f"the turn file {p}: permission denied; {_fix(p)}") from None
-        except OSError as e:
-            raise PyvgpuError(f"the turn file {p}: {e.strerror}; {_fix(p)}") from None
-    return grouplib.open_turns(p, safefile.trust_shared(env))
+    return groupfiles.use_turns(p, SHM_PATH, safefile.trust_shared(env))
+
+
+def node_file(p: Path, mode: int) -> None:
+    """The turn file a Kubernetes node's agent keeps for every container (pyvgpu/cluster/node/nodestate.py):
+    made with ``mode`` when missing, checked (the agent made it, so trusted), its mode set back if changed."""
+    groupfiles.node_turns(p, mode)
 
 
 def setup(group: str = SETUP_GROUP, p: Path = SHM_PATH) -> str:
@@ -93,7 +80,7 @@ def setup(group: str = SETUP_GROUP, p: Path = SHM_PATH) -> str:
 
     A file already there that is root's, of that group, mode 0660 and whole is kept (running programs
     have it mapped). Anything else at the path (a file another user made first, an old 0666 one, a
-    link) is removed and replaced.
+    link) is removed and replaced (shim/src/pv_group_turns.c).
     """
     if os.geteuid() != 0:
         raise PyvgpuError("`pyvgpu setup` makes the machine's turn file for every user: run it as root")
@@ -102,23 +89,10 @@ def setup(group: str = SETUP_GROUP, p: Path = SHM_PATH) -> str:
     except KeyError:
         raise PyvgpuError(f"there is no group {group!r}: create it (groupadd {group}) and add the users who share "
                           f"the GPUs (usermod -aG {group} USER), then run `pyvgpu setup` again") from None
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        st = None
-    if st is not None:
-        good = (stat.S_ISREG(st.st_mode) and st.st_uid == 0 and st.st_gid == gid
-                and stat.S_IMODE(st.st_mode) == SETUP_MODE)
-        if good:
-            try:
-                os.close(open_fd(p))
-                return f"{p} is in place (root:{group}, mode {SETUP_MODE:04o}); kept"
-            except PyvgpuError:
-                pass
-        os.unlink(p)
-    _write_new(p, SETUP_MODE, gid)
-    os.close(open_fd(p))
-    was = "replaced the file that was there" if st is not None else "made it"
+    done = groupfiles.setup_turns(p, gid, SETUP_MODE, safefile.trust_shared())
+    if done == "kept":
+        return f"{p} is in place (root:{group}, mode {SETUP_MODE:04o}); kept"
+    was = "replaced the file that was there" if done == "replaced" else "made it"
     return f"{p}: {was} (root:{group}, mode {SETUP_MODE:04o}); members of {group!r} take turns on the GPUs"
 
 
@@ -135,11 +109,7 @@ def attach(env: Mapping[str, str] = os.environ) -> int:
 
 def entries(p: Path) -> list[dict]:
     """The GPUs in use in the turn file, for reports: key, holder id and the counters."""
-    fd = open_fd(p)
-    try:
-        data = os.pread(fd, L.SCHED_SIZE, 0)
-    finally:
-        os.close(fd)
+    data = groupfiles.read_turns(p, SHM_PATH, safefile.trust_shared(), L.SCHED_SIZE)
     out = []
     for i in range(L.SCHED_ENTRIES):
         e = Entry.from_buffer_copy(data, L.SCHED_ENTRIES_OFF + i * L.SCHED_ENTRY.size)

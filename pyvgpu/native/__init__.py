@@ -3,10 +3,11 @@
 object, and the cache of compiled libraries.
 
 shim.py       where libpyvgpu.so is, and its ctypes interface
-grouplib.py   the ctypes binding of libpyvgpu_group.so: the group protocol's one implementation (limits
-              grammar, environment, safe files, opening, checking and creating a region and the turn file),
-              which the shim is built from too
-safefile.py   directories, regions, turn files and caches opened safely (thin calls into grouplib)
+grouplib.py   the ctypes binding of libpyvgpu_group.so, the group protocol's one implementation, which the
+              shim is built from too: loading it, the limits grammar and the environment's values
+groupfiles.py its second half: safe files, opening, checking, creating, mapping and changing a region, the
+              turn file
+safefile.py   directories, regions, turn files and caches opened safely (thin calls into groupfiles)
 callbacks.py  one numba cfunc per (policy, signature) of the hook table, and the services
 aot.py        every callback compiled into one relocatable object
 cblib.py      the callback library: that object as a shared library any process loads

@@ -4,7 +4,9 @@ The limits grammar (sizes, shares, device indices, priorities, switches, ``--mem
 environment contract's values (HAMi's variables and PYVGPU_*), the checks on files other users may touch,
 and opening and checking a region or the turn file are done there, once, for the shim inside a program
 and for `pyvgpu wrap`, `status`, `limits set`, the exporter and the node agent here: one implementation,
-one message. This module only converts arguments and turns a refusal into a PyvgpuError; the library
+one message. This module loads the library and binds the grammar and the environment's values;
+pyvgpu/native/groupfiles.py binds its files, regions and turn file. Both only convert arguments and turn a
+refusal into a PyvgpuError; the library
 has none of the shim's interposition or start-up work, so loading it costs a CLI process a dlopen.
 """
 
@@ -18,19 +20,14 @@ from pathlib import Path
 from pyvgpu.errors import PyvgpuError
 
 FILE_NAME = "libpyvgpu_group.so"
-ABI = 1  # pv_group_api.c pyvgpu_g_abi
+ABI = 2  # pv_group_api.c pyvgpu_g_abi
 ERR_BYTES = 2048
 MAX_DEVICES = 16
 
 # pv_shim.h PV_SET_*
-POLICY, BATCH_NS, TURNS, CLOCK, TRUST_SHARED, PRIORITY, SM_BORROW, MIN_MEMORY = range(8)
-
-# pv_shim.h PV_OPEN_*: why an open failed
-OPEN_MISSING, OPEN_UNTRUSTED, OPEN_REFUSED = 1, 2, 3
+POLICY, BATCH_NS, TURNS, CLOCK, TRUST_SHARED, PRIORITY, SM_BORROW, MIN_MEMORY, GROUP_IDLE_NS = range(9)
 
 
-class UntrustedFile(PyvgpuError):
-    """A file or directory that another user owns or can write, or a link where a file should be."""
 
 
 _lib: ctypes.CDLL | None = None
@@ -58,9 +55,25 @@ _SIGNATURES = {
     "pyvgpu_g_runtime_dir": [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, *_ERR],
     "pyvgpu_g_open_shared": [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
                              ctypes.c_int, *_ERR, _P(ctypes.c_int)],
-    "pyvgpu_g_open_region": [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, *_ERR, _P(ctypes.c_int)],
-    "pyvgpu_g_open_turns": [ctypes.c_char_p, ctypes.c_int, *_ERR, _P(ctypes.c_int)],
-    "pyvgpu_g_create_turns": [ctypes.c_char_p, ctypes.c_uint, ctypes.c_int],
+    "pyvgpu_g_use_turns": [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, *_ERR, _P(ctypes.c_int)],
+    "pyvgpu_g_read_turns": [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, *_ERR, _P(ctypes.c_int)],
+    "pyvgpu_g_node_turns": [ctypes.c_char_p, ctypes.c_uint, *_ERR],
+    "pyvgpu_g_setup_turns": [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_int, *_ERR],
+    "pyvgpu_g_view_region": [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, _P(ctypes.c_void_p), *_ERR,
+                             _P(ctypes.c_int)],
+    "pyvgpu_g_unmap": [ctypes.c_void_p, ctypes.c_uint64],
+    "pyvgpu_g_watch_region": [ctypes.c_char_p, *_ERR],
+    "pyvgpu_g_slots_locked": [ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32],
+    "pyvgpu_g_gc_private": [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int],
+    "pyvgpu_g_check_devices": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint32, _P(ctypes.c_uint32), ctypes.c_char_p,
+                               ctypes.c_char_p, *_ERR],
+    "pyvgpu_g_check_setting": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_char_p, *_ERR],
+    "pyvgpu_g_check_bounds": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint32, _P(ctypes.c_uint64), *_ERR],
+    "pyvgpu_g_check_change": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, _P(ctypes.c_uint64),
+                              ctypes.c_uint32, ctypes.c_uint32, _P(ctypes.c_uint64), ctypes.c_char_p, *_ERR],
+    "pyvgpu_g_set_device_limit": [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, _P(ctypes.c_uint64),
+                                  _P(ctypes.c_uint64), *_ERR],
+    "pyvgpu_g_set_setting": [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, _P(ctypes.c_uint32), *_ERR],
     "pyvgpu_g_machine_turns_problem": [ctypes.c_char_p, ctypes.c_int, *_ERR],
     "pyvgpu_g_check_limits": [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, _P(ctypes.c_uint64), ctypes.c_char_p,
                               *_ERR],
@@ -69,7 +82,7 @@ _SIGNATURES = {
                            _P(ctypes.c_int),
                            ctypes.c_char_p, ctypes.c_size_t, *_ERR],
     "pyvgpu_g_make_region": [ctypes.c_char_p, ctypes.c_void_p, _P(ctypes.c_uint64), _P(ctypes.c_uint32),
-                             ctypes.c_uint, *_ERR],
+                             ctypes.c_uint, ctypes.c_int64, ctypes.c_int64, *_ERR],
 }
 
 
@@ -98,6 +111,8 @@ def lib() -> ctypes.CDLL:
             getattr(loaded, name).argtypes = args
         loaded.pyvgpu_g_map_shared.restype = ctypes.c_uint64
         loaded.pyvgpu_g_env_region.restype = ctypes.c_size_t
+        loaded.pyvgpu_g_unmap.restype = None
+        loaded.pyvgpu_g_watch_region.restype = ctypes.c_uint64
         _lib = loaded
     return _lib
 
@@ -199,7 +214,8 @@ def _setting_var(which: int) -> str:
     from pyvgpu.contract import envspec
 
     return (envspec.GPU_CORE_UTILIZATION_POLICY, envspec.SM_BATCH_MS, envspec.SM_TURN, envspec.CLOCK,
-            envspec.TRUST_SHARED, envspec.CUDA_TASK_PRIORITY, envspec.SM_BORROW, envspec.MIN_MEMORY)[which].name
+            envspec.TRUST_SHARED, envspec.CUDA_TASK_PRIORITY, envspec.SM_BORROW, envspec.MIN_MEMORY,
+            envspec.GROUP_IDLE_HOURS)[which].name
 
 
 def env_setting(env: Mapping[str, str], which: int) -> int:
@@ -238,105 +254,3 @@ def read_env(env: Mapping[str, str]) -> dict:
     return {"memory": list(memory), "sm": list(sm), "policy": policy, "turns": bool(turns), "trust_shared":
             bool(trust), "priority": None if prio < 0 else prio, "sm_borrow": None if borrow < 0 else bool(borrow),
             "clock": clock, "batch_ns": batch.value}
-
-
-# ---- files, the region, the turn file ---------------------------------------------------------------------
-
-def _open(fn: str, *args) -> int:
-    """An fd from one of the open functions; its refusal as FileNotFoundError's message (missing), UntrustedFile
-    or PyvgpuError."""
-    err, kind = ctypes.create_string_buffer(ERR_BYTES), ctypes.c_int()
-    fd = getattr(lib(), fn)(*args, err, ERR_BYTES, ctypes.byref(kind))
-    if fd >= 0:
-        return fd
-    message = err.value.decode("utf-8", "replace")
-    raise (UntrustedFile if kind.value == OPEN_UNTRUSTED else PyvgpuError)(message)
-
-
-def private_dir(p: Path, what: str, fix: str) -> Path:
-    """``p`` made (0700) or checked: a directory of this user's, no link, that nobody else can write."""
-    err = ctypes.create_string_buffer(ERR_BYTES)
-    rc = lib().pyvgpu_g_private_dir(_b(str(p)), _b(what), _b(fix), err, ERR_BYTES)
-    if rc:
-        raise (UntrustedFile if rc == -2 else PyvgpuError)(err.value.decode("utf-8", "replace"))
-    return p
-
-
-def runtime_dir(make: bool) -> Path:
-    """$XDG_RUNTIME_DIR/pyvgpu if that is writable, else /tmp/pyvgpu-<uid>; with ``make``, made private
-    (private_dir)."""
-    out = ctypes.create_string_buffer(4096)
-    _call("pyvgpu_g_runtime_dir", int(make), out, len(out))
-    return Path(out.value.decode("utf-8", "surrogateescape"))
-
-
-def open_shared(p: Path, flags: int, what: str, fix: str, trust: bool, root_group_ok: bool = False) -> int:
-    """A regular file opened with O_NOFOLLOW and O_NONBLOCK (then blocking), refused (UntrustedFile) when another
-    user owns it or can write it unless ``trust``; the fd."""
-    return _open("pyvgpu_g_open_shared", _b(str(p)), flags, _b(what), _b(fix), int(root_group_ok), int(trust))
-
-
-def open_region(p: Path, writable: bool, trust: bool, header: ctypes.Structure) -> int:
-    """The region at ``p`` opened and checked (ours, this layout, whole, not replaced; writable: trusted too),
-    its header read into ``header``; the fd."""
-    return _open("pyvgpu_g_open_region", _b(str(p)), int(writable), int(trust), ctypes.addressof(header))
-
-
-def open_turns(p: Path, trust: bool) -> int:
-    """The turn file at ``p`` opened read-write and checked (ours or root's, this version, whole); the fd."""
-    return _open("pyvgpu_g_open_turns", _b(str(p)), int(trust))
-
-
-def create_turns(p: Path, mode: int, gid: int | None = None) -> None:
-    """Link a complete, empty turn file into place unless one is there (root:gid with gid); OSError if not."""
-    if lib().pyvgpu_g_create_turns(_b(str(p)), mode, -1 if gid is None else gid):
-        import os
-
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), str(p))
-
-
-def machine_turns_problem(p: Path, trust: bool) -> str | None:
-    """Why this user cannot use the machine's turn file at ``p`` (made by `pyvgpu setup`), or None."""
-    why = ctypes.create_string_buffer(ERR_BYTES)
-    if lib().pyvgpu_g_machine_turns_problem(_b(str(p)), int(trust), why, ERR_BYTES):
-        return why.value.decode("utf-8", "replace")
-    return None
-
-
-def make_region(p: Path, want: ctypes.Structure, memory: list[int], sm: list[int], mode: int) -> bool:
-    """Link a complete region into place unless one is there; True if this call made it. ``want`` (a region
-    header) holds the group's own fields; the layout's, the owner, the time and the limits are filled in C."""
-    err = ctypes.create_string_buffer(ERR_BYTES)
-    rc = lib().pyvgpu_g_make_region(_b(str(p)), ctypes.addressof(want), (ctypes.c_uint64 * MAX_DEVICES)(*memory),
-                                    (ctypes.c_uint32 * MAX_DEVICES)(*sm), mode, err, ERR_BYTES)
-    if rc < 0:
-        raise PyvgpuError(err.value.decode("utf-8", "replace"))
-    return rc == 1
-
-
-def check_limits(p: Path, region_address: int, shares: bool, want: list[int], source: str) -> None:
-    """A process's caps (or shares) against its group's in the region mapped at ``region_address``: raise
-    naming ``source`` when they disagree (the group's first limits are followed)."""
-    _call("pyvgpu_g_check_limits", _b(str(p)), region_address, int(shares), (ctypes.c_uint64 * MAX_DEVICES)(*want),
-          _b(source))
-
-
-def map_shared(fd: int, size: int, p: str, what: str, fix: str) -> int:
-    """The file behind ``fd`` mapped shared and read-write, never unmapped, its size checked right before; the
-    address."""
-    err = ctypes.create_string_buffer(ERR_BYTES)
-    addr = lib().pyvgpu_g_map_shared(fd, size, _b(p), _b(what), _b(fix), err, ERR_BYTES)
-    if not addr:
-        raise PyvgpuError(err.value.decode("utf-8", "replace"))
-    return addr
-
-
-def turn_path(sched: str, machine: Path, trust: bool) -> tuple[Path, str | None]:
-    """The turn file: ``sched`` (PYVGPU_SCHED) if given, else the machine's (at ``machine``) if usable, else
-    this user's; with why the machine's is not used when this user's is chosen."""
-    out, why, own = ctypes.create_string_buffer(4096), ctypes.create_string_buffer(ERR_BYTES), ctypes.c_int()
-    _call("pyvgpu_g_turn_path", _b(sched), _b(str(machine)), int(trust), out, len(out), ctypes.byref(own), why,
-          ERR_BYTES)
-    return Path(out.value.decode("utf-8", "surrogateescape")), (why.value.decode("utf-8", "replace")
-                                                                 if own.value else None)

@@ -28,10 +28,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pyvgpu.contract import envspec
-from pyvgpu.native import grouplib
+from pyvgpu.native import groupfiles, grouplib
 
 TRUST_ENV = envspec.TRUST_SHARED.name
-UntrustedFile = grouplib.UntrustedFile  # a file or directory another user owns or can write, or a link
+UntrustedFile = groupfiles.UntrustedFile  # a file or directory another user owns or can write, or a link
 
 
 def trust_shared(env: Mapping[str, str] = os.environ) -> bool:
@@ -51,11 +51,11 @@ def private_dir(path: Path, what: str, fix: str) -> Path:
     """Make ``path`` a directory that only this user can write, or refuse (UntrustedFile naming ``fix``): made
     0700 when missing, a link or another user's refused, our own with another mode repaired to 0700. Only
     ``path`` itself is created, never its parents."""
-    return grouplib.private_dir(path, what, fix)
+    return groupfiles.private_dir(path, what, fix)
 
 
 def open_regular(path: Path, flags: int, what: str, fix: str, mode: int = 0o600) -> int:
     """Open ``path`` with O_NOFOLLOW and O_NONBLOCK, and check that it is a regular file; returns the fd
     (blocking again). A link at the path is refused, a FIFO or device is refused without blocking on it.
     A file created here is 0600."""
-    return grouplib.open_shared(path, flags, what, fix, trust=True)
+    return groupfiles.open_shared(path, flags, what, fix, trust=True)

@@ -61,8 +61,8 @@ def log(msg: str) -> None:
 class RegionCollector(Collector):
     """Turns each scrape into a read of every group region."""
 
-    def __init__(self, group: str | None = None, region_path: str | None = None,
-                 machine=devices.machine, state_dir: str | None = None, migs=None,
+    def __init__(self, group: str | None = None, region_path: Path | str | None = None,
+                 machine=devices.machine, state_dir: Path | str | None = None, migs=None,
                  cache_s: float = SCRAPE_CACHE_S, clock=time.monotonic) -> None:
         self.group = group
         self.region_path = region_path
@@ -261,7 +261,7 @@ class _Quiet(WSGIRequestHandler):
 
 
 def server(port: int, address: str = "0.0.0.0", group: str | None = None,
-           region_path: str | None = None, state_dir: str | None = None,
+           region_path: Path | str | None = None, state_dir: Path | str | None = None,
            cache_s: float = SCRAPE_CACHE_S) -> WSGIServer:
     """A threaded server for /metrics on address:port (port 0: any free one; see ``server_port``).
 

@@ -22,23 +22,14 @@ from pyvgpu.contract import layout as L
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
 from pyvgpu.group import region as R
+from pyvgpu.native import grouplib
 
 IDLE_VAR = envspec.GROUP_IDLE_HOURS.name
-IDLE_HOURS_DEFAULT = 12.0
 
 
 def idle_hours(env: Mapping[str, str] = os.environ) -> float:
-    """Hours a named group may stay unused before it expires (0: never)."""
-    text = env.get(IDLE_VAR, "").strip()
-    if not text:
-        return IDLE_HOURS_DEFAULT
-    try:
-        hours = float(text)
-    except ValueError:
-        hours = -1.0
-    if not 0 <= hours < 1e6:
-        raise PyvgpuError(f"{IDLE_VAR}={text!r} is not a number of hours; give e.g. 12, 0.5, or 0 for never")
-    return hours
+    """Hours a named group may stay unused before it expires (0: never), read by the group core (pv_env.c)."""
+    return grouplib.env_setting(env, grouplib.GROUP_IDLE_NS) / 3.6e12
 
 
 def last_used_ns(r: R.Region) -> int:
@@ -49,10 +40,9 @@ def last_used_ns(r: R.Region) -> int:
 
 def members(r: R.Region) -> list[int]:
     """Pids of the group's live members."""
-    from pyvgpu.ops import status
 
     return [r.slot(i).pid for i in range(r.header.n_slots)
-            if r.slot(i).state != L.SLOT_FREE and status._alive(r, i)]
+            if r.slot(i).state != L.SLOT_FREE and R.slot_alive(r, i)]
 
 
 def touch(path: Path) -> None:

@@ -5,10 +5,7 @@ The JSON schema is documented in docs/status.md.
 
 from __future__ import annotations
 
-import fcntl
-import mmap
 import os
-import struct
 import time
 from pathlib import Path
 
@@ -23,7 +20,7 @@ from pyvgpu.native import services
 from pyvgpu.native.safefile import UntrustedFile
 
 
-def check_exists(path: Path, group: str | None, region_path: str | None) -> None:
+def check_exists(path: Path, group: str | None, region_path: Path | str | None) -> None:
     """A group asked for by name or path that is not there: an error that names the option the user gave."""
     if path.exists():
         return
@@ -39,7 +36,7 @@ def is_private(path: Path) -> bool:
     return Path(path).parent == R.runtime_dir() / "private"
 
 
-def region_paths(group: str | None = None, region_path: str | None = None,
+def region_paths(group: str | None = None, region_path: Path | str | None = None,
                  state_dir: Path | None = None) -> list[Path]:
     if region_path:
         return [Path(region_path)]
@@ -56,11 +53,6 @@ def region_paths(group: str | None = None, region_path: str | None = None,
     if shared and Path(shared).exists() and Path(shared) not in out:
         out.append(Path(shared))
     return out
-
-
-def _alive(r: R.Region, i: int) -> bool:
-    lk = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, L.REGION_SLOTS_OFF + i * L.REGION_SLOT.size, 1, 0)
-    return struct.unpack("hhqqi4x", fcntl.fcntl(r.fd, fcntl.F_OFD_GETLK, lk))[0] != fcntl.F_UNLCK
 
 
 SM_STATES = ("idle", "calibrating (alone on the device)", "holding (others share the device)",
@@ -108,7 +100,7 @@ def describe(r: R.Region, reclaimed: int) -> dict:
             kinds = {k: s.used[d * L.N_KINDS + j] for j, k in enumerate(L.KINDS)}
             if any(kinds.values()):
                 by_dev[str(d)] = kinds
-        procs.append({"slot": i, "pid": s.pid, "alive": _alive(r, i), "start_ns": s.start_ns,
+        procs.append({"slot": i, "pid": s.pid, "alive": R.slot_alive(r, i), "start_ns": s.start_ns,
                       "oom_refusals": s.oom_refusals, "devices": by_dev,
                       "sm_policy": limits.SM_POLICIES[s.sm_policy] if s.sm_policy < 3 else "?",
                       "launches": R.slot_launches(s), "launches_limited": sum(d.sm_launches for d in s.dev)})
@@ -162,7 +154,7 @@ def event_text(e: dict) -> str:
     return f"{time.strftime('%H:%M:%S', time.localtime(e['time_ns'] / 1e9))} {what}"
 
 
-def collect(group: str | None = None, region_path: str | None = None,
+def collect(group: str | None = None, region_path: Path | str | None = None,
             skipped: list[tuple[Path, str]] | None = None, strict: bool = True,
             state_dir: Path | None = None) -> list[dict]:
     """Every group (or the one named), dead members reclaimed first.
@@ -194,7 +186,7 @@ def collect(group: str | None = None, region_path: str | None = None,
                 skipped.append((p, str(e)))
             continue
         try:
-            reclaimed = services.reclaim(r) if isinstance(r.map, mmap.mmap) else 0  # a read-only snapshot cannot
+            reclaimed = services.reclaim(r) if r.writable else 0  # a read-only snapshot cannot
             shown = describe(r, reclaimed)
             # a private group lives as long as its program: once no member lives it is gone (the next wrap
             # removes the file), unless asked for by name

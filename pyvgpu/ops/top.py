@@ -15,6 +15,7 @@ import termios
 import time
 import tty
 from collections.abc import Iterator
+from pathlib import Path
 
 from rich import box
 from rich.console import Console, Group
@@ -27,7 +28,7 @@ from pyvgpu.ops import status as st
 Snapshot = tuple[float, list[dict]]
 
 
-def take(group: str | None = None, region_path: str | None = None) -> Snapshot:
+def take(group: str | None = None, region_path: Path | str | None = None) -> Snapshot:
     return time.monotonic(), st.collect(group=group, region_path=region_path)
 
 
@@ -157,7 +158,7 @@ def _wait_for_q(seconds: float, keys: bool) -> bool:
     return False
 
 
-def run(group: str | None = None, region_path: str | None = None, interval: float = 1.0, once: bool = False,
+def run(group: str | None = None, region_path: Path | str | None = None, interval: float = 1.0, once: bool = False,
         console: Console | None = None) -> None:
     console = console or Console()
     before = take(group, region_path)

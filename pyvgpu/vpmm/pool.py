@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import mmap
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -98,19 +97,7 @@ def _watch(env: Mapping[str, str], device: int) -> tuple[int, int]:
     path = region.path_from_env(env)
     if path is None or not 0 <= device < L.MAX_DEVICES:
         return 0, 0
-    region.open_region(path, writable=False)  # checks magic, version, size and owner (clear errors)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    finally:
-        os.close(fd)
-    if addr in (None, ctypes.c_void_p(-1).value):
-        raise PyvgpuError(f"VPMM: cannot map the group region {path} ({os.strerror(ctypes.get_errno())})")
+    addr = region.watch(path)  # checked (magic, version, size, owner) and mapped by the group core
     dev = addr + L.REGION_DEVICES_OFF + device * L.REGION_DEVICE.size
     return dev + L.REGION_DEVICE.offset("oom_refusals"), dev + L.REGION_DEVICE.offset("limit")
 

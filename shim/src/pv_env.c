@@ -1,7 +1,8 @@
 /* The environment contract, read in C, the one reader: HAMi's CUDA_DEVICE_MEMORY_LIMIT[_i],
  * CUDA_DEVICE_SM_LIMIT[_i], GPU_CORE_UTILIZATION_POLICY, CUDA_TASK_PRIORITY, the group's region
  * (PYVGPU_REGION, CUDA_DEVICE_MEMORY_SHARED_CACHE) and PYVGPU_SM_BATCH_MS, PYVGPU_SM_TURN, PYVGPU_CLOCK,
- * PYVGPU_TRUST_SHARED, PYVGPU_SM_BORROW, PYVGPU_MIN_MEMORY (pyvgpu/contract/envspec.py says what each means).
+ * PYVGPU_TRUST_SHARED, PYVGPU_SM_BORROW, PYVGPU_MIN_MEMORY, and PYVGPU_GROUP_IDLE_HOURS, which only pyvgpu's
+ * commands read (pyvgpu/contract/envspec.py says what each means).
  *
  * The shim reads them inside the program; `pyvgpu wrap` and the device plugin reach the same functions
  * through libpyvgpu_group.so (pyvgpu/native/grouplib.py), so a variable is read one way with one message.
@@ -13,6 +14,7 @@
 
 #define PV_MIN_MEMORY (64ull << 20)
 #define PV_DEFAULT_BATCH_MS 10
+#define PV_DEFAULT_IDLE_HOURS 12 /* envspec.GROUP_IDLE_HOURS */
 
 static int env_get(char *const *envp, const char *name, const char **value) {
     size_t len = strlen(name);
@@ -45,6 +47,28 @@ static int zero_one(char *const *envp, const char *name, int dflt, const char *r
     if (e - b > 1 || (e - b == 1 && *b != '0' && *b != '1'))
         return refuse(name, b, e, rest, err, n);
     *out = b == e ? dflt : *b == '1';
+    return 0;
+}
+
+/* hours as [+]digits[.digits] below a million, no locale; 0 with *ns, or -1 */
+static int hours_ns(const char *b, const char *e, int64_t *ns) {
+    double v = 0, scale = 1;
+    int digits = 0, point = 0;
+    for (const char *p = b + (*b == '+'); p < e; p++) {
+        if (*p == '.' && !point)
+            point = 1;
+        else if (*p >= '0' && *p <= '9') {
+            digits++;
+            if (point)
+                v += (*p - '0') * (scale /= 10);
+            else
+                v = v * 10 + (*p - '0');
+        } else
+            return -1;
+    }
+    if (!digits || v >= 1e6)
+        return -1;
+    *ns = (int64_t)(v * 3.6e12);
     return 0;
 }
 
@@ -115,6 +139,12 @@ int pv_env_setting(char *const *envp, int which, int64_t *out, char *err, size_t
             return -1;
         *out = got;
         return 0;
+    case PV_SET_GROUP_IDLE_NS: /* read by `pyvgpu wrap` and `group ls`, not by the shim */
+        stripped(envp, PV_ENV_GROUP_IDLE_HOURS, &b, &e);
+        *out = b == e ? PV_DEFAULT_IDLE_HOURS * 3600000000000ll : 0;
+        return b == e || !hours_ns(b, e, out) ? 0
+               : refuse(PV_ENV_GROUP_IDLE_HOURS, b, e, " is not a number of hours; give e.g. 12, 0.5, or 0 for never",
+                        err, n);
     case PV_SET_MIN_MEMORY:
         *out = (int64_t)PV_MIN_MEMORY;
         stripped(envp, PV_ENV_MIN_MEMORY, &b, &e);

@@ -4,11 +4,13 @@
  * with its group's. The layouts are generated from pyvgpu/contract/layout.py. The shim joins its group with these
  * (pv_attach.c); pyvgpu/group/region.py reaches them through libpyvgpu_group.so. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -36,10 +38,12 @@ static uint32_t sm_any(const uint32_t *sm) {
 
 /* region.create: link a complete region file into place unless one is there. want holds the group's own
  * fields (name, n_slots, n_physical, priority, sm_borrow, n_visible, visible, visible_uuid); the layout's,
- * the owner, the time and the limits (memory[d] bytes, sm[d] percent, 0 = none) are filled here. 1 when
- * this call made it, 0 when one was there, -1 with err. */
+ * the owner, the time and the limits (memory[d] bytes, sm[d] percent, 0 = none) are filled here. The owner
+ * is this user, or uid (and gid, unless < 0) when uid >= 0: the node agent (root) makes a container's region
+ * for the uid the container runs as, and the header records it. 1 when this call made it, 0 when one was
+ * there, -1 with err. */
 int pv_make_region(const char *path, const pv_region_header_t *want, const uint64_t *memory, const uint32_t *sm,
-                   unsigned mode, char *err, size_t n) {
+                   unsigned mode, int64_t uid, int64_t gid, char *err, size_t n) {
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         return pv_fail(err, n, "region %s is a directory; give the path of a region file, such as %s/NAME.region",
@@ -55,7 +59,7 @@ int pv_make_region(const char *path, const pv_region_header_t *want, const uint6
     h->version = PV_REGION_VERSION;
     h->n_devices = PV_MAX_DEVICES;
     h->size = pv_region_size(want->n_slots);
-    h->owner_uid = (uint32_t)getuid();
+    h->owner_uid = uid >= 0 ? (uint32_t)uid : (uint32_t)getuid();
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     h->created_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
@@ -85,7 +89,8 @@ int pv_make_region(const char *path, const pv_region_header_t *want, const uint6
     if (fd < 0)
         return pv_fail(err, n, "cannot create the region %s (%s)", path, strerror(errno));
     int rc = -1;
-    if (fchmod(fd, mode) != 0 || pwrite(fd, header, sizeof header, 0) != (ssize_t)sizeof header ||
+    if ((uid >= 0 && fchown(fd, (uid_t)uid, gid >= 0 ? (gid_t)gid : (gid_t)-1) != 0) || fchmod(fd, mode) != 0 ||
+        pwrite(fd, header, sizeof header, 0) != (ssize_t)sizeof header ||
         ftruncate(fd, (off_t)h->size) != 0) /* slots: sparse zeros until used */
         pv_fail(err, n, "cannot write the region %s (%s)", path, strerror(errno));
     else if (link(tmp, path) == 0)
@@ -109,7 +114,7 @@ int pv_create_region(const char *path, const pv_env_t *env, char *err, size_t n)
     want.n_slots = PV_REGION_DEFAULT_SLOTS;
     want.priority = env->priority < 0 ? 1 : (uint32_t)env->priority; /* HAMi's default: 1, low */
     want.sm_borrow = env->sm_borrow > 0;
-    return pv_make_region(path, &want, env->memory, env->sm, 0600, err, n) < 0 ? -1 : 0;
+    return pv_make_region(path, &want, env->memory, env->sm, 0600, -1, -1, err, n) < 0 ? -1 : 0;
 }
 
 /* region.new_private_path(): <runtime dir>/private/<pid>-<8 hex>.region, the directories made private */
@@ -228,3 +233,102 @@ int pv_check_group(const char *path, const pv_region_header_t *h, const pv_regio
     return env->any_sm ? pv_check_limits(path, h, dev, 1, sm, PV_ENV_CUDA_DEVICE_SM_LIMIT, err, n) : 0;
 }
 
+
+/* region.open_region: a checked region (pv_open_region) and a view of it at *addr, h->size bytes: writable,
+ * the file mapped shared; else a private snapshot read with pread (a file someone truncates cannot crash the
+ * reader; another user's region may be read, never mapped). The fd, or -1 with err and *kind. Unmapped with
+ * pv_unmap_view. */
+int pv_view_region(const char *path, int writable, int trust_shared, pv_region_header_t *h, void **addr,
+                   char *err, size_t n, int *kind) {
+    int fd = pv_open_region(path, writable, trust_shared, h, err, n, kind);
+    if (fd < 0)
+        return -1;
+    void *m = mmap(NULL, h->size, PROT_READ | PROT_WRITE, writable ? MAP_SHARED : MAP_PRIVATE | MAP_ANONYMOUS,
+                   writable ? fd : -1, 0);
+    if (m == MAP_FAILED) {
+        snprintf(err, n, "cannot map the region %s (%s)", path, strerror(errno));
+        close(fd);
+        *kind = PV_OPEN_REFUSED;
+        return -1;
+    }
+    for (uint64_t at = 0; !writable && at < h->size;) {
+        ssize_t got = pread(fd, (char *)m + at, h->size - at, (off_t)at);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            snprintf(err, n, "region %s was truncated while pyvgpu read it; remove it and start the group again",
+                     path);
+            munmap(m, h->size);
+            close(fd);
+            *kind = PV_OPEN_REFUSED;
+            return -1;
+        }
+        at += (uint64_t)got;
+    }
+    *addr = m;
+    return fd;
+}
+
+void pv_unmap_view(void *addr, uint64_t size) { munmap(addr, size); }
+
+/* A region checked as a read-only open is, then mapped shared and read-only, never unmapped: what VPMM's pool
+ * watches (a member's refusals, the group's cap) while it runs. The address, or NULL with err. */
+void *pv_watch_region(const char *path, char *err, size_t n) {
+    pv_region_header_t h;
+    int kind, fd = pv_open_region(path, 0, 1, &h, err, n, &kind);
+    if (fd < 0)
+        return NULL;
+    void *m = mmap(NULL, h.size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        pv_fail(err, n, "cannot map the group region %s (%s)", path, strerror(errno));
+        return NULL;
+    }
+    return m;
+}
+
+/* region.has_live_member: does a process hold a lock on the bytes of slots first..first+count-1 (every member
+ * locks its slot's)? One query for them all. 1, 0, or -1 with errno. */
+int pv_slots_locked(int fd, uint32_t first, uint32_t count) {
+    struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
+                       .l_start = (off_t)(PV_REGION_SLOTS_OFF + (uint64_t)first * PV_REGION_SLOT_SIZE),
+                       .l_len = (off_t)((uint64_t)count * PV_REGION_SLOT_SIZE)};
+    if (!count)
+        return 0;
+    if (fcntl(fd, F_OFD_GETLK, &lk) != 0)
+        return -1;
+    return lk.l_type != F_UNLCK;
+}
+
+/* region.gc_private: remove the private regions (NAME.region in dir) whose processes are all gone and that are
+ * older than min_age_ns (a region nobody joined yet may belong to a wrap still starting); how many. Regions
+ * that cannot be opened as ours are left alone. */
+int pv_gc_private(const char *dir, uint64_t min_age_ns, int trust_shared) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    uint64_t now_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (e->d_name[0] == '.' || len < 7 || strcmp(e->d_name + len - 7, ".region"))
+            continue;
+        char p[2048], err[512];
+        pv_region_header_t h;
+        int kind;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        int fd = pv_open_region(p, 1, trust_shared, &h, err, sizeof err, &kind);
+        if (fd < 0)
+            continue;
+        int busy = pv_slots_locked(fd, 0, h.n_slots);
+        int young = h.created_ns > now_ns || now_ns - h.created_ns < min_age_ns;
+        if (!busy && !young && unlink(p) == 0)
+            removed++;
+        close(fd);
+    }
+    closedir(d);
+    return removed;
+}

@@ -99,14 +99,16 @@ int pv_create_turns(const char *p, unsigned mode, int gid) {
     return rc;
 }
 
-/* sched.open_fd's fix for the turn file at p */
-void pv_turns_fix(const char *p, char *fix, size_t n) {
-    if (!strcmp(p, PV_SHM_TURNS))
+static void fix_for(const char *p, const char *machine, char *fix, size_t n) {
+    if (!strcmp(p, machine))
         snprintf(fix, n, "ask root to run `pyvgpu setup` (it recreates the file), or set PYVGPU_SM_TURN=0");
     else
         snprintf(fix, n, "remove %s when no pyvgpu program runs, or set PYVGPU_SCHED to a file of your own, or "
                  "PYVGPU_SM_TURN=0", p);
 }
+
+/* sched.open_fd's fix for the turn file at p */
+void pv_turns_fix(const char *p, char *fix, size_t n) { fix_for(p, PV_SHM_TURNS, fix, n); }
 
 /* sched.open_fd: the turn file at p opened and checked (ours or root's, this version, whole); the fd, or -1
  * with err (*kind: PV_OPEN_*). fix: what to do about a bad one. */
@@ -136,4 +138,81 @@ int pv_open_turns(const char *p, int trust_shared, const char *fix, char *err, s
         return -1;
     }
     return fd;
+}
+
+/* turnfile.open_fd: the turn file at p opened and checked, made first (0600, this user's) when it is missing
+ * and not the machine's (which `pyvgpu setup` makes); the fd, or -1 with err (*kind: PV_OPEN_*) */
+int pv_use_turns(const char *p, const char *machine, int trust_shared, char *err, size_t n, int *kind) {
+    char fix[1400];
+    struct stat st;
+    fix_for(p, machine, fix, sizeof fix);
+    *kind = PV_OPEN_REFUSED;
+    if (lstat(p, &st) != 0 && errno == ENOENT && strcmp(p, machine) && pv_create_turns(p, 0600, -1) != 0) {
+        if (errno == EACCES || errno == EPERM)
+            return pv_fail(err, n, "the turn file %s: permission denied; %s", p, fix);
+        return pv_fail(err, n, "the turn file %s: %s; %s", p, strerror(errno), fix);
+    }
+    return pv_open_turns(p, trust_shared, fix, err, n, kind);
+}
+
+/* turnfile.entries: a snapshot of the turn file at p (PV_SCHED_SIZE bytes into out), opened as pv_use_turns
+ * opens it. 0, or -1 with err and *kind. */
+int pv_read_turns(const char *p, const char *machine, int trust_shared, void *out, char *err, size_t n, int *kind) {
+    int fd = pv_use_turns(p, machine, trust_shared, err, n, kind);
+    if (fd < 0)
+        return -1;
+    ssize_t got = pread(fd, out, PV_SCHED_SIZE, 0);
+    close(fd);
+    if (got != PV_SCHED_SIZE) {
+        *kind = PV_OPEN_REFUSED;
+        return pv_fail(err, n, "the turn file %s was truncated while pyvgpu read it; remove it when no pyvgpu program "
+                       "runs", p);
+    }
+    return 0;
+}
+
+/* turnfile.setup (root): the machine's turn file at p for the members of group gid, mode. A file already
+ * there that is root's, of that group, of that mode and whole is kept (running programs have it mapped);
+ * anything else at the path (another user's, an old 0666 one, a link) is removed and replaced. 0 kept, 1
+ * replaced, 2 made, or -1 with err. */
+int pv_setup_turns(const char *p, int gid, unsigned mode, int trust_shared, char *err, size_t n) {
+    struct stat st;
+    int kind, there = lstat(p, &st) == 0;
+    if (!there && errno != ENOENT)
+        return pv_fail(err, n, "%s: %s", p, strerror(errno));
+    if (there && S_ISREG(st.st_mode) && st.st_uid == 0 && st.st_gid == (gid_t)gid && (st.st_mode & 07777) == mode) {
+        int fd = pv_use_turns(p, p, trust_shared, err, n, &kind);
+        if (fd >= 0) {
+            close(fd);
+            return 0;
+        }
+    }
+    if (there && unlink(p) != 0)
+        return pv_fail(err, n, "cannot remove %s (%s)", p, strerror(errno));
+    if (pv_create_turns(p, mode, gid) != 0)
+        return pv_fail(err, n, "cannot make %s (%s)", p, strerror(errno));
+    int fd = pv_use_turns(p, p, trust_shared, err, n, &kind);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    return there ? 1 : 2;
+}
+
+/* The node agent's turn file (pyvgpu/cluster/node/nodestate.py): made with mode when missing, checked (the
+ * agent made it, so trusted), and its mode set back to mode if it was changed. 0, or -1 with err. */
+int pv_node_turns(const char *p, unsigned mode, char *err, size_t n) {
+    struct stat st;
+    int kind;
+    if (lstat(p, &st) != 0 && errno == ENOENT && pv_create_turns(p, mode, -1) != 0)
+        return pv_fail(err, n, "the turn file %s: %s", p, strerror(errno));
+    char fix[1400];
+    fix_for(p, PV_SHM_TURNS, fix, sizeof fix);
+    int fd = pv_open_turns(p, 1, fix, err, n, &kind);
+    if (fd < 0)
+        return -1;
+    int rc = 0;
+    if (fstat(fd, &st) != 0 || ((st.st_mode & 07777) != mode && fchmod(fd, mode) != 0))
+        rc = pv_fail(err, n, "the turn file %s: cannot make it mode %04o (%s)", p, mode, strerror(errno));
+    close(fd);
+    return rc;
 }

@@ -112,7 +112,8 @@ int pv_parse_spec(const char *text, size_t len, const char *where, int kind, uin
 
 /* pv_env.c: the environment contract, the one reader */
 enum { PV_SET_POLICY, PV_SET_BATCH_NS, PV_SET_TURNS, PV_SET_CLOCK, PV_SET_TRUST_SHARED, PV_SET_PRIORITY,
-       PV_SET_SM_BORROW, PV_SET_MIN_MEMORY, PV_N_SETTINGS };
+       PV_SET_SM_BORROW, PV_SET_MIN_MEMORY, PV_N_SETTINGS, /* the shim reads these at its start */
+       PV_SET_GROUP_IDLE_NS = PV_N_SETTINGS };             /* pyvgpu's commands only */
 typedef struct {
     uint64_t memory[PV_MAX_DEVICES]; /* bytes per device, 0 = none */
     uint32_t sm[PV_MAX_DEVICES];     /* compute share in percent per device, 0 = none */
@@ -155,7 +156,7 @@ void *pv_map_shared(int fd, uint64_t size, const char *path, const char *what, c
 #define PV_MAX_SLOTS (4 * PV_REGION_DEFAULT_SLOTS) /* region.MAX_SLOTS: more is a corrupt or hostile header */
 uint64_t pv_region_size(uint32_t n_slots);
 int pv_make_region(const char *path, const pv_region_header_t *want, const uint64_t *memory, const uint32_t *sm,
-                   unsigned mode, char *err, size_t n); /* 1 made, 0 there already, -1 with err */
+                   unsigned mode, int64_t uid, int64_t gid, char *err, size_t n); /* 1 made, 0 there, -1 err */
 int pv_create_region(const char *path, const pv_env_t *env, char *err, size_t n);
 int pv_private_path(char *out, size_t n, char *err, size_t errlen);
 int pv_open_region(const char *path, int writable, int trust_shared, pv_region_header_t *h, char *err, size_t n,
@@ -164,6 +165,30 @@ int pv_check_limits(const char *path, const pv_region_header_t *h, const pv_regi
                     const uint64_t *want, const char *source, char *err, size_t n);
 int pv_check_group(const char *path, const pv_region_header_t *h, const pv_region_device_t *dev,
                    const pv_env_t *env, char *err, size_t n);
+int pv_view_region(const char *path, int writable, int trust_shared, pv_region_header_t *h, void **addr,
+                   char *err, size_t n, int *kind); /* the fd, the view at *addr */
+void pv_unmap_view(void *addr, uint64_t size);
+void *pv_watch_region(const char *path, char *err, size_t n); /* read-only, shared, never unmapped */
+int pv_slots_locked(int fd, uint32_t first, uint32_t count); /* 1 a member holds one, 0, -1 with errno */
+int pv_gc_private(const char *dir, uint64_t min_age_ns, int trust_shared); /* how many removed */
+
+/* pv_group_checks.c: a process's wishes against its group's region, and live changes of the group's limits */
+#define PV_VISIBLE_MIG (1u << 31)              /* pyvgpu/contract/layout.py VISIBLE_MIG */
+#define PV_VISIBLE_INDEX (PV_VISIBLE_MIG - 1u) /* VISIBLE_INDEX */
+#define PV_UUID_BYTES 16                       /* UUID_BYTES */
+#define PV_MODE_MPS 1                          /* MODE_MPS */
+enum { PV_SETTING_PRIORITY, PV_SETTING_SM_BORROW }; /* the header's group settings */
+int pv_check_devices(const char *path, const pv_region_header_t *h, uint32_t n_want, const uint32_t *want,
+                     const uint8_t *uuid, const char *source, char *err, size_t n);
+int pv_check_setting(const char *path, const pv_region_header_t *h, int which, uint32_t want, const char *source,
+                     char *err, size_t n);
+int pv_check_bounds(const char *path, const pv_region_header_t *h, uint32_t n_physical, const uint64_t *physical,
+                    char *err, size_t n);
+int pv_check_change(const char *path, const pv_region_header_t *h, int kind, int64_t dflt, const uint64_t *per,
+                    uint32_t mask, uint32_t n_devices, const uint64_t *total, const char *where, char *err, size_t n);
+int pv_set_device_limit(pv_region_header_t *h, int kind, int device, uint64_t value, uint64_t *old, uint64_t *now,
+                        char *err, size_t n);
+int pv_set_setting(pv_region_header_t *h, int which, uint32_t value, uint32_t *old, char *err, size_t n);
 
 /* pv_group_turns.c: the turn file */
 #define PV_SHM_TURNS "/dev/shm/pyvgpu-turns-v1"
@@ -173,8 +198,13 @@ int pv_turn_path(const char *sched, const char *machine, int trust_shared, char 
 int pv_create_turns(const char *p, unsigned mode, int gid); /* 0, or -1 with errno */
 void pv_turns_fix(const char *p, char *fix, size_t n);
 int pv_open_turns(const char *p, int trust_shared, const char *fix, char *err, size_t n, int *kind);
+int pv_use_turns(const char *p, const char *machine, int trust_shared, char *err, size_t n, int *kind); /* fd */
+int pv_read_turns(const char *p, const char *machine, int trust_shared, void *out, char *err, size_t n, int *kind);
+int pv_node_turns(const char *p, unsigned mode, char *err, size_t n); /* 0, or -1 with err */
+int pv_setup_turns(const char *p, int gid, unsigned mode, int trust_shared, char *err, size_t n); /* 0 kept,
+                                                                                   1 replaced, 2 made, -1 err */
 
-/* pv_group_api.c: the group library's exported functions, for Python's ctypes (pyvgpu/native/grouplib.py) */
+/* pv_group_api.c: the group library's exported functions, for Python's ctypes (pyvgpu/native/group*.py) */
 
 /* pv_load.c: the compiled callbacks, loaded without an interpreter; NULL with the reason in err */
 const pv_cblib_t *pv_load_callbacks(char *err, size_t n);

@@ -424,10 +424,10 @@ def test_the_containers_flags_parse_with_the_real_cli():
     assert (p["node_policy"], p["gpu_policy"], p["lock_expire"]) == ("binpack", "spread", 300.0)
     ds = one(docs, "DaemonSet", "node")
     p = _cli_params(container(ds, "device-plugin")["args"])
-    assert p["with_agent"] is True and p["split"] == 10 and p["state_dir"] == "/run/pyvgpu"
-    assert p["plugin_dir"] == "/var/lib/kubelet/device-plugins" and p["runtime_dir"] in (None, [], ())
+    assert p["with_agent"] is True and p["split"] == 10 and p["state_dir"] == Path("/run/pyvgpu")
+    assert p["plugin_dir"] == Path("/var/lib/kubelet/device-plugins") and p["runtime_dir"] in (None, [], ())
     p = _cli_params(container(ds, "exporter")["args"])
-    assert p["port"] == 9433 and p["state_dir"] == "/run/pyvgpu"
+    assert p["port"] == 9433 and p["state_dir"] == Path("/run/pyvgpu")
     init = container(ds, "install-runtime")
     assert init["command"][0] == "/usr/local/bin/pyvgpu-install-runtime"
     assert "COPY deploy/docker/install-runtime.sh /usr/local/bin/pyvgpu-install-runtime" in \

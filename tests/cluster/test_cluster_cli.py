@@ -118,7 +118,7 @@ def test_missing_file_and_bad_option(tmp_path):
     assert r.exit_code == 2 and "none.json: cannot read it: No such file" in r.output
     args = files(tmp_path, nodelist(), podlist(), pod())
     r = explain(*args, "--gpu-policy", "best")
-    assert r.exit_code == 2 and "--gpu-policy: 'best'" in r.output
+    assert r.exit_code == 2 and "--gpu-policy 'best': use spread" in r.output  # one message, every command
 
 
 def test_a_broken_node_does_not_hide_the_others(tmp_path):

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import shutil
 import stat
 from dataclasses import dataclass
@@ -129,9 +128,7 @@ class NodeState:
             _chmod_dir(self.root, MODE_ROOT)
             _chmod_dir(self.containers, MODE_CONTAINERS)
             # created if missing, checked otherwise; root's 0666 by design (the module's docstring), so trusted
-            os.close(sched.open_fd(self.turn_path, env={**os.environ, safefile.TRUST_ENV: "1"}))
-            if stat.S_IMODE(self.turn_path.stat().st_mode) != MODE_TURNS:
-                os.chmod(self.turn_path, MODE_TURNS)
+            sched.node_file(self.turn_path, MODE_TURNS)
         except PermissionError as e:
             raise PyvgpuError(f"the node state directory {self.root}: {e.strerror} ({e.filename}); run the node "
                               "agent as root, or give --state-dir a directory it owns") from None
@@ -154,19 +151,11 @@ class NodeState:
         d.mkdir(mode=MODE_CONTAINER_DIR)
         os.chmod(d, MODE_CONTAINER_DIR)
         final = d / REGION_FILE
-        tmp = d / f".{REGION_FILE}.{secrets.token_hex(4)}"
         try:
+            # made whole, of its owner and mode, before it appears at its path (the group core)
             mode = MODE_REGION_OWNED if owner.uid is not None else MODE_REGION_SHARED
-            region.create(tmp, region_name(pod_uid, container), limits, mode=mode, sm=sm)
-            if owner.uid is not None:
-                fd = os.open(tmp, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-                try:
-                    os.fchown(fd, owner.uid, owner.gid if owner.gid is not None else -1)
-                    os.pwrite(fd, owner.uid.to_bytes(4, "little"), L.REGION_HEADER.offset("owner_uid"))
-                finally:
-                    os.close(fd)
-            os.chmod(tmp, mode)
-            os.rename(tmp, final)
+            region.create(final, region_name(pod_uid, container), limits, mode=mode, sm=sm,
+                          owner=(owner.uid, owner.gid) if owner.uid is not None else None)
         except BaseException:
             shutil.rmtree(d, ignore_errors=True)
             raise
