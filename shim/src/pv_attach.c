@@ -13,12 +13,10 @@
  *
  * The slot itself is claimed later, at the first GPU call (svc_claim). */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "pv_shim.h"
@@ -42,13 +40,10 @@ static uint64_t map_turns(const pv_env_t *env, char *err, size_t n) {
     int own, kind;
     if (pv_turn_path(getenv(PV_ENV_SCHED), PV_SHM_TURNS, env->trust_shared, p, sizeof p, &own, why, sizeof why, err, n))
         return 0;
-    pv_turns_fix(p, fix, sizeof fix);
-    struct stat st;
-    if (lstat(p, &st) != 0 && errno == ENOENT && strcmp(p, PV_SHM_TURNS))
-        pv_create_turns(p, 0600, -1); /* a failure shows at the open */
-    int fd = pv_open_turns(p, env->trust_shared, fix, err, n, &kind);
+    int fd = pv_use_turns(p, PV_SHM_TURNS, env->trust_shared, err, n, &kind); /* made if missing, checked */
     if (fd < 0)
         return 0;
+    pv_turns_fix(p, fix, sizeof fix);
     void *m = map_shared(fd, PV_SCHED_SIZE, PV_GUARD_TURNS, p, "the turn file", fix, err, n);
     close(fd);
     return (uint64_t)(uintptr_t)m;
