@@ -38,9 +38,10 @@ class Load:
     second."""
 
     def __init__(self, env, tmp: Path, name: str, wrap_opts: list[str] | None, seconds: float,
-                 mode: str = "kernel", region_path: Path | None = None, iters: str = ITERS, gap_us: int = 0):
+                 mode: str = "kernel", region_path: Path | None = None, iters: str = ITERS, gap_us: int = 0,
+                 device: int = 0):
         self.region_path = region_path or tmp / f"{name}.region"
-        load = [str(BENCH_BIN), "sm", str(seconds), iters, mode, str(gap_us)]
+        load = [str(BENCH_BIN), "sm", str(seconds), iters, mode, str(gap_us), str(device)]
         if wrap_opts is None:
             cmd = load
             self.region_path = None
@@ -84,6 +85,14 @@ class Load:
         start = next(p for p in pts if p[0] - t0 >= after * 1e9)
         end = pts[-1]
         return (end[1] - start[1]) / ((end[0] - start[0]) / 1e9)
+
+    def rate_between(self, start_ns: int, end_ns: int) -> float:
+        """Kernels per second between two CLOCK_MONOTONIC times (ns), from the progress marks inside them."""
+        if not self.points:
+            self.wait()
+        pts = [p for p in self.points if start_ns <= p[0] <= end_ns]
+        assert len(pts) >= 2, f"too few progress marks between the two times: {self.points}"
+        return (pts[-1][1] - pts[0][1]) / ((pts[-1][0] - pts[0][0]) / 1e9)
 
     def finish(self, after: float) -> float:
         """Achieved share (%) of the 200 us spin kernel's unlimited throughput, from ``after`` s to the end."""

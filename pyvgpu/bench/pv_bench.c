@@ -11,7 +11,7 @@
  *                                     state; reports both medians
  *   pv_bench startup                  CLOCK_MONOTONIC ns when the first cuInit returned
  *   pv_bench calibrate ITERS          GPU ns of one spin kernel of ITERS iterations (timing events)
- *   pv_bench sm SECONDS ITERS kernel|graph|streams [GAP_US]
+ *   pv_bench sm SECONDS ITERS kernel|graph|streams [GAP_US [DEVICE]]
  *                                     the compute-bound load of `pyvgpu bench sm`: spin kernels
  *                                     (or a CUDA graph of GRAPH_KERNELS of them) back to back, the
  *                                     queue kept GPU-busy but bounded; prints "P <ns> <kernels done>"
@@ -21,6 +21,8 @@
  *                                     after each launch (the host leaves the GPU idle between kernels)
  *                                     and waits for each mark's kernels before the next (the step's
  *                                     sync), so its speed depends on how soon its kernels run.
+ *                                     DEVICE: the CUDA device it loads (default 0), for one
+ *                                     process a GPU.
  *
  * Prints one JSON line. Needs no CUDA toolkit: the kernel is PTX text that
  * the driver compiles.
@@ -113,7 +115,7 @@ static void *driver(void) {
     return h;
 }
 
-static void setup(void) {
+static void setup(int device) {
     void *h = driver();
     *(void **)&gpa = dlsym(h, "cuGetProcAddress_v2");
     if (!gpa) {
@@ -143,7 +145,7 @@ static void setup(void) {
     CUdevice dev;
     CUcontext ctx;
     CHECK(p_cuInit(0));
-    CHECK(p_cuDeviceGet(&dev, 0));
+    CHECK(p_cuDeviceGet(&dev, device));
     CHECK(p_cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(p_cuCtxSetCurrent(ctx));
 }
@@ -357,10 +359,10 @@ int main(int argc, char **argv) {
         int sm = !strcmp(argv[1], "sm");
         if (argc < (sm ? 5 : 3)) {
             fprintf(stderr, "usage: pv_bench calibrate ITERS | pv_bench sm SECONDS ITERS kernel|graph|streams "
-                            "[GAP_US]\n");
+                            "[GAP_US [DEVICE]]\n");
             return 2;
         }
-        setup();
+        setup(sm && argc > 6 ? atoi(argv[6]) : 0); /* DEVICE: the CUDA device to load (one process a GPU) */
         if (!sm)
             return calibrate((unsigned)strtoul(argv[2], NULL, 10));
         int mode = !strcmp(argv[4], "graph") ? LOAD_GRAPH : !strcmp(argv[4], "streams") ? LOAD_STREAMS : LOAD_KERNEL;
@@ -383,7 +385,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *name = !strcmp(op, "launch") ? "launch" : "alloc_free";
-    setup();
+    setup(0);
     prepare(op);
     long long *hook = calloc(samples, sizeof *hook), *raw = calloc(samples, sizeof *raw);
     if (!ab) {

@@ -11,6 +11,8 @@
  * two contexts with work got ~90% of the GPU together, docs/compute.md). With
  * FAKECUDA_SIM=PATH every process maps the same file, so several processes
  * share one simulated GPU; without it each process has its own.
+ * FAKECUDA_SIM_COLLECTIVE=N makes every kernel a rank of a collective over
+ * devices 0..N-1 (struct sim_coll below): it waits on the GPU for its peers.
  * Devices here are always physical indexes (NVML's), never CUDA ordinals,
  * which CUDA_VISIBLE_DEVICES may reorder. */
 #ifndef FAKE_SIM_H
@@ -46,11 +48,24 @@ struct sim_proc {
     uint64_t busy_ns[SIM_DEVS];  /* GPU time its kernels took on each device (tests read it) */
     uint64_t kernels[SIM_DEVS];  /* kernels it queued on each device */
 };
+/* Collectives (FAKECUDA_SIM_COLLECTIVE=N): every kernel is one rank's part of a collective over devices
+ * 0..N-1, as an NCCL all-reduce's kernel is. The n-th kernel of each device starts when its device reaches
+ * it, then waits inside the GPU until every rank's n-th kernel has started, and ends d ns after the last
+ * start: a rank that comes late makes the others' kernels longer, and that wait is GPU time (NVML counts
+ * it busy, a timing event around the kernel reads it). seq: the collectives each device queued; st: their
+ * starts, the last SIM_COLL_RING of them. */
+#define SIM_COLL_RING 8
+#define SIM_COLL_TIMEOUT_NS 500000000ULL /* a rank that never comes: the others go on alone */
+struct sim_coll {
+    uint64_t seq[SIM_DEVS];
+    uint64_t st[SIM_DEVS][SIM_COLL_RING];
+};
 struct sim {
     uint64_t magic;
     uint64_t switch_ns[SIM_DEVS]; /* time added by FAKECUDA_SIM_SWITCH_PCT, per device (tests read it) */
     struct sim_proc procs[SIM_PROCS];
     struct sim_dev dev[SIM_DEVS];
+    struct sim_coll coll; /* last: the tests read the fields above at fixed offsets */
 };
 
 SIM_FN uint64_t sim_now(void) {
@@ -116,8 +131,40 @@ SIM_FN uint64_t sim_switch_cost(struct sim *s, int dev, uint64_t d, uint64_t now
     return d;
 }
 
-/* Queue d ns of work on dev; returns its [start, end). Blocks while the queue is full. */
-SIM_FN void sim_enqueue(struct sim *s, int dev, uint64_t d, uint64_t *start, uint64_t *end) {
+SIM_FN uint64_t sim_queue_ns(void) {
+    static uint64_t queue_ns;
+    if (!queue_ns) {
+        const char *q = getenv("FAKECUDA_SIM_QUEUE_MS");
+        queue_ns = q && *q ? (uint64_t)atoi(q) * 1000000ULL : SIM_QUEUE_NS_DEFAULT;
+    }
+    return queue_ns;
+}
+
+/* A collective's rendezvous (FAKECUDA_SIM_COLLECTIVE=ranks): this device's kernel started at st; the time
+ * the last rank's matching kernel starts (waiting, on the host, for the ranks that have not queued theirs). */
+SIM_FN uint64_t sim_rendezvous(struct sim *s, int dev, int ranks, uint64_t st) {
+    struct sim_coll *c = &s->coll;
+    int me = dev % SIM_DEVS;
+    uint64_t n = __atomic_load_n(&c->seq[me], __ATOMIC_ACQUIRE) + 1;
+    __atomic_store_n(&c->st[me][n % SIM_COLL_RING], st, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->seq[me], n, __ATOMIC_RELEASE);
+    uint64_t last = st, give_up = sim_now() + SIM_COLL_TIMEOUT_NS;
+    for (int r = 0; r < ranks && r < SIM_DEVS; r++) {
+        while (__atomic_load_n(&c->seq[r], __ATOMIC_ACQUIRE) < n && sim_now() < give_up) {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+        if (__atomic_load_n(&c->seq[r], __ATOMIC_ACQUIRE) >= n) {
+            uint64_t t = __atomic_load_n(&c->st[r][n % SIM_COLL_RING], __ATOMIC_RELAXED);
+            last = t > last ? t : last;
+        }
+    }
+    return last;
+}
+
+/* Queue d ns of work on dev; returns its [start, end). Blocks while the queue is full. A rank of a
+ * collective (ranks > 1) ends d after the last rank's start instead. */
+SIM_FN void sim_enqueue_ranks(struct sim *s, int dev, uint64_t d, int ranks, uint64_t *start, uint64_t *end) {
     struct sim_dev *x = &s->dev[dev % SIM_DEVS];
     uint64_t now = sim_now(), old, st;
     struct sim_proc *me = sim_me(s);
@@ -126,23 +173,31 @@ SIM_FN void sim_enqueue(struct sim *s, int dev, uint64_t d, uint64_t *start, uin
     do {
         st = old > now ? old : now;
     } while (!__atomic_compare_exchange_n(&x->free_at, &old, st + d, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    uint64_t en = st + d;
+    if (ranks > 1) { /* the kernel holds the device until every rank's part has started */
+        en = sim_rendezvous(s, dev, ranks, st) + d;
+        old = __atomic_load_n(&x->free_at, __ATOMIC_ACQUIRE);
+        while (old < en &&
+               !__atomic_compare_exchange_n(&x->free_at, &old, en, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            ;
+    }
     uint64_t i = __atomic_fetch_add(&x->next, 1, __ATOMIC_RELAXED) % SIM_RING;
     __atomic_store_n(&x->ring[i].start, st, __ATOMIC_RELAXED);
-    __atomic_store_n(&x->ring[i].end, st + d, __ATOMIC_RELEASE);
+    __atomic_store_n(&x->ring[i].end, en, __ATOMIC_RELEASE);
     *start = st;
-    *end = st + d;
+    *end = en;
     if (me) {
-        __atomic_store_n(&me->busy_until[dev % SIM_DEVS], st + d, __ATOMIC_RELEASE);
-        __atomic_fetch_add(&me->busy_ns[dev % SIM_DEVS], d, __ATOMIC_RELAXED);
+        __atomic_store_n(&me->busy_until[dev % SIM_DEVS], en, __ATOMIC_RELEASE);
+        __atomic_fetch_add(&me->busy_ns[dev % SIM_DEVS], en - st, __ATOMIC_RELAXED);
         __atomic_fetch_add(&me->kernels[dev % SIM_DEVS], 1, __ATOMIC_RELAXED);
     }
-    static uint64_t queue_ns;
-    if (!queue_ns) {
-        const char *q = getenv("FAKECUDA_SIM_QUEUE_MS");
-        queue_ns = q && *q ? (uint64_t)atoi(q) * 1000000ULL : SIM_QUEUE_NS_DEFAULT;
-    }
+    uint64_t queue_ns = sim_queue_ns();
     if (st > now + queue_ns)
         sim_sleep_until(st - queue_ns);
+}
+
+SIM_FN void sim_enqueue(struct sim *s, int dev, uint64_t d, uint64_t *start, uint64_t *end) {
+    sim_enqueue_ranks(s, dev, d, 1, start, end);
 }
 
 /* Percent of the last SIM_WINDOW_NS during which dev ran a kernel, rounded. */

@@ -463,7 +463,12 @@ static void run_kernel(uint64_t d, CUstream stream) {
     if (!d)
         return;
     uint64_t st, en, called = sim_now();
-    sim_enqueue(sim(), t_cur->phys, d, &st, &en); /* may block while the queue is full */
+    static int ranks = -1; /* FAKECUDA_SIM_COLLECTIVE: every kernel is a collective over that many devices */
+    if (ranks < 0) {
+        const char *v = getenv("FAKECUDA_SIM_COLLECTIVE");
+        ranks = v && *v ? atoi(v) : 1;
+    }
+    sim_enqueue_ranks(sim(), t_cur->phys, d, ranks, &st, &en); /* may block while the queue is full */
     struct fake_event *e = __atomic_exchange_n(&g_start_event, NULL, __ATOMIC_ACQ_REL);
     if (e && e->t < st && called - e->rec < START_EVENT_NS)
         e->t = st;
