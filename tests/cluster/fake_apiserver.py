@@ -88,6 +88,8 @@ class FakeApiServer:
         self._on_node: dict[str, dict[tuple[str, str], None]] = {}  # pods by spec.nodeName
         self._node_of: dict[tuple[str, str], str] = {}
         self.requests: list[tuple[str, str]] = []
+        # (method, path, Authorization, Content-Type) of each request: what the client sent beside the body
+        self.headers_seen: list[tuple[str, str, str | None, str | None]] = []
         self.unexpected: list[str] = []
         self.patches: list[tuple[str, dict]] = []  # (path, patch) in order
         self.bindings: list[tuple[str, str, str]] = []  # (namespace, name, node)
@@ -267,6 +269,11 @@ def _handler(api: FakeApiServer):
             parts = [p for p in u.path.split("/") if p]
             with api.cond:
                 api.requests.append((method, u.path))
+                api.headers_seen.append((method, u.path, self.headers.get("Authorization"),
+                                         self.headers.get("Content-Type")))
+            if method == "PATCH" and self.headers.get("Content-Type") != "application/merge-patch+json":
+                self._body()  # the real one reads other patch types too; the code under test sends only these
+                return self._send(415, _status(415, "UnsupportedMediaType", "only merge patches are served here"))
             for hook in list(api.hooks):
                 r = hook(method, u.path)
                 if r is not None:

@@ -53,7 +53,7 @@ def _handler(s: Scheduler):
 
         def do_POST(self):  # noqa: N802
             path = self.path.split("?")[0].rstrip("/")
-            verbs = {"/filter": s.filter, "/prioritize": s.prioritize, "/bind": s.bind, "/webhook": s.admit,
+            verbs = {"/filter": s.filter, "/prioritize": s.prioritize_body, "/bind": s.bind, "/webhook": s.admit,
                      "/mutate": s.admit}
             fn = verbs.get(path)
             try:
