@@ -14,9 +14,11 @@ import itertools
 from typing import Any
 
 from pyvgpu.cluster.core import codec, keys
+from pyvgpu.cluster.core.columns import Columns, usable
+from pyvgpu.cluster.core.columns import brief_reason as columns_reason
 from pyvgpu.cluster.core.config import ClusterConfig
 from pyvgpu.cluster.core.fit import has_filters
-from pyvgpu.cluster.core.model import Decision, NodeInfo, NodeResult, PodDevices, PodRequest
+from pyvgpu.cluster.core.model import ContainerRequest, Decision, NodeInfo, NodeResult, PodDevices, PodRequest
 from pyvgpu.cluster.core.place import brief_reason, count_fit, feasible, plan, why_not
 from pyvgpu.cluster.core.policy import rank_nodes
 from pyvgpu.cluster.core.quota import QuotaView, use_of_placements
@@ -46,11 +48,13 @@ def decide(nodes: Any, pods: Any, pod: dict, config: ClusterConfig | None = None
 
 
 def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | None = None,
-              brief: bool = False, quota: QuotaView | None = None) -> Decision:
+              brief: bool = False, quota: QuotaView | None = None, columns: Columns | None = None) -> Decision:
     """The same decision on nodes already read, with their usage (what a long-running scheduler keeps).
     `brief`: a refusing node's reason is place.brief_reason (refusals counted by kind), not every GPU's.
     `quota`: the pod's namespace's GPU quota (pyvgpu.cluster.core.quota): a node where the pod's GPUs would take
-    the namespace over it does not fit."""
+    the namespace over it does not fit.
+    `columns`: the nodes' GPUs in arrays (pyvgpu.cluster.core.columns), where a brief decision judges a request
+    shape it has not met on a node; the same verdicts and reasons as the Python path."""
     cfg = config or ClusterConfig()
     warnings = gather_warnings(req, nodes)
     if not req.wants_gpus:
@@ -76,6 +80,8 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
         fit = [v for v in got if v is not None and v.fits]
         unfit = [v for v in got if v is not None and not v.fits]
         todo = [n for n, v in zip(nodes, got, strict=True) if v is None] if len(fit) + len(unfit) < len(nodes) else ()
+        if todo and columns is not None and usable(req, single, filtered):
+            todo = _judged(todo, columns.judge(todo, single, req.mutex), single, shape, fit, unfit)
     for n in todo:
         if n.error:
             unfit.append(NodeResult(n.name, False, None, n.error))
@@ -117,6 +123,29 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
 
 
 _NO_MEMO: dict = {}
+
+
+def _judged(nodes: list[NodeInfo], judged: list, ctr: ContainerRequest, shape: int, fit: list, unfit: list) -> list:
+    """The verdicts of the nodes Columns.judge counted, remembered on them; the nodes it left out."""
+    rest = [n for n, counts in zip(nodes, judged, strict=True) if counts is None]
+    if rest:
+        nodes = [n for n, counts in zip(nodes, judged, strict=True) if counts is not None]
+        judged = [counts for counts in judged if counts is not None]
+    for n in [n for n in nodes if n.score_cache is None]:
+        n.score_cache = node_score(n.devices)
+    nums = ctr.nums
+    verdicts = [NodeResult(n.name, True, n.score_cache) if counts & 15 >= nums else  # columns.fitting
+                NodeResult(n.name, False, n.score_cache, _interned(columns_reason(counts, ctr)))
+                for n, counts in zip(nodes, judged, strict=True)]
+    for n, verdict in zip(nodes, verdicts, strict=True):
+        memo = n.fit_cache  # Columns.judge gave the node one
+        if len(memo) >= FIT_CACHE:
+            for old in list(memo)[:FIT_CACHE // 4]:
+                del memo[old]
+        memo[shape] = verdict
+    fit += [v for v in verdicts if v.fits]
+    unfit += [v for v in verdicts if not v.fits]
+    return rest
 
 
 class _ByName:

@@ -150,7 +150,8 @@ class Scheduler:
         infos = self.informer.node_infos(names, exclude=(req.namespace, req.name), extra_nodes=nodes)
         infos = self.inflight.apply(self.liveness.apply(infos), (req.namespace, req.name), self.informer.counts)
         quota = self.informer.quotas.view(req.namespace, exclude=(req.namespace, req.name))
-        return decide_on(infos, req, self.cfg, brief=brief, quota=quota), names, nodes
+        columns = self.informer.columns if brief else None
+        return decide_on(infos, req, self.cfg, brief=brief, quota=quota, columns=columns), names, nodes
 
     def filter(self, args: dict) -> dict:
         t0 = time.perf_counter()

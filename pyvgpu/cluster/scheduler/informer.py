@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 from pyvgpu.cluster.api.kube import Kube, KubeError, KubeUnreachable
 from pyvgpu.cluster.core import keys, usage
+from pyvgpu.cluster.core.columns import Columns
 from pyvgpu.cluster.core.config import ClusterConfig
 from pyvgpu.cluster.core.errors import ClusterInputError
 from pyvgpu.cluster.core.model import NodeInfo
@@ -110,6 +111,7 @@ class Informer:
         self.generation = 0
         self.seen = {"node": 0, "pod": 0, "resourcequota": 0}  # the latest resourceVersion each kind reflects
         self.quotas = Quotas(self.cfg)  # namespaces' GPU limits and use, kept per pod as pods change
+        self.columns = Columns()  # the nodes' GPUs in arrays, for filter's first look at a request shape
 
     # -- the loops -----------------------------------------------------------------------------------------
 
