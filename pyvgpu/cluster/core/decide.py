@@ -66,9 +66,12 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
     gpu = [c for c in req.containers if c.nums > 0]
     single = gpu[0] if len(gpu) == 1 else None  # one container asking GPUs: a count decides (place.count_fit)
     filtered = has_filters(req)
-    # Filter's verdicts (NodeResults, shared: never changed) are remembered per node usage and request
-    # shape: a node's usage changes far less often than pods of one shape come (a job's replicas), and the
-    # cache goes with the usage (usage.add_pod clears it; a rebuilt node starts without one).
+    # Filter's verdicts are remembered per node usage and request shape: a node's usage changes far less
+    # often than pods of one shape come (a job's replicas), and the cache goes with the usage (usage.add_pod
+    # clears it; a rebuilt node starts without one). A verdict is remembered as True (fits) or the brief
+    # reason, plain values: the garbage collector stops tracking a dict that holds only such values, and
+    # the memos of 5000 nodes hold hundreds of thousands of verdicts, which as objects every full
+    # collection walked (0.1-0.2 s, several times a minute).
     shape = _shape_id((single, req.numa_bind, req.mutex, (req.use_types, req.nouse_types, req.use_uuids,
                                                          req.nouse_uuids, req.modes) if filtered else None)) \
         if brief and single else None
@@ -77,8 +80,9 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
         # the remembered verdicts in one pass of comprehensions (a Python loop per node was most of a filter
         # at 5000 nodes); only the nodes without one go through the loop below
         got = [(n.fit_cache or _NO_MEMO).get(shape) for n in nodes]
-        fit = [v for v in got if v is not None and v.fits]
-        unfit = [v for v in got if v is not None and not v.fits]
+        fit = [NodeResult(n.name, True, n.score_cache) for n, v in zip(nodes, got, strict=True) if v is True]
+        unfit = [NodeResult(n.name, False, n.score_cache, v) for n, v in zip(nodes, got, strict=True)
+                 if v is not None and v is not True]
         todo = [n for n, v in zip(nodes, got, strict=True) if v is None] if len(fit) + len(unfit) < len(nodes) else ()
         if todo and columns is not None and usable(req, single, filtered):
             todo = _judged(todo, columns.judge(todo, single, req.mutex), single, shape, fit, unfit)
@@ -96,9 +100,12 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
             elif len(memo) >= FIT_CACHE:
                 for old in list(memo)[:FIT_CACHE // 4]:  # the oldest quarter goes (dicts keep insertion order)
                     del memo[old]
-            verdict = memo[shape] = (NodeResult(n.name, True, score) if count_fit(n.devices, single, req, filtered)
-                                     else NodeResult(n.name, False, score, _interned(brief_reason(n, req, cfg))))
-            (fit if verdict.fits else unfit).append(verdict)
+            if count_fit(n.devices, single, req, filtered):
+                memo[shape] = True
+                fit.append(NodeResult(n.name, True, score))
+            else:
+                reason = memo[shape] = _interned(brief_reason(n, req, cfg))
+                unfit.append(NodeResult(n.name, False, score, reason))
             continue
         if count_fit(n.devices, single, req, filtered) if single is not None else feasible(n, req, cfg):
             fit.append(NodeResult(n.name, True, score))
@@ -142,7 +149,7 @@ def _judged(nodes: list[NodeInfo], judged: list, ctr: ContainerRequest, shape: i
         if len(memo) >= FIT_CACHE:
             for old in list(memo)[:FIT_CACHE // 4]:
                 del memo[old]
-        memo[shape] = verdict
+        memo[shape] = True if verdict.fits else verdict.reason
     fit += [v for v in verdicts if v.fits]
     unfit += [v for v in verdicts if not v.fits]
     return rest
