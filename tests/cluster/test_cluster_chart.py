@@ -53,6 +53,8 @@ VALUE_SETS = {
         "issuerName": "corp-ca", "issuerKind": "ClusterIssuer"}}}},
     "numeric-tags": {"image": {"tag": 20240101}, "scheduler": {"kubeScheduler": {"tag": 20240102}}},
     "no-exporter": {"exporter": {"enabled": False}, "serviceMonitor": {"enabled": True}},
+    "node-config": {"node": {"nodeConfig": [{"name": "gpu-1", "devicesplitcount": 4, "devicememoryscaling": 1.5,
+                                             "filterdevices": {"uuid": ["GPU-x"], "index": [3]}}]}},
 }
 
 
@@ -682,3 +684,26 @@ def test_runtime_installer_copies_once_and_never_rewrites_a_file_in_place(tmp_pa
     assert not [d for d in host.iterdir() if ".new." in d.name]
     p = _install(src, tmp_path / "nowhere")
     assert p.returncode == 2 and "not a directory" in p.stderr
+
+
+def test_per_node_settings_reach_the_device_plugin_where_it_reads_them():
+    """Item 13: node.nodeConfig becomes HAMi's device-plugin config.json, mounted where the device plugin reads
+    it (pyvgpu.cluster.node.nodeconfig.DEFAULT_PATH); without it, no ConfigMap and no mount."""
+    from pyvgpu.cluster.node.nodeconfig import DEFAULT_PATH, NodeConfig, parse
+
+    docs = render(VALUE_SETS["node-config"])
+    cm = one(docs, "ConfigMap", "node")
+    cfg = parse(cm["data"][DEFAULT_PATH.name], "gpu-1")
+    assert cfg == NodeConfig(split=4, memory_scaling=1.5, filter_uuids=frozenset({"GPU-x"}),
+                             filter_indexes=frozenset({3}))
+    ds = one(docs, "DaemonSet", "node")
+    mounts = {m["name"]: m["mountPath"] for m in container(ds, "device-plugin")["volumeMounts"]}
+    assert mounts["device-config"] == str(DEFAULT_PATH.parent)
+    vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert vols["device-config"]["configMap"]["name"] == cm["metadata"]["name"]
+    plain = render()
+    assert not [d for d in by_kind(plain, "ConfigMap") if d["metadata"]["name"] == cm["metadata"]["name"]]
+    assert "device-config" not in {m["name"] for m in container(one(plain, "DaemonSet", "node"),
+                                                                "device-plugin")["volumeMounts"]}
+    with pytest.raises(ChartError, match="devicesplitcount"):
+        render({"node": {"nodeConfig": [{"name": "gpu-1", "devicesplitcount": 0}]}})
