@@ -562,10 +562,14 @@ KUBE_CALLS = {"get_node": [("nodes", "get")], "list_nodes": [("nodes", "list")],
               "list_pods": [("pods", "list")], "get_pod": [("pods", "get")], "patch_pod": [("pods", "patch")],
               "bind": [("pods/binding", "create")],
               "watch": [("nodes", "watch"), ("pods", "watch"), ("resourcequotas", "watch")],
-              "create_event": [("events", "create")], "list_quotas": [("resourcequotas", "list")]}
+              "create_event": [("events", "create")], "list_quotas": [("resourcequotas", "list")],
+              "get_lease": [("leases", "get")]}
+# what the built-in system:kube-scheduler role (bound to the scheduler, asserted below) grants of those: the
+# Lease of kube-scheduler's election, which the extender reads to know whether its replica leads
+KUBE_SCHEDULER_ROLE = {("leases", "get")}
 # which calls each component makes (grep of pyvgpu/cluster: extender, informer, nodelock / allocate, agent)
 USES = {"scheduler": ["get_node", "list_nodes", "patch_node", "list_pods", "get_pod", "patch_pod", "bind", "watch",
-                      "create_event", "list_quotas"],
+                      "create_event", "list_quotas", "get_lease"],
         "node": ["get_node", "patch_node", "list_pods", "patch_pod", "create_event"]}
 
 
@@ -574,7 +578,7 @@ def test_rbac_grants_every_call_each_component_makes():
 
     public = {n for n in vars(Kube) if not n.startswith("_") and callable(getattr(Kube, n))}
     assert public == set(KUBE_CALLS), "a Kube call was added or removed: update KUBE_CALLS and USES (and the chart)"
-    for component, modules in (("scheduler", ["extender", "informer", "nodelock", "events"]),
+    for component, modules in (("scheduler", ["extender", "informer", "nodelock", "events", "leader"]),
                                ("node", ["allocate", "agent", "plugin", "daemon"])):
         used = set()
         for m in modules:
@@ -594,6 +598,8 @@ def test_rbac_grants_every_call_each_component_makes():
                 for rule in roles[b["roleRef"]["name"]]["rules"]:
                     granted |= {(r, v) for r in rule["resources"] for v in rule["verbs"] if "" in rule["apiGroups"]}
         needed = {rv for c in calls for rv in KUBE_CALLS[c] if component == "scheduler" or c != "watch"}
+        if component == "scheduler":
+            granted |= KUBE_SCHEDULER_ROLE
         assert needed <= granted, f"{component} lacks {needed - granted}"
         assert not any(v in ("*", "delete", "update") for _, v in granted), f"{component} is granted too much"
     kube_sched = {b["roleRef"]["name"] for b in bindings if any(s["name"] == sa_of["scheduler"] for s in b["subjects"])}

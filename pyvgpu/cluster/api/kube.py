@@ -166,6 +166,13 @@ class Kube:
         return self._request(f"create event in {namespace}", "POST", f"/api/v1/namespaces/{_seg(namespace)}/events",
                              body=body)
 
+    # -- leases (coordination.k8s.io/v1) -------------------------------------------------------------------
+
+    def get_lease(self, namespace: str, name: str) -> dict:
+        """The Lease kube-scheduler's leader election writes (pyvgpu.cluster.scheduler.leader reads it)."""
+        return self._request(f"get lease {namespace}/{name}", "GET",
+                             f"/apis/coordination.k8s.io/v1/namespaces/{_seg(namespace)}/leases/{_seg(name)}")
+
     # -- watch ---------------------------------------------------------------------------------------------
 
     def watch(self, kind: str, resource_version: str, timeout_seconds: int) -> Iterator[dict]:

@@ -40,6 +40,7 @@ from pyvgpu.cluster.core.request import pod_request
 from pyvgpu.cluster.scheduler import httpserve, webhook
 from pyvgpu.cluster.scheduler.inflight import InFlight, kept_promise
 from pyvgpu.cluster.scheduler.informer import Informer
+from pyvgpu.cluster.scheduler.leader import LeaseLeader
 from pyvgpu.cluster.scheduler.liveness import Liveness
 from pyvgpu.cluster.scheduler.recent import RecentRanks
 from pyvgpu.cluster.scheduler.usage_metrics import UsageCollector
@@ -104,7 +105,8 @@ def _names_and_nodes(args: dict) -> tuple[list[str], dict[str, dict] | None]:
 
 class Scheduler:
     def __init__(self, kube: Kube, cfg: ClusterConfig | None = None, name: str = "pyvgpu-scheduler",
-                 lock_expire_s: float = 300.0, informer: Informer | None = None, handshake_s: float = 0.0) -> None:
+                 lock_expire_s: float = 300.0, informer: Informer | None = None, handshake_s: float = 0.0,
+                 leader: LeaseLeader | None = None) -> None:
         self.kube = kube
         self.cfg = cfg or ClusterConfig()
         if name not in self.cfg.scheduler_names:  # its own pods count on their nodes
@@ -119,6 +121,7 @@ class Scheduler:
         self.ranks = RecentRanks()  # filter's ranking, for the prioritize call that follows
         self.liveness = Liveness()  # nodes whose agent stopped answering the handshake (0 s: not asked)
         self.handshake_s = handshake_s
+        self.leader = leader  # several replicas: only the one whose kube-scheduler leads asks the nodes
         self.events = events.Recorder(kube, name)  # why a pod was refused or read leniently, on the pod
         self.metrics.registry.register(UsageCollector(self.informer.all_node_infos))
         self._node_locks: dict[str, threading.Lock] = {}
@@ -127,17 +130,23 @@ class Scheduler:
     def start(self, stop: threading.Event) -> None:
         self.informer.start(stop)
         self.events.start(stop)
+        if self.leader is not None:
+            threading.Thread(target=self.leader.run, args=(stop,), daemon=True, name="leader").start()
         if self.handshake_s > 0:
             threading.Thread(target=self._handshakes, args=(stop,), daemon=True, name="handshake").start()
 
     def _handshakes(self, stop: threading.Event) -> None:
+        while not stop.wait(self.handshake_s):
+            self.handshake_once()
+
+    def handshake_once(self) -> None:
+        """Judge every node's liveness; the leading replica (or the only one) also asks them for the handshake."""
         def ask(node: str, value: str) -> None:
             self.kube.patch_node(node, {"metadata": {"annotations": {keys.NODE_HANDSHAKE: value}}})
 
-        while not stop.wait(self.handshake_s):
-            with self.informer.lock:
-                nodes = list(self.informer.nodes.values())
-            self.liveness.check(nodes, ask)
+        with self.informer.lock:
+            nodes = list(self.informer.nodes.values())
+        self.liveness.check(nodes, ask if self.leader is None or self.leader.is_leader() else None)
 
     # -- filter and prioritize -----------------------------------------------------------------------------
 
