@@ -80,8 +80,9 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
         # the remembered verdicts in one pass of comprehensions (a Python loop per node was most of a filter
         # at 5000 nodes); only the nodes without one go through the loop below
         got = [(n.fit_cache or _NO_MEMO).get(shape) for n in nodes]
-        fit = [NodeResult(n.name, True, n.score_cache) for n, v in zip(nodes, got, strict=True) if v is True]
-        unfit = [NodeResult(n.name, False, n.score_cache, v) for n, v in zip(nodes, got, strict=True)
+        fit = [(n.results or _NO_MEMO).get(True) or _result(n, True) for n, v in zip(nodes, got, strict=True)
+               if v is True]
+        unfit = [(n.results or _NO_MEMO).get(v) or _result(n, v) for n, v in zip(nodes, got, strict=True)
                  if v is not None and v is not True]
         todo = [n for n, v in zip(nodes, got, strict=True) if v is None] if len(fit) + len(unfit) < len(nodes) else ()
         if todo and columns is not None and usable(req, single, filtered):
@@ -102,10 +103,10 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
                     del memo[old]
             if count_fit(n.devices, single, req, filtered):
                 memo[shape] = True
-                fit.append(NodeResult(n.name, True, score))
+                fit.append(_result(n, True))
             else:
                 reason = memo[shape] = _interned(brief_reason(n, req, cfg))
-                unfit.append(NodeResult(n.name, False, score, reason))
+                unfit.append(_result(n, reason))
             continue
         if count_fit(n.devices, single, req, filtered) if single is not None else feasible(n, req, cfg):
             fit.append(NodeResult(n.name, True, score))
@@ -141,18 +142,31 @@ def _judged(nodes: list[NodeInfo], judged: list, ctr: ContainerRequest, shape: i
     for n in [n for n in nodes if n.score_cache is None]:
         n.score_cache = node_score(n.devices)
     nums = ctr.nums
-    verdicts = [NodeResult(n.name, True, n.score_cache) if counts & 15 >= nums else  # columns.fitting
-                NodeResult(n.name, False, n.score_cache, _interned(columns_reason(counts, ctr)))
-                for n, counts in zip(nodes, judged, strict=True)]
-    for n, verdict in zip(nodes, verdicts, strict=True):
+    values = [True if counts & 15 >= nums else _interned(columns_reason(counts, ctr))  # columns.fitting
+              for counts in judged]
+    for n, value in zip(nodes, values, strict=True):
         memo = n.fit_cache  # Columns.judge gave the node one
         if len(memo) >= FIT_CACHE:
             for old in list(memo)[:FIT_CACHE // 4]:
                 del memo[old]
-        memo[shape] = True if verdict.fits else verdict.reason
-    fit += [v for v in verdicts if v.fits]
-    unfit += [v for v in verdicts if not v.fits]
+        memo[shape] = value
+    fit += [_result(n, v) for n, v in zip(nodes, values, strict=True) if v is True]
+    unfit += [_result(n, v) for n, v in zip(nodes, values, strict=True) if v is not True]
     return rest
+
+
+def _result(n: NodeInfo, verdict) -> NodeResult:
+    """The node's shared NodeResult for a remembered verdict (True, or the brief reason)."""
+    results = n.results
+    if results is None:
+        results = n.results = {}
+    got = results.get(verdict)
+    if got is None:
+        if len(results) >= FIT_CACHE:
+            results.clear()
+        got = results[verdict] = (NodeResult(n.name, True, n.score_cache) if verdict is True
+                                  else NodeResult(n.name, False, n.score_cache, verdict))
+    return got
 
 
 class _ByName:

@@ -89,6 +89,9 @@ class NodeInfo:
     # A filter's verdicts on this usage per request shape (decide.decide_on): True, or the brief reason.
     # Cleared with score_cache; bounded there.
     fit_cache: dict | None = field(default=None, repr=False, compare=False)
+    # The NodeResults those verdicts stand for, one per distinct verdict (True or a reason): shared by every
+    # filter, so a remembered verdict costs a lookup, not an object. Cleared with score_cache.
+    results: dict | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
