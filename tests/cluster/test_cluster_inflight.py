@@ -162,6 +162,7 @@ def test_the_cache_is_built_before_ready_and_keeps_slim_pods(kube, api):
         inf = e.s.informer
         with inf.lock:
             assert set(inf._infos) == {"node-0"} and not inf._dirty
+            assert len(inf.columns) == 1  # the first filter of a new shape writes no row
             cached = inf.pods[("default", "big")]
         assert cached["metadata"]["annotations"] == {keys.POD_ALLOCATED: "GPU-0-0,NVIDIA,1000,10:;"}
         assert cached["spec"]["containers"] == [{"name": "main"}] and cached["spec"]["nodeName"] == "node-0"

@@ -89,6 +89,15 @@ class Columns:
         self._ndev[row] = len(n.devices)
         return row
 
+    def prepare(self, nodes: list[NodeInfo]) -> None:
+        """Write the rows of these nodes now (the cache does it before it reports ready, so that the first
+        filter does not)."""
+        with self._lock:
+            for n in nodes:
+                row = self._rows.get(n.name)
+                if row is None or n.fit_cache is None or self._memo[row] is not n.fit_cache:
+                    self._write(n)
+
     def judge(self, nodes: list[NodeInfo], ctr: ContainerRequest, mutex: bool):
         """For each node: its GPUs counted per code of KINDS, packed in one int (fitting() reads the first
         count: the GPUs that take one GPU of `ctr`), or None when the node goes through the Python path."""

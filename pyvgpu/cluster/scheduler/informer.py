@@ -311,7 +311,8 @@ class Informer:
         self._dirty.clear()
 
     def warm(self) -> None:
-        """Build the usage of every node whose cached usage is out of date (after a list: all of them)."""
+        """Build the usage of every node whose cached usage is out of date (after a list: all of them), and
+        write their rows of the columns a filter judges a new request shape on."""
         with self.lock:
             names = [n for n in self.nodes if n in self._dirty or n not in self._infos]
         for i in range(0, len(names), 256):  # in slices, so filters are not kept waiting on the lock long
@@ -321,6 +322,7 @@ class Informer:
                     if node is not None and (name in self._dirty or name not in self._infos):
                         self._infos[name] = self._build(node, [self.pods[k] for k in self._by_node.get(name, set())])
                         self._dirty.discard(name)
+                self.columns.prepare([self._infos[n] for n in names[i:i + 256] if n in self._infos])
 
     def all_node_infos(self) -> list[NodeInfo]:
         """Every cached node with its usage (what the usage metrics read when scraped)."""
