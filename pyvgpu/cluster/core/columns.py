@@ -3,7 +3,8 @@ nodes at once (issue 30, item 15).
 
 decide_on remembers each node's verdict per request shape (NodeInfo.fit_cache); a shape it has not met
 on a node costs place.count_fit and, where the node refuses, place.brief_reason: a Python loop over the
-node's GPUs, ~5 us a node, 30-130 ms at 5000 nodes, the filter's p99. Here each node is a row of
+node's GPUs, on every node, which at thousands of nodes set the filter's p99 (docs/cluster.md, "Where the
+time goes"). Here each node is a row of
 WIDTH GPUs (slots, memory and cores, total and used, and the flags that refuse a GPU whatever it is
 asked), written once per node usage; a new shape is one pass of array operations over every row, the
 first failing check of each GPU (fit.refusal_kind's order) as a code, counted per row.

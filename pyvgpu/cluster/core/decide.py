@@ -70,8 +70,8 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
     # often than pods of one shape come (a job's replicas), and the cache goes with the usage (usage.add_pod
     # clears it; a rebuilt node starts without one). A verdict is remembered as True (fits) or the brief
     # reason, plain values: the garbage collector stops tracking a dict that holds only such values, and
-    # the memos of 5000 nodes hold hundreds of thousands of verdicts, which as objects every full
-    # collection walked (0.1-0.2 s, several times a minute).
+    # the memos of thousands of nodes hold a verdict per node and shape, which as objects every full
+    # collection walked in the middle of filters. One NodeResult per node and verdict stands for them.
     shape = _shape_id((single, req.numa_bind, req.mutex, (req.use_types, req.nouse_types, req.use_uuids,
                                                          req.nouse_uuids, req.modes) if filtered else None)) \
         if brief and single else None

@@ -83,10 +83,11 @@ def _usage_inputs(node: dict) -> tuple:
     return tuple(annos.get(k) for k in (keys.NODE_REGISTER, keys.NODE_PAIR_SCORE, keys.NODE_DEVICE_CORDON))
 
 
-# The collector's thresholds once the cache is frozen: a filter at 5000 nodes makes tens of thousands of
-# short-lived objects, and with the default (700, 10, 10) every few filters set off a full collection of
-# 60 ms or more in the middle of one (issue 30, item 15: filter p99). Young objects are counted in tens of
-# thousands instead; most die by their reference counts before a pass, and a full one comes rarely.
+# The collector's thresholds once the cache is frozen: a filter over thousands of nodes makes tens of
+# thousands of short-lived objects, and with the default (700, 10, 10) every few filters set off a full
+# collection in the middle of one (issue 30, item 15: filter p99; docs/cluster.md, "Where the time goes").
+# Young objects are counted in tens of thousands instead; most die by their reference counts before a
+# pass, and a full one comes rarely.
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
