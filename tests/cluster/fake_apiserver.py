@@ -6,6 +6,7 @@
     GET    /api/v1/pods[?fieldSelector=spec.nodeName=N][&watch=true...]      list or watch pods
     GET    /api/v1/resourcequotas[?watch=true...]                            list or watch ResourceQuotas
     GET    /api/v1/namespaces/NS/pods/NAME
+    GET    /apis/coordination.k8s.io/v1/namespaces/NS/leases/NAME                 a Lease (put_lease)
     PATCH  /api/v1/namespaces/NS/pods/NAME                                    JSON merge patch only
     POST   /api/v1/namespaces/NS/pods/NAME/binding
     POST   /api/v1/namespaces/NS/events                                      kept in k8s_events
@@ -82,12 +83,15 @@ class FakeApiServer:
         self.nodes: dict[str, dict] = {}
         self.pods: dict[tuple[str, str], dict] = {}
         self.quotas: dict[tuple[str, str], dict] = {}  # ResourceQuotas
+        self.leases: dict[tuple[str, str], dict] = {}  # coordination.k8s.io/v1 Leases (kube-scheduler's election)
         self.events: list[tuple[int, str, str, dict]] = []  # (rv, kind, type, object)
         # indexes, as a real API server keeps them (a watch or a field selector does not scan everything):
         self._events_of: dict[str, list[tuple[int, str, str, dict]]] = {}  # events by kind, rv ascending
         self._on_node: dict[str, dict[tuple[str, str], None]] = {}  # pods by spec.nodeName
         self._node_of: dict[tuple[str, str], str] = {}
         self.requests: list[tuple[str, str]] = []
+        # (method, path, Authorization, Content-Type) of each request: what the client sent beside the body
+        self.headers_seen: list[tuple[str, str, str | None, str | None]] = []
         self.unexpected: list[str] = []
         self.patches: list[tuple[str, dict]] = []  # (path, patch) in order
         self.bindings: list[tuple[str, str, str]] = []  # (namespace, name, node)
@@ -209,6 +213,19 @@ class FakeApiServer:
             self._bump("resourcequota", typ, obj)
             return copy.deepcopy(obj)
 
+    def put_lease(self, namespace: str, name: str, holder: str | None, duration_s: int = 15,
+                  renew_time: str = "2026-01-01T00:00:00.000000Z") -> dict:
+        """Write a Lease as kube-scheduler's leader election does (holderIdentity `<hostname>_<uuid>`)."""
+        with self.cond:
+            self.rv += 1
+            spec = {"leaseDurationSeconds": duration_s, "renewTime": renew_time}
+            if holder is not None:
+                spec["holderIdentity"] = holder
+            obj = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec,
+                   "metadata": {"name": name, "namespace": namespace, "resourceVersion": str(self.rv)}}
+            self.leases[(namespace, name)] = obj
+            return copy.deepcopy(obj)
+
     def delete_pod(self, namespace: str, name: str) -> None:
         with self.cond:
             obj = self.pods.pop((namespace, name))
@@ -267,12 +284,24 @@ def _handler(api: FakeApiServer):
             parts = [p for p in u.path.split("/") if p]
             with api.cond:
                 api.requests.append((method, u.path))
+                api.headers_seen.append((method, u.path, self.headers.get("Authorization"),
+                                         self.headers.get("Content-Type")))
+            if method == "PATCH" and self.headers.get("Content-Type") != "application/merge-patch+json":
+                self._body()  # the real one reads other patch types too; the code under test sends only these
+                return self._send(415, _status(415, "UnsupportedMediaType", "only merge patches are served here"))
             for hook in list(api.hooks):
                 r = hook(method, u.path)
                 if r is not None:
                     if method in ("PATCH", "POST"):
                         self._body()
                     return self._send(r[0], r[1])
+            if parts[:3] == ["apis", "coordination.k8s.io", "v1"] and method == "GET" and len(parts) == 7 \
+                    and parts[3] == "namespaces" and parts[5] == "leases":
+                with api.cond:
+                    lease = copy.deepcopy(api.leases.get((parts[4], parts[6])))
+                if lease is None:
+                    return self._send(404, _status(404, "NotFound", f'leases "{parts[6]}" not found'))
+                return self._send(200, lease)
             if parts[:2] != ["api", "v1"]:
                 return self._unexpected(method)
             rest = parts[2:]

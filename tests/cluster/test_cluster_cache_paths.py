@@ -88,3 +88,22 @@ def test_a_verdict_is_never_found_under_another_shapes_number(monkeypatch):
 
     assert fits(1024) and fits(2048) and fits(4096)  # three shapes: the table started again
     assert not fits(9000) and fits(1024) and not fits(9000)
+
+
+def test_remembered_verdicts_are_left_out_of_the_garbage_collectors_passes():
+    """Item 15: the verdicts of every node and request shape (hundreds of thousands at 5000 nodes) are plain
+    values, so the collector stops tracking each node's memo; as objects, every full collection walked them
+    (0.1-0.2 s each, in the middle of filters)."""
+    import gc
+
+    from pyvgpu.cluster.core.columns import Columns
+
+    inf, _ = _cache()
+    info = _filtered(inf)
+    req = pod_request(pod("four", [gpu_container("main", 4, 1024)]))  # refused: a reason is remembered
+    assert decide_on([info], req, brief=True).node is None
+    other = pod_request(pod("big", [gpu_container("main", 2, 7000)]))
+    decide_on([info], other, brief=True, columns=Columns())
+    assert len(info.fit_cache) == 3
+    gc.collect()
+    assert not gc.is_tracked(info.fit_cache)

@@ -53,6 +53,8 @@ VALUE_SETS = {
         "issuerName": "corp-ca", "issuerKind": "ClusterIssuer"}}}},
     "numeric-tags": {"image": {"tag": 20240101}, "scheduler": {"kubeScheduler": {"tag": 20240102}}},
     "no-exporter": {"exporter": {"enabled": False}, "serviceMonitor": {"enabled": True}},
+    "node-config": {"node": {"nodeConfig": [{"name": "gpu-1", "devicesplitcount": 4, "devicememoryscaling": 1.5,
+                                             "filterdevices": {"uuid": ["GPU-x"], "index": [3]}}]}},
 }
 
 
@@ -560,10 +562,14 @@ KUBE_CALLS = {"get_node": [("nodes", "get")], "list_nodes": [("nodes", "list")],
               "list_pods": [("pods", "list")], "get_pod": [("pods", "get")], "patch_pod": [("pods", "patch")],
               "bind": [("pods/binding", "create")],
               "watch": [("nodes", "watch"), ("pods", "watch"), ("resourcequotas", "watch")],
-              "create_event": [("events", "create")], "list_quotas": [("resourcequotas", "list")]}
+              "create_event": [("events", "create")], "list_quotas": [("resourcequotas", "list")],
+              "get_lease": [("leases", "get")]}
+# what the built-in system:kube-scheduler role (bound to the scheduler, asserted below) grants of those: the
+# Lease of kube-scheduler's election, which the extender reads to know whether its replica leads
+KUBE_SCHEDULER_ROLE = {("leases", "get")}
 # which calls each component makes (grep of pyvgpu/cluster: extender, informer, nodelock / allocate, agent)
 USES = {"scheduler": ["get_node", "list_nodes", "patch_node", "list_pods", "get_pod", "patch_pod", "bind", "watch",
-                      "create_event", "list_quotas"],
+                      "create_event", "list_quotas", "get_lease"],
         "node": ["get_node", "patch_node", "list_pods", "patch_pod", "create_event"]}
 
 
@@ -572,7 +578,7 @@ def test_rbac_grants_every_call_each_component_makes():
 
     public = {n for n in vars(Kube) if not n.startswith("_") and callable(getattr(Kube, n))}
     assert public == set(KUBE_CALLS), "a Kube call was added or removed: update KUBE_CALLS and USES (and the chart)"
-    for component, modules in (("scheduler", ["extender", "informer", "nodelock", "events"]),
+    for component, modules in (("scheduler", ["extender", "informer", "nodelock", "events", "leader"]),
                                ("node", ["allocate", "agent", "plugin", "daemon"])):
         used = set()
         for m in modules:
@@ -592,6 +598,8 @@ def test_rbac_grants_every_call_each_component_makes():
                 for rule in roles[b["roleRef"]["name"]]["rules"]:
                     granted |= {(r, v) for r in rule["resources"] for v in rule["verbs"] if "" in rule["apiGroups"]}
         needed = {rv for c in calls for rv in KUBE_CALLS[c] if component == "scheduler" or c != "watch"}
+        if component == "scheduler":
+            granted |= KUBE_SCHEDULER_ROLE
         assert needed <= granted, f"{component} lacks {needed - granted}"
         assert not any(v in ("*", "delete", "update") for _, v in granted), f"{component} is granted too much"
     kube_sched = {b["roleRef"]["name"] for b in bindings if any(s["name"] == sa_of["scheduler"] for s in b["subjects"])}
@@ -682,3 +690,26 @@ def test_runtime_installer_copies_once_and_never_rewrites_a_file_in_place(tmp_pa
     assert not [d for d in host.iterdir() if ".new." in d.name]
     p = _install(src, tmp_path / "nowhere")
     assert p.returncode == 2 and "not a directory" in p.stderr
+
+
+def test_per_node_settings_reach_the_device_plugin_where_it_reads_them():
+    """Item 13: node.nodeConfig becomes HAMi's device-plugin config.json, mounted where the device plugin reads
+    it (pyvgpu.cluster.node.nodeconfig.DEFAULT_PATH); without it, no ConfigMap and no mount."""
+    from pyvgpu.cluster.node.nodeconfig import DEFAULT_PATH, NodeConfig, parse
+
+    docs = render(VALUE_SETS["node-config"])
+    cm = one(docs, "ConfigMap", "node")
+    cfg = parse(cm["data"][DEFAULT_PATH.name], "gpu-1")
+    assert cfg == NodeConfig(split=4, memory_scaling=1.5, filter_uuids=frozenset({"GPU-x"}),
+                             filter_indexes=frozenset({3}))
+    ds = one(docs, "DaemonSet", "node")
+    mounts = {m["name"]: m["mountPath"] for m in container(ds, "device-plugin")["volumeMounts"]}
+    assert mounts["device-config"] == str(DEFAULT_PATH.parent)
+    vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert vols["device-config"]["configMap"]["name"] == cm["metadata"]["name"]
+    plain = render()
+    assert not [d for d in by_kind(plain, "ConfigMap") if d["metadata"]["name"] == cm["metadata"]["name"]]
+    assert "device-config" not in {m["name"] for m in container(one(plain, "DaemonSet", "node"),
+                                                                "device-plugin")["volumeMounts"]}
+    with pytest.raises(ChartError, match="devicesplitcount"):
+        render({"node": {"nodeConfig": [{"name": "gpu-1", "devicesplitcount": 0}]}})

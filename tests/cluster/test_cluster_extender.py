@@ -137,6 +137,22 @@ def test_prioritize_ranks_by_the_node_policy(ext, api):
     assert r == [{"Host": "node-a", "Score": 0}, {"Host": "node-b", "Score": 10}]  # binpack: the fuller first
 
 
+def test_prioritize_over_http_is_the_json_of_prioritize(ext, api):
+    """/prioritize writes its answer without the general JSON encoder: the same bytes as json.dumps of
+    prioritize(), scores as round(10 * (last - i) / last), and names JSON must escape still escaped."""
+    from pyvgpu.cluster.scheduler.extender import rank_scores
+
+    for n in (0, 1, 2, 3, 7, 21, 200, 4999):
+        last = n - 1
+        assert rank_scores(n) == ([10] * n if n <= 1 else [round(10 * (last - i) / last) for i in range(n)])
+    p = api.put_pod(pod("p", [gpu_container("main", 1, 1024)]))
+    for names in (["node-a", "node-b"], ["node-b"], [], ['odd"name', "node-a", "nodé"]):
+        args = filter_args(p, names)
+        body = ext.s.prioritize_body(args)
+        assert body == json.dumps(ext.s.prioritize(args)).encode()
+        assert ext.post("prioritize", args) == json.loads(body)
+
+
 def test_bad_bodies_are_400_with_the_reason(ext):
     req = urllib.request.Request(f"{ext.base}/filter", data=b"[1]", method="POST")
     with pytest.raises(urllib.error.HTTPError) as e:

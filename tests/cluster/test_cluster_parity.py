@@ -297,15 +297,18 @@ def test_namespace_quota_limits_gpu_memory_and_cores():
     assert decide(nodes, used, ask, quotas=both).node is None
 
 
-def test_filter_verdicts_are_remembered_per_usage_and_forgotten_when_it_changes():
+def test_filter_verdicts_are_remembered_per_usage_and_forgotten_when_it_changes(monkeypatch):
+    from pyvgpu.cluster.core import decide as decide_mod
     from pyvgpu.cluster.core.decide import decide_on
     from pyvgpu.cluster.core.usage import add_pod, node_infos
 
     infos = node_infos(nodelist(node("n1", [gpu("GPU-a", mem=1000)])), [])
     req = pod_request(pod(containers=[ctr(gpus=1, mem=600, cores=10)]))
     first = decide_on(infos, req, brief=True)
-    assert first.node == "n1" and infos[0].fit_cache
-    assert decide_on(infos, req, brief=True).nodes[0] is first.nodes[0]  # the same verdict, remembered
+    assert first.node == "n1" and list(infos[0].fit_cache.values()) == [True]
+    with monkeypatch.context() as m:
+        m.setattr(decide_mod, "count_fit", lambda *a: pytest.fail("the remembered verdict was not used"))
+        assert decide_on(infos, req, brief=True).nodes == first.nodes  # the same verdict, remembered
     add_pod(infos[0], first.devices)  # the usage changes: the verdicts go with it
     assert infos[0].fit_cache is None
     again = decide_on(infos, req, brief=True)

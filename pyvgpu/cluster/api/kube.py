@@ -1,10 +1,14 @@
 """The Kubernetes API, through the official `kubernetes` client, as plain dicts.
 
-Every call goes through `kubernetes.client.CoreV1Api` with `_preload_content=False`, so objects come
-back as the JSON the API server sent (what `kubectl get -o json` prints, which is what the scheduling
-core reads) without the client's model classes. Every call has a timeout; nothing here retries: the
-callers decide how long to keep trying (the device plugin's Allocate, the node agent's loop, the
-scheduler's informer each say so).
+The client's configuration (kubeconfig or in-cluster), credentials (its refresh hook and auth settings)
+and connection pool (TLS, client certificates, proxy) carry every call. Watches go through the client's
+`Watch`; the single-object calls (get, list, patch, create) are sent on the same pool with the headers
+the generated `CoreV1Api` methods would send, without their per-call argument validation and
+serialisation, which cost more CPU than the HTTP exchange itself (a bind makes six such calls:
+docs/cluster.md, "Where the time goes"). Objects come back as the JSON the API server sent (what
+`kubectl get -o json` prints, which is what the scheduling core reads). Every call has a timeout; nothing
+here retries: the callers decide how long to keep trying (the device plugin's Allocate, the node agent's
+loop, the scheduler's informer each say so).
 
 Errors: `KubeUnreachable` when the API server cannot be reached (connection refused, timed out),
 `KubeError` with the HTTP status otherwise (`.status` 404: not found, 409: a resourceVersion conflict).
@@ -18,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
@@ -79,62 +84,72 @@ class Kube:
         self.server = self.configuration.host
         self.api = client.CoreV1Api(client.ApiClient(self.configuration))
         _throttle_refresh(self.configuration)
+        self._headers = {**self.api.api_client.default_headers, "Accept": "application/json",
+                         "User-Agent": self.api.api_client.user_agent}
 
     # -- plumbing ------------------------------------------------------------------------------------------
 
-    def _call(self, what: str, fn, *args, timeout: float | None = None, **kwargs) -> Any:
+    def _request(self, what: str, method: str, path: str, query: dict | None = None, body: Any = None,
+                 content_type: str = "application/json", timeout: float | None = None) -> Any:
+        """One call on the client's connection pool, with the client's credentials: what the generated
+        CoreV1Api method for `path` sends (the Accept, User-Agent and default headers, the bearer token
+        of the auth settings, refreshed by the client's hook), and the answer's JSON."""
         import urllib3
-        from kubernetes.client.exceptions import ApiException
 
-        kwargs.setdefault("_request_timeout", timeout or self.timeout)
+        headers = dict(self._headers)
+        for auth in self.configuration.auth_settings().values():
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[auth["key"]] = auth["value"]
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = content_type
+        url = self.server + path + (f"?{urlencode(query)}" if query else "")
         try:
-            resp = fn(*args, _preload_content=False, **kwargs)
-        except ApiException as e:
-            raise _api_error(what, e.status or 0, e.reason or "", e.body) from None
+            resp = self.api.api_client.rest_client.pool_manager.request(
+                method, url, body=data, headers=headers, timeout=urllib3.Timeout(total=timeout or self.timeout),
+                preload_content=True, retries=False)
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise KubeUnreachable(f"{what}: cannot reach the API server at {self.server} ({_why(e)})") from None
-        status = getattr(resp, "status", 200)
+        if not 200 <= resp.status < 300:
+            raise _api_error(what, resp.status, resp.reason or "", resp.data)
         try:
-            data = resp.data
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise KubeUnreachable(f"{what}: the API server at {self.server} stopped answering ({_why(e)})") from None
-        if not 200 <= status < 300:
-            raise _api_error(what, status, getattr(resp, "reason", "") or "", data)
-        try:
-            return json.loads(data) if data else {}
+            return json.loads(resp.data) if resp.data else {}
         except ValueError:
-            raise KubeError(what, status, "not JSON", data[:200].decode(errors="replace")) from None
+            raise KubeError(what, resp.status, "not JSON", resp.data[:200].decode(errors="replace")) from None
 
     # -- nodes ---------------------------------------------------------------------------------------------
 
     def get_node(self, name: str) -> dict:
-        return self._call(f"get node {name}", self.api.read_node, name)
+        return self._request(f"get node {name}", "GET", f"/api/v1/nodes/{_seg(name)}")
 
     def list_nodes(self) -> dict:
-        return self._call("list nodes", self.api.list_node)
+        return self._request("list nodes", "GET", "/api/v1/nodes")
 
     def patch_node(self, name: str, patch: dict) -> dict:
         """A JSON merge patch (RFC 7386); put metadata.resourceVersion in it to make it conditional."""
-        return self._call(f"patch node {name}", self.api.patch_node, name, patch, _content_type=MERGE_PATCH)
+        return self._request(f"patch node {name}", "PATCH", f"/api/v1/nodes/{_seg(name)}", body=patch,
+                             content_type=MERGE_PATCH)
 
     # -- pods ----------------------------------------------------------------------------------------------
 
     def list_pods(self, node: str | None = None) -> dict:
         """Every pod, or the pods bound to `node` (a field selector the API server indexes)."""
-        kw = {"field_selector": f"spec.nodeName={node}"} if node else {}
-        return self._call(f"list pods{f' on node {node}' if node else ''}", self.api.list_pod_for_all_namespaces,
-                          **kw)
+        return self._request(f"list pods{f' on node {node}' if node else ''}", "GET", "/api/v1/pods",
+                             query={"fieldSelector": f"spec.nodeName={node}"} if node else None)
 
     def list_quotas(self) -> dict:
         """Every namespace's ResourceQuotas (pyvgpu.cluster.core.quota reads their GPU limits)."""
-        return self._call("list resourcequotas", self.api.list_resource_quota_for_all_namespaces)
+        return self._request("list resourcequotas", "GET", "/api/v1/resourcequotas")
 
     def get_pod(self, namespace: str, name: str) -> dict:
-        return self._call(f"get pod {namespace}/{name}", self.api.read_namespaced_pod, name, namespace)
+        return self._request(f"get pod {namespace}/{name}", "GET",
+                             f"/api/v1/namespaces/{_seg(namespace)}/pods/{_seg(name)}")
 
     def patch_pod(self, namespace: str, name: str, patch: dict) -> dict:
-        return self._call(f"patch pod {namespace}/{name}", self.api.patch_namespaced_pod, name, namespace, patch,
-                          _content_type=MERGE_PATCH)
+        return self._request(f"patch pod {namespace}/{name}", "PATCH",
+                             f"/api/v1/namespaces/{_seg(namespace)}/pods/{_seg(name)}", body=patch,
+                             content_type=MERGE_PATCH)
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Create the pod's Binding to `node` (what kube-scheduler does, done here by the extender's bind)."""
@@ -143,12 +158,20 @@ class Kube:
             meta["uid"] = uid
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        self._call(f"bind pod {namespace}/{name} to node {node}", self.api.create_namespaced_pod_binding, name,
-                   namespace, body)
+        self._request(f"bind pod {namespace}/{name} to node {node}", "POST",
+                      f"/api/v1/namespaces/{_seg(namespace)}/pods/{_seg(name)}/binding", body=body)
 
     def create_event(self, namespace: str, body: dict) -> dict:
         """Write one core/v1 Event (pyvgpu.cluster.api.events)."""
-        return self._call(f"create event in {namespace}", self.api.create_namespaced_event, namespace, body)
+        return self._request(f"create event in {namespace}", "POST", f"/api/v1/namespaces/{_seg(namespace)}/events",
+                             body=body)
+
+    # -- leases (coordination.k8s.io/v1) -------------------------------------------------------------------
+
+    def get_lease(self, namespace: str, name: str) -> dict:
+        """The Lease kube-scheduler's leader election writes (pyvgpu.cluster.scheduler.leader reads it)."""
+        return self._request(f"get lease {namespace}/{name}", "GET",
+                             f"/apis/coordination.k8s.io/v1/namespaces/{_seg(namespace)}/leases/{_seg(name)}")
 
     # -- watch ---------------------------------------------------------------------------------------------
 
@@ -206,6 +229,11 @@ def _throttle_refresh(cfg) -> None:
             c.refresh_api_key_hook = throttled  # the kubeconfig loader's hook installs itself again
 
     cfg.refresh_api_key_hook = throttled
+
+
+def _seg(name: str) -> str:
+    """A name as one path segment (names of Kubernetes objects never need quoting; a bad one stays one segment)."""
+    return quote(name, safe="")
 
 
 def _why(e: BaseException) -> str:

@@ -14,9 +14,11 @@ import itertools
 from typing import Any
 
 from pyvgpu.cluster.core import codec, keys
+from pyvgpu.cluster.core.columns import Columns, usable
+from pyvgpu.cluster.core.columns import brief_reason as columns_reason
 from pyvgpu.cluster.core.config import ClusterConfig
 from pyvgpu.cluster.core.fit import has_filters
-from pyvgpu.cluster.core.model import Decision, NodeInfo, NodeResult, PodDevices, PodRequest
+from pyvgpu.cluster.core.model import ContainerRequest, Decision, NodeInfo, NodeResult, PodDevices, PodRequest
 from pyvgpu.cluster.core.place import brief_reason, count_fit, feasible, plan, why_not
 from pyvgpu.cluster.core.policy import rank_nodes
 from pyvgpu.cluster.core.quota import QuotaView, use_of_placements
@@ -46,11 +48,13 @@ def decide(nodes: Any, pods: Any, pod: dict, config: ClusterConfig | None = None
 
 
 def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | None = None,
-              brief: bool = False, quota: QuotaView | None = None) -> Decision:
+              brief: bool = False, quota: QuotaView | None = None, columns: Columns | None = None) -> Decision:
     """The same decision on nodes already read, with their usage (what a long-running scheduler keeps).
     `brief`: a refusing node's reason is place.brief_reason (refusals counted by kind), not every GPU's.
     `quota`: the pod's namespace's GPU quota (pyvgpu.cluster.core.quota): a node where the pod's GPUs would take
-    the namespace over it does not fit."""
+    the namespace over it does not fit.
+    `columns`: the nodes' GPUs in arrays (pyvgpu.cluster.core.columns), where a brief decision judges a request
+    shape it has not met on a node; the same verdicts and reasons as the Python path."""
     cfg = config or ClusterConfig()
     warnings = gather_warnings(req, nodes)
     if not req.wants_gpus:
@@ -59,24 +63,31 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
                          for n in sorted(nodes, key=lambda n: n.name))
         return Decision(req.key, None, (), {}, verdicts, req, req.node_policy, req.gpu_policy, warnings)
     fit, unfit = [], []
-    by_name = {}
     gpu = [c for c in req.containers if c.nums > 0]
     single = gpu[0] if len(gpu) == 1 else None  # one container asking GPUs: a count decides (place.count_fit)
     filtered = has_filters(req)
-    # Filter's verdicts (NodeResults, shared: never changed) are remembered per node usage and request
-    # shape: a node's usage changes far less often than pods of one shape come (a job's replicas), and the
-    # cache goes with the usage (usage.add_pod clears it; a rebuilt node starts without one).
+    # Filter's verdicts are remembered per node usage and request shape: a node's usage changes far less
+    # often than pods of one shape come (a job's replicas), and the cache goes with the usage (usage.add_pod
+    # clears it; a rebuilt node starts without one). A verdict is remembered as True (fits) or the brief
+    # reason, plain values: the garbage collector stops tracking a dict that holds only such values, and
+    # the memos of thousands of nodes hold a verdict per node and shape, which as objects every full
+    # collection walked in the middle of filters. One NodeResult per node and verdict stands for them.
     shape = _shape_id((single, req.numa_bind, req.mutex, (req.use_types, req.nouse_types, req.use_uuids,
                                                          req.nouse_uuids, req.modes) if filtered else None)) \
         if brief and single else None
-    for n in nodes:
-        by_name[n.name] = n
-        memo = n.fit_cache
-        if memo is not None and shape is not None:
-            verdict = memo.get(shape)
-            if verdict is not None:
-                (fit if verdict.fits else unfit).append(verdict)
-                continue
+    todo = nodes
+    if shape is not None:
+        # the remembered verdicts in one pass of comprehensions (a Python loop per node was most of a filter
+        # at 5000 nodes); only the nodes without one go through the loop below
+        got = [(n.fit_cache or _NO_MEMO).get(shape) for n in nodes]
+        fit = [(n.results or _NO_MEMO).get(True) or _result(n, True) for n, v in zip(nodes, got, strict=True)
+               if v is True]
+        unfit = [(n.results or _NO_MEMO).get(v) or _result(n, v) for n, v in zip(nodes, got, strict=True)
+                 if v is not None and v is not True]
+        todo = [n for n, v in zip(nodes, got, strict=True) if v is None] if len(fit) + len(unfit) < len(nodes) else ()
+        if todo and columns is not None and usable(req, single, filtered):
+            todo = _judged(todo, columns.judge(todo, single, req.mutex), single, shape, fit, unfit)
+    for n in todo:
         if n.error:
             unfit.append(NodeResult(n.name, False, None, n.error))
             continue
@@ -84,14 +95,18 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
         if score is None:
             score = n.score_cache = node_score(n.devices)
         if shape is not None:
+            memo = n.fit_cache
             if memo is None:
                 memo = n.fit_cache = {}
             elif len(memo) >= FIT_CACHE:
                 for old in list(memo)[:FIT_CACHE // 4]:  # the oldest quarter goes (dicts keep insertion order)
                     del memo[old]
-            verdict = memo[shape] = (NodeResult(n.name, True, score) if count_fit(n.devices, single, req, filtered)
-                                     else NodeResult(n.name, False, score, _interned(brief_reason(n, req, cfg))))
-            (fit if verdict.fits else unfit).append(verdict)
+            if count_fit(n.devices, single, req, filtered):
+                memo[shape] = True
+                fit.append(_result(n, True))
+            else:
+                reason = memo[shape] = _interned(brief_reason(n, req, cfg))
+                unfit.append(_result(n, reason))
             continue
         if count_fit(n.devices, single, req, filtered) if single is not None else feasible(n, req, cfg):
             fit.append(NodeResult(n.name, True, score))
@@ -99,6 +114,7 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
             unfit.append(NodeResult(n.name, False, score, brief_reason(n, req, cfg) if brief else why_not(n, req, cfg)))
     ranked = rank_nodes(fit, req.node_policy)
     placed = None
+    by_name = _ByName(nodes)
     if quota is not None and ranked:
         ranked, over, placed = _within_quota(ranked, by_name, req, cfg, quota)
         unfit += over
@@ -112,6 +128,65 @@ def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | No
     annotations = allocation_annotations(best, tuple(tuple(p.entry() for p in c) for c in placed.placements))
     return Decision(req.key, best, placed.placements, annotations, verdicts, req, req.node_policy, req.gpu_policy,
                     warnings)
+
+
+_NO_MEMO: dict = {}
+
+
+def _judged(nodes: list[NodeInfo], judged: list, ctr: ContainerRequest, shape: int, fit: list, unfit: list) -> list:
+    """The verdicts of the nodes Columns.judge counted, remembered on them; the nodes it left out."""
+    rest = [n for n, counts in zip(nodes, judged, strict=True) if counts is None]
+    if rest:
+        nodes = [n for n, counts in zip(nodes, judged, strict=True) if counts is not None]
+        judged = [counts for counts in judged if counts is not None]
+    for n in [n for n in nodes if n.score_cache is None]:
+        n.score_cache = node_score(n.devices)
+    nums = ctr.nums
+    values = [True if counts & 15 >= nums else _interned(columns_reason(counts, ctr))  # columns.fitting
+              for counts in judged]
+    for n, value in zip(nodes, values, strict=True):
+        memo = n.fit_cache  # Columns.judge gave the node one
+        if len(memo) >= FIT_CACHE:
+            for old in list(memo)[:FIT_CACHE // 4]:
+                del memo[old]
+        memo[shape] = value
+    fit += [_result(n, v) for n, v in zip(nodes, values, strict=True) if v is True]
+    unfit += [_result(n, v) for n, v in zip(nodes, values, strict=True) if v is not True]
+    return rest
+
+
+def _result(n: NodeInfo, verdict) -> NodeResult:
+    """The node's shared NodeResult for a remembered verdict (True, or the brief reason)."""
+    results = n.results
+    if results is None:
+        results = n.results = {}
+    got = results.get(verdict)
+    if got is None:
+        if len(results) >= FIT_CACHE:
+            results.clear()
+        got = results[verdict] = (NodeResult(n.name, True, n.score_cache) if verdict is True
+                                  else NodeResult(n.name, False, n.score_cache, verdict))
+    return got
+
+
+class _ByName:
+    """The NodeInfo of a name, looked up on demand: a decision needs one or a few (the best node, the quota's
+    tries), and a dict of every node per filter cost as much as the remembered verdicts' pass."""
+
+    def __init__(self, nodes: list[NodeInfo]) -> None:
+        self.nodes = nodes
+        self.index: dict[str, NodeInfo] | None = None
+        self.looked = False
+
+    def __getitem__(self, name: str) -> NodeInfo:
+        if self.index is not None:
+            return self.index[name]
+        names = [n.name for n in self.nodes]
+        if not self.looked:  # the first look-up: a C-speed search of the names
+            self.looked = True
+            return self.nodes[names.index(name)]
+        self.index = dict(zip(names, self.nodes, strict=True))
+        return self.index[name]
 
 
 def _interned(reason: str) -> str:
@@ -178,9 +253,7 @@ def gather_warnings(req: PodRequest, nodes: list[NodeInfo]) -> tuple[str, ...]:
     """The pod's lenient readings, then the pods skipped on the nodes (bounded: a count past MAX_WARNINGS)."""
     out = list(req.warnings)
     skipped = 0
-    for n in nodes:
-        if not n.warnings:
-            continue
+    for n in [n for n in nodes if n.warnings]:  # few nodes have any
         for w in n.warnings:
             if skipped < MAX_WARNINGS:
                 out.append(w)

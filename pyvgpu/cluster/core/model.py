@@ -86,9 +86,12 @@ class NodeInfo:
     # The node score of the current usage, computed once: usage.add_pod clears it, and so must any other
     # code that changes the devices' usage.
     score_cache: float | None = field(default=None, repr=False, compare=False)
-    # A filter's verdicts (NodeResult) on this usage per request shape (decide.decide_on). Cleared with
-    # score_cache; bounded there.
+    # A filter's verdicts on this usage per request shape (decide.decide_on): True, or the brief reason.
+    # Cleared with score_cache; bounded there.
     fit_cache: dict | None = field(default=None, repr=False, compare=False)
+    # The NodeResults those verdicts stand for, one per distinct verdict (True or a reason): shared by every
+    # filter, so a remembered verdict costs a lookup, not an object. Cleared with score_cache.
+    results: dict | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

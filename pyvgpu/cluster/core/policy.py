@@ -134,10 +134,11 @@ def linked_sets(ids: Sequence[str], n: int, scores: dict[str, dict[str, int]]) -
 def rank_nodes(results: list[NodeResult], policy: str) -> list[NodeResult]:
     """binpack (default): the fullest node first (highest node score); spread: the emptiest first."""
     out = sorted(results, key=attrgetter("name"))  # two stable C sorts: by name, then by score
-    if policy == keys.SPREAD:
-        out.sort(key=_score)
-    else:
-        out.sort(key=_score, reverse=True)  # reverse keeps equal scores in name order
+    try:  # a node that fits always has a score (only a node in error has none): a key read in C
+        out.sort(key=attrgetter("score"), reverse=policy != keys.SPREAD)  # reverse keeps equal scores in name order
+    except TypeError:  # a score of None among them: counted as 0
+        out.sort(key=attrgetter("name"))
+        out.sort(key=_score, reverse=policy != keys.SPREAD)
     return out
 
 

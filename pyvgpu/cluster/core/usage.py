@@ -218,6 +218,7 @@ def _charge(node: NodeInfo, held, sign: int, who: str) -> None:
     """add_pod's charge of a pod's collapsed use, (uuid, (slots, mem, cores, migs)) per GPU."""
     node.score_cache = None
     node.fit_cache = None
+    node.results = None
     by_id = {d.id: d for d in node.devices}
     for uuid, (slots, mem, cores, migs) in held:
         dev = by_id.get(uuid)

@@ -7,6 +7,8 @@
   look at the node's allocatable GPUs instead. The annotations are written again when they differ from
   what the node has (a GPU turned unhealthy, someone edited them) or when a scheduler asks.
   The device type is NVML's name, prefixed "NVIDIA-" when it does not start with "NVIDIA" (as HAMi does).
+  A GPU's memory and cores are scaled by the node's devicememoryscaling and devicecorescaling, and its count
+  is the node's devicesplitcount, from HAMi's device-plugin config (pyvgpu.cluster.node.nodeconfig).
   A GPU whose MIG mode is on is registered with mode `mig`, `count` its instances and `migtemplate` one
   geometry: the instances that exist (gpus.mig_layout), never others; pyvgpu does not change MIG geometry,
   so the scheduler can only place on instances an administrator made. One in MIG mode without an
@@ -29,6 +31,7 @@ from pyvgpu.cluster.core.config import ClusterConfig
 from pyvgpu.cluster.core.model import DeviceInfo
 from pyvgpu.cluster.node import gpus as G
 from pyvgpu.cluster.node import nodestate
+from pyvgpu.cluster.node.nodeconfig import registered_cores, registered_memory
 from pyvgpu.cluster.node.plugin import Devices
 
 log = logging.getLogger("pyvgpu.cluster.node.agent")
@@ -53,6 +56,9 @@ class NodeAgent:
     interval: float = 30.0
     scores: dict[str, dict[str, int]] | None = None
     warned: set = field(default_factory=set)
+    # HAMi's devicememoryscaling and devicecorescaling of this node (pyvgpu.cluster.node.nodeconfig); None: 1
+    memory_scaling: float | None = None
+    core_scaling: float | None = None
 
     def registration(self) -> dict[str, str]:
         _, health = self.devices.snapshot()
@@ -60,9 +66,10 @@ class NodeAgent:
         for g in self.devices.gpus:
             kind = device_type(g.name)
             if not g.mig_mode:
-                infos.append(DeviceInfo(id=g.uuid, index=g.index, count=self.split, devmem=g.memory_mib, devcore=100,
-                                        type=kind, numa=g.numa, mode=keys.HAMI_CORE,
-                                        health=health.get(g.uuid) is None))
+                infos.append(DeviceInfo(id=g.uuid, index=g.index, count=self.split,
+                                        devmem=registered_memory(g.memory_mib, self.memory_scaling),
+                                        devcore=registered_cores(self.core_scaling), type=kind, numa=g.numa,
+                                        mode=keys.HAMI_CORE, health=health.get(g.uuid) is None))
                 continue
             geometry, _ = G.mig_layout(g, ClusterConfig().mig_geometries(kind))
             if not geometry:

@@ -22,7 +22,9 @@ the pod back in its queue and retries it. The HTTP server and `run()` are pyvgpu
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -38,6 +40,7 @@ from pyvgpu.cluster.core.request import pod_request
 from pyvgpu.cluster.scheduler import httpserve, webhook
 from pyvgpu.cluster.scheduler.inflight import InFlight, kept_promise
 from pyvgpu.cluster.scheduler.informer import Informer
+from pyvgpu.cluster.scheduler.leader import LeaseLeader
 from pyvgpu.cluster.scheduler.liveness import Liveness
 from pyvgpu.cluster.scheduler.recent import RecentRanks
 from pyvgpu.cluster.scheduler.usage_metrics import UsageCollector
@@ -69,6 +72,22 @@ class Metrics:
                            registry=self.registry)
 
 
+def rank_scores(n: int) -> list[int]:
+    """Scores of n ranked nodes: MAX_PRIORITY for the first, 0 for the last, evenly between (rounded half to
+    even, as Python's round)."""
+    if n <= 1:
+        return [MAX_PRIORITY] * n
+    import numpy as np
+
+    last = n - 1
+    # float64 division of exact integers, rounded half to even: what round(MAX_PRIORITY * (last - i) / last) gives
+    return np.rint(np.arange(last, -1, -1, dtype=np.float64) * MAX_PRIORITY / last).astype(np.int64).tolist()
+
+
+_PLAIN_NAMES = re.compile(r"[A-Za-z0-9._-]*")  # names JSON writes unescaped
+_SCORE_TAILS = tuple(f'", "Score": {sc}' for sc in range(MAX_PRIORITY + 1))
+
+
 def _names_and_nodes(args: dict) -> tuple[list[str], dict[str, dict] | None]:
     if args.get("NodeNames") is not None:
         names = args["NodeNames"]
@@ -86,7 +105,8 @@ def _names_and_nodes(args: dict) -> tuple[list[str], dict[str, dict] | None]:
 
 class Scheduler:
     def __init__(self, kube: Kube, cfg: ClusterConfig | None = None, name: str = "pyvgpu-scheduler",
-                 lock_expire_s: float = 300.0, informer: Informer | None = None, handshake_s: float = 0.0) -> None:
+                 lock_expire_s: float = 300.0, informer: Informer | None = None, handshake_s: float = 0.0,
+                 leader: LeaseLeader | None = None) -> None:
         self.kube = kube
         self.cfg = cfg or ClusterConfig()
         if name not in self.cfg.scheduler_names:  # its own pods count on their nodes
@@ -101,6 +121,7 @@ class Scheduler:
         self.ranks = RecentRanks()  # filter's ranking, for the prioritize call that follows
         self.liveness = Liveness()  # nodes whose agent stopped answering the handshake (0 s: not asked)
         self.handshake_s = handshake_s
+        self.leader = leader  # several replicas: only the one whose kube-scheduler leads asks the nodes
         self.events = events.Recorder(kube, name)  # why a pod was refused or read leniently, on the pod
         self.metrics.registry.register(UsageCollector(self.informer.all_node_infos))
         self._node_locks: dict[str, threading.Lock] = {}
@@ -109,17 +130,23 @@ class Scheduler:
     def start(self, stop: threading.Event) -> None:
         self.informer.start(stop)
         self.events.start(stop)
+        if self.leader is not None:
+            threading.Thread(target=self.leader.run, args=(stop,), daemon=True, name="leader").start()
         if self.handshake_s > 0:
             threading.Thread(target=self._handshakes, args=(stop,), daemon=True, name="handshake").start()
 
     def _handshakes(self, stop: threading.Event) -> None:
+        while not stop.wait(self.handshake_s):
+            self.handshake_once()
+
+    def handshake_once(self) -> None:
+        """Judge every node's liveness; the leading replica (or the only one) also asks them for the handshake."""
         def ask(node: str, value: str) -> None:
             self.kube.patch_node(node, {"metadata": {"annotations": {keys.NODE_HANDSHAKE: value}}})
 
-        while not stop.wait(self.handshake_s):
-            with self.informer.lock:
-                nodes = list(self.informer.nodes.values())
-            self.liveness.check(nodes, ask)
+        with self.informer.lock:
+            nodes = list(self.informer.nodes.values())
+        self.liveness.check(nodes, ask if self.leader is None or self.leader.is_leader() else None)
 
     # -- filter and prioritize -----------------------------------------------------------------------------
 
@@ -132,7 +159,8 @@ class Scheduler:
         infos = self.informer.node_infos(names, exclude=(req.namespace, req.name), extra_nodes=nodes)
         infos = self.inflight.apply(self.liveness.apply(infos), (req.namespace, req.name), self.informer.counts)
         quota = self.informer.quotas.view(req.namespace, exclude=(req.namespace, req.name))
-        return decide_on(infos, req, self.cfg, brief=brief, quota=quota), names, nodes
+        columns = self.informer.columns if brief else None
+        return decide_on(infos, req, self.cfg, brief=brief, quota=quota, columns=columns), names, nodes
 
     def filter(self, args: dict) -> dict:
         t0 = time.perf_counter()
@@ -176,6 +204,24 @@ class Scheduler:
         return out
 
     def prioritize(self, args: dict) -> list[dict]:
+        names, scores = self._priorities(args)
+        return [{"Host": n, "Score": sc} for n, sc in zip(names, scores, strict=True)]
+
+    def prioritize_body(self, args: dict) -> bytes:
+        """prioritize's answer as the JSON the HTTP server sends: written straight from the names (node names
+        are DNS names, which JSON writes as they are; any other name goes through json.dumps). At 5000 nodes
+        the general encoder's list of dicts cost more than the ranking itself."""
+        names, scores = self._priorities(args)
+        if not names:
+            return b"[]"
+        if not _PLAIN_NAMES.fullmatch("".join(names)):
+            return json.dumps([{"Host": n, "Score": sc} for n, sc in zip(names, scores, strict=True)]).encode()
+        rest = _SCORE_TAILS
+        return ('[{"Host": "' + '}, {"Host": "'.join([n + rest[sc] for n, sc in zip(names, scores, strict=True)])
+                + "}]").encode()
+
+    def _priorities(self, args: dict) -> tuple[list[str], list[int]]:
+        """The names kube-scheduler sent and each one's score, 0..MAX_PRIORITY by filter's ranking."""
         ranked = self._recent_rank(args)
         if ranked is not None:
             names = _names_and_nodes(args)[0]
@@ -184,14 +230,13 @@ class Scheduler:
                 d, names, _ = self._decide(args)
             except ClusterInputError:
                 names, _ = _names_and_nodes(args)
-                return [{"Host": n, "Score": 0} for n in names]
+                return names, [0] * len(names)
             ranked = d.feasible if d.request.wants_gpus else []
-        last = len(ranked) - 1
-        scores = [MAX_PRIORITY] if last == 0 else [round(MAX_PRIORITY * (last - i) / last) for i in range(last + 1)]
+        scores = rank_scores(len(ranked))
         if names == ranked:  # kube-scheduler sends filter's answer back in its order: no lookups needed
-            return [{"Host": n, "Score": sc} for n, sc in zip(names, scores, strict=True)]
+            return names, scores
         score = dict(zip(ranked, scores, strict=True))
-        return [{"Host": n, "Score": score.get(n, 0)} for n in names]
+        return names, [score.get(n, 0) for n in names]
 
     def _recent_rank(self, args: dict) -> list[str] | None:
         pod = args.get("Pod")

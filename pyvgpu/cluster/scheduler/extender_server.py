@@ -53,7 +53,7 @@ def _handler(s: Scheduler):
 
         def do_POST(self):  # noqa: N802
             path = self.path.split("?")[0].rstrip("/")
-            verbs = {"/filter": s.filter, "/prioritize": s.prioritize, "/bind": s.bind, "/webhook": s.admit,
+            verbs = {"/filter": s.filter, "/prioritize": s.prioritize_body, "/bind": s.bind, "/webhook": s.admit,
                      "/mutate": s.admit}
             fn = verbs.get(path)
             try:
@@ -114,12 +114,18 @@ class Server:
 
 def run(kubeconfig: str | None, port: int, name: str, cfg: ClusterConfig, lock_expire_s: float,
         tls_port: int | None = None, cert: str | None = None, key: str | None = None, address: str = "127.0.0.1",
-        token_file: str | None = None, client_ca: str | None = None, writers: tuple[str, ...] = ()) -> None:
+        token_file: str | None = None, client_ca: str | None = None, writers: tuple[str, ...] = (),
+        leader_lease: tuple[str, str] | None = None) -> None:
+    """`leader_lease`: (namespace, name) of the Lease the replicas' kube-schedulers elect their leader with;
+    only the replica whose kube-scheduler holds it asks the nodes for their handshake
+    (pyvgpu.cluster.scheduler.leader). None: this replica is the only one."""
+    from pyvgpu.cluster.scheduler.leader import LeaseLeader
     from pyvgpu.cluster.signals import stop_on_signals
 
     stop = stop_on_signals()
     kube = Kube(kubeconfig)
-    s = Scheduler(kube, cfg, name, lock_expire_s, handshake_s=HANDSHAKE_S)
+    leader = LeaseLeader(kube, *leader_lease) if leader_lease else None
+    s = Scheduler(kube, cfg, name, lock_expire_s, handshake_s=HANDSHAKE_S, leader=leader)
     s.annotation_writers = frozenset(writers)
     if not writers:
         log.warning("no --annotation-writer: the webhook refuses every change to the hami.io allocation "

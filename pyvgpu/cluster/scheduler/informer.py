@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 from pyvgpu.cluster.api.kube import Kube, KubeError, KubeUnreachable
 from pyvgpu.cluster.core import keys, usage
+from pyvgpu.cluster.core.columns import Columns
 from pyvgpu.cluster.core.config import ClusterConfig
 from pyvgpu.cluster.core.errors import ClusterInputError
 from pyvgpu.cluster.core.model import NodeInfo
@@ -82,6 +83,14 @@ def _usage_inputs(node: dict) -> tuple:
     return tuple(annos.get(k) for k in (keys.NODE_REGISTER, keys.NODE_PAIR_SCORE, keys.NODE_DEVICE_CORDON))
 
 
+# The collector's thresholds once the cache is frozen: a filter over thousands of nodes makes tens of
+# thousands of short-lived objects, and with the default (700, 10, 10) every few filters set off a full
+# collection in the middle of one (issue 30, item 15: filter p99; docs/cluster.md, "Where the time goes").
+# Young objects are counted in tens of thousands instead; most die by their reference counts before a
+# pass, and a full one comes rarely.
+GC_THRESHOLDS = (50_000, 20, 100)
+
+
 def _rv(obj: dict) -> int:
     try:
         return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
@@ -110,6 +119,7 @@ class Informer:
         self.generation = 0
         self.seen = {"node": 0, "pod": 0, "resourcequota": 0}  # the latest resourceVersion each kind reflects
         self.quotas = Quotas(self.cfg)  # namespaces' GPU limits and use, kept per pod as pods change
+        self.columns = Columns()  # the nodes' GPUs in arrays, for filter's first look at a request shape
 
     # -- the loops -----------------------------------------------------------------------------------------
 
@@ -141,6 +151,7 @@ class Informer:
                             # in the middle of filters (pods hold no reference cycles; refcounts free them).
                             gc.collect()
                             gc.freeze()
+                            gc.set_threshold(*GC_THRESHOLDS)
                         self.ready.set()
                 for event in self.kube.watch(kind, rv, self.watch_s):
                     if stop.is_set():
@@ -301,7 +312,8 @@ class Informer:
         self._dirty.clear()
 
     def warm(self) -> None:
-        """Build the usage of every node whose cached usage is out of date (after a list: all of them)."""
+        """Build the usage of every node whose cached usage is out of date (after a list: all of them), and
+        write their rows of the columns a filter judges a new request shape on."""
         with self.lock:
             names = [n for n in self.nodes if n in self._dirty or n not in self._infos]
         for i in range(0, len(names), 256):  # in slices, so filters are not kept waiting on the lock long
@@ -311,6 +323,7 @@ class Informer:
                     if node is not None and (name in self._dirty or name not in self._infos):
                         self._infos[name] = self._build(node, [self.pods[k] for k in self._by_node.get(name, set())])
                         self._dirty.discard(name)
+                self.columns.prepare([self._infos[n] for n in names[i:i + 256] if n in self._infos])
 
     def all_node_infos(self) -> list[NodeInfo]:
         """Every cached node with its usage (what the usage metrics read when scraped)."""

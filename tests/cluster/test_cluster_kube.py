@@ -1,0 +1,56 @@
+"""pyvgpu.cluster.api.kube sends its single-object calls on the official client's connection pool with the
+client's credentials, without the generated methods' per-call work (issue 30, item 14: a bind makes six of
+these calls): each carries the kubeconfig's bearer token, a patch is a JSON merge patch, a name stays one
+path segment, and errors read as before. Against the test API server."""
+
+from __future__ import annotations
+
+import pytest
+from fake_apiserver import gpu_container, node, pod
+
+from pyvgpu.cluster.api.kube import KubeError, KubeUnreachable
+
+
+def test_every_call_carries_the_token_and_patches_are_merge_patches(api, kube):
+    api.put_node(node("n1"))
+    api.put_pod(pod("p", [gpu_container()]))
+    kube.get_node("n1")
+    kube.list_nodes()
+    kube.patch_node("n1", {"metadata": {"annotations": {"a": "b"}}})
+    assert kube.list_pods(node="n1")["items"] == []
+    assert [p["metadata"]["name"] for p in kube.list_pods()["items"]] == ["p"]
+    kube.list_quotas()
+    kube.get_pod("default", "p")
+    got = kube.patch_pod("default", "p", {"metadata": {"annotations": {"x": "y"}}})
+    assert got["metadata"]["annotations"]["x"] == "y"
+    kube.bind("default", "p", api.get_pod("default", "p")["metadata"]["uid"], "n1")
+    kube.create_event("default", {"metadata": {"name": "e"}, "reason": "R"})
+    assert api.get_pod("default", "p")["spec"]["nodeName"] == "n1"
+    assert api.get_node("n1")["metadata"]["annotations"]["a"] == "b"
+    assert len(api.headers_seen) == 10
+    assert {auth for _, _, auth, _ in api.headers_seen} == {"Bearer test-token"}
+    kinds = {m: {ct for mm, _, _, ct in api.headers_seen if mm == m} for m in ("GET", "PATCH", "POST")}
+    assert kinds == {"GET": {None}, "PATCH": {"application/merge-patch+json"}, "POST": {"application/json"}}
+    assert ("GET", "/api/v1/pods") in api.requests
+
+
+def test_a_name_is_one_path_segment(api, kube):
+    with pytest.raises(KubeError) as e:
+        kube.get_pod("default", "a/../../nodes/n1")
+    assert e.value.not_found
+    assert api.requests[-1] == ("GET", "/api/v1/namespaces/default/pods/a%2F..%2F..%2Fnodes%2Fn1")
+
+
+def test_errors_name_the_call_and_the_status(api, kube):
+    with pytest.raises(KubeError, match=r"get pod default/gone: HTTP 404") as e:
+        kube.get_pod("default", "gone")
+    assert e.value.not_found
+    api.put_node(node("n1"))
+    stale = api.get_node("n1")["metadata"]["resourceVersion"]
+    api.put_node(node("n1", {"changed": "yes"}))
+    with pytest.raises(KubeError) as e:
+        kube.patch_node("n1", {"metadata": {"resourceVersion": stale, "annotations": {"a": "b"}}})
+    assert e.value.conflict
+    api.stop()
+    with pytest.raises(KubeUnreachable, match="get node n1: cannot reach the API server"):
+        kube.get_node("n1")
