@@ -2,19 +2,24 @@
 (FAKECUDA_SIM_COLLECTIVE=2, tests/fakecuda/fake_sim.h): each rank's kernel waits on its GPU until the other
 rank's matching kernel has started, and that wait is GPU time, as an NCCL all-reduce's is.
 
-Two processes, one a device, in one group (one region): pv_bench's 200 us spin kernel, every one of them
-a collective. Unlimited, each rank runs 5000 kernels/s.
+Two processes, one a device, in one group (one region): pv_bench's spin kernel at 2 ms (an all-reduce of
+256 MiB takes about as long on two H200s), every one of them a collective. Unlimited, each rank runs 500
+kernels/s.
 """
 
 from __future__ import annotations
 
-from simgpu import UNLIMITED, Load, sim_env
+from simgpu import Load, sim_env
+
+ITERS = "20000"  # x 100 ns: 2 ms kernels
+UNLIMITED = 500.0
 
 
 def ranks(env, tmp, name: str, wrap_opts: list[str] | None, seconds: float = 6) -> list[Load]:
     e = sim_env(env, tmp, name, FAKECUDA_SIM_COLLECTIVE="2", FAKECUDA_DEVICES="16G,16G")
     region = tmp / f"{name}.region"
-    return [Load(e, tmp, f"{name}-{r}", wrap_opts, seconds, region_path=region, device=r) for r in (0, 1)]
+    return [Load(e, tmp, f"{name}-{r}", wrap_opts, seconds, region_path=region, device=r, iters=ITERS)
+            for r in (0, 1)]
 
 
 def shares(loads: list[Load], after: float) -> list[float]:

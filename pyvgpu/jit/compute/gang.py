@@ -18,6 +18,14 @@ launched on under a share (``sm_devs``) and publishes the gang in one word (``sm
 reads beside ``sm_any``. Limits: a process without a share beside a gang takes turns only on the gang's
 lowest device (on the others it time-slices with the gang); a gang forms within a watcher tick of its
 ranks' first launches, so their first ~100 ms are throttled one device at a time.
+
+Held together, the ranks must also leave together. One budget is drawn on in arrival order, so the rank
+whose matching launch comes second sees the budget one charge further ahead and would hold that much
+longer, while the first rank's kernel waits for it inside the GPU, timed and charged as work: the charge
+grows, the holds grow, and the gang ends far below its share (docs/compute.md, "Collectives"). So a rank
+that holds publishes its release in ``gang_release`` (the latest any rank asked for), every rank holds
+until it (``common_wait``), and a rank that wakes before a later published release sleeps on to it
+(``follow_release``): the ranks' launches of one collective leave at one instant.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, REGION, SCHED, SLOT
 from pyvgpu.jit.runtime.intrinsics import unlikely
 
 LOW32 = np.uint64(0xFFFFFFFF)
+RELEASE_MAX_NS = 1_000_000_000  # the furthest ahead a release is followed (a forged one is not obeyed)
 
 
 @njit(inline="always")
@@ -81,6 +90,64 @@ def update(ctx, region):
             HDR.cas_turn_gid(region, 0, gid)
     if HDR.load_sm_gang(region) != g:
         HDR.store_sm_gang(region, g)
+
+
+@njit
+def ahead_of(ctx, region, n):
+    """True if a rank of the gang has launched more than n times on its device: this launch (the n-th of its
+    process on its device) matches one a peer has queued already, so it must go, not wait for the budget
+    (the peer's kernel waits for it inside the GPU, and that wait would be charged as work)."""
+    devs = HDR.load_sm_devs(region)
+    for d in range(L.MAX_DEVICES):
+        if devs & (np.uint64(1) << np.uint64(d)):
+            total = np.uint64(0)
+            for i in range(CTX.get_n_slots(ctx)):
+                s = REGION.slot(region, i)
+                if SLOT.load_state(s) == L.SLOT_LIVE:
+                    total += SLOT.load_sm_launches(s, d)
+            if total > n + np.uint64(1):  # counted after its launch: n + 1 is a peer level with this one
+                return True
+    return False
+
+
+@njit
+def common_wait(ctx, region, g, wait, now, batch, n):
+    """How long the n-th launch of a gang member waits (ns). A rank behind a peer catches up without
+    waiting for the budget (``ahead_of``), and goes at once to the launch a peer held and has since let go;
+    a launch at or past the step from which the gang holds waits until the gang's common release if that
+    is later than its own wait. ``hold`` sleeps ``batch`` beyond the wait it is given."""
+    r = np.int64(HDR.load_gang_release(region))
+    h = HDR.load_gang_step(region)
+    if n == h and 0 < r <= now:
+        return np.int64(0)  # a peer held this very launch and has left: its kernel waits for this one
+    if wait > 0 and ahead_of(ctx, region, n):
+        wait = np.int64(0)
+    if r <= now or r > now + RELEASE_MAX_NS or n < h:
+        return wait  # none ahead, one no rank asked for, or a release from a later launch than this one
+    r -= now + np.int64(batch)
+    return r if r > wait else wait
+
+
+@njit
+def publish_release(region, until, n):
+    """The n-th launch of a rank holds until ``until``: make it the gang's common release, from that launch
+    on, if it is later than the one there."""
+    while True:
+        old = HDR.load_gang_release(region)
+        if np.int64(old) >= until:
+            return
+        HDR.store_gang_step(region, n)
+        if HDR.cas_gang_release(region, old, np.uint64(until)) == old:
+            return
+
+
+@njit
+def follow_release(region, now):
+    """After its own hold: the gang's common release, if another rank published a later one meanwhile (it
+    held at the same collective with a later budget), or 0. Bounded: a release further ahead than
+    RELEASE_MAX_NS is not followed."""
+    r = np.int64(HDR.load_gang_release(region))
+    return r if now < r <= now + RELEASE_MAX_NS else np.int64(0)
 
 
 @njit(inline="always")
