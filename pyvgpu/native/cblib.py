@@ -30,12 +30,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyvgpu.contract import envspec, hooks
+from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
 from pyvgpu.errors import PyvgpuError
 
 FILE_NAME = "libpyvgpu_callbacks.so"  # the packaged library, beside the shim
-Table = L.CBLIB.ctypes_class()
+# The hook table (pyvgpu.contract.hooks) and the table's ctypes class are imported and made at their first use:
+# `pyvgpu wrap` checks a library without loading it (pyvgpu/native/cache.py choose).
+_TABLE: list[type] = []
 
 
 def compiler() -> str:
@@ -60,6 +62,8 @@ def table_source(symbols: dict[str, str], entries: dict[str, str], *, key: str, 
 
     ``symbols``: callback name -> symbol in the object; ``entries``: ABI name -> callback name.
     """
+    from pyvgpu.contract import hooks
+
     names = sorted(set(symbols.values()))
     label = {sym: f"pv_cb_{i}" for i, sym in enumerate(names)}
 
@@ -244,6 +248,13 @@ def _check_hash(fd: int, path: Path, fix: str) -> None:
                              f"changed); {fix}")
 
 
+def _table_class() -> type:
+    """The ctypes class of the table (pyvgpu.contract.layout.CBLIB), made once."""
+    if not _TABLE:
+        _TABLE.append(L.CBLIB.ctypes_class())
+    return _TABLE[0]
+
+
 def _text(arr) -> str:
     return bytes(arr).split(b"\0", 1)[0].decode("ascii", "replace")
 
@@ -258,6 +269,8 @@ def load(path: Path) -> Library:
     be swapped between the check and the load. The descriptor stays open while the library is loaded:
     the dynamic loader knows it by its /proc/self/fd name, which must not be reused for another file.
     """
+    from pyvgpu.contract import hooks
+
     path = Path(path)
     fix = "run `pyvgpu warmup --force`, or reinstall pyvgpu"
     try:
@@ -277,7 +290,7 @@ def load(path: Path) -> Library:
         _check_hash(fd, path, fix)
         try:
             handle = ctypes.CDLL(f"/proc/self/fd/{fd}")
-            table = Table.in_dll(handle, L.CBLIB_SYMBOL)
+            table = _table_class().in_dll(handle, L.CBLIB_SYMBOL)
         except (OSError, ValueError) as e:
             raise PyvgpuError(f"the callback library {path} does not load ({e}); {fix}") from None
     except BaseException:

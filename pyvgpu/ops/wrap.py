@@ -114,7 +114,7 @@ def build_env(base: Mapping[str, str], request: WrapRequest) -> dict[str, str]:
     # The compiled callbacks this pyvgpu chose (the shim would choose alike, except in a source tree
     # edited since its build, whose callbacks only the cache has). A user's own setting wins.
     if not env.get(envspec.CALLBACKS.name):
-        env[envspec.CALLBACKS.name] = request.callbacks or cache.ensure(workers=cache.cli_workers())["library"]
+        env[envspec.CALLBACKS.name] = request.callbacks or cache.choose(workers=cache.cli_workers())
     if request.stats:
         env[envspec.STATS.name] = request.stats
     if request.on_error:
