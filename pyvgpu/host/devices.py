@@ -5,9 +5,9 @@ from __future__ import annotations
 import ctypes
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from pyvgpu.contract import envspec
+from pyvgpu.contract.record import record  # not dataclasses: a plain wrap imports this
 from pyvgpu.errors import PyvgpuError
 
 
@@ -60,7 +60,7 @@ def utilization_problem(devices: list[int]) -> str | None:
         nv.nvmlShutdown()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Gpu:
     """One device a program can be given: a GPU (its NVML index, nvidia-smi's), or a MIG instance of one.
 

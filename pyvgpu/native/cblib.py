@@ -27,11 +27,11 @@ import hashlib
 import os
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
+from pyvgpu.contract.record import record  # not dataclasses: a plain wrap imports this
 from pyvgpu.errors import PyvgpuError
 
 FILE_NAME = "libpyvgpu_callbacks.so"  # the packaged library, beside the shim
@@ -205,7 +205,7 @@ def trust_problem(st: os.stat_result) -> str | None:
     return None
 
 
-@dataclass
+@record
 class Library:
     """A loaded callback library and its table."""
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from pyvgpu.contract import envspec
+from pyvgpu.contract.record import record
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
 from pyvgpu.group import mps, region
@@ -51,7 +51,7 @@ def check_priority(text: str) -> str:
     return lim.PRIORITIES[lim.parse_priority(text, "--priority")]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)  # a frozen dataclass's behaviour without importing dataclasses (contract/record.py)
 class WrapRequest:
     """What one `pyvgpu wrap` asks for, checked once when it is made (both command lines build one, and
     pyvgpu's benches). None: not asked; the environment's variable, else the group's setting, applies
