@@ -41,8 +41,8 @@ from pyvgpu.native import cblib, safefile
 
 FORMAT = 2
 # what the machine code is compiled from
-_SOURCES = ("contract/abi.py", "contract/structs.py", "contract/hooks.py", "contract/hooks_model.py",
-            "contract/layout.py", "jit/**/*.py", "native/callbacks.py", "native/aot.py")
+_SOURCES = ("contract/abi.py", "contract/structs.py", "contract/record.py", "contract/hooks.py",
+            "contract/hooks_model.py", "contract/layout.py", "jit/**/*.py", "native/callbacks.py", "native/aot.py")
 # CPU-seconds of one compile on a loaded small machine (docs/measurements.md, native loading): the estimate when
 # nothing better is known
 DEFAULT_CPU_SECONDS = 200.0
