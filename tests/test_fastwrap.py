@@ -169,6 +169,10 @@ def test_a_plain_wrap_imports_neither_typer_nor_pydantic_nor_rich(env, tmp_path)
     heavy = {m for m in imported
              if m.split(".")[0] in ("typer", "click", "pydantic", "rich", "subprocess", "numba", "shutil")}
     assert not heavy, sorted(heavy)
+    # nor dataclasses (with inspect and ast: pyvgpu/contract/record.py), nor the hook table (the layouts it
+    # sizes are made at first use, and the callback library is chosen without loading one: cache.choose)
+    slow = imported & {"dataclasses", "inspect", "ast", "pyvgpu.contract.hooks", "pyvgpu.contract.hooks_model"}
+    assert not slow, sorted(slow)
 
 
 @pytest.mark.parametrize("cmd", ["true", "sh", "/bin/sh", "no-such-program-here", "./x", "/tmp", "bin/sh", "tmp"])
