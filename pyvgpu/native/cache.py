@@ -62,12 +62,28 @@ def cache_dir() -> Path:
 def cache_key() -> str:
     """The key of the sources the callbacks are compiled from (the hook table among them: contract/hooks*.py)."""
     h = hashlib.sha256(f"{pyvgpu.__version__}|{os.uname().machine}|{FORMAT}".encode())
-    pkg = Path(pyvgpu.__file__).parent
+    pkg = os.path.dirname(pyvgpu.__file__)
     for pattern in _SOURCES:
-        for path in sorted(pkg.glob(pattern)):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
+        for path in _matches(pkg, pattern):
+            h.update(os.path.basename(path).encode())
+            with open(path, "rb") as f:
+                h.update(f.read())
     return h.hexdigest()[:20]
+
+
+def _matches(pkg: str, pattern: str) -> list[str]:
+    """The files of ``pkg`` a pattern of _SOURCES names, in the order Path.glob's results sort in: a path, or
+    DIR/**/*.py (walked here: pathlib's glob compiles a pattern at every wrap)."""
+    top, sep, rest = pattern.partition("/**/")
+    if not sep:
+        path = os.path.join(pkg, pattern)
+        return [path] if os.path.isfile(path) else []
+    if not rest.startswith("*") or "*" in rest[1:] or "/" in rest:
+        raise ValueError(f"_SOURCES: {pattern!r} is neither a path nor DIR/**/*SUFFIX")
+    found = []
+    for d, _, files in os.walk(os.path.join(pkg, top)):
+        found += [os.path.join(d, f) for f in files if f.endswith(rest[1:])]
+    return sorted(found, key=lambda path: path.split(os.sep))  # as Paths sort: part by part
 
 
 def packaged_path() -> Path:
