@@ -18,6 +18,7 @@ from pyvgpu.group import limits as lim
 from pyvgpu.group import mps, region
 from pyvgpu.group import turnfile as sched
 from pyvgpu.host import devices
+from pyvgpu.host.driver import DRIVER_FIX, driver_problem
 from pyvgpu.native import cache
 from pyvgpu.native.shim import BOOT_DIR, shim_path
 
@@ -314,18 +315,6 @@ def join_group(env: dict[str, str], request: WrapRequest) -> Path:
     return path
 
 
-def driver_problem(env: Mapping[str, str]) -> str | None:
-    """Why the CUDA driver does not load here, or None. Only loaded, never initialised (that is the program's)."""
-    import ctypes
-
-    name = env.get(envspec.REAL_LIBCUDA.name) or "libcuda.so.1"
-    try:
-        ctypes.CDLL(name, mode=os.RTLD_LAZY | os.RTLD_LOCAL)
-    except OSError as e:
-        return f"{name} does not load: {e}"
-    return None
-
-
 def _executable(path: str) -> bool:
     return os.path.exists(path) and os.access(path, os.X_OK) and not os.path.isdir(path)
 
@@ -353,8 +342,6 @@ def exec_wrapped(command: Sequence[str], env: Mapping[str, str]) -> None:
         raise PyvgpuError(f"program not found: {command[0]!r} (not a file, and not on PATH)")
     problem = driver_problem(env)
     if problem:
-        from pyvgpu.ops.doctor import DRIVER_FIX
-
         print(f"pyvgpu: no CUDA driver ({problem}); the program runs without a GPU. Fix: {DRIVER_FIX} "
               "(`pyvgpu doctor` checks it)", file=sys.stderr)
     sys.stdout.flush()
