@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import os
 import stat
 import sys
@@ -61,6 +60,8 @@ def cache_dir() -> Path:
 
 def cache_key() -> str:
     """The key of the sources the callbacks are compiled from (the hook table among them: contract/hooks*.py)."""
+    import hashlib  # here: a wrap that remembers its choice (pyvgpu/native/choice.py) hashes nothing
+
     h = hashlib.sha256(f"{pyvgpu.__version__}|{os.uname().machine}|{FORMAT}".encode())
     pkg = os.path.dirname(pyvgpu.__file__)
     for pattern in _SOURCES:
@@ -278,44 +279,6 @@ def ensure(directory: Path | None = None, workers: int = 1) -> dict:
     if m is not None:
         return m
     return _compile(directory, key, workers, "none was compiled from these sources", again=False)
-
-
-def _fits(path: Path, key: str) -> bool:
-    """Whether the library at ``path`` was compiled from the sources of ``key`` and may be named, told without
-    loading it: a regular file of this user or root that nobody else may write, whose bytes match the hash
-    beside it and whose table holds ``key``. The shim checks it again as it loads it (pv_verify.c, pv_load.c)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        if cblib.trust_problem(os.fstat(fd)):
-            return False
-        try:
-            cblib._check_hash(fd, path, "")
-        except cblib.CorruptLibrary:
-            return False
-        data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
-    finally:
-        os.close(fd)
-    return f"{key}\0".encode() in data  # the table's key field, NUL-terminated (layout.CBLIB)
-
-
-def choose(directory: Path | None = None, workers: int = 1) -> str:
-    """The path of the library ``ensure`` chooses, for `pyvgpu wrap` to name. Where the choice is plain (the
-    tuned library of this CPU, or else the packaged one, fits and is sound) it is made without loading a
-    library or importing the hook table, a large part of a wrap's start; anything else (a library that
-    does not fit or is not sound, none at all) goes to ``ensure``, which says why and compiles if needed."""
-    directory = Path(directory or cache_dir())
-    key = cache_key()
-    cpu = cpuid.cpu_id()
-    tuned = tuned_path(directory, key, cpu)
-    if cpu and tuned.exists():
-        if dir_problem(directory) is None and _fits(tuned, key):
-            return str(tuned)
-    elif _fits(packaged_path(), key):
-        return str(packaged_path())
-    return ensure(directory, workers)["library"]
 
 
 def warmup(directory: Path | None = None, force: bool = False, workers: int = 1) -> dict:

@@ -19,7 +19,7 @@ from pyvgpu.group import mps, region
 from pyvgpu.group import turnfile as sched
 from pyvgpu.host import devices
 from pyvgpu.host.driver import DRIVER_FIX, driver_problem
-from pyvgpu.native import cache
+from pyvgpu.native import cache, choice
 from pyvgpu.native.shim import BOOT_DIR, shim_path
 
 ON_ERROR_CHOICES = ("closed", "open")
@@ -115,7 +115,7 @@ def build_env(base: Mapping[str, str], request: WrapRequest) -> dict[str, str]:
     # The compiled callbacks this pyvgpu chose (the shim would choose alike, except in a source tree
     # edited since its build, whose callbacks only the cache has). A user's own setting wins.
     if not env.get(envspec.CALLBACKS.name):
-        env[envspec.CALLBACKS.name] = request.callbacks or cache.choose(workers=cache.cli_workers())
+        env[envspec.CALLBACKS.name] = request.callbacks or choice.choose(workers=cache.cli_workers())
     if request.stats:
         env[envspec.STATS.name] = request.stats
     if request.on_error:
