@@ -78,17 +78,13 @@ def _rests_on(directory: Path, key: str, cpu: int) -> list[str]:
 
 
 def _memo_path(write: bool) -> Path | None:
-    """Where the choice is remembered; to write it, only in a runtime directory that exists (a wrap's group
-    makes it) and passes its checks (this user's, 0700, no link), else None: nothing is remembered."""
+    """Where the choice is remembered: the runtime directory, to write made or checked as before a group is made
+    in it (this user's, 0700, no link); None where it cannot be (nothing is remembered, a later step of the wrap
+    says why if it needs the directory)."""
     try:
-        top = grouplib.runtime_dir(make=False)
-        if write:
-            if not top.is_dir():
-                return None
-            top = grouplib.runtime_dir(make=True)  # checked, as before a group is made in it
+        return grouplib.runtime_dir(make=write) / MEMO_NAME
     except (OSError, PyvgpuError):
         return None
-    return top / MEMO_NAME
 
 
 def _recall(memo: Path, directory: Path, cpu: int) -> str | None:
