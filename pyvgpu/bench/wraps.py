@@ -129,15 +129,19 @@ def run(concurrent: int = 100, runs: int = 3, memory: str = "1G", program: str =
 
 def table(result: dict) -> str:
     m, n = result["median"], result["concurrent"]
+    rows = [
+        (f"{n} x {result['program']} at once, bare:", f"{m['bare_s']:7.3f} s"),
+        (f"{n} x python -c pass at once:", f"{m['python_s']:7.3f} s   (the interpreters alone)"),
+        (f"{n} x pyvgpu wrap --group --memory at once:", f"{m['wrapped_s']:7.3f} s   (goal <= {result['goal_s']} s)"),
+        (f"CPU per wrap (wrap + program), {n} at once:", f"{m['wrapped_cpu_ms']:7.1f} ms"),
+        ("CPU per wrap (wrap + program), one at a time:",
+         f"{m['single_cpu_ms']:7.1f} ms  (goal <= {result['goal_cpu_ms']:.0f} ms before exec)"),
+    ]
+    width = max(len(label) for label, _ in rows)
     return "\n".join([
         f"pyvgpu bench startup --concurrent {n} on {result['machine']['cpu']}, {result['machine']['cores']} cores "
         f"(median of {result['runs']} runs)",
-        f"  load average at the start: {' '.join(f'{v:.2f}' for v in result['load_average'])} (a shared machine's "
-        "other work slows the waves)",
-        f"  {n} x {result['program']} at once, bare:               {m['bare_s']:7.3f} s",
-        f"  {n} x python -c pass at once:                  {m['python_s']:7.3f} s",
-        f"  {n} x pyvgpu wrap --group --memory at once:     {m['wrapped_s']:7.3f} s   (goal <= {result['goal_s']} s)",
-        f"  CPU per wrap (wrap + program), {n} at once:      {m['wrapped_cpu_ms']:7.1f} ms",
-        f"  CPU per wrap (wrap + program), one at a time:  {m['single_cpu_ms']:7.1f} ms  "
-        f"(goal <= {result['goal_cpu_ms']:.0f} ms before exec)",
+        f"  load average at the start: {' '.join(f'{v:.2f}' for v in result['load_average'])} (other work on the "
+        "machine slows the waves)",
+        *(f"  {label:<{width}} {value}" for label, value in rows),
     ])
