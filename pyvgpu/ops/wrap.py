@@ -70,7 +70,7 @@ class WrapRequest:
     sm_borrow: bool | None = None  # --sm-borrow (True) or --sm-cap (False)
     stats: str | None = None  # envspec.STATS: "1", or the file to append the counts to
     join: bool = True  # create or join a group region (False: only the shim and its callbacks)
-    callbacks: str | None = None  # the callback library to name (None: pyvgpu.native.cache's choice)
+    callbacks: str | None = None  # the callback library to name (None: pyvgpu.native.choice's)
 
     def __post_init__(self) -> None:
         if self.on_error is not None:
