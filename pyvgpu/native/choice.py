@@ -60,21 +60,28 @@ def _status(path: str) -> str:
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
-def _rests_on(directory: Path, key: str, cpu: int) -> list[str]:
-    """The paths a choice for ``key`` rests on: the key's sources and their folders, both libraries and their
-    hashes, the cache directory."""
+def _sources_status() -> list[tuple[str, str]]:
+    """The status of what the key rests on: its sources and their folders (a file added or removed changes
+    one), taken before the key is computed, so that an edit during the computation is seen next time."""
     pkg = os.path.dirname(pyvgpu.__file__)
     paths = []
     for pattern in cache._SOURCES:
         top, sep, _ = pattern.partition("/**/")
         if sep:
-            paths += [d for d, _, _ in os.walk(os.path.join(pkg, top))]  # a file added or removed changes one
+            paths += [d for d, _, _ in os.walk(os.path.join(pkg, top))]
             paths += cache._matches(pkg, pattern)
         else:
             paths.append(os.path.join(pkg, pattern))  # also when it is missing
+    return [(p, _status(p)) for p in paths]
+
+
+def _libraries_status(directory: Path, key: str, cpu: int) -> list[tuple[str, str]]:
+    """The status of what the choice among the libraries rests on, taken before they are checked: both
+    libraries and their hashes, and the cache directory."""
+    paths = []
     for lib in (cache.packaged_path(), cache.tuned_path(directory, key, cpu)):
         paths += [str(lib), str(cblib.hash_path(lib))]
-    return [*paths, str(directory)]
+    return [(p, _status(p)) for p in (*paths, str(directory))]
 
 
 def _memo_path(write: bool) -> Path | None:
@@ -113,10 +120,10 @@ def _recall(memo: Path, directory: Path, cpu: int) -> str | None:
     return chosen if rests else None
 
 
-def _remember(memo: Path, directory: Path, cpu: int, key: str, chosen: str) -> None:
+def _remember(memo: Path, directory: Path, cpu: int, chosen: str, rests: list[tuple[str, str]]) -> None:
     """Best effort: a runtime directory that cannot be written only costs the next wrap the long way."""
     lines = [MEMO_FORMAT, os.path.dirname(pyvgpu.__file__), str(directory), f"{cpu:x}", chosen]
-    lines += [f"{_status(p)} {p}" for p in _rests_on(directory, key, cpu)]
+    lines += [f"{status} {path}" for path, status in rests]
     part = memo.with_name(f".{MEMO_NAME}.{os.getpid()}")
     try:
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -141,7 +148,9 @@ def choose(directory: Path | None = None, workers: int = 1) -> str:
         known = _recall(memo, directory, cpu)
         if known is not None:
             return known
+    rests = _sources_status()
     key = cache.cache_key()
+    rests += _libraries_status(directory, key, cpu)
     tuned = cache.tuned_path(directory, key, cpu)
     chosen = None
     if cpu and tuned.exists():
@@ -153,5 +162,5 @@ def choose(directory: Path | None = None, workers: int = 1) -> str:
         return cache.ensure(directory, workers)["library"]
     memo = _memo_path(write=True)
     if memo is not None:
-        _remember(memo, directory, cpu, key, chosen)
+        _remember(memo, directory, cpu, chosen, rests)
     return chosen
