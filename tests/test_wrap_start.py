@@ -164,10 +164,13 @@ def test_a_source_edited_after_the_choice_was_remembered_is_seen(env, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     e = dict(env, PYTHONPATH=str(root), PYVGPU_CACHE_DIR=str(blocker / "cache"), XDG_RUNTIME_DIR=str(tmp_path / "run"))
+    memo = tmp_path / "run" / "pyvgpu" / choice.MEMO_NAME
+    made = []
     for _ in range(2):
         p = run([*PYVGPU, "wrap", "-m", "8M", "-g", "g", "--", "true"], env=e)
         assert p.returncode == 0, p.stderr
-    assert (tmp_path / "run" / "pyvgpu" / choice.MEMO_NAME).exists()
+        made.append((memo.stat().st_ino, memo.stat().st_mtime_ns))
+    assert made[0] == made[1]  # the second wrap took the remembered choice (a new one would be a new file)
     with open(root / "pyvgpu" / "jit" / "runtime" / "context.py", "a") as f:
         f.write("\n# edited after the build\n")
     p = run([*PYVGPU, "wrap", "-m", "8M", "-g", "g", "--", "true"], env=e)
