@@ -61,6 +61,8 @@ def test_a_record_behaves_as_the_dataclass_it_replaces():
     for args, kwargs in (((), {}), ((1, "y", (), 4), {}), ((1,), {"a": 2}), ((1,), {"z": 2})):
         with pytest.raises(TypeError):
             _Frozen(*args, **kwargs)
+    own = record(frozen=True)(type("Own", (), {"__annotations__": {"x": "int"}, "__repr__": lambda self: "mine"}))
+    assert repr(own(1)) == "mine" and hash(own(1)) == hash(own(1))  # what a class defines itself stays
     with pytest.raises(TypeError, match="follows one with a default"):
         record(type("Bad", (), {"__annotations__": {"x": "int", "y": "int"}, "x": 0}))
 

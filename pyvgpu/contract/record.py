@@ -88,15 +88,15 @@ def record(cls: type | None = None, *, frozen: bool = False):
                 return NotImplemented
             return all(getattr(self, n) == getattr(other, n) for n in names)
 
-        cls.__init__ = __init__
-        cls.__repr__ = __repr__
-        cls.__eq__ = __eq__
+        for name, method in (("__init__", __init__), ("__repr__", __repr__), ("__eq__", __eq__)):
+            if name not in cls.__dict__:  # as @dataclass: what the class defines itself stays
+                setattr(cls, name, method)
         if frozen:
             cls.__setattr__ = _frozen_setattr
             cls.__delattr__ = _frozen_delattr
-            cls.__hash__ = lambda self: hash(tuple(getattr(self, n) for n in names))
-        else:
-            cls.__hash__ = None  # mutable and compared by value: unhashable, as a dataclass
+        if cls.__dict__.get("__hash__") is None:  # none of its own (defining __eq__ sets it to None)
+            # frozen: hashed by its fields; mutable and compared by value: unhashable, as a dataclass
+            cls.__hash__ = (lambda self: hash(tuple(getattr(self, n) for n in names))) if frozen else None
         return cls
 
     return make if cls is None else make(cls)
