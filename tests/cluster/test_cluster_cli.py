@@ -172,3 +172,25 @@ def test_gpu_policy_option_takes_hamis_comma_lists(tmp_path):
     r = explain(*args, "--json", "--gpu-policy", "binpack,mutex")
     assert r.exit_code == 0, r.output
     assert explain(*args, "--gpu-policy", "binpack,bestfit").exit_code == 2
+
+
+def test_bench_schedule_decisions_see_the_pods_already_placed():
+    """The bench's placed pods are the scheduler's own (its schedulerName), so the usage it decides on is theirs:
+    a pod of no schedulerName would not count, and every decision would be on empty nodes."""
+    import random
+
+    from pyvgpu.bench import schedule as bench
+    from pyvgpu.cluster.core.config import ClusterConfig
+    from pyvgpu.cluster.core.usage import node_infos
+
+    nodes, pods = bench.make_cluster(3, random.Random(1))
+    assert pods and all(p["spec"]["schedulerName"] in ClusterConfig().scheduler_names for p in pods)
+    infos = node_infos(nodes, pods, ClusterConfig())
+    used = {n.name: sum(d.usedmem for d in n.devices) for n in infos}
+    placed: dict[str, int] = {}
+    for p in pods:
+        mem = int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"])
+        nums = int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+        placed[p["spec"]["nodeName"]] = placed.get(p["spec"]["nodeName"], 0) + mem * nums
+    assert used == {n["metadata"]["name"]: placed.get(n["metadata"]["name"], 0) for n in nodes}
+    assert any(used.values())
