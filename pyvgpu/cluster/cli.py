@@ -311,10 +311,15 @@ def _leader_lease(text: str | None) -> tuple[str, str] | None:
 
     if text is None:
         return None
+    import re
+
     parts = text.split("/")
-    if len(parts) != 2 or not all(parts):
-        raise PyvgpuError(f"--leader-lease {text!r}: give the Lease as NAMESPACE/NAME (the chart passes "
-                          "<release namespace>/kube-scheduler)")
+    # A namespace is a DNS label, a Lease's name a DNS subdomain: a name the API server cannot hold would
+    # only ever read as "no Lease", and the replica would never lead.
+    if len(parts) != 2 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", parts[0]) \
+            or not re.fullmatch(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?", parts[1]):
+        raise PyvgpuError(f"--leader-lease {text!r}: give the Lease as NAMESPACE/NAME in lower case (the chart "
+                          "passes <release namespace>/kube-scheduler)")
     return parts[0], parts[1]
 
 

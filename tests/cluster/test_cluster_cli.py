@@ -216,7 +216,8 @@ def test_scheduler_leader_lease_reaches_the_extender(monkeypatch):
     assert calls[-1][1]["leader_lease"] is None
 
 
-@pytest.mark.parametrize("value", ["kube-scheduler", "a/b/c", "/kube-scheduler", "gpu-system/", "/"])
+@pytest.mark.parametrize("value", ["kube-scheduler", "a/b/c", "/kube-scheduler", "gpu-system/", "/",
+                                   "GPU-System/kube-scheduler", "gpu-system/kube scheduler", "-ns/kube-scheduler"])
 def test_scheduler_refuses_a_leader_lease_that_is_not_namespace_slash_name(monkeypatch, value):
     from pyvgpu.cluster.scheduler import extender_server
 
