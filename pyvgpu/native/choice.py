@@ -24,7 +24,7 @@ from pathlib import Path
 import pyvgpu
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.host import cpuid
-from pyvgpu.native import cache, cblib, grouplib
+from pyvgpu.native import cache, cblib, groupfiles
 
 MEMO_NAME = "callbacks-choice"
 MEMO_FORMAT = "pyvgpu callbacks-choice 1"
@@ -89,7 +89,7 @@ def _memo_path(write: bool) -> Path | None:
     in it (this user's, 0700, no link); None where it cannot be (nothing is remembered, a later step of the wrap
     says why if it needs the directory)."""
     try:
-        return grouplib.runtime_dir(make=write) / MEMO_NAME
+        return groupfiles.runtime_dir(make=write) / MEMO_NAME
     except (OSError, PyvgpuError):
         return None
 
