@@ -3,7 +3,11 @@
 `pyvgpu wrap` is on the path of every wrapped program's start, and many
 start at once (job arrays, `xargs -P`, launchers). Importing typer (and the
 pydantic and rich it pulls in) costs several times what the wrap itself
-does, so a plain wrap is parsed here, by hand, and never imports them.
+does, so a plain wrap is parsed here, by hand, and never imports them. What it does import stays small
+for the same reason: its records are made without dataclasses (pyvgpu/contract/record.py), the layouts
+the hook table sizes are made at first use (pyvgpu/contract/layout.py), and the callback library is
+chosen without loading one or hashing at every wrap (pyvgpu/native/choice.py). tests/test_fastwrap.py
+checks what a plain wrap imports; `pyvgpu bench startup --concurrent N` measures it.
 
 The hand parser reads only what it is sure of: wrap's own options, in the
 forms click accepts (`--memory 4G`, `--memory=4G`, `-m 4G`, `-m4G`, a

@@ -2,34 +2,34 @@
 (FAKECUDA_SIM_COLLECTIVE=2, tests/fakecuda/fake_sim.h): each rank's kernel waits on its GPU until the other
 rank's matching kernel has started, and that wait is GPU time, as an NCCL all-reduce's is.
 
-Two processes, one a device, in one group (one region): pv_bench's spin kernel at 2 ms (an all-reduce of
-256 MiB takes about as long on two H200s), every one of them a collective. Unlimited, each rank runs 500
-kernels/s.
+The gang under a share is not here yet: on this simulation today's gangs get 0.4-22% at --sm 30 and 26-44%
+at --sm 50, depending on the machine's load (docs/compute.md, "Collectives"); the goal is within 5 points.
+
+Two processes, one a device, in one group (one region): pv_bench's 200 us spin kernel, every one of them
+a collective. Unlimited, each rank runs 5000 kernels/s.
 """
 
 from __future__ import annotations
 
-from simgpu import Load, sim_env
-
-ITERS = "20000"  # x 100 ns: 2 ms kernels
-UNLIMITED = 500.0
+from simgpu import UNLIMITED, Load, sim_busy, sim_env
 
 
-def ranks(env, tmp, name: str, wrap_opts: list[str] | None, seconds: float = 6) -> list[Load]:
+def ranks(env, tmp, name: str, wrap_opts: list[str] | None, seconds: float = 6,
+          gaps_us: tuple[int, int] = (0, 0), iters: str = "2000") -> list[Load]:
     e = sim_env(env, tmp, name, FAKECUDA_SIM_COLLECTIVE="2", FAKECUDA_DEVICES="16G,16G")
     region = tmp / f"{name}.region"
-    return [Load(e, tmp, f"{name}-{r}", wrap_opts, seconds, region_path=region, device=r, iters=ITERS)
-            for r in (0, 1)]
+    return [Load(e, tmp, f"{name}-{r}", wrap_opts, seconds, region_path=region, device=r, gap_us=gaps_us[r],
+                 iters=iters) for r in (0, 1)]
 
 
-def shares(loads: list[Load], after: float) -> list[float]:
+def shares(loads: list[Load], after: float, unlimited: float = UNLIMITED) -> list[float]:
     """Each rank's share (%) of the unlimited rate, over the time both ran: from ``after`` s past the later
     start to the earlier end (a rank that stops first leaves the other's last collectives without a peer)."""
     for x in loads:
         x.wait()
     start = max(x.points[0][0] for x in loads) + int(after * 1e9)
     end = min(x.points[-1][0] for x in loads)
-    return [100 * x.rate_between(start, end) / UNLIMITED for x in loads]
+    return [100 * x.rate_between(start, end) / unlimited for x in loads]
 
 
 def test_the_simulated_collective_waits_for_the_late_rank(env, tmp_path):
@@ -39,9 +39,22 @@ def test_the_simulated_collective_waits_for_the_late_rank(env, tmp_path):
     assert ra >= 60, ra
 
 
+def test_a_late_rank_makes_its_peers_kernels_long(env, tmp_path):
+    """Rank 1 sleeps 1 ms after each launch (a launch-bound rank): rank 0 keeps its pace, and each of rank
+    0's 200 us kernels spends the difference waiting on the GPU, counted as busy time."""
+    a, b = ranks(env, tmp_path, "late", None, seconds=3, gaps_us=(0, 1000))
+    ra, rb = shares([a, b], after=1.0)
+    assert abs(ra - rb) <= 5, (ra, rb)
+    assert ra <= 40, ra  # paced by the late rank (at most one collective a millisecond), not 5000/s
+    busy_ns, kernels = sim_busy(tmp_path, "late")[a.pid]
+    assert busy_ns / kernels >= 2 * 200_000, busy_ns / kernels  # the wait is in the kernel's time
+
+
 def test_a_gang_under_a_share_gets_its_share_of_a_collective(env, tmp_path):
+    """2 ms collectives (a 256 MiB all-reduce on two H200s takes about as long): 500 a second unlimited."""
     got = {}
     for share in (30, 50):
-        got[share] = shares(ranks(env, tmp_path, f"sm{share}", ["--sm", str(share)]), after=3.0)
+        got[share] = shares(ranks(env, tmp_path, f"sm{share}", ["--sm", str(share)], iters="20000"), after=3.0,
+                            unlimited=500.0)
     for share, (sa, sb) in got.items():
-        assert abs(sa - share) <= 8 and abs(sb - share) <= 8, got
+        assert abs(sa - share) <= 5 and abs(sb - share) <= 5, got

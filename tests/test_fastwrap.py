@@ -152,8 +152,11 @@ def _imported(stderr: str) -> set[str]:
     return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
 
 
-def test_a_plain_wrap_imports_neither_typer_nor_pydantic_nor_rich(env, tmp_path):
+@pytest.mark.parametrize("driver", [True, False], ids=["driver", "no-driver"])
+def test_a_plain_wrap_imports_neither_typer_nor_pydantic_nor_rich(env, tmp_path, driver):
     e = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
+    if not driver:  # as on a machine without a GPU: the wrap says so in one line, and runs the program
+        e["PYVGPU_REAL_LIBCUDA"] = str(tmp_path / "no-such-libcuda.so.1")
     # The first wrap on a machine may compile the callback library, which looks up the compiler (shutil):
     # that is a one-time cost, so warm the cache first and measure the wrap people run every time.
     warm = run([sys.executable, "-m", "pyvgpu", "wrap", "-m", "8M", "-g", "imp", "--", "true"], env=e)
@@ -161,6 +164,7 @@ def test_a_plain_wrap_imports_neither_typer_nor_pydantic_nor_rich(env, tmp_path)
     p = run([sys.executable, "-X", "importtime", "-m", "pyvgpu", "wrap", "-m", "8M", "-g", "imp", "--", "true"],
             env=e)
     assert p.returncode == 0, p.stderr
+    assert ("no CUDA driver" in p.stderr) != driver, p.stderr
     imported = _imported(p.stderr)
     assert "pyvgpu.ops.wrap" in imported and "pyvgpu.group.region" in imported
     # What the interpreter imports before any of pyvgpu (site, .pth files of the environment) is not ours.
@@ -169,6 +173,11 @@ def test_a_plain_wrap_imports_neither_typer_nor_pydantic_nor_rich(env, tmp_path)
     heavy = {m for m in imported
              if m.split(".")[0] in ("typer", "click", "pydantic", "rich", "subprocess", "numba", "shutil")}
     assert not heavy, sorted(heavy)
+    # nor dataclasses (with inspect and ast: pyvgpu/contract/record.py), nor the hook table (the layouts it
+    # sizes are made at first use, and the callback library is chosen without loading one: cache.choose)
+    slow = imported & {"dataclasses", "inspect", "ast", "pyvgpu.contract.hooks", "pyvgpu.contract.hooks_model",
+                       "pyvgpu.ops.doctor"}
+    assert not slow, sorted(slow)
 
 
 @pytest.mark.parametrize("cmd", ["true", "sh", "/bin/sh", "no-such-program-here", "./x", "/tmp", "bin/sh", "tmp"])

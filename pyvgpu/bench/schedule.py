@@ -38,6 +38,8 @@ GPUS = 8
 SPLIT = 10
 MEMS = (4096, 8192, 10240, 16384, 20480, 40960)
 CORES = (0, 10, 20, 30, 50)
+# The scheduler counts only the pods of its own schedulerName on a node: the bench's pods are the default one's.
+SCHEDULER_NAME = ClusterConfig().scheduler_names[0]
 
 
 def pair_scores(ids: list[str]) -> dict[str, dict[str, int]]:
@@ -86,7 +88,8 @@ def capacity_pods(n_nodes: int) -> float:
 def pod_dict(name: str, nums: int, mem: int, cores: int, node: str | None = None, allocated: str | None = None) -> dict:
     limits = {"nvidia.com/gpu": str(nums), "nvidia.com/gpumem": str(mem), "nvidia.com/gpucores": str(cores)}
     pod: dict[str, Any] = {"kind": "Pod", "metadata": {"name": name, "namespace": "bench", "annotations": {}},
-                           "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]},
+                           "spec": {"schedulerName": SCHEDULER_NAME,
+                                    "containers": [{"name": "main", "resources": {"limits": limits}}]},
                            "status": {"phase": "Running" if node else "Pending"}}
     if node:
         pod["spec"]["nodeName"] = node

@@ -4,6 +4,7 @@ Job arrays, `xargs -P`, launchers and CI matrices start many wrapped programs
 at once, so what one wrap costs is paid N times on a few cores. Measured:
 
 * bare: N copies of the program started at once, no pyvgpu (the floor);
+* python: N `python -c pass` of this interpreter at once (what the interpreter's own start costs there);
 * wrapped: N `pyvgpu wrap --group G --memory SIZE -- PROGRAM` started at once
   (the first makes the group, the others join it), seconds from the first
   start to the last exit;
@@ -12,7 +13,11 @@ at once, so what one wrap costs is paid N times on a few cores. Measured:
   for one wrap at a time (no contention).
 
 The wraps run in a runtime directory of their own (XDG_RUNTIME_DIR), so the
-user's groups are left alone.
+user's groups are left alone. One wrap in another group comes first in each, as
+any earlier wrap of the user would have: it makes the runtime directory, where
+the choice of the callback library is remembered (pyvgpu/native/choice.py).
+The load average of the machine when the run started is part of the result:
+on a shared machine the figures depend on it.
 """
 
 from __future__ import annotations
@@ -99,13 +104,17 @@ def run(concurrent: int = 100, runs: int = 3, memory: str = "1G", program: str =
     if found is None:
         raise PyvgpuError(f"--program {program!r} is not on PATH; give a program that exits 0 at once, e.g. true")
     wrap = wrap_command()
-    out: dict[str, list[float]] = {"bare_s": [], "wrapped_s": [], "wrapped_cpu_ms": [], "single_cpu_ms": []}
+    out: dict[str, list[float]] = {"bare_s": [], "python_s": [], "wrapped_s": [], "wrapped_cpu_ms": [],
+                                   "single_cpu_ms": []}
+    load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="pyvgpu-wraps-") as tmp:
         for i in range(runs):
             env = {**raw_env(), envspec.XDG_RUNTIME_DIR.name: str(Path(tmp) / f"run{i}")}
             os.mkdir(env[envspec.XDG_RUNTIME_DIR.name], 0o700)
             took, _ = _wave([[found]] * concurrent, env)
             out["bare_s"].append(took)
+            out["python_s"].append(_wave([[sys.executable, "-c", "pass"]] * concurrent, env)[0])
+            _wave([[*wrap, "wrap", "--group", "first", "--memory", memory, "--", found]], env)
             cmd = [*wrap, "wrap", "--group", "bench", "--memory", memory, "--", found]
             took, cpu = _wave([cmd] * concurrent, env)
             out["wrapped_s"].append(took)
@@ -114,18 +123,25 @@ def run(concurrent: int = 100, runs: int = 3, memory: str = "1G", program: str =
                 out["single_cpu_ms"].append(_wave([cmd], env)[1][0] * 1e3)
     return {"bench": "startup-concurrent", "machine": {**machine(), "cores": os.cpu_count()},
             "concurrent": concurrent, "runs": runs, "memory": memory, "program": found, "wrap": wrap,
-            "goal_s": GOAL_S, "goal_cpu_ms": GOAL_CPU_MS,
+            "goal_s": GOAL_S, "goal_cpu_ms": GOAL_CPU_MS, "load_average": load,
             "median": {k: median(v) for k, v in out.items()}, "samples": out}
 
 
 def table(result: dict) -> str:
     m, n = result["median"], result["concurrent"]
+    rows = [
+        (f"{n} x {result['program']} at once, bare:", f"{m['bare_s']:7.3f} s"),
+        (f"{n} x python -c pass at once:", f"{m['python_s']:7.3f} s   (the interpreters alone)"),
+        (f"{n} x pyvgpu wrap --group --memory at once:", f"{m['wrapped_s']:7.3f} s   (goal <= {result['goal_s']} s)"),
+        (f"CPU per wrap (wrap + program), {n} at once:", f"{m['wrapped_cpu_ms']:7.1f} ms"),
+        ("CPU per wrap (wrap + program), one at a time:",
+         f"{m['single_cpu_ms']:7.1f} ms  (goal <= {result['goal_cpu_ms']:.0f} ms before exec)"),
+    ]
+    width = max(len(label) for label, _ in rows)
     return "\n".join([
         f"pyvgpu bench startup --concurrent {n} on {result['machine']['cpu']}, {result['machine']['cores']} cores "
         f"(median of {result['runs']} runs)",
-        f"  {n} x {result['program']} at once, bare:               {m['bare_s']:7.3f} s",
-        f"  {n} x pyvgpu wrap --group --memory at once:     {m['wrapped_s']:7.3f} s   (goal <= {result['goal_s']} s)",
-        f"  CPU per wrap (wrap + program), {n} at once:      {m['wrapped_cpu_ms']:7.1f} ms",
-        f"  CPU per wrap (wrap + program), one at a time:  {m['single_cpu_ms']:7.1f} ms  "
-        f"(goal <= {result['goal_cpu_ms']:.0f} ms before exec)",
+        f"  load average at the start: {' '.join(f'{v:.2f}' for v in result['load_average'])} (other work on the "
+        "machine slows the waves)",
+        *(f"  {label:<{width}} {value}" for label, value in rows),
     ])

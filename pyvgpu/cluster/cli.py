@@ -109,6 +109,10 @@ Split = Annotated[int, typer.Option("--split", metavar="N",
                                          "deviceSplitCount).")]
 HealthInterval = Annotated[float, typer.Option("--health-interval", metavar="SECONDS",
                                                help="How often NVML is asked whether each GPU is healthy.")]
+NodeConfigPath = Annotated[Path | None, typer.Option("--node-config", metavar="PATH",
+                                                     help="HAMi's device-plugin config.json with this node's "
+                                                          "settings (default: /config/config.json, where the chart "
+                                                          "mounts it, if it is there).")]
 
 
 def _load(path: Path, option: str):
@@ -212,6 +216,12 @@ def _node_options(node_name: str | None, **kw):
                               "seconds")
     if kw.get("kubeconfig") is not None:
         kw["kubeconfig"] = str(kw["kubeconfig"])
+    if "node_config" in kw and kw["node_config"] is None:
+        del kw["node_config"]  # NodeOptions' default: the chart's path, read only where the file is there
+    elif "node_config" in kw and not os.path.isfile(kw["node_config"]):
+        # a path given on purpose that is not there would silently register every GPU unscaled: refuse it
+        raise PyvgpuError(f"--node-config {kw['node_config']}: no such file; give the device-plugin config.json, "
+                          "or leave the option out")
     return NodeOptions(node=node, **kw)
 
 
@@ -261,6 +271,7 @@ def device_plugin(
     scheduler_names: Annotated[list[str] | None, typer.Option("--scheduler-name", metavar="NAME",
                                                               help="A scheduler whose pods Allocate serves "
                                                                    "(repeatable; default pyvgpu-scheduler).")] = None,
+    node_config: NodeConfigPath = None,
 ) -> None:
     """Serve the kubelet's device-plugin API (v1beta1): split x GPUs virtual devices with NVML health, and
     Allocate, which gives each container its GPUs, limits, region and the shim (HAMi's environment)."""
@@ -270,7 +281,7 @@ def device_plugin(
         node_name, split=split, resource=resource, plugin_dir=plugin_dir, kubeconfig=kubeconfig,
         state_dir=state_dir, runtime_dirs=[str(d) for d in runtime_dir or []], api_retry_s=api_retry,
         health_interval=health_interval, agent_interval=agent_interval, with_agent=with_agent,
-        scheduler_names=tuple(scheduler_names or (DEFAULT_SCHEDULER,))))
+        scheduler_names=tuple(scheduler_names or (DEFAULT_SCHEDULER,)), node_config=node_config))
 
 
 @cluster_app.command("node-agent")
@@ -283,6 +294,7 @@ def node_agent(
                                             help="How often the registration is checked and regions "
                                                  "reclaimed.")] = 30.0,
     health_interval: HealthInterval = 5.0,
+    node_config: NodeConfigPath = None,
 ) -> None:
     """Register this node's GPUs (hami.io/node-nvidia-register, -score, -handshake), own the node's shared
     state, and reclaim the regions of deleted pods."""
@@ -290,7 +302,25 @@ def node_agent(
 
     _run_daemon("node-agent", daemon.node_agent, lambda: _node_options(
         node_name, split=split, kubeconfig=kubeconfig, state_dir=state_dir, agent_interval=interval,
-        health_interval=health_interval))
+        health_interval=health_interval, node_config=node_config))
+
+
+def _leader_lease(text: str | None) -> tuple[str, str] | None:
+    """--leader-lease NAMESPACE/NAME as (namespace, name); None: this replica is the only one."""
+    from pyvgpu.errors import PyvgpuError
+
+    if text is None:
+        return None
+    import re
+
+    parts = text.split("/")
+    # A namespace is a DNS label, a Lease's name a DNS subdomain: a name the API server cannot hold would
+    # only ever read as "no Lease", and the replica would never lead.
+    if len(parts) != 2 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", parts[0]) \
+            or not re.fullmatch(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?", parts[1]):
+        raise PyvgpuError(f"--leader-lease {text!r}: give the Lease as NAMESPACE/NAME in lower case (the chart "
+                          "passes <release namespace>/kube-scheduler)")
+    return parts[0], parts[1]
 
 
 @cluster_app.command("scheduler")
@@ -325,6 +355,10 @@ def scheduler(
                                                                  help="A user the webhook lets write the hami.io "
                                                                       "allocation annotations "
                                                                       "(repeatable).")] = None,
+    leader_lease: Annotated[str | None, typer.Option("--leader-lease", metavar="NAMESPACE/NAME",
+                                                     help="The Lease the replicas' kube-schedulers elect their "
+                                                          "leader with; only the holder's extender asks the nodes "
+                                                          "for their handshake.")] = None,
 ) -> None:
     """Run the kube-scheduler extender (filter, prioritize, bind) and the mutating webhook that sends GPU pods
     to it. kube-scheduler's KubeSchedulerConfiguration names it (deploy/helm/pyvgpu)."""
@@ -340,6 +374,7 @@ def scheduler(
         extras.require("scheduler", {"kubernetes": "kubernetes"})
         if not 0 < port < 65536:
             raise PyvgpuError(f"--port {port}: give a TCP port 1..65535")
+        lease = _leader_lease(leader_lease)
         if lock_expire <= 0:
             raise PyvgpuError(f"--lock-expire {lock_expire}: give a positive number of seconds")
         if webhook_port is not None and not (tls_cert and tls_key):
@@ -357,7 +392,7 @@ def scheduler(
 
         extender_server.run(text(kubeconfig), port, name, cfg, lock_expire, webhook_port, text(tls_cert),
                             text(tls_key), address, text(token_file), text(client_ca),
-                            tuple(annotation_writers or ()))
+                            tuple(annotation_writers or ()), leader_lease=lease)
     except (PyvgpuError, OSError, ValueError) as e:
         typer.echo(f"pyvgpu: {e}", err=True)
         raise typer.Exit(2) from None

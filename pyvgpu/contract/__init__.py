@@ -7,6 +7,7 @@ hooks.py     the hook table: every intercepted symbol, its policy, the helpers a
 hooks_model.py  the table's model: parameters, variants, hooks, entries, services, the table hash
 layout.py    pyvgpu's own binary layouts (context, region, turn file)
 envspec.py   every environment variable pyvgpu reads or writes
+record.py    frozen and plain records without dataclasses, for the modules a plain `pyvgpu wrap` imports
 
 May import: nothing of pyvgpu outside this package (everything else imports it).
 """

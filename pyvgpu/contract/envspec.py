@@ -20,13 +20,13 @@ Imported by the fast wrap path (pyvgpu/fastwrap.py): the standard library only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pyvgpu.contract.record import record
 
 SHIM, PYTHON, BOTH = "shim", "python", "both"
 HAMI = "HAMi"  # the origin of a variable HAMi defines and pyvgpu reads as HAMi does
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Var:
     """One environment variable of the contract."""
 

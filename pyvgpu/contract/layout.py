@@ -8,11 +8,11 @@ classes for Python readers. Nobody writes an offset by hand.
 
 from __future__ import annotations
 
-from pyvgpu.contract import hooks
 from pyvgpu.contract.structs import Field, Record, Struct
 
-N_ENTRIES = len(hooks.ENTRIES)
-N_HELPERS = len(hooks.HELPERS)
+# N_ENTRIES, N_HELPERS (the hook table's entries and helpers), CTX and CBLIB are sized by the hook table, so they
+# are made at their first use (module __getattr__, at the end): a plain `pyvgpu wrap` reads only the region's and
+# the turn file's layouts, and importing the table is a large part of its start (pyvgpu/fastwrap.py).
 MAX_DEVICES = 16
 MAX_POOLS = 64  # memory pools a process tracks (cuMemAllocAsync accounting)
 COST_SLOTS = 4096  # kernels (function + launch shape) whose GPU time a process tracks
@@ -37,104 +37,109 @@ MESSAGE_BYTES = 256
 # The per-process context: what the shim hands every callback as its first
 # argument. Per-process values live here, never as compile-time constants,
 # so one compiled callback object serves every process.
-CTX = Struct(
-    "pv_ctx",
-    [
-        Field("magic", "u64", doc="CTX_MAGIC"),
-        Field("n_entries", "u32", doc="hook entries in this shim"),
-        Record("entry", N_ENTRIES, (
-            Field("real", "u64", doc="the real driver function, 0 if the driver lacks it"),
-            Field("calls", "u64", doc="calls, counted by the callbacks while count_calls is set"),
-        ), doc="per hook entry: a call reads the one and counts in the other, in one cache line"),
-        Field("helper", "u64", N_HELPERS, doc="real driver functions the policies call (hooks.HELPERS)"),
-        # What every launch reads first, in one cache line (the no-share path reads no other line of the
-        # context); then what a launch under a share reads besides, per device in one line (Record "dev").
-        Field("region", "u64", align=64, doc="address of the mapped region, 0 without one"),
-        Field("slot", "u64", doc="address of this process's slot in the region"),
-        Field("sched", "u64",
-              doc="address of the mapped turn file (pyvgpu/group/turnfile.py), 0 = groups do not take turns"),
-        Field("turn_out", "u64", doc="a bit per CUDA device: launches went there outside the turns since the "
-                                     "last launch under turns (all bits: a launch that did not look at them)"),
-        Field("turn_tick", "u64", doc="CLOCK_MONOTONIC of the watcher's last tick (a clock launches without a "
-                                      "share read instead of their own)"),
-        Field("sm_default_cost", "u64", doc="ns: mean of all timed launches, for kernels not timed yet"),
-        Field("sm_policy", "u32", doc="GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
-        Field("turn_id", "u32", doc="this process's id in turn words, 0 = not drawn yet"),
-        Field("sm_ndev", "u32", doc="CUDA devices this process sees, + 1; 0 = not asked yet"),
-        Field("count_calls", "u32", doc="1: the callbacks count their calls (entry.calls), for PYVGPU_STATS only: "
-                                        "an atomic add per call nobody reads otherwise"),
-        Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share"),
-        Field("sm_pending", "u32", doc="timing samples in flight (read every HARVEST_EVERY launches)"),
-        Field("sm_launches", "u64", doc="launches seen under a compute limit without a slot (drives sampling)"),
-        Field("samp_next_ns", "u64", doc="CLOCK_MONOTONIC before which no launch is timed unless its kernel is new"),
-        # The launch's clock (pyvgpu/jit/runtime/clock.py): CLOCK_MONOTONIC extrapolated from the TSC, in one line.
-        Field("clk_seq", "u64", align=64, doc="the clock's anchor: even when stable, odd while a thread rewrites it"),
-        Field("clk_tsc", "u64", doc="TSC at the anchor"),
-        Field("clk_ns", "u64", doc="CLOCK_MONOTONIC at the anchor"),
-        Field("clk_mult", "u64", doc="ns per TSC tick in units of 2^-32; 0 = no rate yet (the system clock is read)"),
-        Field("clk_span", "u64", doc="TSC ticks an anchor is used for (about CLOCK_ANCHOR_NS), 0 = no rate yet"),
-        Field("clk_base_tsc", "u64", doc="TSC at the start of the rate's measurement"),
-        Field("clk_base_ns", "u64", doc="CLOCK_MONOTONIC at the start of the rate's measurement"),
-        Field("clk_mode", "u32", doc="PYVGPU_CLOCK: 0 = the system clock at every launch, 1 = the TSC, anchored"),
-        Field("clk_resets", "u32", doc="times an anchor disagreed with the system clock and the rate was measured "
-                                       "again"),
-        Record("dev", MAX_DEVICES, (
-            Field("turn_entry", "u64", doc="turn entry of the CUDA device: its address, 1 = none, 0 = not looked "
-                                           "up yet"),
-            Field("turn_since", "u64", doc="CLOCK_MONOTONIC when this process last took the turn"),
-            Field("turn_qend", "u64", doc="when the work this process queued is estimated to end"),
-            Field("turn_held", "u64", doc="CLOCK_MONOTONIC up to which its turn was counted in sm_turn_ns"),
-            Field("sm_nvml", "u64", doc="NVML handle of the CUDA device, 0 = not resolved yet"),
-            Field("turn_mine", "u32", doc="1 from when this process takes the device's turn until it frees it: "
-                                          "another holder then means its lease lapsed"),
-            Field("sm_recip", "u64", doc="the share it last charged at << 33 | 2^32 // share + 1: the charge's "
-                                         "division as a multiply (pyvgpu/jit/compute/limiter.py); 0 = none yet"),
-            Field("turn_waited", "u64", doc="its waits for the turn, counted over time (turn.py wait_debt): the debt "
-                                            "in ns >> 10 << 32 | when its last wait ended (CLOCK_MONOTONIC >> 10)"),
-        ), size=64, doc="per CUDA device, what a launch under a share reads: one cache line each"),
-        Field("slot_index", "i32"),
-        Field("region_fd", "i32", doc="fd holding this process's slot lock"),
-        Field("n_slots", "u32"),
-        Field("lock", "u32", doc="spinlock serialising pool accounting in this process"),
-        Field("table", "u64", doc="address of the pointer table (allocation records)"),
-        Field("table_mask", "u64", doc="entries - 1 (a power of two)"),
-        Field("table_maxdisp", "u64", doc="longest probe an insert has needed"),
-        Field("table_live", "u64", doc="records in the table"),
-        Field("table_full", "u64", doc="allocations refused because the table was full"),
-        Field("pool_handle", "u64", MAX_POOLS, doc="memory pools seen (CUmemoryPool)"),
-        Field("pool_reserved", "u64", MAX_POOLS, doc="their reserved bytes as last charged"),
-        Field("pool_dev", "i32", MAX_POOLS),
-        Field("ctx_charged", "u64", MAX_DEVICES, doc="context bytes charged per device (1: measured, none)"),
-        Field("nvml_state", "u32", doc="0 untried, 1 initialised by us, 2 unavailable"),
-        # compute share (pyvgpu/jit/compute/launch.py, limiter.py, cost.py, controller.py)
-        Field("sm_tick_ns", "u64", doc="CLOCK_MONOTONIC of the last reclaim by the watcher"),
-        Record("cost", COST_SLOTS, (
-            Field("cost_key", "u64", doc="kernel key (function and shape, or graph), 0 = free"),
-            Field("cost_ns", "u64", doc="its estimated GPU time in ns"),
-        ), doc="the cost table (pyvgpu/jit/compute/cost.py): a kernel's key and estimate share a line"),
-        Field("samp_state", "u32", SAMPLES, doc="0 free, 1 being recorded, 2 in flight"),
-        Field("samp_key", "u64", SAMPLES),
-        Field("samp_ctx", "u64", SAMPLES, doc="CUcontext the sample's events belong to"),
-        Field("samp_start", "u64", SAMPLES, doc="CUevent before the launch"),
-        Field("samp_end", "u64", SAMPLES, doc="CUevent after the launch"),
-        # the device turn (pyvgpu/jit/compute/turn.py, drain.py)
-        Record("stream", TURN_STREAMS, (
-            Field("turn_stream", "u64", doc="a stream this process launched on under turns, handle + 1 (0 = free)"),
-            Field("turn_stream_dev", "u64", doc="the CUDA device it launched on"),
-            Field("turn_stream_ctx", "u64", doc="its CUcontext"),
-            Field("turn_stream_ev", "u64", doc="the CUevent a drain records on it (0 = none yet)"),
-        ), doc="the streams a drain waits for; a launch compares its stream with the first ones"),
-        Field("drain_ev", "u64", doc="CUevent for a stream the table had no room for, before a hand-over"),
-        Field("drain_ctx", "u64", doc="CUcontext drain_ev belongs to"),
-        Field("turn_stream_lock", "u32", doc="spinlock between a drain and cuStreamDestroy"),
-        Field("turn_streams_lost", "u64", doc="launches on streams the table had no room for (not drained)"),
-        # devices (pyvgpu/jit/devices/visible.py)
-        Field("devices_refused", "u32", doc="1: CUDA sees other devices than the group's, GPU use is refused"),
-        Field("devices_msg", "u8", MESSAGE_BYTES, doc="NUL-terminated: what stderr gets if CUDA sees other "
-                                                       "devices than the group's"),
-    ],
-    doc="per-process context passed to every callback (pyvgpu/contract/layout.py)",
-)
+def _ctx(n_entries: int, n_helpers: int) -> Struct:
+    return Struct(
+        "pv_ctx",
+        [
+            Field("magic", "u64", doc="CTX_MAGIC"),
+            Field("n_entries", "u32", doc="hook entries in this shim"),
+            Record("entry", n_entries, (
+                Field("real", "u64", doc="the real driver function, 0 if the driver lacks it"),
+                Field("calls", "u64", doc="calls, counted by the callbacks while count_calls is set"),
+            ), doc="per hook entry: a call reads the one and counts in the other, in one cache line"),
+            Field("helper", "u64", n_helpers, doc="real driver functions the policies call (hooks.HELPERS)"),
+            # What every launch reads first, in one cache line (the no-share path reads no other line of the
+            # context); then what a launch under a share reads besides, per device in one line (Record "dev").
+            Field("region", "u64", align=64, doc="address of the mapped region, 0 without one"),
+            Field("slot", "u64", doc="address of this process's slot in the region"),
+            Field("sched", "u64",
+                  doc="address of the mapped turn file (pyvgpu/group/turnfile.py), 0 = groups do not take turns"),
+            Field("turn_out", "u64", doc="a bit per CUDA device: launches went there outside the turns since the "
+                                         "last launch under turns (all bits: a launch that did not look at them)"),
+            Field("turn_tick", "u64", doc="CLOCK_MONOTONIC of the watcher's last tick (a clock launches without a "
+                                          "share read instead of their own)"),
+            Field("sm_default_cost", "u64", doc="ns: mean of all timed launches, for kernels not timed yet"),
+            Field("sm_policy", "u32", doc="GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
+            Field("turn_id", "u32", doc="this process's id in turn words, 0 = not drawn yet"),
+            Field("sm_ndev", "u32", doc="CUDA devices this process sees, + 1; 0 = not asked yet"),
+            Field("count_calls", "u32", doc="1: the callbacks count their calls (entry.calls), for PYVGPU_STATS only: "
+                                            "an atomic add per call nobody reads otherwise"),
+            Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share"),
+            Field("sm_pending", "u32", doc="timing samples in flight (read every HARVEST_EVERY launches)"),
+            Field("sm_launches", "u64", doc="launches seen under a compute limit without a slot (drives sampling)"),
+            Field("samp_next_ns", "u64", doc="CLOCK_MONOTONIC before which no launch is timed unless its "
+                                                "kernel is new"),
+            # The launch's clock (pyvgpu/jit/runtime/clock.py): CLOCK_MONOTONIC extrapolated from the TSC, in one line.
+            Field("clk_seq", "u64", align=64, doc="the clock's anchor: even when stable, odd while a thread "
+                                                     "rewrites it"),
+            Field("clk_tsc", "u64", doc="TSC at the anchor"),
+            Field("clk_ns", "u64", doc="CLOCK_MONOTONIC at the anchor"),
+            Field("clk_mult", "u64", doc="ns per TSC tick in units of 2^-32; 0 = no rate yet (the system "
+                                            "clock is read)"),
+            Field("clk_span", "u64", doc="TSC ticks an anchor is used for (about CLOCK_ANCHOR_NS), 0 = no rate yet"),
+            Field("clk_base_tsc", "u64", doc="TSC at the start of the rate's measurement"),
+            Field("clk_base_ns", "u64", doc="CLOCK_MONOTONIC at the start of the rate's measurement"),
+            Field("clk_mode", "u32", doc="PYVGPU_CLOCK: 0 = the system clock at every launch, 1 = the TSC, anchored"),
+            Field("clk_resets", "u32", doc="times an anchor disagreed with the system clock and the rate was measured "
+                                           "again"),
+            Record("dev", MAX_DEVICES, (
+                Field("turn_entry", "u64", doc="turn entry of the CUDA device: its address, 1 = none, 0 = not looked "
+                                               "up yet"),
+                Field("turn_since", "u64", doc="CLOCK_MONOTONIC when this process last took the turn"),
+                Field("turn_qend", "u64", doc="when the work this process queued is estimated to end"),
+                Field("turn_held", "u64", doc="CLOCK_MONOTONIC up to which its turn was counted in sm_turn_ns"),
+                Field("sm_nvml", "u64", doc="NVML handle of the CUDA device, 0 = not resolved yet"),
+                Field("turn_mine", "u32", doc="1 from when this process takes the device's turn until it frees it: "
+                                              "another holder then means its lease lapsed"),
+                Field("sm_recip", "u64", doc="the share it last charged at << 33 | 2^32 // share + 1: the charge's "
+                                             "division as a multiply (pyvgpu/jit/compute/limiter.py); 0 = none yet"),
+                Field("turn_waited", "u64", doc="its waits for the turn, counted over time (turn.py wait_debt): "
+                                                "the debt in ns >> 10 << 32 | when its last wait ended "
+                                                "(CLOCK_MONOTONIC >> 10)"),
+            ), size=64, doc="per CUDA device, what a launch under a share reads: one cache line each"),
+            Field("slot_index", "i32"),
+            Field("region_fd", "i32", doc="fd holding this process's slot lock"),
+            Field("n_slots", "u32"),
+            Field("lock", "u32", doc="spinlock serialising pool accounting in this process"),
+            Field("table", "u64", doc="address of the pointer table (allocation records)"),
+            Field("table_mask", "u64", doc="entries - 1 (a power of two)"),
+            Field("table_maxdisp", "u64", doc="longest probe an insert has needed"),
+            Field("table_live", "u64", doc="records in the table"),
+            Field("table_full", "u64", doc="allocations refused because the table was full"),
+            Field("pool_handle", "u64", MAX_POOLS, doc="memory pools seen (CUmemoryPool)"),
+            Field("pool_reserved", "u64", MAX_POOLS, doc="their reserved bytes as last charged"),
+            Field("pool_dev", "i32", MAX_POOLS),
+            Field("ctx_charged", "u64", MAX_DEVICES, doc="context bytes charged per device (1: measured, none)"),
+            Field("nvml_state", "u32", doc="0 untried, 1 initialised by us, 2 unavailable"),
+            # compute share (pyvgpu/jit/compute/launch.py, limiter.py, cost.py, controller.py)
+            Field("sm_tick_ns", "u64", doc="CLOCK_MONOTONIC of the last reclaim by the watcher"),
+            Record("cost", COST_SLOTS, (
+                Field("cost_key", "u64", doc="kernel key (function and shape, or graph), 0 = free"),
+                Field("cost_ns", "u64", doc="its estimated GPU time in ns"),
+            ), doc="the cost table (pyvgpu/jit/compute/cost.py): a kernel's key and estimate share a line"),
+            Field("samp_state", "u32", SAMPLES, doc="0 free, 1 being recorded, 2 in flight"),
+            Field("samp_key", "u64", SAMPLES),
+            Field("samp_ctx", "u64", SAMPLES, doc="CUcontext the sample's events belong to"),
+            Field("samp_start", "u64", SAMPLES, doc="CUevent before the launch"),
+            Field("samp_end", "u64", SAMPLES, doc="CUevent after the launch"),
+            # the device turn (pyvgpu/jit/compute/turn.py, drain.py)
+            Record("stream", TURN_STREAMS, (
+                Field("turn_stream", "u64", doc="a stream this process launched on under turns, handle + 1 (0 = free)"),
+                Field("turn_stream_dev", "u64", doc="the CUDA device it launched on"),
+                Field("turn_stream_ctx", "u64", doc="its CUcontext"),
+                Field("turn_stream_ev", "u64", doc="the CUevent a drain records on it (0 = none yet)"),
+            ), doc="the streams a drain waits for; a launch compares its stream with the first ones"),
+            Field("drain_ev", "u64", doc="CUevent for a stream the table had no room for, before a hand-over"),
+            Field("drain_ctx", "u64", doc="CUcontext drain_ev belongs to"),
+            Field("turn_stream_lock", "u32", doc="spinlock between a drain and cuStreamDestroy"),
+            Field("turn_streams_lost", "u64", doc="launches on streams the table had no room for (not drained)"),
+            # devices (pyvgpu/jit/devices/visible.py)
+            Field("devices_refused", "u32", doc="1: CUDA sees other devices than the group's, GPU use is refused"),
+            Field("devices_msg", "u8", MESSAGE_BYTES, doc="NUL-terminated: what stderr gets if CUDA sees other "
+                                                           "devices than the group's"),
+        ],
+        doc="per-process context passed to every callback (pyvgpu/contract/layout.py)",
+    )
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
 MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/group/mps.py MODES)
@@ -351,20 +356,36 @@ CBLIB_SYMBOL = "pyvgpu_callbacks"
 CBLIB_MAGIC = int.from_bytes(b"PVCBLIB1", "little")
 CBLIB_FORMAT = 1
 CBLIB_TEXT_BYTES = 32
-CBLIB = Struct(
-    "pv_cblib",
-    [
-        Field("magic", "u64", doc="CBLIB_MAGIC"),
-        Field("format", "u32", doc="CBLIB_FORMAT"),
-        Field("n_entries", "u32", doc="hook entries it was compiled for (N_ENTRIES)"),
-        Field("n_services", "u32", doc="services (hooks.SERVICES)"),
-        Field("tuned", "u32", doc="0: for any CPU of the architecture; 1: for the CPU cpu_id names only"),
-        Field("cpu_id", "u64", doc="pyvgpu.host.cpuid.cpu_id() of the CPU it was tuned for; 0 when portable"),
-        Field("table_hash", "u8", CBLIB_TEXT_BYTES, doc="hooks.table_hash(), NUL-terminated"),
-        Field("key", "u8", CBLIB_TEXT_BYTES, doc="pyvgpu.native.cache.cache_key() of its sources, NUL-terminated"),
-        Field("cpu", "u8", 64, doc="the CPU LLVM compiled for, NUL-terminated"),
-        Field("entries", "u64", N_ENTRIES, doc="callback address per hook entry; 0 for entries implemented in C"),
-        Field("services", "u64", len(hooks.SERVICES), doc="address per service, in hooks.SERVICES order"),
-    ],
-    doc="the table a callback library exports (pyvgpu/native/cblib.py)",
-)
+def _cblib(n_entries: int, n_services: int) -> Struct:
+    return Struct(
+        "pv_cblib",
+        [
+            Field("magic", "u64", doc="CBLIB_MAGIC"),
+            Field("format", "u32", doc="CBLIB_FORMAT"),
+            Field("n_entries", "u32", doc="hook entries it was compiled for (N_ENTRIES)"),
+            Field("n_services", "u32", doc="services (hooks.SERVICES)"),
+            Field("tuned", "u32", doc="0: for any CPU of the architecture; 1: for the CPU cpu_id names only"),
+            Field("cpu_id", "u64", doc="pyvgpu.host.cpuid.cpu_id() of the CPU it was tuned for; 0 when portable"),
+            Field("table_hash", "u8", CBLIB_TEXT_BYTES, doc="hooks.table_hash(), NUL-terminated"),
+            Field("key", "u8", CBLIB_TEXT_BYTES, doc="pyvgpu.native.cache.cache_key() of its sources, NUL-terminated"),
+            Field("cpu", "u8", 64, doc="the CPU LLVM compiled for, NUL-terminated"),
+            Field("entries", "u64", n_entries, doc="callback address per hook entry; 0 for entries implemented in C"),
+            Field("services", "u64", n_services, doc="address per service, in hooks.SERVICES order"),
+        ],
+        doc="the table a callback library exports (pyvgpu/native/cblib.py)",
+    )
+
+
+_FROM_HOOKS = ("N_ENTRIES", "N_HELPERS", "CTX", "CBLIB")
+
+
+def __getattr__(name: str) -> object:
+    """The layouts sized by the hook table, made once at the first use of any of them (see the top)."""
+    if name not in _FROM_HOOKS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from pyvgpu.contract import hooks
+
+    n_entries, n_helpers = len(hooks.ENTRIES), len(hooks.HELPERS)
+    globals().update(N_ENTRIES=n_entries, N_HELPERS=n_helpers, CTX=_ctx(n_entries, n_helpers),
+                     CBLIB=_cblib(n_entries, len(hooks.SERVICES)))
+    return globals()[name]

@@ -14,7 +14,8 @@ structs that the policies read.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+
+from pyvgpu.contract.record import record
 
 # type name -> (bytes, C spelling, ctypes type)
 SCALARS = {
@@ -27,7 +28,7 @@ SCALARS = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Field:
     name: str
     type: str  # a key of SCALARS
@@ -44,7 +45,7 @@ class Field:
         return self.elem_size * self.count
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Record:
     """``count`` records of ``fields`` side by side: element i of each field lies in record i.
 

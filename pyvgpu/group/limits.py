@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from pyvgpu.contract import envspec, layout
+from pyvgpu.contract.record import field, record  # not dataclasses: a plain wrap imports this
 from pyvgpu.native import grouplib
 
 MAX_DEVICES = 16
@@ -59,7 +59,7 @@ def parse_cap(text: str, where: str, env: Mapping[str, str] | None = None) -> in
     return grouplib.cap(text, where, min_memory(env))
 
 
-@dataclass
+@record
 class DeviceValues:
     """Per-device values (bytes, or percent); ``default`` applies to devices not listed."""
 

@@ -21,11 +21,11 @@ import ctypes
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
+from pyvgpu.contract.record import record  # not dataclasses: a plain wrap imports this
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
 from pyvgpu.host.devices import Gpu, uuid_text
@@ -71,7 +71,7 @@ def path_from_env(env: Mapping[str, str]) -> Path | None:
     return grouplib.env_region(env)
 
 
-@dataclass
+@record
 class Region:
     """A mapped region file (or, read-only, a snapshot of one): ``view`` is its memory, mapped by the group
     core (groupfiles.view_region) and unmapped when nothing uses it any more; the fields are read through the

@@ -5,9 +5,9 @@ from __future__ import annotations
 import ctypes
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from pyvgpu.contract import envspec
+from pyvgpu.contract.record import record  # not dataclasses: a plain wrap imports this
 from pyvgpu.errors import PyvgpuError
 
 
@@ -60,7 +60,7 @@ def utilization_problem(devices: list[int]) -> str | None:
         nv.nvmlShutdown()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Gpu:
     """One device a program can be given: a GPU (its NVML index, nvidia-smi's), or a MIG instance of one.
 
@@ -95,13 +95,14 @@ class Gpu:
         return f"device {self.index} ({self.uuid})"
 
 
-_UUID = re.compile(r"^(?:GPU|MIG)-([0-9a-fA-F]{8})-([0-9a-fA-F]{4})-([0-9a-fA-F]{4})-([0-9a-fA-F]{4})-"
-                   r"([0-9a-fA-F]{12})$")
+# patterns compiled at their first use (re caches them): a plain `pyvgpu wrap` imports this module and uses none
+_UUID = (r"^(?:GPU|MIG)-([0-9a-fA-F]{8})-([0-9a-fA-F]{4})-([0-9a-fA-F]{4})-([0-9a-fA-F]{4})-"
+         r"([0-9a-fA-F]{12})$")
 
 
 def uuid_bytes(text: str) -> bytes:
     """The 16 raw bytes of a GPU or MIG UUID in NVML's text form (what cuDeviceGetUuid_v2 returns)."""
-    m = _UUID.match(text)
+    m = re.match(_UUID, text)
     if not m:
         raise PyvgpuError(f"{text!r} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
     return bytes.fromhex("".join(m.groups()))
@@ -193,9 +194,9 @@ def machine() -> list[Gpu] | None:
     return None if inv is None else inv[0]
 
 
-_ENTRY = re.compile(r"^(?:[0-9]{1,4}|GPU-[0-9A-Fa-f-]{0,36}|MIG-[0-9A-Fa-f-]{0,36}|"
-                    r"MIG-GPU-[0-9A-Fa-f-]{36}/[0-9]{1,3}/[0-9]{1,3})$", re.IGNORECASE)
-_LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9A-Fa-f-]{36})/([0-9]{1,3})/([0-9]{1,3})$", re.IGNORECASE)
+_ENTRY = (r"^(?:[0-9]{1,4}|GPU-[0-9A-Fa-f-]{0,36}|MIG-[0-9A-Fa-f-]{0,36}|"
+          r"MIG-GPU-[0-9A-Fa-f-]{36}/[0-9]{1,3}/[0-9]{1,3})$")  # any case
+_LEGACY_MIG = r"^MIG-(GPU-[0-9A-Fa-f-]{36})/([0-9]{1,3})/([0-9]{1,3})$"  # any case
 MIG_FIX = ("MIG instances are made by an administrator (nvidia-smi mig -cgi ... -C, on a GPU whose MIG "
            "mode is on); pyvgpu only uses the ones that exist")
 ONE_MIG = ("a CUDA process sees a single MIG instance (NVIDIA's MIG user guide: only enumeration of a single "
@@ -207,7 +208,7 @@ def check_entry(entry: str, where: str) -> None:
     from pyvgpu.group.limits import not_ascii
 
     not_ascii(entry, where, "devices", "0,2 or GPU-8e1f")
-    if not _ENTRY.match(entry.strip()):
+    if not re.match(_ENTRY, entry.strip(), re.IGNORECASE):
         raise PyvgpuError(f"{where}: {entry.strip()!r} is not a device; give indices as nvidia-smi shows them (0,2), "
                           "GPU UUIDs (GPU-...) or a MIG instance's UUID (MIG-...), comma-separated")
 
@@ -218,7 +219,7 @@ def _pick_mig(e: str, gpus: list[Gpu], migs: list[Gpu], where: str) -> Gpu:
         "this machine has no MIG instance (no GPU has its MIG mode on"
         + (f"; GPU(s) {', '.join(str(g.index) for g in gpus if g.mig_mode)} have it on but no instance)"
            if any(g.mig_mode for g in gpus) else ")"))
-    legacy = _LEGACY_MIG.match(e)
+    legacy = re.match(_LEGACY_MIG, e, re.IGNORECASE)
     if legacy:
         parent, gi, ci = legacy.group(1).lower(), int(legacy.group(2)), int(legacy.group(3))
         found = [m for m in migs if m.parent.lower() == parent and (m.gi, m.ci) == (gi, ci)]

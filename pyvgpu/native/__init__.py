@@ -12,6 +12,7 @@ callbacks.py  one numba cfunc per (policy, signature) of the hook table, and the
 aot.py        every callback compiled into one relocatable object
 cblib.py      the callback library: that object as a shared library any process loads
 cache.py      which library a process uses, and compiling one when none fits
+choice.py     the library `pyvgpu wrap` names, chosen without loading one and remembered in the runtime dir
 services.py   the callback library's services called from Python (reclaim, the event log, VPMM's entries)
 
 May import: pyvgpu.contract, pyvgpu.host, pyvgpu.jit, pyvgpu.errors.

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import os
 import stat
 import sys
@@ -34,15 +33,15 @@ import time
 from pathlib import Path
 
 import pyvgpu
-from pyvgpu.contract import envspec, hooks
+from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.host import cpuid
 from pyvgpu.native import cblib, safefile
 
 FORMAT = 2
 # what the machine code is compiled from
-_SOURCES = ("contract/abi.py", "contract/structs.py", "contract/hooks.py", "contract/hooks_model.py",
-            "contract/layout.py", "jit/**/*.py", "native/callbacks.py", "native/aot.py")
+_SOURCES = ("contract/abi.py", "contract/structs.py", "contract/record.py", "contract/hooks.py",
+            "contract/hooks_model.py", "contract/layout.py", "jit/**/*.py", "native/callbacks.py", "native/aot.py")
 # CPU-seconds of one compile on a loaded small machine (docs/measurements.md, native loading): the estimate when
 # nothing better is known
 DEFAULT_CPU_SECONDS = 200.0
@@ -60,13 +59,32 @@ def cache_dir() -> Path:
 
 
 def cache_key() -> str:
-    h = hashlib.sha256(f"{pyvgpu.__version__}|{hooks.table_hash()}|{os.uname().machine}|{FORMAT}".encode())
-    pkg = Path(pyvgpu.__file__).parent
+    """The key of the sources the callbacks are compiled from (the hook table among them: contract/hooks*.py)."""
+    import hashlib  # here: a wrap that remembers its choice (pyvgpu/native/choice.py) hashes nothing
+
+    h = hashlib.sha256(f"{pyvgpu.__version__}|{os.uname().machine}|{FORMAT}".encode())
+    pkg = os.path.dirname(pyvgpu.__file__)
     for pattern in _SOURCES:
-        for path in sorted(pkg.glob(pattern)):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
+        for path in _matches(pkg, pattern):
+            h.update(os.path.basename(path).encode())
+            with open(path, "rb") as f:
+                h.update(f.read())
     return h.hexdigest()[:20]
+
+
+def _matches(pkg: str, pattern: str) -> list[str]:
+    """The files of ``pkg`` a pattern of _SOURCES names, in the order Path.glob's results sort in: a path, or
+    DIR/**/*.py (walked here: pathlib's glob compiles a pattern at every wrap)."""
+    top, sep, rest = pattern.partition("/**/")
+    if not sep:
+        path = os.path.join(pkg, pattern)
+        return [path] if os.path.isfile(path) else []
+    if not rest.startswith("*") or "*" in rest[1:] or "/" in rest:
+        raise ValueError(f"_SOURCES: {pattern!r} is neither a path nor DIR/**/*SUFFIX")
+    found = []
+    for d, _, files in os.walk(os.path.join(pkg, top)):
+        found += [os.path.join(d, f) for f in files if f.endswith(rest[1:])]
+    return sorted(found, key=lambda path: path.split(os.sep))  # as Paths sort: part by part
 
 
 def packaged_path() -> Path:
@@ -80,6 +98,8 @@ def tuned_path(directory: Path, key: str, cpu: int) -> Path:
 
 
 def _describe(lib: cblib.Library, origin: str) -> dict:
+    from pyvgpu.contract import hooks
+
     return {"format": FORMAT, "library": str(lib.path), "origin": origin, "key": lib.key, "cpu": lib.cpu,
             "tuned": lib.tuned, "cpu_id": f"{lib.cpu_id:016x}" if lib.tuned else "",
             "table_hash": hooks.table_hash(), "callbacks": sum(1 for a in lib.entries if a),

@@ -23,19 +23,20 @@ The shim applies the same rules (shim/src/pv_verify.c pv_verified_fd).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from pyvgpu.contract import envspec, hooks
+from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
+from pyvgpu.contract.record import record  # not dataclasses: a plain wrap imports this
 from pyvgpu.errors import PyvgpuError
 
 FILE_NAME = "libpyvgpu_callbacks.so"  # the packaged library, beside the shim
-Table = L.CBLIB.ctypes_class()
+# The hook table (pyvgpu.contract.hooks) and the table's ctypes class are imported and made at their first use:
+# `pyvgpu wrap` checks a library without loading it (pyvgpu/native/cache.py choose).
+_TABLE: list[type] = []
 
 
 def compiler() -> str:
@@ -60,6 +61,8 @@ def table_source(symbols: dict[str, str], entries: dict[str, str], *, key: str, 
 
     ``symbols``: callback name -> symbol in the object; ``entries``: ABI name -> callback name.
     """
+    from pyvgpu.contract import hooks
+
     names = sorted(set(symbols.values()))
     label = {sym: f"pv_cb_{i}" for i, sym in enumerate(names)}
 
@@ -107,6 +110,7 @@ def table_source(symbols: dict[str, str], entries: dict[str, str], *, key: str, 
 
 def link(obj: bytes, source: str, out: Path) -> None:
     """Link the object and the table source into the shared object ``out`` (written atomically)."""
+    import hashlib
     import subprocess
     import tempfile
 
@@ -201,7 +205,7 @@ def trust_problem(st: os.stat_result) -> str | None:
     return None
 
 
-@dataclass
+@record
 class Library:
     """A loaded callback library and its table."""
 
@@ -221,6 +225,8 @@ class CorruptLibrary(PyvgpuError):
 
 def _check_hash(fd: int, path: Path, fix: str) -> None:
     """The library's bytes, read through fd (the one it is loaded through), against <library>.sha256."""
+    import hashlib  # here: a wrap that remembers its choice (pyvgpu/native/choice.py) hashes nothing
+
     side = hash_path(path)
     try:
         sfd = os.open(side, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -244,6 +250,13 @@ def _check_hash(fd: int, path: Path, fix: str) -> None:
                              f"changed); {fix}")
 
 
+def _table_class() -> type:
+    """The ctypes class of the table (pyvgpu.contract.layout.CBLIB), made once."""
+    if not _TABLE:
+        _TABLE.append(L.CBLIB.ctypes_class())
+    return _TABLE[0]
+
+
 def _text(arr) -> str:
     return bytes(arr).split(b"\0", 1)[0].decode("ascii", "replace")
 
@@ -258,6 +271,8 @@ def load(path: Path) -> Library:
     be swapped between the check and the load. The descriptor stays open while the library is loaded:
     the dynamic loader knows it by its /proc/self/fd name, which must not be reused for another file.
     """
+    from pyvgpu.contract import hooks
+
     path = Path(path)
     fix = "run `pyvgpu warmup --force`, or reinstall pyvgpu"
     try:
@@ -277,7 +292,7 @@ def load(path: Path) -> Library:
         _check_hash(fd, path, fix)
         try:
             handle = ctypes.CDLL(f"/proc/self/fd/{fd}")
-            table = Table.in_dll(handle, L.CBLIB_SYMBOL)
+            table = _table_class().in_dll(handle, L.CBLIB_SYMBOL)
         except (OSError, ValueError) as e:
             raise PyvgpuError(f"the callback library {path} does not load ({e}); {fix}") from None
     except BaseException:

@@ -121,7 +121,7 @@ def _b(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-_CODE_POINT = re.compile(r"\(U\+([0-9A-F]{4,6})\)")
+_CODE_POINT = r"\(U\+([0-9A-F]{4,6})\)"  # compiled at its first use (an error's)
 
 
 def _named(message: str) -> str:
@@ -131,7 +131,7 @@ def _named(message: str) -> str:
     def name(m: re.Match) -> str:
         return f"({unicodedata.name(chr(int(m.group(1), 16)), 'unnamed character')}, U+{m.group(1)})"
 
-    return _CODE_POINT.sub(name, message, count=1)
+    return re.sub(_CODE_POINT, name, message, count=1)
 
 
 def _call(fn: str, *args) -> None:

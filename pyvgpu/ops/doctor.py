@@ -7,9 +7,8 @@ import os
 from dataclasses import asdict, dataclass
 
 from pyvgpu.contract import hooks
+from pyvgpu.host.driver import DRIVER_FIX  # wrap's message names it too
 from pyvgpu.native import cache, shim
-
-DRIVER_FIX = "install the NVIDIA driver, or put its directory on LD_LIBRARY_PATH"
 
 
 @dataclass

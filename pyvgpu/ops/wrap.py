@@ -9,16 +9,17 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from pyvgpu.contract import envspec
+from pyvgpu.contract.record import record
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
 from pyvgpu.group import mps, region
 from pyvgpu.group import turnfile as sched
 from pyvgpu.host import devices
-from pyvgpu.native import cache
+from pyvgpu.host.driver import DRIVER_FIX, driver_problem
+from pyvgpu.native import cache, choice
 from pyvgpu.native.shim import BOOT_DIR, shim_path
 
 ON_ERROR_CHOICES = ("closed", "open")
@@ -51,7 +52,7 @@ def check_priority(text: str) -> str:
     return lim.PRIORITIES[lim.parse_priority(text, "--priority")]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)  # a frozen dataclass's behaviour without importing dataclasses (contract/record.py)
 class WrapRequest:
     """What one `pyvgpu wrap` asks for, checked once when it is made (both command lines build one, and
     pyvgpu's benches). None: not asked; the environment's variable, else the group's setting, applies
@@ -69,7 +70,7 @@ class WrapRequest:
     sm_borrow: bool | None = None  # --sm-borrow (True) or --sm-cap (False)
     stats: str | None = None  # envspec.STATS: "1", or the file to append the counts to
     join: bool = True  # create or join a group region (False: only the shim and its callbacks)
-    callbacks: str | None = None  # the callback library to name (None: pyvgpu.native.cache's choice)
+    callbacks: str | None = None  # the callback library to name (None: pyvgpu.native.choice's)
 
     def __post_init__(self) -> None:
         if self.on_error is not None:
@@ -114,7 +115,7 @@ def build_env(base: Mapping[str, str], request: WrapRequest) -> dict[str, str]:
     # The compiled callbacks this pyvgpu chose (the shim would choose alike, except in a source tree
     # edited since its build, whose callbacks only the cache has). A user's own setting wins.
     if not env.get(envspec.CALLBACKS.name):
-        env[envspec.CALLBACKS.name] = request.callbacks or cache.ensure(workers=cache.cli_workers())["library"]
+        env[envspec.CALLBACKS.name] = request.callbacks or choice.choose(workers=cache.cli_workers())
     if request.stats:
         env[envspec.STATS.name] = request.stats
     if request.on_error:
@@ -314,18 +315,6 @@ def join_group(env: dict[str, str], request: WrapRequest) -> Path:
     return path
 
 
-def driver_problem(env: Mapping[str, str]) -> str | None:
-    """Why the CUDA driver does not load here, or None. Only loaded, never initialised (that is the program's)."""
-    import ctypes
-
-    name = env.get(envspec.REAL_LIBCUDA.name) or "libcuda.so.1"
-    try:
-        ctypes.CDLL(name, mode=os.RTLD_LAZY | os.RTLD_LOCAL)
-    except OSError as e:
-        return f"{name} does not load: {e}"
-    return None
-
-
 def _executable(path: str) -> bool:
     return os.path.exists(path) and os.access(path, os.X_OK) and not os.path.isdir(path)
 
@@ -353,8 +342,6 @@ def exec_wrapped(command: Sequence[str], env: Mapping[str, str]) -> None:
         raise PyvgpuError(f"program not found: {command[0]!r} (not a file, and not on PATH)")
     problem = driver_problem(env)
     if problem:
-        from pyvgpu.ops.doctor import DRIVER_FIX
-
         print(f"pyvgpu: no CUDA driver ({problem}); the program runs without a GPU. Fix: {DRIVER_FIX} "
               "(`pyvgpu doctor` checks it)", file=sys.stderr)
     sys.stdout.flush()

@@ -53,6 +53,7 @@ VALUE_SETS = {
         "issuerName": "corp-ca", "issuerKind": "ClusterIssuer"}}}},
     "numeric-tags": {"image": {"tag": 20240101}, "scheduler": {"kubeScheduler": {"tag": 20240102}}},
     "no-exporter": {"exporter": {"enabled": False}, "serviceMonitor": {"enabled": True}},
+    "replicas": {"scheduler": {"replicas": 2}},
     "node-config": {"node": {"nodeConfig": [{"name": "gpu-1", "devicesplitcount": 4, "devicememoryscaling": 1.5,
                                              "filterdevices": {"uuid": ["GPU-x"], "index": [3]}}]}},
 }
@@ -434,6 +435,24 @@ def test_the_containers_flags_parse_with_the_real_cli():
     assert init["command"][0] == "/usr/local/bin/pyvgpu-install-runtime"
     assert "COPY deploy/docker/install-runtime.sh /usr/local/bin/pyvgpu-install-runtime" in \
         (DOCKER / "Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_the_extender_reads_the_lease_its_kube_scheduler_elects_with(replicas):
+    """Item 12: with several replicas kube-scheduler elects a leader through a Lease, and the extender is told
+    that Lease (parsed by the real CLI into what extender_server.run takes); with one, neither."""
+    docs = render({"scheduler": {"replicas": replicas}})
+    cfg = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])["leaderElection"]
+    ext = container(one(docs, "Deployment", "scheduler"), "extender")
+    lease = _cli_params(ext["args"])["leader_lease"]
+    if replicas == 1:
+        assert cfg["leaderElect"] is False and lease is None
+        assert not [a for a in ext["args"] if a.startswith("--leader-lease")]
+        return
+    from pyvgpu.cluster.cli import _leader_lease
+
+    assert cfg["leaderElect"] is True
+    assert _leader_lease(lease) == (cfg["resourceNamespace"], cfg["resourceName"]) == (NS, "kube-scheduler")
 
 
 def test_kube_scheduler_is_configured_with_the_extender_and_the_gpu_resources():

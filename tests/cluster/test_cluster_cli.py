@@ -172,3 +172,81 @@ def test_gpu_policy_option_takes_hamis_comma_lists(tmp_path):
     r = explain(*args, "--json", "--gpu-policy", "binpack,mutex")
     assert r.exit_code == 0, r.output
     assert explain(*args, "--gpu-policy", "binpack,bestfit").exit_code == 2
+
+
+def test_bench_schedule_decisions_see_the_pods_already_placed():
+    """The bench's placed pods are the scheduler's own (its schedulerName), so the usage it decides on is theirs:
+    a pod of no schedulerName would not count, and every decision would be on empty nodes."""
+    import random
+
+    from pyvgpu.bench import schedule as bench
+    from pyvgpu.cluster.core.config import ClusterConfig
+    from pyvgpu.cluster.core.usage import node_infos
+
+    nodes, pods = bench.make_cluster(3, random.Random(1))
+    assert pods and all(p["spec"]["schedulerName"] in ClusterConfig().scheduler_names for p in pods)
+    infos = node_infos(nodes, pods, ClusterConfig())
+    used = {n.name: sum(d.usedmem for d in n.devices) for n in infos}
+    placed: dict[str, int] = {}
+    for p in pods:
+        mem = int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"])
+        nums = int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+        placed[p["spec"]["nodeName"]] = placed.get(p["spec"]["nodeName"], 0) + mem * nums
+    assert used == {n["metadata"]["name"]: placed.get(n["metadata"]["name"], 0) for n in nodes}
+    assert any(used.values())
+
+
+def _capture(monkeypatch, module, attr: str) -> list:
+    """Replace module.attr (what a daemon command runs) with one that records its arguments."""
+    calls: list = []
+    monkeypatch.setattr(module, attr, lambda *a, **kw: calls.append((a, kw)))
+    return calls
+
+
+def test_scheduler_leader_lease_reaches_the_extender(monkeypatch):
+    from pyvgpu.cluster.scheduler import extender_server
+
+    calls = _capture(monkeypatch, extender_server, "run")
+    r = CliRunner().invoke(app, ["cluster", "scheduler", "--port", "8080",
+                                 "--leader-lease", "gpu-system/kube-scheduler"])
+    assert r.exit_code == 0, r.output
+    assert calls[-1][1]["leader_lease"] == ("gpu-system", "kube-scheduler")
+    r = CliRunner().invoke(app, ["cluster", "scheduler", "--port", "8080"])
+    assert r.exit_code == 0, r.output
+    assert calls[-1][1]["leader_lease"] is None
+
+
+@pytest.mark.parametrize("value", ["kube-scheduler", "a/b/c", "/kube-scheduler", "gpu-system/", "/",
+                                   "GPU-System/kube-scheduler", "gpu-system/kube scheduler", "-ns/kube-scheduler"])
+def test_scheduler_refuses_a_leader_lease_that_is_not_namespace_slash_name(monkeypatch, value):
+    from pyvgpu.cluster.scheduler import extender_server
+
+    calls = _capture(monkeypatch, extender_server, "run")
+    r = CliRunner().invoke(app, ["cluster", "scheduler", "--port", "8080", "--leader-lease", value])
+    assert r.exit_code == 2 and not calls
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--leader-lease" in lines[0] and "NAMESPACE/NAME" in lines[0]
+
+
+@pytest.mark.parametrize("command, runs", [("device-plugin", "device_plugin"), ("node-agent", "node_agent")])
+def test_node_config_option_sets_the_node_options(monkeypatch, tmp_path, command, runs):
+    from pyvgpu.cluster import extras
+    from pyvgpu.cluster.node import daemon, nodeconfig
+
+    monkeypatch.setattr(extras, "require", lambda *a, **kw: None)
+    calls = _capture(monkeypatch, daemon, runs)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", "devicesplitcount": 4}]}))
+    r = CliRunner().invoke(app, ["cluster", command, "--node-name", "n1", "--node-config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    (opts,), _ = calls[-1]
+    assert opts.node_config == cfg
+    assert daemon.with_node_config(opts)[0].split == 4  # the file given is the one read
+    # without the option: where HAMi's device plugin reads it and the chart mounts it (no file: nothing changes)
+    r = CliRunner().invoke(app, ["cluster", command, "--node-name", "n1"])
+    assert r.exit_code == 0, r.output
+    assert calls[-1][0][0].node_config == nodeconfig.DEFAULT_PATH
+    # a path given on purpose that is not there is refused, not read as "no settings"
+    r = CliRunner().invoke(app, ["cluster", command, "--node-name", "n1", "--node-config", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and "--node-config" in r.output and "no such file" in r.output
+    assert len(calls) == 2
