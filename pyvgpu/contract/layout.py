@@ -113,6 +113,9 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
             Field("nvml_state", "u32", doc="0 untried, 1 initialised by us, 2 unavailable"),
             # compute share (pyvgpu/jit/compute/launch.py, limiter.py, cost.py, controller.py)
             Field("sm_tick_ns", "u64", doc="CLOCK_MONOTONIC of the last reclaim by the watcher"),
+            Field("gang_base", "u64", doc="in a gang: this process's launch count when it last left a common "
+                                          "release (pyvgpu/jit/compute/gang.py), where its steps are counted from"),
+            Field("gang_left", "u64", doc="in a gang: the common release (gang_release) it last left"),
             Record("cost", COST_SLOTS, (
                 Field("cost_key", "u64", doc="kernel key (function and shape, or graph), 0 = free"),
                 Field("cost_ns", "u64", doc="its estimated GPU time in ns"),
@@ -190,7 +193,7 @@ REGION_HEADER = Struct(
         Field("gang_release", "u64", doc="a gang's common release: CLOCK_MONOTONIC ns up to which every rank holds "
                                          "its launches, the latest any of them had to wait for "
                                          "(pyvgpu/jit/compute/gang.py)"),
-        Field("gang_step", "u64", doc="the launch (a rank's count of its launches on its device) from which the "
+        Field("gang_step", "u64", doc="the step (launches since the gang's last common release) from which the "
                                       "ranks hold until gang_release; ranks behind it catch up first"),
     ],
     align=64,

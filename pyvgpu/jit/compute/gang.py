@@ -92,53 +92,58 @@ def update(ctx, region):
         HDR.store_sm_gang(region, g)
 
 
-@njit
-def ahead_of(ctx, region, n):
-    """True if a rank of the gang has launched more than n times on its device: this launch (the n-th of its
-    process on its device) matches one a peer has queued already, so it must go, not wait for the budget
-    (the peer's kernel waits for it inside the GPU, and that wait would be charged as work)."""
-    devs = HDR.load_sm_devs(region)
-    for d in range(L.MAX_DEVICES):
-        if devs & (np.uint64(1) << np.uint64(d)):
-            total = np.uint64(0)
-            for i in range(CTX.get_n_slots(ctx)):
-                s = REGION.slot(region, i)
-                if SLOT.load_state(s) == L.SLOT_LIVE:
-                    total += SLOT.load_sm_launches(s, d)
-            if total > n + np.uint64(1):  # counted after its launch: n + 1 is a peer level with this one
-                return True
-    return False
+@njit(inline="always")
+def step(ctx, n):
+    """The n-th launch of this process as a step of the gang: launches since it last left a common release
+    with its peers. Raw counts differ between ranks for good (a rank-specific kernel, a collective that ran
+    without its peer); counted from a common instant they match the collectives one to one."""
+    base = CTX.get_gang_base(ctx)
+    return n - base if n >= base else np.uint64(0)
 
 
 @njit
 def common_wait(ctx, region, g, wait, now, batch, n):
-    """How long the n-th launch of a gang member waits (ns). A rank behind a peer catches up without
-    waiting for the budget (``ahead_of``), and goes at once to the launch a peer held and has since let go;
-    a launch at or past the step from which the gang holds waits until the gang's common release if that
-    is later than its own wait. ``hold`` sleeps ``batch`` beyond the wait it is given."""
+    """How long the n-th launch of a gang member waits (ns). With a common release published from step h
+    (``publish_release``): a launch before step h catches up without waiting for the budget (its peer
+    queued the collective already); at step h once the release has passed it goes at once (its peer left
+    and its kernel waits for this one); at or past step h before the release it waits until then, or longer
+    if its own budget says so. Otherwise its own wait. ``hold`` sleeps ``batch`` beyond the wait it is
+    given."""
     r = np.int64(HDR.load_gang_release(region))
+    if r == 0 or r > now + RELEASE_MAX_NS or np.uint64(r) == CTX.get_gang_left(ctx):
+        return wait  # none yet, not a release any rank asked for, or one this rank has left: its own budget
     h = HDR.load_gang_step(region)
-    if n == h and 0 < r <= now:
-        return np.int64(0)  # a peer held this very launch and has left: its kernel waits for this one
-    if wait > 0 and ahead_of(ctx, region, n):
-        wait = np.int64(0)
-    if r <= now or r > now + RELEASE_MAX_NS or n < h:
-        return wait  # none ahead, one no rank asked for, or a release from a later launch than this one
+    k = step(ctx, n)
+    if k < h:
+        return np.int64(0)
+    if r <= now:
+        if k != h:
+            return wait
+        left(ctx, n, np.uint64(r))  # it leaves with its peers' release, late
+        return np.int64(0)
     r -= now + np.int64(batch)
     return r if r > wait else wait
 
 
 @njit
-def publish_release(region, until, n):
-    """The n-th launch of a rank holds until ``until``: make it the gang's common release, from that launch
-    on, if it is later than the one there."""
+def publish_release(ctx, region, until, n):
+    """The n-th launch of a rank holds until ``until``: make it the gang's common release, from that launch's
+    step on, if it is later than the one there."""
+    k = step(ctx, n)
     while True:
         old = HDR.load_gang_release(region)
         if np.int64(old) >= until:
             return
-        HDR.store_gang_step(region, n)
+        HDR.store_gang_step(region, k)
         if HDR.cas_gang_release(region, old, np.uint64(until)) == old:
             return
+
+
+@njit(inline="always")
+def left(ctx, n, release):
+    """The n-th launch leaves the common release ``release``: the gang's steps count from it."""
+    CTX.set_gang_base(ctx, n)
+    CTX.set_gang_left(ctx, release)
 
 
 @njit
