@@ -102,27 +102,17 @@ def step(ctx, n):
 
 
 @njit
-def common_wait(ctx, region, g, wait, now, batch, n):
-    """How long the n-th launch of a gang member waits (ns). With a common release published from step h
-    (``publish_release``): a launch before step h catches up without waiting for the budget (its peer
-    queued the collective already); at step h once the release has passed it goes at once (its peer left
-    and its kernel waits for this one); at or past step h before the release it waits until then, or longer
-    if its own budget says so. Otherwise its own wait. ``hold`` sleeps ``batch`` beyond the wait it is
-    given."""
+def common_wait(region, wait, now, batch):
+    """How long a gang member's launch waits (ns), and whether it holds: while a common release is ahead
+    (``publish_release``: a rank holds until then) it holds until it, or longer if its own budget says so,
+    whatever its own budget says: a rank that went now would start a collective its peers queue only at
+    the release, and its kernel would wait for them inside the GPU. Otherwise its own budget decides.
+    ``hold`` sleeps ``batch`` beyond the wait it is given."""
     r = np.int64(HDR.load_gang_release(region))
-    if r == 0 or r > now + RELEASE_MAX_NS or np.uint64(r) == CTX.get_gang_left(ctx):
-        return wait  # none yet, not a release any rank asked for, or one this rank has left: its own budget
-    h = HDR.load_gang_step(region)
-    k = step(ctx, n)
-    if k < h:
-        return np.int64(0)
-    if r <= now:
-        if k != h:
-            return wait
-        left(ctx, n, np.uint64(r))  # it leaves with its peers' release, late
-        return np.int64(0)
+    if r <= now or r > now + RELEASE_MAX_NS:
+        return wait, wait > 0  # none ahead, or not a release any rank asked for: its own budget
     r -= now + np.int64(batch)
-    return r if r > wait else wait
+    return (r if r > wait else wait), True
 
 
 @njit

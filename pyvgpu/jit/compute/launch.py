@@ -111,9 +111,10 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
                            and not turn.share_waits(ctx, e, now)):
         rank = limiter.rank(region, True)
         wait, n = limiter.throttle(ctx, region, dev, tdev, gang.size(g), c, limit, now)
+        holds = wait > 0
         if unlikely(g != 0):
-            wait = gang.common_wait(ctx, region, g, wait, now, CTX.get_sm_batch_ns(ctx), n)
-        if unlikely(wait > 0):
+            wait, holds = gang.common_wait(region, wait, now, CTX.get_sm_batch_ns(ctx))
+        if unlikely(holds):
             now = limiter.hold(ctx, region, tdev, wait, stream, True, rank, g, n)
     else:
         # best effort: no share here, or a share spent while the group may borrow idle time and nobody
