@@ -113,9 +113,6 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
             Field("nvml_state", "u32", doc="0 untried, 1 initialised by us, 2 unavailable"),
             # compute share (pyvgpu/jit/compute/launch.py, limiter.py, cost.py, controller.py)
             Field("sm_tick_ns", "u64", doc="CLOCK_MONOTONIC of the last reclaim by the watcher"),
-            Field("gang_base", "u64", doc="in a gang: this process's launch count when it last left a common "
-                                          "release (pyvgpu/jit/compute/gang.py), where its steps are counted from"),
-            Field("gang_left", "u64", doc="in a gang: the common release (gang_release) it last left"),
             Record("cost", COST_SLOTS, (
                 Field("cost_key", "u64", doc="kernel key (function and shape, or graph), 0 = free"),
                 Field("cost_ns", "u64", doc="its estimated GPU time in ns"),
@@ -148,7 +145,7 @@ REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
 MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/group/mps.py MODES)
 REGION_VERSION = 12  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
 #                     10: a slot's launches leave out those its sm_launches count; 11: gangs (sm_gang, sm_devs);
-#                     12: a gang's common release (gang_release, gang_step)
+#                     12: a gang's common release (gang_release)
 VISIBLE_MIG = 1 << 31  # REGION_HEADER.visible[g]: group device g is a MIG instance of that GPU
 VISIBLE_INDEX = VISIBLE_MIG - 1  # the NVML index in REGION_HEADER.visible[g]
 GROUP_NAME_BYTES = 64
@@ -193,8 +190,6 @@ REGION_HEADER = Struct(
         Field("gang_release", "u64", doc="a gang's common release: CLOCK_MONOTONIC ns up to which every rank holds "
                                          "its launches, the latest any of them had to wait for "
                                          "(pyvgpu/jit/compute/gang.py)"),
-        Field("gang_step", "u64", doc="the step (launches since the gang's last common release) from which the "
-                                      "ranks hold until gang_release; ranks behind it catch up first"),
     ],
     align=64,
     doc="region header",

@@ -70,8 +70,6 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint32_t nvml_state;  /* 0 untried, 1 initialised by us, 2 unavailable */
     uint8_t _pad5[4];
     uint64_t sm_tick_ns;  /* CLOCK_MONOTONIC of the last reclaim by the watcher */
-    uint64_t gang_base;  /* in a gang: this process's launch count when it last left a common release (pyvgpu/jit/compute/gang.py), where its steps are counted from */
-    uint64_t gang_left;  /* in a gang: the common release (gang_release) it last left */
     uint8_t _pad6[8];
     struct {  /* the cost table (pyvgpu/jit/compute/cost.py): a kernel's key and estimate share a line */
         uint64_t cost_key;  /* kernel key (function and shape, or graph), 0 = free */
@@ -82,6 +80,7 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t samp_ctx[8];  /* CUcontext the sample's events belong to */
     uint64_t samp_start[8];  /* CUevent before the launch */
     uint64_t samp_end[8];  /* CUevent after the launch */
+    uint8_t _pad7[16];
     struct {  /* the streams a drain waits for; a launch compares its stream with the first ones */
         uint64_t turn_stream;  /* a stream this process launched on under turns, handle + 1 (0 = free) */
         uint64_t turn_stream_dev;  /* the CUDA device it launched on */
@@ -91,11 +90,11 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t drain_ev;  /* CUevent for a stream the table had no room for, before a hand-over */
     uint64_t drain_ctx;  /* CUcontext drain_ev belongs to */
     uint32_t turn_stream_lock;  /* spinlock between a drain and cuStreamDestroy */
-    uint8_t _pad7[4];
+    uint8_t _pad8[4];
     uint64_t turn_streams_lost;  /* launches on streams the table had no room for (not drained) */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad8[28];
+    uint8_t _pad9[28];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
@@ -148,15 +147,13 @@ _Static_assert(offsetof(pv_ctx_t, pool_dev) == 3768, "pv_ctx.pool_dev");
 _Static_assert(offsetof(pv_ctx_t, ctx_charged) == 4024, "pv_ctx.ctx_charged");
 _Static_assert(offsetof(pv_ctx_t, nvml_state) == 4152, "pv_ctx.nvml_state");
 _Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 4160, "pv_ctx.sm_tick_ns");
-_Static_assert(offsetof(pv_ctx_t, gang_base) == 4168, "pv_ctx.gang_base");
-_Static_assert(offsetof(pv_ctx_t, gang_left) == 4176, "pv_ctx.gang_left");
-_Static_assert(offsetof(pv_ctx_t, cost[0].cost_key) == 4192, "pv_ctx.cost_key");
-_Static_assert(offsetof(pv_ctx_t, cost[0].cost_ns) == 4200, "pv_ctx.cost_ns");
-_Static_assert(offsetof(pv_ctx_t, samp_state) == 69728, "pv_ctx.samp_state");
-_Static_assert(offsetof(pv_ctx_t, samp_key) == 69760, "pv_ctx.samp_key");
-_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 69824, "pv_ctx.samp_ctx");
-_Static_assert(offsetof(pv_ctx_t, samp_start) == 69888, "pv_ctx.samp_start");
-_Static_assert(offsetof(pv_ctx_t, samp_end) == 69952, "pv_ctx.samp_end");
+_Static_assert(offsetof(pv_ctx_t, cost[0].cost_key) == 4176, "pv_ctx.cost_key");
+_Static_assert(offsetof(pv_ctx_t, cost[0].cost_ns) == 4184, "pv_ctx.cost_ns");
+_Static_assert(offsetof(pv_ctx_t, samp_state) == 69712, "pv_ctx.samp_state");
+_Static_assert(offsetof(pv_ctx_t, samp_key) == 69744, "pv_ctx.samp_key");
+_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 69808, "pv_ctx.samp_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_start) == 69872, "pv_ctx.samp_start");
+_Static_assert(offsetof(pv_ctx_t, samp_end) == 69936, "pv_ctx.samp_end");
 _Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 70016, "pv_ctx.turn_stream");
 _Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 70024, "pv_ctx.turn_stream_dev");
 _Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 70032, "pv_ctx.turn_stream_ctx");
@@ -211,8 +208,7 @@ typedef struct __attribute__((aligned(64))) pv_region_header {
     uint32_t turn_gid;  /* the turn id the group's processes share while it is a gang (0: none yet) */
     uint8_t _pad1[4];
     uint64_t gang_release;  /* a gang's common release: CLOCK_MONOTONIC ns up to which every rank holds its launches, the latest any of them had to wait for (pyvgpu/jit/compute/gang.py) */
-    uint64_t gang_step;  /* the step (launches since the gang's last common release) from which the ranks hold until gang_release; ranks behind it catch up first */
-    uint8_t _pad2[48];
+    uint8_t _pad2[56];
 } pv_region_header_t;
 _Static_assert(offsetof(pv_region_header_t, magic) == 0, "pv_region_header.magic");
 _Static_assert(offsetof(pv_region_header_t, version) == 8, "pv_region_header.version");
@@ -241,7 +237,6 @@ _Static_assert(offsetof(pv_region_header_t, mps_active_threads) == 492, "pv_regi
 _Static_assert(offsetof(pv_region_header_t, sm_devs) == 496, "pv_region_header.sm_devs");
 _Static_assert(offsetof(pv_region_header_t, turn_gid) == 504, "pv_region_header.turn_gid");
 _Static_assert(offsetof(pv_region_header_t, gang_release) == 512, "pv_region_header.gang_release");
-_Static_assert(offsetof(pv_region_header_t, gang_step) == 520, "pv_region_header.gang_step");
 _Static_assert(sizeof(pv_region_header_t) == 576, "sizeof pv_region_header");
 
 /* per-device state of a group */

@@ -23,9 +23,10 @@ Held together, the ranks must also leave together. One budget is drawn on in arr
 whose matching launch comes second sees the budget one charge further ahead and would hold that much
 longer, while the first rank's kernel waits for it inside the GPU, timed and charged as work: the charge
 grows, the holds grow, and the gang ends far below its share (docs/compute.md, "Collectives"). So a rank
-that holds publishes its release in ``gang_release`` (the latest any rank asked for), every rank holds
-until it (``common_wait``), and a rank that wakes before a later published release sleeps on to it
-(``follow_release``): the ranks' launches of one collective leave at one instant.
+that holds publishes its release in ``gang_release`` (the latest any rank asked for); while it is ahead,
+every rank's launch holds until it, whatever its own budget says (``common_wait``), and a rank that wakes
+before a later published release sleeps on to it (``follow_release``): the ranks leave at one instant.
+No launch counts are compared: ranks of one gang need not launch the same kernels.
 """
 
 from __future__ import annotations
@@ -92,15 +93,6 @@ def update(ctx, region):
         HDR.store_sm_gang(region, g)
 
 
-@njit(inline="always")
-def step(ctx, n):
-    """The n-th launch of this process as a step of the gang: launches since it last left a common release
-    with its peers. Raw counts differ between ranks for good (a rank-specific kernel, a collective that ran
-    without its peer); counted from a common instant they match the collectives one to one."""
-    base = CTX.get_gang_base(ctx)
-    return n - base if n >= base else np.uint64(0)
-
-
 @njit
 def common_wait(region, wait, now, batch):
     """How long a gang member's launch waits (ns), and whether it holds: while a common release is ahead
@@ -112,28 +104,16 @@ def common_wait(region, wait, now, batch):
     if r <= now or r > now + RELEASE_MAX_NS:
         return wait, wait > 0  # none ahead, or not a release any rank asked for: its own budget
     r -= now + np.int64(batch)
-    return (r if r > wait else wait), True
+    return (r if r > wait or wait <= 0 else wait), True  # wait <= 0: its own budget would let it go now
 
 
 @njit
-def publish_release(ctx, region, until, n):
-    """The n-th launch of a rank holds until ``until``: make it the gang's common release, from that launch's
-    step on, if it is later than the one there."""
-    k = step(ctx, n)
+def publish_release(region, until):
+    """A rank holds until ``until``: make it the gang's common release if it is later than the one there."""
     while True:
         old = HDR.load_gang_release(region)
-        if np.int64(old) >= until:
+        if np.int64(old) >= until or HDR.cas_gang_release(region, old, np.uint64(until)) == old:
             return
-        HDR.store_gang_step(region, k)
-        if HDR.cas_gang_release(region, old, np.uint64(until)) == old:
-            return
-
-
-@njit(inline="always")
-def left(ctx, n, release):
-    """The n-th launch leaves the common release ``release``: the gang's steps count from it."""
-    CTX.set_gang_base(ctx, n)
-    CTX.set_gang_left(ctx, release)
 
 
 @njit

@@ -121,7 +121,7 @@ def throttle(ctx, region, dev, lead, k, cost, limit, now):
 
 
 @njit
-def hold(ctx, region, dev, wait, stream, turns, rank, g, n):
+def hold(ctx, region, dev, wait, stream, turns, rank, g):
     """Wait for the budget, and sm_batch_ns longer: then the launches after this one pass at once, that
     much budget together (the tolerance holds a batch, so no budget is lost; the schedule in sm_tat is
     absolute, so the rate does not change). Taking turns, first reserve the turn for that moment and
@@ -131,7 +131,7 @@ def hold(ctx, region, dev, wait, stream, turns, rank, g, n):
     start = monotonic_ns()
     wait += np.int64(CTX.get_sm_batch_ns(ctx))
     if g != 0:  # a gang's ranks leave together (pyvgpu/jit/compute/gang.py)
-        gang.publish_release(ctx, region, start + wait, n)
+        gang.publish_release(region, start + wait)
     if turns and turn.takes_turns(ctx, dev):
         turn.reserve(ctx, dev, rank, start + wait)
         turn.give(ctx, region, dev, stream, False)
@@ -144,6 +144,5 @@ def hold(ctx, region, dev, wait, stream, turns, rank, g, n):
         if later != 0:
             sleep_ns(later - now)
             now = monotonic_ns()
-        gang.left(ctx, n, HDR.load_gang_release(region))
     DEV.add_sm_throttle_ns(REGION.device(region, dev), np.uint64(now - start))
     return now
