@@ -143,8 +143,9 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
 MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/group/mps.py MODES)
-REGION_VERSION = 11  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
-#                     10: a slot's launches leave out those its sm_launches count; 11: gangs (sm_gang, sm_devs)
+REGION_VERSION = 12  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
+#                     10: a slot's launches leave out those its sm_launches count; 11: gangs (sm_gang, sm_devs);
+#                     12: a gang's common release (gang_release)
 VISIBLE_MIG = 1 << 31  # REGION_HEADER.visible[g]: group device g is a MIG instance of that GPU
 VISIBLE_INDEX = VISIBLE_MIG - 1  # the NVML index in REGION_HEADER.visible[g]
 GROUP_NAME_BYTES = 64
@@ -186,6 +187,9 @@ REGION_HEADER = Struct(
         Field("sm_devs", "u64", doc="devices the group's live processes launched on under a share (a bit each; "
                                     "the watcher's, pyvgpu/jit/compute/gang.py)"),
         Field("turn_gid", "u32", doc="the turn id the group's processes share while it is a gang (0: none yet)"),
+        Field("gang_release", "u64", doc="a gang's common release: CLOCK_MONOTONIC ns up to which every rank holds "
+                                         "its launches, the latest any of them had to wait for "
+                                         "(pyvgpu/jit/compute/gang.py)"),
     ],
     align=64,
     doc="region header",

@@ -168,9 +168,9 @@ _Static_assert(sizeof(pv_ctx_t) == 71360, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 11
-#define PV_REGION_DEVICES_OFF 512
-#define PV_REGION_SLOTS_OFF 15872
+#define PV_REGION_VERSION 12
+#define PV_REGION_DEVICES_OFF 576
+#define PV_REGION_SLOTS_OFF 15936
 #define PV_REGION_SLOT_SIZE 768
 #define PV_REGION_DEFAULT_SLOTS 1024
 #define PV_MAX_DEVICES 16
@@ -207,6 +207,8 @@ typedef struct __attribute__((aligned(64))) pv_region_header {
     uint64_t sm_devs;  /* devices the group's live processes launched on under a share (a bit each; the watcher's, pyvgpu/jit/compute/gang.py) */
     uint32_t turn_gid;  /* the turn id the group's processes share while it is a gang (0: none yet) */
     uint8_t _pad1[4];
+    uint64_t gang_release;  /* a gang's common release: CLOCK_MONOTONIC ns up to which every rank holds its launches, the latest any of them had to wait for (pyvgpu/jit/compute/gang.py) */
+    uint8_t _pad2[56];
 } pv_region_header_t;
 _Static_assert(offsetof(pv_region_header_t, magic) == 0, "pv_region_header.magic");
 _Static_assert(offsetof(pv_region_header_t, version) == 8, "pv_region_header.version");
@@ -234,7 +236,8 @@ _Static_assert(offsetof(pv_region_header_t, mode) == 488, "pv_region_header.mode
 _Static_assert(offsetof(pv_region_header_t, mps_active_threads) == 492, "pv_region_header.mps_active_threads");
 _Static_assert(offsetof(pv_region_header_t, sm_devs) == 496, "pv_region_header.sm_devs");
 _Static_assert(offsetof(pv_region_header_t, turn_gid) == 504, "pv_region_header.turn_gid");
-_Static_assert(sizeof(pv_region_header_t) == 512, "sizeof pv_region_header");
+_Static_assert(offsetof(pv_region_header_t, gang_release) == 512, "pv_region_header.gang_release");
+_Static_assert(sizeof(pv_region_header_t) == 576, "sizeof pv_region_header");
 
 /* per-device state of a group */
 typedef struct __attribute__((aligned(64))) pv_region_device {

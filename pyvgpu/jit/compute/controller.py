@@ -110,7 +110,9 @@ def step(ctx, region, dev, handle, limit, period):
     if borrowed:
         DEV.store_sm_state(d, L.SM_STATE_BORROWING)
         return
-    if not alone:
+    if not alone or HDR.load_sm_gang(region) != 0:
+        # beside others, or a gang: NVML's busy time then holds what the group did not do (another
+        # group's kernels; a rank's kernel waiting inside the GPU for its peers, docs/compute.md)
         DEV.store_sm_state(d, L.SM_STATE_HOLDING)
         # Every group with a share here was charged well more than the GPU was busy, all of them and whoever
         # else together: the timings are inflated (another context's kernels between a timed kernel's

@@ -18,6 +18,15 @@ launched on under a share (``sm_devs``) and publishes the gang in one word (``sm
 reads beside ``sm_any``. Limits: a process without a share beside a gang takes turns only on the gang's
 lowest device (on the others it time-slices with the gang); a gang forms within a watcher tick of its
 ranks' first launches, so their first ~100 ms are throttled one device at a time.
+
+Held together, the ranks must also leave together. One budget is drawn on in arrival order, so the rank
+whose matching launch comes second sees the budget one charge further ahead and would hold that much
+longer, while the first rank's kernel waits for it inside the GPU, timed and charged as work: the charge
+grows, the holds grow, and the gang ends far below its share (docs/compute.md, "Collectives"). So a rank
+that holds publishes its release in ``gang_release`` (the latest any rank asked for); while it is ahead,
+every rank's launch holds until it, whatever its own budget says (``common_wait``), and a rank that wakes
+before a later published release sleeps on to it (``follow_release``): the ranks leave at one instant.
+No launch counts are compared: ranks of one gang need not launch the same kernels.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, REGION, SCHED, SLOT
 from pyvgpu.jit.runtime.intrinsics import unlikely
 
 LOW32 = np.uint64(0xFFFFFFFF)
+RELEASE_MAX_NS = 1_000_000_000  # the furthest ahead a release is followed (a forged one is not obeyed)
 
 
 @njit(inline="always")
@@ -81,6 +91,38 @@ def update(ctx, region):
             HDR.cas_turn_gid(region, 0, gid)
     if HDR.load_sm_gang(region) != g:
         HDR.store_sm_gang(region, g)
+
+
+@njit
+def common_wait(region, wait, now, batch):
+    """How long a gang member's launch waits (ns), and whether it holds: while a common release is ahead
+    (``publish_release``: a rank holds until then) it holds until it, or longer if its own budget says so,
+    whatever its own budget says: a rank that went now would start a collective its peers queue only at
+    the release, and its kernel would wait for them inside the GPU. Otherwise its own budget decides.
+    ``hold`` sleeps ``batch`` beyond the wait it is given."""
+    r = np.int64(HDR.load_gang_release(region))
+    if r <= now or r > now + RELEASE_MAX_NS:
+        return wait, wait > 0  # none ahead, or not a release any rank asked for: its own budget
+    r -= now + np.int64(batch)
+    return (r if r > wait or wait <= 0 else wait), True  # wait <= 0: its own budget would let it go now
+
+
+@njit
+def publish_release(region, until):
+    """A rank holds until ``until``: make it the gang's common release if it is later than the one there."""
+    while True:
+        old = HDR.load_gang_release(region)
+        if np.int64(old) >= until or HDR.cas_gang_release(region, old, np.uint64(until)) == old:
+            return
+
+
+@njit
+def follow_release(region, now):
+    """After its own hold: the gang's common release, if another rank published a later one meanwhile (it
+    held at the same collective with a later budget), or 0. Bounded: a release further ahead than
+    RELEASE_MAX_NS is not followed."""
+    r = np.int64(HDR.load_gang_release(region))
+    return r if now < r <= now + RELEASE_MAX_NS else np.int64(0)
 
 
 @njit(inline="always")

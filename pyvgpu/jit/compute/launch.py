@@ -111,8 +111,11 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
                            and not turn.share_waits(ctx, e, now)):
         rank = limiter.rank(region, True)
         wait, n = limiter.throttle(ctx, region, dev, tdev, gang.size(g), c, limit, now)
-        if unlikely(wait > 0):
-            now = limiter.hold(ctx, region, tdev, wait, stream, True, rank)
+        holds = wait > 0
+        if unlikely(g != 0):
+            wait, holds = gang.common_wait(region, wait, now, CTX.get_sm_batch_ns(ctx))
+        if unlikely(holds):
+            now = limiter.hold(ctx, region, tdev, wait, stream, True, rank, g)
     else:
         # best effort: no share here, or a share spent while the group may borrow idle time and nobody
         # with a share waits. No budget is charged (the group is not in debt when it stops borrowing), but
@@ -208,5 +211,5 @@ def multi_device(ctx, idx, args, notfound):
     wait, _ = limiter.throttle(ctx, region, dev, dev, 1, cost.cost_of(ctx, cost.cost_slot(ctx, key)), limit,
                                monotonic_ns())  # counts the launch
     if wait > 0:
-        limiter.hold(ctx, region, dev, wait, np.uint64(0), False, 0)  # streams of several devices: no turns
+        limiter.hold(ctx, region, dev, wait, np.uint64(0), False, 0, np.uint32(0))  # no turns
     return call_real(ctx, idx, args, notfound)

@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit
 
 from pyvgpu.contract import layout as L
-from pyvgpu.jit.compute import turn
+from pyvgpu.jit.compute import gang, turn
 from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, REGION, SLOT
 from pyvgpu.jit.runtime.intrinsics import likely, monotonic_ns, sleep_ns, unlikely
 
@@ -121,7 +121,7 @@ def throttle(ctx, region, dev, lead, k, cost, limit, now):
 
 
 @njit
-def hold(ctx, region, dev, wait, stream, turns, rank):
+def hold(ctx, region, dev, wait, stream, turns, rank, g):
     """Wait for the budget, and sm_batch_ns longer: then the launches after this one pass at once, that
     much budget together (the tolerance holds a batch, so no budget is lost; the schedule in sm_tat is
     absolute, so the rate does not change). Taking turns, first reserve the turn for that moment and
@@ -130,6 +130,8 @@ def hold(ctx, region, dev, wait, stream, turns, rank):
     the GPU switches contexts once per batch instead of once per kernel. Returns the time after it."""
     start = monotonic_ns()
     wait += np.int64(CTX.get_sm_batch_ns(ctx))
+    if g != 0:  # a gang's ranks leave together (pyvgpu/jit/compute/gang.py)
+        gang.publish_release(region, start + wait)
     if turns and turn.takes_turns(ctx, dev):
         turn.reserve(ctx, dev, rank, start + wait)
         turn.give(ctx, region, dev, stream, False)
@@ -137,5 +139,10 @@ def hold(ctx, region, dev, wait, stream, turns, rank):
     if start + wait > now:
         sleep_ns(start + wait - now)
         now = monotonic_ns()
+    if g != 0:
+        later = gang.follow_release(region, now)
+        if later != 0:
+            sleep_ns(later - now)
+            now = monotonic_ns()
     DEV.add_sm_throttle_ns(REGION.device(region, dev), np.uint64(now - start))
     return now
