@@ -82,10 +82,12 @@ def test_registered_profiles_are_decoded_as_hami_writes_them():
     ("x", "migprofiles"),
     ([{"memoryMB": 5120, "placements": []}], "migprofiles[0].name"),
     ([{"name": "1g.5gb", "memoryMB": -1}], "migprofiles[0].memorymb"),
-    ([{"name": "1g.5gb", "memoryMB": 5120, "placements": [{"start": 0, "size": 0}]}], "placements[0].size"),
-    ([{"name": "1g.5gb", "memoryMB": 5120, "placements": [{"start": 1e9, "size": 1}]}], "placements[0].start"),
+    ([{"name": "1g.5gb", "memoryMB": 5120, "placements": [{"start": 0, "size": 0}]}],
+     "migprofiles[0].placements[0].size"),
+    ([{"name": "1g.5gb", "memoryMB": 5120, "placements": [{"start": 1e9, "size": 1}]}],
+     "migprofiles[0].placements[0].start"),
     ([{"name": "1g.5gb", "memoryMB": 5120}, {"name": "1g.5gb", "memoryMB": 5120}], "migprofiles[1].name"),
-    ([{"name": "1g.5gb", "memoryMB": 5120, "placements": placements(*range(65))}], "placements"),
+    ([{"name": "1g.5gb", "memoryMB": 5120, "placements": placements(*range(65))}], "migprofiles[0].placements"),
     ([{"name": f"p{i}", "memoryMB": 1} for i in range(33)], "migprofiles"),
 ])
 def test_a_malformed_registration_fails_loudly_in_explain_and_filter(profiles, field):
@@ -155,13 +157,17 @@ def test_balanced_packing_of_placements():
 
 def test_queued_instances_on_another_gpu_leave_this_ones_placements():
     # mig_capability_test.go TestCustomFilterIgnoresQueuedAllocationsForOtherGPUs: GPU-a has one 1g left;
-    # a container of two GPUs takes it and one of GPU-b, never two of GPU-a
+    # a container of two GPUs, binpack (the used GPU first), takes it and one of GPU-b, never two of GPU-a
     used = podlist(holder("p", "GPU-a,NVIDIA,10240,28:GPU-a,NVIDIA,10240,28:GPU-a,NVIDIA,10240,28:;",
                           allocations(("GPU-a", "2g.10gb", 0, 2), ("GPU-a", "2g.10gb", 2, 2),
                                       ("GPU-a", "2g.10gb", 4, 2))))
     reg = register(mig_gpu("GPU-a"), mig_gpu("GPU-b", index=1))
+    binpack = {keys.GPU_POLICY: "binpack"}
+    d = decide(nodelist(node("n1", reg)), used, pod(containers=[ctr(gpus=2, mem=5000)], annotations=binpack))
+    assert [(a["gpuUUID"], a["placement"]["start"]) for a in mig_allocs(d)] == [("GPU-a", 6), ("GPU-b", 6)]
+    # spread (the least used first) takes both of GPU-b, which has room for them
     d = decide(nodelist(node("n1", reg)), used, pod(containers=[ctr(gpus=2, mem=5000)]))
-    assert sorted((a["gpuUUID"], a["placement"]["start"]) for a in mig_allocs(d)) == [("GPU-a", 6), ("GPU-b", 6)]
+    assert [(a["gpuUUID"], a["placement"]["start"]) for a in mig_allocs(d)] == [("GPU-b", 6), ("GPU-b", 5)]
 
 
 # --- two instances of one MIG GPU in one container (pkg/scheduler/mig_allocation_test.go) ----------------
@@ -284,3 +290,23 @@ def test_the_allocation_annotation_is_read_strictly_and_bounded(text, message):
 
 def test_the_reservation_is_an_allocation_annotation_only_the_scheduler_writes():
     assert keys.POD_MIG_ALLOCATIONS in ALLOCATION_KEYS
+
+
+def test_a_dynamic_mig_decision_charged_then_released_leaves_the_gpu_as_it_was():
+    # what the scheduler's in-flight reservations do (pyvgpu/cluster/scheduler/inflight.py): the instances a
+    # decision reserves count until released
+    from pyvgpu.cluster.core.decide import decide_on
+    from pyvgpu.cluster.core.request import pod_request
+    from pyvgpu.cluster.core.usage import add_pod, node_infos
+
+    (info,) = node_infos(nodelist(node("n1", register(mig_gpu()))), [])
+    req = pod_request(pod(containers=[ctr(gpus=2, mem=10000)]))
+    d = decide_on([info], req)
+    add_pod(info, d.devices)
+    (g,) = info.devices
+    assert (g.used, g.usedmem, g.usedcores, sorted(g.slices_used)) == (2, 20480, 56, [(0, 2), (2, 2)])
+    assert decide_on([info], req).node is None  # one 2g placement is left, two asked
+    one = pod_request(pod(containers=[ctr(gpus=1, mem=10000)]))
+    assert decide_on([info], one).placements[0][0].mig_slice == (4, 2)
+    add_pod(info, d.devices, sign=-1)
+    assert (g.used, g.usedmem, g.usedcores, g.slices_used) == (0, 0, 0, ())
