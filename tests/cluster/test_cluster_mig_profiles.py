@@ -120,7 +120,8 @@ def test_the_reported_profile_and_placement_are_used():
                               "placement": {"start": 0, "size": 2}}]
     (p,), = d.placements
     assert (p.mig_template, p.usedmem, p.usedcores) == ("2g.10gb", 10240, 28)
-    assert "2g.10gb" in explain.to_text(d)
+    assert "GPU 0 GPU-a (mig 2g.10gb at slice 0, 2 slice(s)) 10240 MiB 28%" in explain.to_text(d)
+    assert explain.to_json(d)["containers"][0]["devices"][0]["mig_placement"] == {"start": 0, "size": 2}
 
 
 def test_placements_in_use_are_counted():
@@ -310,3 +311,49 @@ def test_a_dynamic_mig_decision_charged_then_released_leaves_the_gpu_as_it_was()
     assert decide_on([info], one).placements[0][0].mig_slice == (4, 2)
     add_pod(info, d.devices, sign=-1)
     assert (g.used, g.usedmem, g.usedcores, g.slices_used) == (0, 0, 0, ())
+
+
+# --- through the extender (filter, bind) against the test API server ------------------------------------
+
+@pytest.fixture
+def ext_mig(kube, api):
+    from fake_apiserver import node as api_node
+    from test_cluster_extender import Ext
+
+    api.put_node(api_node("node-m", {keys.NODE_REGISTER: register(mig_gpu(profiles=[A100_PROFILES[0]]))},
+                          {"nvidia.com/gpu": "7"}))
+    bad = mig_gpu("GPU-x", profiles=[{"name": "1g.5gb", "memoryMB": 5120, "placements": [{"start": 0, "size": 0}]}])
+    api.put_node(api_node("node-x", {keys.NODE_REGISTER: register(bad)}, {"nvidia.com/gpu": "7"}))
+    e = Ext(kube)
+    e.synced(api)
+    yield e
+    e.close()
+
+
+def test_the_extender_places_reserves_and_counts_mig_instances(ext_mig, api):
+    from fake_apiserver import gpu_container
+    from fake_apiserver import pod as api_pod
+    from test_cluster_extender import bind_args, filter_args
+
+    names = ("node-m", "node-x")
+    p = api.put_pod(api_pod("two", [gpu_container("main", 2, 4000, 0)]))
+    r = ext_mig.post("filter", filter_args(p, names))
+    assert r["NodeNames"] == ["node-m"]
+    # the malformed registration: refused loudly, with the field and why
+    assert f"{keys.NODE_REGISTER}[0].migprofiles[0].placements[0].size" in r["FailedNodes"]["node-x"]
+    assert ext_mig.post("bind", bind_args(p, "node-m")) == {"Error": ""}
+    annos = api.get_pod("default", "two")["metadata"]["annotations"]
+    assert annos[keys.POD_TO_ALLOCATE] == "GPU-a,NVIDIA,5120,14:GPU-a,NVIDIA,5120,14:;"
+    got = json.loads(annos[keys.POD_MIG_ALLOCATIONS])
+    assert [(a["gpuUUID"], a["profile"], a["placement"]) for a in got] == [
+        ("GPU-a", "1g.5gb", {"start": 6, "size": 1}), ("GPU-a", "1g.5gb", {"start": 5, "size": 1})]
+    ext_mig.synced(api)
+    # 5 of the 7 placements are left: 6 instances do not fit, 5 do, beside the first pod's
+    six = api.put_pod(api_pod("six", [gpu_container("main", 6, 4000, 0)]))
+    assert ext_mig.post("filter", filter_args(six, names))["NodeNames"] == []
+    five = api.put_pod(api_pod("five", [gpu_container("main", 5, 4000, 0)]))
+    assert ext_mig.post("filter", filter_args(five, names))["NodeNames"] == ["node-m"]
+    assert ext_mig.post("bind", bind_args(five, "node-m")) == {"Error": ""}
+    starts = [a["placement"]["start"] for a in
+              json.loads(api.get_pod("default", "five")["metadata"]["annotations"][keys.POD_MIG_ALLOCATIONS])]
+    assert starts == [4, 3, 2, 1, 0]
