@@ -81,6 +81,9 @@ def node_info(node: dict, cfg: ClusterConfig, i: int = 0) -> NodeInfo:
         devices, scores = _registration(raw, annos.get(keys.NODE_PAIR_SCORE))
     except ClusterInputError as e:
         info.error = str(e)
+        if ".migprofiles" in e.field:  # HAMi v2.10's device plugin writes these (HAMi too leaves such a node out)
+            info.error += ("; the node's MIG profiles cannot be placed on, so nothing is placed on this node: check "
+                           "the node's device plugin and its migProfileAllowlist")
         return info
     if not devices:
         info.error = f"{keys.NODE_REGISTER} lists no GPU"
