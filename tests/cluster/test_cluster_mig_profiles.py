@@ -357,3 +357,15 @@ def test_the_extender_places_reserves_and_counts_mig_instances(ext_mig, api):
     starts = [a["placement"]["start"] for a in
               json.loads(api.get_pod("default", "five")["metadata"]["annotations"][keys.POD_MIG_ALLOCATIONS])]
     assert starts == [4, 3, 2, 1, 0]
+
+
+def test_further_instances_are_checked_against_the_gpu_as_it_was_before_the_container():
+    # HAMi's Fit checks a MIG GPU's slots against its use before the container each time it walks it again,
+    # and the placements against the instances already taken (CustomFilterRule's toAllocate): a registration
+    # of 1 slot still gives a container two instances, and the next pod none
+    reg = register(mig_gpu(count=1, profiles=[A100_PROFILES[0]]))
+    d = decide(nodelist(node("n1", reg)), [], pod(containers=[ctr(gpus=2, mem=4000)]))
+    assert len(mig_allocs(d)) == 2
+    used = podlist(holder("p", d.annotations[keys.POD_ALLOCATED], d.annotations[keys.POD_MIG_ALLOCATIONS]))
+    d = decide(nodelist(node("n1", reg)), used, pod(containers=[ctr(gpus=1, mem=4000)]))
+    assert d.node is None and "no free slot (2/1 used)" in d.nodes[0].reason, d.nodes[0].reason
