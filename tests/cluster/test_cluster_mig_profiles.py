@@ -369,3 +369,15 @@ def test_further_instances_are_checked_against_the_gpu_as_it_was_before_the_cont
     used = podlist(holder("p", d.annotations[keys.POD_ALLOCATED], d.annotations[keys.POD_MIG_ALLOCATIONS]))
     d = decide(nodelist(node("n1", reg)), used, pod(containers=[ctr(gpus=1, mem=4000)]))
     assert d.node is None and "no free slot (2/1 used)" in d.nodes[0].reason, d.nodes[0].reason
+
+
+@pytest.mark.parametrize("decode, where", [
+    (codec.decode_register, keys.NODE_REGISTER),
+    (codec.decode_pair_scores, keys.NODE_PAIR_SCORE),
+    (codec.decode_pod_devices, keys.POD_ALLOCATED),
+])
+def test_every_decoded_annotation_is_bounded(decode, where):
+    # longer than Kubernetes keeps for all of an object's annotations: refused before it is parsed
+    with pytest.raises(ClusterInputError) as e:
+        decode("[" + " " * codec.MAX_ANNOTATION + "]")
+    assert str(e.value).startswith(where) and "longer than" in str(e.value)

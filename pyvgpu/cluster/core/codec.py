@@ -39,6 +39,8 @@ from pyvgpu.cluster.core.model import (
 )
 
 INT32_MAX = 2**31 - 1
+# Kubernetes refuses an object whose annotations pass 256 KiB in all: a longer text cannot be a real one.
+MAX_ANNOTATION = 262144
 _MIG_SUFFIX = re.compile(r"^(?P<uuid>[^\[\]]+)\[(?P<geometry>\d+)-(?P<instance>\d+)\]$")
 
 # --- node registration -----------------------------------------------------------------------------------
@@ -152,6 +154,7 @@ def decode_register(text: str, where: str = keys.NODE_REGISTER) -> list[DeviceIn
     """The GPUs a node registers. Raises ClusterInputError naming the device and field."""
     if not isinstance(text, str):
         raise ClusterInputError(where, f"expected a string, got {json.dumps(text)}")
+    _bounded(text, where)
     stripped = text.strip()
     if not stripped.startswith(("[", "{")):
         return _decode_register_legacy(stripped, where)
@@ -196,6 +199,11 @@ def decode_register(text: str, where: str = keys.NODE_REGISTER) -> list[DeviceIn
             mig_profiles=_profiles(d["migprofiles"], f"{w}.migprofiles") if d.get("migprofiles") is not None else (),
         ))
     return devices
+
+
+def _bounded(text: str, where: str, limit: int = MAX_ANNOTATION) -> None:
+    if len(text) > limit:
+        raise ClusterInputError(where, f"longer than {limit} characters: not an annotation the API server keeps")
 
 
 def _decode_register_legacy(text: str, where: str) -> list[DeviceInfo]:
@@ -256,6 +264,8 @@ def encode_register(devices: list[DeviceInfo]) -> str:
 
 def decode_pair_scores(text: str, where: str = keys.NODE_PAIR_SCORE) -> dict[str, dict[str, int]]:
     """{uuid: {other_uuid: link score}} from the node's pair-score annotation."""
+    if isinstance(text, str):
+        _bounded(text, where)
     try:
         raw = json.loads(text) if isinstance(text, str) else None
     except json.JSONDecodeError as e:
@@ -334,6 +344,7 @@ def decode_pod_devices(text: str, where: str = keys.POD_ALLOCATED) -> PodDevices
         raise ClusterInputError(where, f"expected a string, got {json.dumps(text)}")
     if not text:
         return ()
+    _bounded(text, where)
     body = text[:-1] if text.endswith(keys.CONTAINER_SEP) else text
     return tuple(decode_container_devices(c, f"{where}: container {i}")
                  for i, c in enumerate(body.split(keys.CONTAINER_SEP)))
@@ -365,8 +376,7 @@ def decode_mig_allocations(text: object, where: str = keys.POD_MIG_ALLOCATIONS) 
         raise ClusterInputError(where, f"expected a string, got {json.dumps(text)}")
     if not text:
         return ()
-    if len(text) > MAX_MIG_ALLOCATIONS_TEXT:
-        raise ClusterInputError(where, f"longer than {MAX_MIG_ALLOCATIONS_TEXT} characters")
+    _bounded(text, where, MAX_MIG_ALLOCATIONS_TEXT)
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
