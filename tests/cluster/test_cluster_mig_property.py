@@ -33,7 +33,7 @@ def oracle_room(profiles, taken, mem, n) -> int:
     got = 0
     while got < n:
         pick = None
-        for name, pmem, _, slices, places in sorted(profiles, key=lambda p: (p[1], p[3])):
+        for name, pmem, _, _slices, places in sorted(profiles, key=lambda p: (p[1], p[3])):
             if pmem < mem:
                 continue
             order = sorted(places, key=lambda pl: -pl[0] if name[:3] in ("1g.", "3g.") else pl[0])
