@@ -168,8 +168,7 @@ def test_a_decision_charged_then_released_leaves_the_node_as_it_was():
     add_pod(info, d.devices, d.init_containers)
     assert info.score_cache is None  # the cached node score is dropped with the usage change
     m = info.devices[1]
-    # spread tries the unused MIG GPU first and, as HAMi's Fit, takes both of the container's GPUs from it
-    assert (m.used, m.usedmem, m.usedcores, m.mig_geometry, m.mig_used) == (2, 20480, 28, 0, frozenset({0, 1}))
+    assert (m.used, m.usedmem, m.usedcores, m.mig_geometry, m.mig_used) == (1, 10240, 14, 0, frozenset({0}))
     assert decide_on([info], req).nodes[0].score > score
     add_pod(info, d.devices, d.init_containers, sign=-1)
     assert [(d.used, d.usedmem, d.usedcores, d.mig_geometry, d.mig_used) for d in info.devices] == before

@@ -6,9 +6,10 @@ Each container takes its GPU policy's first choice; only when a later container 
 does the search go back and try the earlier containers' next choices (HAMi stops there and refuses
 the node). So a pod is placed on a node whenever any placement exists, up to `search_budget` tries.
 
-A MIG GPU may give one container several of its instances (HAMi's Fit walks a MIG GPU again after taking
-one): it is offered as often as it has instances for the container, one after another, in its place in the
-policy's order.
+A MIG GPU registered with migProfiles (HAMi v2.10) may give one container several of its instances (HAMi's
+Fit walks a MIG GPU again after taking one): it is offered as often as it has instances for the container,
+one after another, in its place in the policy's order. One registered with templates gives a container one
+instance: pyvgpu's device plugin serves those nodes, and a CUDA process sees a single MIG instance.
 """
 
 from __future__ import annotations
@@ -58,11 +59,11 @@ def _candidates(devs: list[DeviceUsage], statics: list[str | None], ctr: Contain
             if fits(d, ctr, mem, req.mutex):
                 out.append((device_score(d, mem, ctr.coresreq, weights=req.weights), d, mem))
     ordered = order_devices(out, req)
-    if ctr.nums < 2 or not any(c[1].mode == keys.MIG for c in ordered):
+    if ctr.nums < 2 or not any(c[1].profiles for c in ordered):
         return ordered
     expanded = []
     for c in ordered:
-        expanded += [c] * (mig_room(c[1], c[2], ctr.nums) if c[1].mode == keys.MIG else 1)
+        expanded += [c] * (mig_room(c[1], c[2], ctr.nums) if c[1].profiles else 1)
     return expanded
 
 
@@ -188,7 +189,7 @@ def count_fit(devices: list[DeviceUsage], ctr: ContainerRequest, req: PodRequest
                 or (cores == 100 and total == 100 and d.used > 0) or (cores == 0 and total and d.usedcores >= total)
                 or (d.mode == keys.MIG and not mig_free(d, mem))):
             continue
-        room = mig_room(d, mem, n) if d.mode == keys.MIG and n > 1 else 1  # instances of one MIG GPU
+        room = mig_room(d, mem, n) if d.profiles and n > 1 else 1  # instances of one dynamic-MIG GPU
         if per_numa is not None:
             k = per_numa[d.numa] = per_numa.get(d.numa, 0) + room
         else:
@@ -199,8 +200,8 @@ def count_fit(devices: list[DeviceUsage], ctr: ContainerRequest, req: PodRequest
 
 
 def _room(d: DeviceUsage, mem: int, nums: int) -> int:
-    """How many of a container's GPUs `d` (which takes one) can give: a MIG GPU one per free instance."""
-    return mig_room(d, mem, nums) if d.mode == keys.MIG and nums > 1 else 1
+    """How many of a container's GPUs `d` (which takes one) can give: a dynamic-MIG GPU one per free instance."""
+    return mig_room(d, mem, nums) if d.profiles and nums > 1 else 1
 
 
 def _memory(ctr: ContainerRequest) -> str:
