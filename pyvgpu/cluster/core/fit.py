@@ -95,30 +95,19 @@ def mig_free(dev: DeviceUsage, mem: int) -> bool:
 
 
 def mig_room(dev: DeviceUsage, mem: int, limit: int) -> int:
-    """How many instances of `mem` MiB one container can take of the MIG GPU `dev`, one after another, up to
-    `limit`. HAMi's Fit walks a MIG GPU again after taking an instance of it, so one container may take
-    several instances of one MIG GPU (pkg/device/nvidia/device.go Fit; pkg/scheduler/score.go isMIGRequest
-    lifts the one-GPU-each count for it)."""
-    if dev.profiles:
-        used = dev.slices_used
-        n = 0
-        while n < limit:
-            got = slice_pick(dev, mem)
-            if got is None:
-                break
-            dev.slices_used = dev.slices_used + (got[1],)
-            n += 1
-        dev.slices_used = used
-        return n
-    geometry, taken = dev.mig_geometry, dev.mig_used
+    """How many instances of `mem` MiB one container can take of the GPU `dev`, registered with migProfiles,
+    one after another, up to `limit`. HAMi's Fit walks a MIG GPU again after taking an instance of it, so one
+    container may take several instances of one MIG GPU (pkg/device/nvidia/device.go Fit;
+    pkg/scheduler/score.go isMIGRequest lifts the one-GPU-each count for it)."""
+    used = dev.slices_used
     n = 0
     while n < limit:
-        got = mig_pick(dev, mem)
+        got = slice_pick(dev, mem)
         if got is None:
             break
-        dev.mig_geometry, dev.mig_used = got[0], dev.mig_used | {got[1]}
+        dev.slices_used = dev.slices_used + (got[1],)
         n += 1
-    dev.mig_geometry, dev.mig_used = geometry, taken
+    dev.slices_used = used
     return n
 
 
