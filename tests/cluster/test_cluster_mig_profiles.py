@@ -381,3 +381,21 @@ def test_every_decoded_annotation_is_bounded(decode, where):
     with pytest.raises(ClusterInputError) as e:
         decode("[" + " " * codec.MAX_ANNOTATION + "]")
     assert str(e.value).startswith(where) and "longer than" in str(e.value)
+
+
+def test_the_sets_of_instances_are_offered_once_each():
+    # 8 GPUs of 7 instances, 7 asked: 3432 sets (multisets), not the 231 million orderings of copies, so a pod
+    # whose later container cannot fit is refused after each set is tried once
+    from math import comb
+
+    from pyvgpu.cluster.core.policy import multisets
+
+    got = list(multisets([(g, 7) for g in "ABCDEFGH"], 7))
+    assert len(got) == len(set(got)) == comb(8 + 7 - 1, 7)
+    assert got[0] == ("A",) * 7 and got[1] == ("A",) * 6 + ("B",)  # as many of the first as it gives
+    assert list(multisets([("A", 2), ("B", 2), ("C", 1)], 3)) == [
+        ("A", "A", "B"), ("A", "A", "C"), ("A", "B", "B"), ("A", "B", "C"), ("B", "B", "C")]
+    reg = register(*[mig_gpu(f"GPU-{i}", index=i, profiles=[A100_PROFILES[0]]) for i in range(8)])
+    d = decide(nodelist(node("n1", reg)), [], pod(containers=[ctr("a", gpus=7, mem=4000),
+                                                              ctr("b", gpus=1, mem=50000)]))
+    assert d.node is None and 'container "b"' in d.nodes[0].reason

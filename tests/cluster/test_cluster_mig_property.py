@@ -79,7 +79,7 @@ def mig_nodes(draw):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mig_nodes(), st.integers(1, 4), st.sampled_from((1000, 5000, 6000, 10240, 15000, 30000)),
-       st.sampled_from(("binpack", "spread")))
+       st.sampled_from(("binpack", "spread", "topology-aware")))
 def test_only_offered_free_placements_and_never_refused_when_it_fits(cluster, nums, mem, policy):
     n1, pods, reserved = cluster
     d = decide(nodelist(n1), podlist(*pods), pod(containers=[ctr(gpus=nums, mem=mem)],

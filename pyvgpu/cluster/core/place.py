@@ -31,7 +31,7 @@ from pyvgpu.cluster.core.fit import (
     usage_reason,
 )
 from pyvgpu.cluster.core.model import ContainerRequest, DeviceUsage, NodeInfo, Placement, PodDevices, PodRequest
-from pyvgpu.cluster.core.policy import numa_groups, order_devices, sets
+from pyvgpu.cluster.core.policy import multisets, numa_groups, order_devices, sets
 from pyvgpu.cluster.core.score import device_score
 
 Candidate = tuple[float, DeviceUsage, int]  # (device score, GPU, MiB this container takes on it)
@@ -71,15 +71,18 @@ def _options(cands: list[Candidate], ctr: ContainerRequest, req: PodRequest,
              node: NodeInfo) -> Iterator[tuple[Candidate, ...]]:
     groups = numa_groups(cands, lambda c: c[1].numa) if req.numa_bind else [cands]
     repeats = len({id(c[1]) for c in cands}) < len(cands)  # a MIG GPU offered once per instance
-    seen: set[tuple[int, ...]] = set()
     for g in groups:
-        for option in sets(g, ctr.nums, topology=req.topology, scores=node.pair_scores, uuid_of=lambda c: c[1].id):
-            if repeats:
-                key = tuple(sorted(id(c[1]) for c in option))
-                if key in seen:
-                    continue  # the same GPUs as an earlier option, by another copy of a MIG GPU
-                seen.add(key)
-            yield option
+        if not repeats:
+            yield from sets(g, ctr.nums, topology=req.topology, scores=node.pair_scores, uuid_of=lambda c: c[1].id)
+            continue
+        items: list[list] = []  # (candidate, copies): a MIG GPU's copies are adjacent
+        for c in g:
+            if items and items[-1][0] is c:
+                items[-1][1] += 1
+            else:
+                items.append([c, 1])
+        yield from multisets([(c, k) for c, k in items], ctr.nums, topology=req.topology, scores=node.pair_scores,
+                             uuid_of=lambda c: c[1].id)
 
 
 def _take(dev: DeviceUsage, ctr: ContainerRequest, mem: int) -> Placement:
