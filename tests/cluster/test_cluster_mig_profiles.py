@@ -245,6 +245,8 @@ def test_a_pod_on_a_mig_gpu_without_its_allocation_fails_closed():
     d = decide(nodelist(node("n1", reg)), podlist(holder("p", "GPU-a,NVIDIA,5120,14:;", "[{")),
                pod(containers=[ctr(mem=4000)]))
     assert d.node is None and "not valid JSON" in d.nodes[0].reason, d.nodes[0].reason
+    assert any("its MIG reservations were ignored" in w and "not valid JSON" in w for w in d.warnings)
+    assert "warning: pod default/p: its MIG reservations were ignored" in explain.to_text(d)
 
 
 def test_unconsumed_reservations_are_restored():

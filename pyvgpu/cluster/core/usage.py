@@ -331,6 +331,8 @@ def node_infos(nodes: Any, pods: Any, cfg: ClusterConfig | None = None,
                                  "HAMi's scheduler")
             continue
         held, mig_error = _with_reservations(pod, held)
+        if mig_error:
+            node.warnings.append(f"{who}: its MIG reservations were ignored, as in HAMi's scheduler: {mig_error}")
         if held:
             _charge(node, held, 1, who, mig_error)
     return infos
