@@ -121,3 +121,18 @@ def test_allocate_refuses_mig_entries_it_cannot_honour(mig_node, api, entry, mes
     assert code == grpc.StatusCode.FAILED_PRECONDITION and message in text, text
     assert api.get_pod("default", "train")["metadata"]["annotations"][keys.POD_BIND_PHASE] == "failed"
     assert mig_node.state.container_dirs() == []
+
+
+def test_allocate_refuses_a_dynamic_mig_reservation_it_cannot_make(mig_node, api):
+    # HAMi v2.10's reservations (hami.io/vgpu-mig-allocations) ask for an instance to be made; pyvgpu makes none
+    p = binding(api, f"{GM},NVIDIA,5120,14:;")
+    p["metadata"]["annotations"][keys.POD_MIG_ALLOCATIONS] = json.dumps(
+        [{"containerIndex": 0, "deviceIndex": 0, "gpuUUID": GM, "profile": "1g.5gb",
+          "placement": {"start": 6, "size": 1}}])
+    api.put_pod(p)
+    with pytest.raises(grpc.RpcError) as e:
+        mig_node.allocate([f"{GM}::0"])
+    code, text = _code_and_text(e)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "pyvgpu's device plugin does not make" in text, text
+    assert api.get_pod("default", "train")["metadata"]["annotations"][keys.POD_BIND_PHASE] == "failed"
+    assert mig_node.state.container_dirs() == []

@@ -255,8 +255,9 @@ def test_dynamic_mig_profiles_are_never_replaced_by_pyvgpus_own_table():
                        "migProfiles": [{"name": "1g.10gb", "memory": 10240, "core": 14}]}])
     nodes = nodelist(node("n1", reg))
     d = decide(nodes, [], pod(containers=[ctr(gpus=1, mem=10000)]))
-    assert d.node is None
-    assert "dynamic MIG profiles (migProfiles), which pyvgpu does not place pods on yet" in d.nodes[0].reason
+    assert d.node is None  # the profile as written offers no placement ("memory" is not HAMi's "memoryMB")
+    assert "no offered profile of 10000 MiB or more has a free placement (offered: 1g.10gb (0 MiB)" \
+        in d.nodes[0].reason  # the rest of item 3: tests/cluster/test_cluster_mig_profiles.py
     # without migProfiles the model's known geometries still apply (pyvgpu's own agent writes migtemplate)
     reg_old = json.dumps([{k: v for k, v in json.loads(reg)[0].items() if k != "migProfiles"}])
     assert decide(nodelist(node("n1", reg_old)), [], pod(containers=[ctr(gpus=1, mem=10000)])).node == "n1"

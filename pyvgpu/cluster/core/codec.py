@@ -7,6 +7,11 @@
   Go matches keys case-insensitively and ignores unknown ones; so does this decoder. Before HAMi
   switched to JSON (pkg/device/devices.go DecodeNodeDevices) nodes wrote
   `id,count,devmem,devcore,type,numa,health[,index,mode]:` per device; that form is read too.
+  A GPU in HAMi v2.10's dynamic MIG mode lists `migProfiles`: [{"name", "memoryMB", "core", "sliceCount",
+  "placements": [{"start", "size"}]}] (pkg/device/devices.go MigProfile, MigPlacement), bounded here.
+* MIG reservations (hami.io/vgpu-mig-allocations, HAMi v2.10 pkg/device/nvidia/mig_allocations.go):
+  [{"containerIndex", "deviceIndex", "gpuUUID", "profile", "placement": {"start", "size"}}], plus "migUUID",
+  "gpuInstanceID", "computeInstanceID" once the device plugin made the instance (all three or none).
 * Pair scores (hami.io/node-nvidia-score): [{"uuid": ID, "score": {OTHER_ID: int}}].
 * Allocations (hami.io/vgpu-devices-to-allocate, -allocated): `UUID,Type,UsedMem,UsedCores` per device,
   each device followed by `:` and each container by `;` (pkg/device/devices.go EncodeContainerDevices,
@@ -23,9 +28,19 @@ from typing import Any
 
 from pyvgpu.cluster.core import keys
 from pyvgpu.cluster.core.errors import ClusterInputError
-from pyvgpu.cluster.core.model import ContainerDevice, DeviceInfo, Geometry, MigTemplate, PodDevices
+from pyvgpu.cluster.core.model import (
+    ContainerDevice,
+    DeviceInfo,
+    Geometry,
+    MigProfile,
+    MigSlice,
+    MigTemplate,
+    PodDevices,
+)
 
 INT32_MAX = 2**31 - 1
+# Kubernetes refuses an object whose annotations pass 256 KiB in all: a longer text cannot be a real one.
+MAX_ANNOTATION = 262144
 _MIG_SUFFIX = re.compile(r"^(?P<uuid>[^\[\]]+)\[(?P<geometry>\d+)-(?P<instance>\d+)\]$")
 
 # --- node registration -----------------------------------------------------------------------------------
@@ -82,10 +97,64 @@ def _geometries(value: Any, where: str) -> tuple[Geometry, ...]:
     return tuple(out)
 
 
+# Bounds of what a registration or a pod may make the scheduler hold per MIG GPU (untrusted input; NVML's
+# largest GPUs have 8 memory slices and a handful of profiles, with at most 8 placements each).
+MAX_MIG_PROFILES = 32
+MAX_MIG_PLACEMENTS = 64
+MAX_MIG_SLICE = 64  # a placement's start and size, in memory slices
+MAX_NAME = 64
+MAX_MIG_ALLOCATIONS = 256  # reservations in one pod's annotation
+MAX_MIG_ALLOCATIONS_TEXT = 65536  # characters of that annotation
+
+
+def _name(value: Any, where: str) -> str:
+    name = _str(value, where)
+    if not name:
+        raise ClusterInputError(where, "missing or empty")
+    if len(name) > MAX_NAME:
+        raise ClusterInputError(where, f"longer than {MAX_NAME} characters")
+    return name
+
+
+def _profiles(value: Any, where: str) -> tuple[MigProfile, ...]:
+    if not isinstance(value, list):
+        raise ClusterInputError(where, "expected a list of MIG profiles {name, memoryMB, core, sliceCount, "
+                                       "placements}: check the node agent")
+    if len(value) > MAX_MIG_PROFILES:
+        raise ClusterInputError(where, f"{len(value)} MIG profiles, more than {MAX_MIG_PROFILES}: check the node agent")
+    out: list[MigProfile] = []
+    for pi, p in enumerate(value):
+        w = f"{where}[{pi}]"
+        if not isinstance(p, dict):
+            raise ClusterInputError(w, "expected an object {name, memoryMB, core, sliceCount, placements}")
+        p = _fold(p, w, ("name", "memorymb", "core", "slicecount", "placements"))
+        name = _name(p.get("name", ""), f"{w}.name")
+        if any(o.name == name for o in out):
+            raise ClusterInputError(f"{w}.name", f"MIG profile {name!r} is listed twice")
+        raw = p.get("placements") or []
+        if not isinstance(raw, list):
+            raise ClusterInputError(f"{w}.placements", "expected a list of {start, size}")
+        if len(raw) > MAX_MIG_PLACEMENTS:
+            raise ClusterInputError(f"{w}.placements", f"{len(raw)} placements, more than {MAX_MIG_PLACEMENTS}")
+        places = []
+        for k, pl in enumerate(raw):
+            pw = f"{w}.placements[{k}]"
+            if not isinstance(pl, dict):
+                raise ClusterInputError(pw, "expected an object {start, size}")
+            pl = _fold(pl, pw, ("start", "size"))
+            # a placement of size 0 overlaps nothing: it would offer unbounded instances, so it is refused
+            places.append((_int(pl.get("start", 0), f"{pw}.start", high=MAX_MIG_SLICE),
+                           _int(pl.get("size", 0), f"{pw}.size", low=1, high=MAX_MIG_SLICE)))
+        out.append(MigProfile(name, _int(p.get("memorymb", 0), f"{w}.memorymb"), _int(p.get("core", 0), f"{w}.core"),
+                              _int(p.get("slicecount", 0), f"{w}.slicecount"), tuple(places)))
+    return tuple(out)
+
+
 def decode_register(text: str, where: str = keys.NODE_REGISTER) -> list[DeviceInfo]:
     """The GPUs a node registers. Raises ClusterInputError naming the device and field."""
     if not isinstance(text, str):
         raise ClusterInputError(where, f"expected a string, got {json.dumps(text)}")
+    _bounded(text, where)
     stripped = text.strip()
     if not stripped.startswith(("[", "{")):
         return _decode_register_legacy(stripped, where)
@@ -126,10 +195,15 @@ def decode_register(text: str, where: str = keys.NODE_REGISTER) -> list[DeviceIn
             mode=mode,
             health=health,
             mig_geometries=geometries,
-            # HAMi v2.10's dynamic MIG profiles: only whether any are offered is kept (usage.node_info)
-            mig_profiles=len(d["migprofiles"]) if isinstance(d.get("migprofiles"), list) else 0,
+            # HAMi v2.10's dynamic MIG profiles (JSON null, like a missing field, is none)
+            mig_profiles=_profiles(d["migprofiles"], f"{w}.migprofiles") if d.get("migprofiles") is not None else (),
         ))
     return devices
+
+
+def _bounded(text: str, where: str, limit: int = MAX_ANNOTATION) -> None:
+    if len(text) > limit:
+        raise ClusterInputError(where, f"longer than {limit} characters: not an annotation the API server keeps")
 
 
 def _decode_register_legacy(text: str, where: str) -> list[DeviceInfo]:
@@ -177,6 +251,10 @@ def encode_register(devices: list[DeviceInfo]) -> str:
         if d.mig_geometries:
             item["migtemplate"] = [[{"name": t.name, "core": t.core, "memory": t.memory, "count": t.count}
                                     for t in g] for g in d.mig_geometries]
+        if d.mig_profiles:
+            item["migProfiles"] = [{"name": p.name, "memoryMB": p.memory, "core": p.core, "sliceCount": p.slices,
+                                    "placements": [{"start": a, "size": b} for a, b in p.placements]}
+                                   for p in d.mig_profiles]
         out.append(item)
     return json.dumps(out, separators=(",", ":"))
 
@@ -186,6 +264,8 @@ def encode_register(devices: list[DeviceInfo]) -> str:
 
 def decode_pair_scores(text: str, where: str = keys.NODE_PAIR_SCORE) -> dict[str, dict[str, int]]:
     """{uuid: {other_uuid: link score}} from the node's pair-score annotation."""
+    if isinstance(text, str):
+        _bounded(text, where)
     try:
         raw = json.loads(text) if isinstance(text, str) else None
     except json.JSONDecodeError as e:
@@ -264,6 +344,7 @@ def decode_pod_devices(text: str, where: str = keys.POD_ALLOCATED) -> PodDevices
         raise ClusterInputError(where, f"expected a string, got {json.dumps(text)}")
     if not text:
         return ()
+    _bounded(text, where)
     body = text[:-1] if text.endswith(keys.CONTAINER_SEP) else text
     return tuple(decode_container_devices(c, f"{where}: container {i}")
                  for i, c in enumerate(body.split(keys.CONTAINER_SEP)))
@@ -281,3 +362,72 @@ def split_mig_uuid(uuid: str, where: str = "UUID") -> tuple[str, int | None, int
     if not m:
         raise ClusterInputError(where, f"{uuid!r}: a MIG entry is UUID[geometry-instance], e.g. GPU-x[0-3]")
     return m["uuid"], int(m["geometry"]), int(m["instance"])
+
+
+# --- MIG reservations ------------------------------------------------------------------------------------
+
+MigAllocation = tuple[int, int, str, MigSlice]  # (container index, device index, GPU UUID, the instance)
+
+
+def decode_mig_allocations(text: object, where: str = keys.POD_MIG_ALLOCATIONS) -> tuple[MigAllocation, ...]:
+    """A pod's MIG reservations, checked as HAMi's DecodeMigAllocations checks them (every field there, the
+    runtime identity whole or absent, one reservation per container and device), and bounded."""
+    if not isinstance(text, str):
+        raise ClusterInputError(where, f"expected a string, got {json.dumps(text)}")
+    if not text:
+        return ()
+    _bounded(text, where, MAX_MIG_ALLOCATIONS_TEXT)
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ClusterInputError(where, f"not valid JSON ({e.msg} at character {e.pos})") from None
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ClusterInputError(where, "expected a JSON list of MIG reservations")
+    if len(raw) > MAX_MIG_ALLOCATIONS:
+        raise ClusterInputError(where, f"{len(raw)} reservations, more than {MAX_MIG_ALLOCATIONS}")
+    out: list[MigAllocation] = []
+    seen: set[tuple[int, int]] = set()
+    for i, item in enumerate(raw):
+        w = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            raise ClusterInputError(w, "expected an object")
+        a = _fold(item, w, ("containerindex", "deviceindex", "gpuuuid", "profile", "placement", "miguuid",
+                            "gpuinstanceid", "computeinstanceid"))
+        c = _int(a.get("containerindex", 0), f"{w}.containerIndex", low=-INT32_MAX)
+        dv = _int(a.get("deviceindex", 0), f"{w}.deviceIndex", low=-INT32_MAX)
+        uuid, profile = _str(a.get("gpuuuid", ""), f"{w}.gpuUUID"), _str(a.get("profile", ""), f"{w}.profile")
+        pl = a.get("placement") or {}
+        if not isinstance(pl, dict):
+            raise ClusterInputError(f"{w}.placement", "expected an object {start, size}")
+        pl = _fold(pl, f"{w}.placement", ("start", "size"))
+        start = _int(pl.get("start", 0), f"{w}.placement.start", high=2**32 - 1)
+        size = _int(pl.get("size", 0), f"{w}.placement.size", high=2**32 - 1)
+        if c < 0 or dv < 0 or not uuid or not profile or size == 0:
+            raise ClusterInputError(w, "incomplete: a reservation needs containerIndex, deviceIndex, gpuUUID, "
+                                       "profile and a placement of size 1 or more")
+        if len(uuid) > 256 or len(profile) > MAX_NAME:
+            raise ClusterInputError(w, "gpuUUID or profile is too long")
+        runtime = [a.get("miguuid") not in (None, ""), a.get("gpuinstanceid") is not None,
+                   a.get("computeinstanceid") is not None]
+        if any(runtime) and not all(runtime):
+            raise ClusterInputError(w, "partial runtime identity: migUUID, gpuInstanceID and computeInstanceID "
+                                       "come together or not at all")
+        if all(runtime):
+            _str(a["miguuid"], f"{w}.migUUID")
+            _int(a["gpuinstanceid"], f"{w}.gpuInstanceID", high=2**32 - 1)
+            _int(a["computeinstanceid"], f"{w}.computeInstanceID", high=2**32 - 1)
+        if (c, dv) in seen:
+            raise ClusterInputError(w, f"container {c} device {dv} twice")
+        seen.add((c, dv))
+        out.append((c, dv, uuid, MigSlice(profile, start, size)))
+    return tuple(out)
+
+
+def encode_mig_allocations(pd: PodDevices) -> str | None:
+    """The reservations of a pod's dynamic-MIG entries (ContainerDevice.mig), None when it has none."""
+    out = [{"containerIndex": ci, "deviceIndex": di, "gpuUUID": d.uuid, "profile": d.mig.profile,
+            "placement": {"start": d.mig.start, "size": d.mig.size}}
+           for ci, ctr in enumerate(pd) for di, d in enumerate(ctr) if d.mig is not None]
+    return json.dumps(out, separators=(",", ":")) if out else None

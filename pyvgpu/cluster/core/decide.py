@@ -196,12 +196,16 @@ def _interned(reason: str) -> str:
 def allocation_annotations(node: str, devices: PodDevices) -> dict[str, str]:
     """The annotations a decision writes for the pod's GPUs on `node`."""
     encoded = codec.encode_pod_devices(devices)
-    return {
+    out = {
         keys.POD_NODE: node,
         keys.POD_TO_ALLOCATE: encoded,
         keys.POD_ALLOCATED: encoded,  # HAMi's filter writes both with one value (PatchAnnotations)
         keys.POD_BIND_PHASE: keys.BIND_ALLOCATING,  # written at bind, with hami.io/bind-time
     }
+    reserved = codec.encode_mig_allocations(devices)  # dynamic MIG: the instances (HAMi v2.10 PatchAnnotations)
+    if reserved is not None:
+        out[keys.POD_MIG_ALLOCATIONS] = reserved
+    return out
 
 
 FIT_CACHE = 128  # request shapes remembered per node usage

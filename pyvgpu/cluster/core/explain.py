@@ -7,7 +7,7 @@ import textwrap
 from typing import Any
 
 from pyvgpu.cluster.core import keys
-from pyvgpu.cluster.core.model import ContainerRequest, Decision
+from pyvgpu.cluster.core.model import ContainerRequest, Decision, Placement
 
 _GPU_PART = re.compile(r"(?::|;) (?=GPU \d+ )")
 _ORDER = {keys.BINPACK: ("fullest node first", "most used GPU first"),
@@ -17,6 +17,12 @@ _ORDER = {keys.BINPACK: ("fullest node first", "most used GPU first"),
 def _ask(c: ContainerRequest) -> str:
     mem = f"{c.memreq} MiB" if c.memreq > 0 else f"{c.mem_percentage}% of the memory"
     return f"{c.nums} GPU(s), {mem} and {c.coresreq}% cores each"
+
+
+def _mig(p: Placement) -> str:
+    if p.mig_slice is not None:  # dynamic MIG: the profile and its placement on the GPU
+        return f" {p.mig_template} at slice {p.mig_slice[0]}, {p.mig_slice[1]} slice(s)"
+    return f" {p.mig_template} [{p.mig_geometry}-{p.mig_instance}]" if p.mig_template else ""
 
 
 def to_json(d: Decision) -> dict[str, Any]:
@@ -30,7 +36,9 @@ def to_json(d: Decision) -> dict[str, Any]:
             "name": c.name, "init": c.init, "gpus": c.nums, "memory_mib": c.memreq or None,
             "memory_percentage": None if c.memreq else c.mem_percentage, "cores": c.coresreq,
             "devices": [{"uuid": p.uuid, "index": p.index, "mode": p.mode, "memory_mib": p.usedmem,
-                         "cores": p.usedcores, "mig_template": p.mig_template} for p in placed],
+                         "cores": p.usedcores, "mig_template": p.mig_template,
+                         "mig_placement": None if p.mig_slice is None else
+                         {"start": p.mig_slice[0], "size": p.mig_slice[1]}} for p in placed],
         })
     return {
         "pod": d.pod,
@@ -82,7 +90,7 @@ def to_text(d: Decision, width: int = 100) -> str:
         for c, placed in zip(r.containers, d.placements, strict=True):
             if placed:
                 gpus = "; ".join(f"GPU {p.index} {p.uuid} ({p.mode}"
-                                 + (f" {p.mig_template} [{p.mig_geometry}-{p.mig_instance}]" if p.mig_template else "")
+                                 + _mig(p)
                                  + f") {p.usedmem} MiB {p.usedcores}%" for p in placed)
                 out.append(f"  {c.name}: {gpus}")
         out.append("")

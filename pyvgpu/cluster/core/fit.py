@@ -2,14 +2,15 @@
 
 Checks, in HAMi's order: the GPU is healthy, not cordoned, of an allowed type and mode, an allowed UUID;
 it has a free slot, the memory and the cores; a request of 100 cores finds it empty; it is not already
-at 100% cores; a MIG GPU has a free instance of a geometry that holds the memory. The first check that
+at 100% cores; a MIG GPU has a free instance of a geometry that holds the memory (or, registered with HAMi
+v2.10's migProfiles, an offered profile that holds it with a free placement). The first check that
 fails is the reason, and the reason says which limit, with the numbers.
 """
 
 from __future__ import annotations
 
 from pyvgpu.cluster.core import keys
-from pyvgpu.cluster.core.model import ContainerRequest, DeviceUsage, MigTemplate, PodRequest
+from pyvgpu.cluster.core.model import ContainerRequest, DeviceUsage, MigProfile, MigTemplate, PodRequest, Slice
 
 
 def has_filters(req: PodRequest) -> bool:
@@ -64,6 +65,52 @@ def mig_pick(dev: DeviceUsage, mem: int) -> tuple[int, int, MigTemplate] | None:
     return None
 
 
+def _prefers_high(profile: str) -> bool:
+    # HAMi packs 1g and 3g instances from the top of the GPU, the others from the bottom, which keeps room
+    # for every profile longest (pkg/device/nvidia/mig_topology.go preferHighMigPlacement)
+    return profile.startswith(("1g.", "3g."))
+
+
+def slice_pick(dev: DeviceUsage, mem: int) -> tuple[MigProfile, Slice] | None:
+    """The profile and placement a container of `mem` MiB gets on a GPU registered with migProfiles, or None.
+
+    HAMi v2.10 (pkg/device/nvidia/device.go selectMigCandidate, mig_topology.go selectMigPlacement): the
+    offered profiles from the smallest memory (then the fewest slices) up, the first that holds `mem` and has
+    a placement overlapping none reserved; its placements from the highest start for 1g and 3g profiles,
+    from the lowest for the others.
+    """
+    used = dev.slices_used
+    for p in sorted(dev.profiles, key=lambda p: (p.memory, p.slices)):
+        if p.memory < mem:
+            continue
+        for start, size in sorted(p.placements, key=lambda pl: -pl[0] if _prefers_high(p.name) else pl[0]):
+            if all(not (start < s + z and s < start + size) for s, z in used):
+                return p, (start, size)
+    return None
+
+
+def mig_free(dev: DeviceUsage, mem: int) -> bool:
+    """Whether the MIG GPU `dev` has an instance for `mem` MiB free (dynamic profiles or templates)."""
+    return (slice_pick(dev, mem) if dev.profiles else mig_pick(dev, mem)) is not None
+
+
+def mig_room(dev: DeviceUsage, mem: int, limit: int) -> int:
+    """How many instances of `mem` MiB one container can take of the GPU `dev`, registered with migProfiles,
+    one after another, up to `limit`. HAMi's Fit walks a MIG GPU again after taking an instance of it, so one
+    container may take several instances of one MIG GPU (pkg/device/nvidia/device.go Fit;
+    pkg/scheduler/score.go isMIGRequest lifts the one-GPU-each count for it)."""
+    used = dev.slices_used
+    n = 0
+    while n < limit:
+        got = slice_pick(dev, mem)
+        if got is None:
+            break
+        dev.slices_used = dev.slices_used + (got[1],)
+        n += 1
+    dev.slices_used = used
+    return n
+
+
 def usage_reason(dev: DeviceUsage, ctr: ContainerRequest, mem: int, mutex: bool = False) -> str | None:
     """Why `dev`, as used now, cannot take one more GPU of `ctr` (which takes `mem` MiB on it); None if it can.
     `mutex`: the pod's GPU policy names mutex, so a GPU anything uses is refused."""
@@ -82,7 +129,11 @@ def usage_reason(dev: DeviceUsage, ctr: ContainerRequest, mem: int, mutex: bool 
     # A GPU whose cores are all taken takes nothing more, not even a container that asks no cores.
     if dev.totalcore and dev.usedcores >= dev.totalcore and cores == 0:
         return f"all {dev.totalcore}% cores in use"
-    if dev.mode == keys.MIG and mig_pick(dev, mem) is None:
+    if dev.mode == keys.MIG and dev.profiles and slice_pick(dev, mem) is None:
+        offered = ", ".join(f"{p.name} ({p.memory} MiB)" for p in dev.profiles)
+        return (f"MIG: no offered profile of {mem} MiB or more has a free placement (offered: {offered}; "
+                f"{len(dev.slices_used)} placement(s) reserved)")
+    if dev.mode == keys.MIG and not dev.profiles and mig_pick(dev, mem) is None:
         in_use = "no geometry" if dev.mig_geometry is None else f"geometry {dev.mig_geometry}"
         return f"MIG: no free instance of {mem} MiB or more ({in_use}, {len(dev.mig_used)} instance(s) in use)"
     return None
@@ -100,7 +151,7 @@ def fits(dev: DeviceUsage, ctr: ContainerRequest, mem: int, mutex: bool = False)
         return False
     if cores == 0 and total and dev.usedcores >= total:
         return False
-    return dev.mode != keys.MIG or mig_pick(dev, mem) is not None
+    return dev.mode != keys.MIG or mig_free(dev, mem)
 
 
 def refusal_kind(dev: DeviceUsage, ctr: ContainerRequest, mem: int, req: PodRequest, filtered: bool) -> str | None:
@@ -128,6 +179,6 @@ def refusal_kind(dev: DeviceUsage, ctr: ContainerRequest, mem: int, req: PodRequ
         return "in use (asks the whole GPU)"
     if total and dev.usedcores >= total and cores == 0:
         return "all cores in use"
-    if dev.mode == keys.MIG and mig_pick(dev, mem) is None:
+    if dev.mode == keys.MIG and not mig_free(dev, mem):
         return "MIG instance"
     return None

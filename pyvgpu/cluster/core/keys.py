@@ -21,6 +21,10 @@ POD_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
 POD_ALLOCATED = "hami.io/vgpu-devices-allocated"
 POD_BIND_PHASE = "hami.io/bind-phase"
 POD_BIND_TIME = "hami.io/bind-time"
+# HAMi v2.10's dynamic MIG: each MIG instance the scheduler gives, as JSON [{containerIndex, deviceIndex,
+# gpuUUID, profile, placement: {start, size}, and once made: migUUID, gpuInstanceID, computeInstanceID}]
+# (pkg/device/nvidia/mig_allocations.go MigAllocationsAnnotation).
+POD_MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
 BIND_ALLOCATING = "allocating"
 BIND_SUCCESS = "success"
 BIND_FAILED = "failed"

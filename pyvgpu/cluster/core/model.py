@@ -22,6 +22,19 @@ class MigTemplate:
 
 
 Geometry = tuple[MigTemplate, ...]
+Slice = tuple[int, int]  # a MIG placement on a GPU: (start, size) in its memory slices
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """One MIG profile a GPU offers (HAMi v2.10 `migProfiles`, pkg/device/devices.go MigProfile): its size and
+    every placement NVML says an instance of it may take on the GPU."""
+
+    name: str
+    memory: int  # MiB ("memoryMB")
+    core: int  # percent of the GPU's compute
+    slices: int  # "sliceCount"
+    placements: tuple[Slice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -38,7 +51,7 @@ class DeviceInfo:
     mode: str  # hami-core | mig | mps
     health: bool
     mig_geometries: tuple[Geometry, ...] = ()  # only read for mode "mig"
-    mig_profiles: int = 0  # how many HAMi v2.10 dynamic MIG profiles ("migProfiles") the node offers
+    mig_profiles: tuple[MigProfile, ...] = ()  # HAMi v2.10 dynamic MIG: the profiles a mig GPU offers
 
 
 @dataclass(slots=True)
@@ -62,16 +75,21 @@ class DeviceUsage:
     mig_used: frozenset[int] = frozenset()  # positions of instances in use (in the flattened geometry)
     cordoned: bool = False
     problem: str | None = None  # set when the pods on it contradict its registration: takes nothing new
+    # HAMi v2.10 dynamic MIG (a mig GPU registered with migProfiles; then `geometries` is not read): the
+    # profiles it offers and the placements reserved on it (hami.io/vgpu-mig-allocations), one per instance
+    profiles: tuple[MigProfile, ...] = ()
+    slices_used: tuple[Slice, ...] = ()
 
     @classmethod
     def of(cls, d: DeviceInfo) -> DeviceUsage:
         return cls(d.id, d.index, d.count, d.devmem, d.devcore, d.type, d.numa, d.mode or keys.HAMI_CORE,
-                   d.health, d.mig_geometries)
+                   d.health, d.mig_geometries, profiles=d.mig_profiles)
 
     def copy(self) -> DeviceUsage:
         return DeviceUsage(self.id, self.index, self.count, self.totalmem, self.totalcore, self.type, self.numa,
                            self.mode, self.health, self.geometries, self.used, self.usedmem, self.usedcores,
-                           self.mig_geometry, self.mig_used, self.cordoned, self.problem)
+                           self.mig_geometry, self.mig_used, self.cordoned, self.problem, self.profiles,
+                           self.slices_used)
 
 
 @dataclass
@@ -146,13 +164,25 @@ class PodRequest:
 
 
 @dataclass(frozen=True)
+class MigSlice:
+    """The MIG instance a dynamic-MIG entry stands for: one entry of hami.io/vgpu-mig-allocations."""
+
+    profile: str
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
 class ContainerDevice:
-    """One entry of the allocation encoding: `UUID,Type,UsedMem,UsedCores` (MIG: UUID[geometry-instance])."""
+    """One entry of the allocation encoding: `UUID,Type,UsedMem,UsedCores` (MIG: UUID[geometry-instance]).
+    `mig`: on a dynamic-MIG GPU, its reserved instance, which the encoding does not carry (it goes into
+    hami.io/vgpu-mig-allocations)."""
 
     uuid: str
     type: str
     usedmem: int
     usedcores: int
+    mig: MigSlice | None = None
 
 
 PodDevices = tuple[tuple[ContainerDevice, ...], ...]
@@ -170,8 +200,12 @@ class Placement:
     mig_template: str | None = None
     mig_geometry: int | None = None
     mig_instance: int | None = None
+    mig_slice: Slice | None = None  # dynamic MIG: the placement (start, size) of profile mig_template
 
     def entry(self) -> ContainerDevice:
+        if self.mig_slice is not None:
+            return ContainerDevice(self.uuid, keys.DEVICE_TYPE, self.usedmem, self.usedcores,
+                                   MigSlice(self.mig_template or "", *self.mig_slice))
         uuid = self.uuid if self.mig_instance is None else f"{self.uuid}[{self.mig_geometry}-{self.mig_instance}]"
         return ContainerDevice(uuid, keys.DEVICE_TYPE, self.usedmem, self.usedcores)
 

@@ -5,6 +5,11 @@ pod). Init containers run alone before the app containers, so each is placed on 
 Each container takes its GPU policy's first choice; only when a later container then finds no room
 does the search go back and try the earlier containers' next choices (HAMi stops there and refuses
 the node). So a pod is placed on a node whenever any placement exists, up to `search_budget` tries.
+
+A MIG GPU registered with migProfiles (HAMi v2.10) may give one container several of its instances (HAMi's
+Fit walks a MIG GPU again after taking one): it is offered as often as it has instances for the container,
+one after another, in its place in the policy's order. One registered with templates gives a container one
+instance: pyvgpu's device plugin serves those nodes, and a CUDA process sees a single MIG instance.
 """
 
 from __future__ import annotations
@@ -14,9 +19,19 @@ from dataclasses import dataclass
 
 from pyvgpu.cluster.core import keys
 from pyvgpu.cluster.core.config import ClusterConfig
-from pyvgpu.cluster.core.fit import fits, has_filters, mig_pick, refusal_kind, static_reason, usage_reason
+from pyvgpu.cluster.core.fit import (
+    fits,
+    has_filters,
+    mig_free,
+    mig_pick,
+    mig_room,
+    refusal_kind,
+    slice_pick,
+    static_reason,
+    usage_reason,
+)
 from pyvgpu.cluster.core.model import ContainerRequest, DeviceUsage, NodeInfo, Placement, PodDevices, PodRequest
-from pyvgpu.cluster.core.policy import numa_groups, order_devices, sets
+from pyvgpu.cluster.core.policy import multisets, numa_groups, order_devices, sets
 from pyvgpu.cluster.core.score import device_score
 
 Candidate = tuple[float, DeviceUsage, int]  # (device score, GPU, MiB this container takes on it)
@@ -43,19 +58,42 @@ def _candidates(devs: list[DeviceUsage], statics: list[str | None], ctr: Contain
             mem = ctr.memory_on(d.totalmem)
             if fits(d, ctr, mem, req.mutex):
                 out.append((device_score(d, mem, ctr.coresreq, weights=req.weights), d, mem))
-    return order_devices(out, req)
+    ordered = order_devices(out, req)
+    if ctr.nums < 2 or not any(c[1].profiles for c in ordered):
+        return ordered
+    expanded = []
+    for c in ordered:
+        expanded += [c] * (mig_room(c[1], c[2], ctr.nums) if c[1].profiles else 1)
+    return expanded
 
 
 def _options(cands: list[Candidate], ctr: ContainerRequest, req: PodRequest,
              node: NodeInfo) -> Iterator[tuple[Candidate, ...]]:
     groups = numa_groups(cands, lambda c: c[1].numa) if req.numa_bind else [cands]
+    repeats = len({id(c[1]) for c in cands}) < len(cands)  # a MIG GPU offered once per instance
     for g in groups:
-        yield from sets(g, ctr.nums, topology=req.topology, scores=node.pair_scores, uuid_of=lambda c: c[1].id)
+        if not repeats:
+            yield from sets(g, ctr.nums, topology=req.topology, scores=node.pair_scores, uuid_of=lambda c: c[1].id)
+            continue
+        items: list[list] = []  # (candidate, copies): a MIG GPU's copies are adjacent
+        for c in g:
+            if items and items[-1][0] is c:
+                items[-1][1] += 1
+            else:
+                items.append([c, 1])
+        yield from multisets([(c, k) for c, k in items], ctr.nums, topology=req.topology, scores=node.pair_scores,
+                             uuid_of=lambda c: c[1].id)
 
 
 def _take(dev: DeviceUsage, ctr: ContainerRequest, mem: int) -> Placement:
     """Charge one GPU of `ctr` to `dev`. A MIG GPU is charged its instance's template, not the request."""
     dev.used += 1
+    if dev.mode == keys.MIG and dev.profiles:
+        p, sl = slice_pick(dev, mem)  # fits() (or mig_room, for a further instance) checked that there is one
+        dev.usedmem += p.memory
+        dev.usedcores += p.core
+        dev.slices_used = dev.slices_used + (sl,)
+        return Placement(dev.id, dev.index, p.memory, p.core, dev.mode, p.name, mig_slice=sl)
     if dev.mode == keys.MIG:
         g, pos, t = mig_pick(dev, mem)  # fits() checked that there is one
         dev.usedmem += t.memory
@@ -69,12 +107,12 @@ def _take(dev: DeviceUsage, ctr: ContainerRequest, mem: int) -> Placement:
 
 
 def _state(devs: list[DeviceUsage]) -> tuple:
-    return tuple((d.used, d.usedmem, d.usedcores, d.mig_geometry, d.mig_used) for d in devs)
+    return tuple((d.used, d.usedmem, d.usedcores, d.mig_geometry, d.mig_used, d.slices_used) for d in devs)
 
 
 def _restore(devs: list[DeviceUsage], state: tuple) -> None:
-    for d, (used, mem, cores, g, migs) in zip(devs, state, strict=True):
-        d.used, d.usedmem, d.usedcores, d.mig_geometry, d.mig_used = used, mem, cores, g, migs
+    for d, (used, mem, cores, g, migs, slices) in zip(devs, state, strict=True):
+        d.used, d.usedmem, d.usedcores, d.mig_geometry, d.mig_used, d.slices_used = used, mem, cores, g, migs, slices
 
 
 def plan(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = None) -> NodePlan:
@@ -152,15 +190,21 @@ def count_fit(devices: list[DeviceUsage], ctr: ContainerRequest, req: PodRequest
         if (d.used >= d.count or (req.mutex and d.used > 0) or d.totalmem - d.usedmem < mem
                 or total - d.usedcores < cores
                 or (cores == 100 and total == 100 and d.used > 0) or (cores == 0 and total and d.usedcores >= total)
-                or (d.mode == keys.MIG and mig_pick(d, mem) is None)):
+                or (d.mode == keys.MIG and not mig_free(d, mem))):
             continue
+        room = mig_room(d, mem, n) if d.profiles and n > 1 else 1  # instances of one dynamic-MIG GPU
         if per_numa is not None:
-            k = per_numa[d.numa] = per_numa.get(d.numa, 0) + 1
+            k = per_numa[d.numa] = per_numa.get(d.numa, 0) + room
         else:
-            k += 1
+            k += room
         if k >= n:
             return True
     return False
+
+
+def _room(d: DeviceUsage, mem: int, nums: int) -> int:
+    """How many of a container's GPUs `d` (which takes one) can give: a dynamic-MIG GPU one per free instance."""
+    return mig_room(d, mem, nums) if d.profiles and nums > 1 else 1
 
 
 def _memory(ctr: ContainerRequest) -> str:
@@ -174,11 +218,12 @@ def container_reason(devs: list[DeviceUsage], statics: list[str | None], ctr: Co
     numa: dict[int, int] = {}
     memreq, pct = ctr.memreq, ctr.mem_percentage
     for d, s in zip(devs, statics, strict=True):
-        r = s or usage_reason(d, ctr, memreq if memreq > 0 else d.totalmem * pct // 100, req.mutex)
+        mem = memreq if memreq > 0 else d.totalmem * pct // 100
+        r = s or usage_reason(d, ctr, mem, req.mutex)
         if r:
             refusals.append(f"GPU {d.index} {d.id}: {r}")
         else:
-            numa[d.numa] = numa.get(d.numa, 0) + 1
+            numa[d.numa] = numa.get(d.numa, 0) + _room(d, mem, ctr.nums)
     n_fit = sum(numa.values())
     head = (f'container "{ctr.name}" asks {ctr.nums} GPU(s) with {_memory(ctr)} and {ctr.coresreq}% cores each; '
             f"{n_fit} of the node's {len(devs)} GPU(s) can take it, {ctr.nums} needed")
@@ -235,9 +280,10 @@ def brief_reason(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = No
     numa: dict[int, int] = {}
     memreq, pct = ctr.memreq, ctr.mem_percentage
     for d in node.devices:
-        k = refusal_kind(d, ctr, memreq if memreq > 0 else d.totalmem * pct // 100, req, filtered)  # memory_on
+        mem = memreq if memreq > 0 else d.totalmem * pct // 100  # memory_on
+        k = refusal_kind(d, ctr, mem, req, filtered)
         if k is None:
-            numa[d.numa] = numa.get(d.numa, 0) + 1
+            numa[d.numa] = numa.get(d.numa, 0) + _room(d, mem, ctr.nums)
         else:
             kinds[k] = kinds.get(k, 0) + 1
     n_fit = sum(numa.values())

@@ -16,6 +16,7 @@ Topology: equal link sums go by the order above (the earlier GPUs win). Nodes: e
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from itertools import combinations
@@ -129,6 +130,41 @@ def linked_sets(ids: Sequence[str], n: int, scores: dict[str, dict[str, int]]) -
     for combo in combinations(range(m), n):
         if combo not in grown:
             yield combo
+
+
+def multisets(items: Sequence[tuple[T, int]], n: int, *, topology: bool = False,
+              scores: dict[str, dict[str, int]] | None = None, uuid_of=None) -> Iterator[tuple[T, ...]]:
+    """The sets of n GPUs one container may take when a GPU may be taken several times: `items` are
+    (GPU, how many times at most) in policy order. Each set once, in the order `sets` gives over the GPUs
+    repeated in place (the first: as many of the most preferred as it gives, then the next, as HAMi's Fit
+    walks a MIG GPU again); with topology, the first EXACT_TOPOLOGY_SETS sorted by their link sum (pairs
+    of two instances of one GPU count 0), the rest after them."""
+    suffix = [0] * (len(items) + 1)
+    for i in range(len(items) - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + items[i][1]
+
+    def rec(i: int, k: int, prefix: tuple) -> Iterator[tuple[T, ...]]:
+        if k == 0:
+            yield prefix
+            return
+        if suffix[i] < k:
+            return
+        item, most = items[i]
+        for take in range(min(most, k), -1, -1):
+            yield from rec(i + 1, k - take, prefix + (item,) * take)
+
+    found = rec(0, n, ())
+    if not topology:
+        yield from found
+        return
+    first = list(itertools.islice(found, EXACT_TOPOLOGY_SETS))
+
+    def links(option: tuple) -> int:
+        ids = [uuid_of(c) for c in option]
+        return sum(pair(scores or {}, a, b) for a, b in combinations(ids, 2) if a != b)
+
+    yield from sorted(first, key=lambda o: -links(o))  # stable: ties keep preference order
+    yield from found
 
 
 def rank_nodes(results: list[NodeResult], policy: str) -> list[NodeResult]:

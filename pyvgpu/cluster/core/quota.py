@@ -50,7 +50,7 @@ def limits_of(quota: dict, cfg: ClusterConfig) -> dict[str, int]:
 def use_of(pd: PodDevices, n_init: int, app_only: bool = False) -> tuple[int, int]:
     """(MiB, cores) a pod's GPUs count against its namespace."""
     mem = cores = 0
-    for _, m, c, _ in collapse(pd, n_init, app_only).values():
+    for _, m, c, _, _ in collapse(pd, n_init, app_only).values():
         mem += m
         cores += c
     return mem, cores

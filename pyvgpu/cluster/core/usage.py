@@ -14,6 +14,13 @@ pkg/device/initContainer.go CollapseInitContainerUsage). Once every init contain
 pod's status lists each one terminated with exit code 0), the pod holds its app containers' GPUs only
 (HAMi AppContainersOnlyDeviceUsage, pkg/util AllInitContainersSucceeded).
 
+On a GPU registered with HAMi v2.10 dynamic MIG profiles (migProfiles) an entry names the GPU alone; the
+instance is the pod's reservation in hami.io/vgpu-mig-allocations (profile and placement). Every reservation
+of the pod takes its placement, whether an entry names it or not (HAMi pkg/scheduler/scheduler.go
+getNodesUsage restores unconsumed ones too). Fail closed, as HAMi: a pod on such a GPU without a reservation
+for it (or whose reservations cannot be read) leaves the GPU taking nothing new; a reservation on a GPU not
+in MIG mode blocks that GPU; one on a GPU the node does not list blocks every MIG GPU of the node.
+
 A pod whose allocation annotation cannot be decoded is skipped, as HAMi's scheduler skips it (its GPUs
 count as free); the node keeps taking pods and says so in NodeInfo.warnings.
 """
@@ -74,6 +81,9 @@ def node_info(node: dict, cfg: ClusterConfig, i: int = 0) -> NodeInfo:
         devices, scores = _registration(raw, annos.get(keys.NODE_PAIR_SCORE))
     except ClusterInputError as e:
         info.error = str(e)
+        if ".migprofiles" in e.field:  # HAMi v2.10's device plugin writes these (HAMi too leaves such a node out)
+            info.error += ("; the node's MIG profiles cannot be placed on, so nothing is placed on this node: check "
+                           "the node's device plugin and its migProfileAllowlist")
         return info
     if not devices:
         info.error = f"{keys.NODE_REGISTER} lists no GPU"
@@ -86,13 +96,13 @@ def node_info(node: dict, cfg: ClusterConfig, i: int = 0) -> NodeInfo:
     for d in devices:
         du = DeviceUsage.of(d)
         du.cordoned = d.id in cordoned
-        if du.mode == keys.MIG and not du.geometries and d.mig_profiles:
-            # HAMi v2.10 registers dynamic MIG profiles and records each pod's slice in
-            # hami.io/vgpu-mig-allocations; pyvgpu does not place on them yet, and falling back to its own
-            # geometry table could put a pod in a slice the node never offered: the GPU takes nothing new.
-            du.problem = ("registered with HAMi v2.10 dynamic MIG profiles (migProfiles), which pyvgpu does not "
-                          "place pods on yet: this GPU takes no new pod from pyvgpu")
-        elif du.mode == keys.MIG and not du.geometries:
+        if du.mode != keys.MIG:
+            du.profiles = ()
+        elif du.profiles:
+            # HAMi v2.10 dynamic MIG: the registered profiles and placements are all the GPU offers (never
+            # pyvgpu's own table, which could name a slice the node does not have)
+            du.geometries = ()
+        elif not du.geometries:
             du.geometries = cfg.mig_geometries(du.type)
             if not du.geometries:
                 du.problem = (f"mode mig, but no MIG geometry is known for {du.type!r}: add its model to the "
@@ -154,7 +164,8 @@ def usage_inputs(pod: dict) -> tuple:
         return (None, id(pod))  # unreadable: never equal to another version
     return ((pod.get("status") or {}).get("phase") in _ENDED, spec.get("schedulerName"), pod_node(pod),
             annos.get(keys.POD_ALLOCATED), annos.get(keys.POD_BIND_PHASE) == keys.BIND_ALLOCATING,
-            annos.get(keys.POD_TO_ALLOCATE), len(spec.get("initContainers") or []), init_done(pod))
+            annos.get(keys.POD_TO_ALLOCATE), len(spec.get("initContainers") or []), init_done(pod),
+            annos.get(keys.POD_MIG_ALLOCATIONS))
 
 
 def ended(pod: dict) -> bool:
@@ -176,8 +187,14 @@ def init_done(pod: dict) -> bool:
 
 
 def collapse(pd: PodDevices, n_init: int, app_only: bool = False) -> dict[str, list]:
-    """Per GPU UUID: [slots, mem, cores, {(geometry, instance)}] the pod holds at its peak; with `app_only`
-    (its init containers are done) what its app containers hold."""
+    """Per GPU UUID: [slots, mem, cores, {(geometry, instance)}, [dynamic MIG placements]] the pod holds at its
+    peak; with `app_only` (its init containers are done) what its app containers hold. Every reserved
+    placement counts, the init containers' too (HAMi keeps every reservation of the pod)."""
+    slices: dict[str, list] = {}
+    for ctr in pd:
+        for d in ctr:
+            if d.mig is not None:
+                slices.setdefault(d.uuid, []).append((d.mig.start, d.mig.size))
     init: dict[str, list] = {}
     app: dict[str, list] = {}
     for ci, ctr in enumerate(pd):
@@ -198,7 +215,9 @@ def collapse(pd: PodDevices, n_init: int, app_only: bool = False) -> dict[str, l
     out = {}
     for uuid in init.keys() | app.keys():
         a, b = init.get(uuid, [0, 0, 0, set()]), app.get(uuid, [0, 0, 0, set()])
-        out[uuid] = [max(a[0], b[0], 1), max(a[1], b[1]), max(a[2], b[2]), a[3] | b[3]]
+        out[uuid] = [max(a[0], b[0], 1), max(a[1], b[1]), max(a[2], b[2]), a[3] | b[3], slices.pop(uuid, [])]
+    for uuid, held in slices.items():  # reserved by an init container that is done
+        out[uuid] = [0, 0, 0, set(), held]
     return out
 
 
@@ -214,22 +233,36 @@ def add_pod(node: NodeInfo, pd: PodDevices, n_init: int = 0, sign: int = 1, who:
     _charge(node, collapse(pd, n_init, app_only).items(), sign, who)
 
 
-def _charge(node: NodeInfo, held, sign: int, who: str) -> None:
-    """add_pod's charge of a pod's collapsed use, (uuid, (slots, mem, cores, migs)) per GPU."""
+def _charge(node: NodeInfo, held, sign: int, who: str, mig_error: str | None = None) -> None:
+    """add_pod's charge of a pod's collapsed use, (uuid, (slots, mem, cores, migs, slices)) per GPU.
+    `mig_error`: why the pod's hami.io/vgpu-mig-allocations could not be read (then it has no reservation)."""
     node.score_cache = None
     node.fit_cache = None
     node.results = None
     by_id = {d.id: d for d in node.devices}
-    for uuid, (slots, mem, cores, migs) in held:
+    for uuid, (slots, mem, cores, migs, slices) in held:
         dev = by_id.get(uuid)
         if dev is None:
+            if slices and sign > 0:
+                for d in node.devices:
+                    if d.mode == keys.MIG:
+                        d.problem = (f"{who} holds a MIG reservation ({keys.POD_MIG_ALLOCATIONS}) on GPU {uuid}, "
+                                     "which this node does not list")
             continue
         dev.used += sign * slots
         dev.usedmem += sign * mem
         dev.usedcores += sign * cores
         if dev.mode != keys.MIG:
-            if migs and sign > 0:
-                dev.problem = f"{who} holds a MIG instance on this {dev.mode} GPU"
+            if (migs or slices) and sign > 0:
+                dev.problem = (f"{who} holds a MIG instance on this {dev.mode} GPU" if migs else
+                               f"{who} holds a MIG reservation ({keys.POD_MIG_ALLOCATIONS}) on this {dev.mode} GPU")
+            continue
+        if dev.profiles:
+            _charge_slices(dev, slots, migs, slices, sign, who, mig_error)
+            continue
+        if slices and sign > 0:
+            dev.problem = (f"{who} holds a dynamic MIG reservation ({keys.POD_MIG_ALLOCATIONS}) on this GPU, which "
+                           "is registered with MIG templates")
             continue
         if not migs and sign > 0:
             dev.problem = f"{who} holds this MIG GPU without naming an instance (UUID[geometry-instance])"
@@ -250,6 +283,23 @@ def _charge(node: NodeInfo, held, sign: int, who: str) -> None:
         dev.mig_used = frozenset(used)
         if not used:
             dev.mig_geometry = None
+
+
+def _charge_slices(dev: DeviceUsage, slots: int, migs, slices, sign: int, who: str, mig_error: str | None) -> None:
+    """A dynamic-MIG GPU's reserved placements: added (or released) one per reservation."""
+    if sign > 0 and migs:
+        dev.problem = f"{who} names a MIG template instance on this GPU, which is registered with migProfiles"
+    elif sign > 0 and slots and not slices:
+        dev.problem = (f"{who} holds this MIG GPU without a {keys.POD_MIG_ALLOCATIONS} reservation for it"
+                       + (f" ({mig_error})" if mig_error else "")
+                       + ": which instance it has is not known, so the GPU takes nothing new (as in HAMi)")
+    used = list(dev.slices_used)
+    for sl in slices:
+        if sign > 0:
+            used.append(sl)
+        elif sl in used:
+            used.remove(sl)
+    dev.slices_used = tuple(used)
 
 
 def node_infos(nodes: Any, pods: Any, cfg: ClusterConfig | None = None,
@@ -280,9 +330,37 @@ def node_infos(nodes: Any, pods: Any, cfg: ClusterConfig | None = None,
             node.warnings.append(f"{who} was skipped: {e}; its GPUs count as free on node {node.name}, as in "
                                  "HAMi's scheduler")
             continue
+        held, mig_error = _with_reservations(pod, held)
+        if mig_error:
+            node.warnings.append(f"{who}: its MIG reservations were ignored, as in HAMi's scheduler: {mig_error}")
         if held:
-            _charge(node, held, 1, who)
+            _charge(node, held, 1, who, mig_error)
     return infos
+
+
+def _with_reservations(pod: dict, held: tuple) -> tuple[tuple, str | None]:
+    """The pod's held GPUs with its hami.io/vgpu-mig-allocations reservations added per GPU, and why that
+    annotation could not be read (then it counts as none, as HAMi ignores it)."""
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.POD_MIG_ALLOCATIONS)
+    if text is None:
+        return held, None
+    if not isinstance(text, str):
+        return held, f"{keys.POD_MIG_ALLOCATIONS}: expected a string"
+    try:
+        return _reserved(held, text), None
+    except ClusterInputError as e:
+        return held, str(e)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reserved(held: tuple, text: object) -> tuple:
+    by_gpu: dict[str, list] = {}
+    for _, _, uuid, sl in codec.decode_mig_allocations(text):
+        by_gpu.setdefault(uuid, []).append((sl.start, sl.size))
+    out = [(uuid, (slots, mem, cores, migs, tuple(slices) + tuple(by_gpu.pop(uuid, ()))))
+           for uuid, (slots, mem, cores, migs, slices) in held]
+    out += [(uuid, (0, 0, 0, frozenset(), tuple(sl))) for uuid, sl in by_gpu.items()]
+    return tuple(out)
 
 
 def _held(pod: dict) -> tuple:
@@ -306,5 +384,5 @@ def _held_cached(allocated: str, pending: str | None, n_init: int, app_only: boo
 
 
 def _held_of(pd: PodDevices, n_init: int, app_only: bool) -> tuple:
-    return tuple((uuid, (slots, mem, cores, frozenset(migs)))
-                 for uuid, (slots, mem, cores, migs) in collapse(pd, n_init, app_only).items()) if pd else ()
+    return tuple((uuid, (slots, mem, cores, frozenset(migs), tuple(slices)))
+                 for uuid, (slots, mem, cores, migs, slices) in collapse(pd, n_init, app_only).items()) if pd else ()

@@ -218,6 +218,13 @@ class Allocator:
         try:
             health = self.health()
             inventory = self._inventory()
+            if annos.get(keys.POD_MIG_ALLOCATIONS):
+                # HAMi v2.10's dynamic MIG: the instance is to be made at this placement. pyvgpu's plugin uses
+                # the instances that exist and makes none; giving the whole GPU instead would be wrong.
+                raise AllocateError("FAILED_PRECONDITION", f"pod {ns}/{name} holds dynamic MIG reservations "
+                                                           f"({keys.POD_MIG_ALLOCATIONS}), which pyvgpu's device "
+                                                           "plugin does not make: a node registered with migProfiles "
+                                                           "runs HAMi v2.10's device plugin")
             for i in entries:
                 devs = pd[i]
                 if i >= len(ctrs):

@@ -331,6 +331,7 @@ class Scheduler:
                     why = d.nodes[0].reason if d.nodes else "no such node"
                     return "no_longer_fits", f"pyvgpu: {who} no longer fits on node {node}: {why}"
                 annos = dict(d.annotations)
+            annos.setdefault(keys.POD_MIG_ALLOCATIONS, None)  # none left from an earlier decision of the pod
             now = str(int(time.time()))
             annos[keys.POD_TIME] = now
             annos[keys.POD_BIND_TIME] = now
@@ -399,7 +400,7 @@ class Scheduler:
                 return bound == node
             self.kube.patch_pod(ns, name, {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {
                 keys.POD_NODE: None, keys.POD_TO_ALLOCATE: None, keys.POD_ALLOCATED: None,
-                keys.POD_BIND_PHASE: keys.BIND_FAILED}}})
+                keys.POD_MIG_ALLOCATIONS: None, keys.POD_BIND_PHASE: keys.BIND_FAILED}}})
         except (KubeError, KubeUnreachable) as e:
             # left as written: the node over-counts this pod until the annotations are rewritten, never under
             log.error("could not take back the annotations of pod %s/%s after a failed bind: %s", ns, name, e)

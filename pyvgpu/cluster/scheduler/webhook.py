@@ -29,7 +29,7 @@ from pyvgpu.cluster.core.config import ClusterConfig
 
 DEFAULT_SCHEDULER = "default-scheduler"
 ALLOCATION_KEYS = (keys.POD_NODE, keys.POD_TIME, keys.POD_TO_ALLOCATE, keys.POD_ALLOCATED, keys.POD_BIND_PHASE,
-                   keys.POD_BIND_TIME)
+                   keys.POD_BIND_TIME, keys.POD_MIG_ALLOCATIONS)
 
 
 def _annotations(obj: Any) -> dict:
