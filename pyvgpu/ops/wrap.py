@@ -56,8 +56,10 @@ def check_priority(text: str) -> str:
 @record(frozen=True)  # a frozen dataclass's behaviour without importing dataclasses (contract/record.py)
 class WrapRequest:
     """What one `pyvgpu wrap` asks for, checked once when it is made (both command lines build one, and
-    pyvgpu's benches). None: not asked; the environment's variable, else the group's setting, applies
-    (see :func:`join_group`). Sizes, shares and devices stay text: they are read against the devices."""
+    pyvgpu's benches), then passed down whole. None: not asked; the environment's variable, else the group's
+    setting, applies (:func:`group_spec`, the one place the two meet). --memory and --sm are parsed when it is
+    made (:attr:`memory_limits`, :attr:`sm_shares`; the text stays the field, for messages); --devices stays
+    text until it is read against the machine's devices."""
 
     memory: str | None = None  # --memory: SIZE or DEV=SIZE,...
     sm: str | None = None  # --sm: PCT or DEV=PCT,...
