@@ -56,7 +56,7 @@ class GroupSpec:
     name: str
     limits: MemoryLimits = field(default_factory=MemoryLimits)
     sm: SmLimits = field(default_factory=SmLimits)
-    visible: tuple = ()  # tuple[Gpu, ...]
+    visible: tuple[Gpu, ...] = ()
     priority: int | None = None
     sm_borrow: bool | None = None
     n_physical: int = 0
@@ -85,6 +85,3 @@ class GroupSpec:
             set_(self, "sm_borrow", bool(self.sm_borrow))
         if not isinstance(self.n_physical, int) or self.n_physical < 0:
             raise PyvgpuError(f"n_physical {self.n_physical!r} is not a count of devices; give 0 (not known) or more")
-
-    def visible_list(self) -> list[Gpu]:
-        return list(self.visible)
