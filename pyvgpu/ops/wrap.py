@@ -359,7 +359,7 @@ def _create_or_join(path: Path, spec: GroupSpec, group: str | None, existed: boo
 
         groups.touch(path)
         if existed:
-            for note in groups.join_notes(r, spec.limits, spec.limits_source, spec.sm, spec.sm_source):
+            for note in groups.join_notes(r, spec):
                 print(f"pyvgpu: note: {note}", file=sys.stderr)
     return r
 
