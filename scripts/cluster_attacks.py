@@ -148,7 +148,7 @@ def exporter(work: Path) -> dict:
     d = work / "state"
     d.mkdir()
     big = d / "big.region"
-    region.create(big, "big", [0] * L.MAX_DEVICES, n_slots=1_300_000)
+    region.create(big, region.GroupSpec("big", [0] * L.MAX_DEVICES), n_slots=1_300_000)
     srv = ex.server(0, "127.0.0.1", region_path=str(big))
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_port}/metrics"

@@ -275,18 +275,18 @@ def other_attacks(lab: Lab) -> dict:
 
     d = lab.sticky()
     path = d / "theirs.region"
-    as_nobody(lambda: region.create(path, "theirs", [1 << 30] * layout.MAX_DEVICES, mode=0o666))
+    as_nobody(lambda: region.create(path, region.GroupSpec("theirs", [1 << 30] * layout.MAX_DEVICES), mode=0o666))
     out["region: another user's, 0666"] = lab.wrap("--region", str(path), "--", "true")
 
     d = lab.sticky()
     path = d / "theirs.region"
-    as_nobody(lambda: region.create(path, "theirs", [4 << 60] * layout.MAX_DEVICES, mode=0o666))
+    as_nobody(lambda: region.create(path, region.GroupSpec("theirs", [4 << 60] * layout.MAX_DEVICES), mode=0o666))
     out["region: cap 4 EiB (with the opt-in)"] = lab.wrap("--region", str(path), "--", "true",
                                                           PYVGPU_TRUST_SHARED="1")
 
     d = lab.sticky()
     path = d / "theirs.region"
-    as_nobody(lambda: region.create(path, "theirs", [1 << 30] * layout.MAX_DEVICES, mode=0o666))
+    as_nobody(lambda: region.create(path, region.GroupSpec("theirs", [1 << 30] * layout.MAX_DEVICES), mode=0o666))
     host = ("import ctypes,sys\nc=ctypes.CDLL('libcuda.so.1')\nassert c.cuInit(0)==0\nd,x,p=ctypes.c_int(),"
             "ctypes.c_void_p(),ctypes.c_uint64()\nc.cuDeviceGet(ctypes.byref(d),0)\n"
             "c.cuDevicePrimaryCtxRetain(ctypes.byref(x),d)\nc.cuCtxSetCurrent(x)\n"

@@ -128,7 +128,7 @@ def test_live_change_of_the_share(env, tmp_path):
 def test_utilization_policy(env, tmp_path, policy, switch, limited):
     path = tmp_path / "p.region"
     e = sim_env(env, tmp_path, "pol", GPU_CORE_UTILIZATION_POLICY=policy)
-    region.create(path, "p", [0] * 16, sm=[30] * 16)
+    region.create(path, region.GroupSpec("p", [0] * 16, sm=[30] * 16))
     r = region.open_region(path)  # no command changes sm_switch: the test sets the field itself
     r.header.sm_switch = switch
     r.close()
@@ -215,7 +215,7 @@ def test_sm_parsing():
 
 def test_joining_a_group_with_another_share_is_an_error(env, tmp_path):
     path = tmp_path / "g.region"
-    region.create(path, "g", [0] * 16, sm=[30] * 16)
+    region.create(path, region.GroupSpec("g", [0] * 16, sm=[30] * 16))
     p = run([*PYVGPU, "wrap", "--region", str(path), "--sm", "50", "--", "true"], env=env)
     assert p.returncode == 2 and "30%" in p.stderr and "50%" in p.stderr, p.stderr
 

@@ -13,7 +13,7 @@ def test_a_region_claiming_too_many_slots_is_skipped_not_read(tmp_path, capsys):
     """Before: a member's header said 1.3 M slots (the file grown sparsely to match) and every scrape read
     1 GB. 100 000 here: a consistent header and size, so only the slot cap refuses it."""
     big = tmp_path / "big.region"
-    region.create(big, "big", [0] * L.MAX_DEVICES, n_slots=100_000)
+    region.create(big, region.GroupSpec("big", [0] * L.MAX_DEVICES), n_slots=100_000)
     assert big.stat().st_size == L.region_size(100_000)
     families = {f.name: f for f in exporter.RegionCollector(region_path=str(big), machine=lambda: None).collect()}
     assert not families["pyvgpu_memory_limit_bytes"].samples
@@ -23,7 +23,7 @@ def test_a_region_claiming_too_many_slots_is_skipped_not_read(tmp_path, capsys):
 
 def test_a_region_of_the_default_size_is_still_read(tmp_path):
     ok = tmp_path / "ok.region"
-    region.create(ok, "ok", [64 << 20] * L.MAX_DEVICES)
+    region.create(ok, region.GroupSpec("ok", [64 << 20] * L.MAX_DEVICES))
     r = region.open_region(ok, writable=False)
     assert r.header.n_slots == L.DEFAULT_SLOTS <= region.MAX_SLOTS
 

@@ -111,6 +111,7 @@ def test_both_parsers_make_one_and_the_same_request(monkeypatch):
 
     got = []
     monkeypatch.setattr(fastwrap, "run", lambda command, request: got.append((command, request)) or 0)
+    monkeypatch.setenv("PYVGPU_MIN_MEMORY", "1M")  # the request checks -m8M against the floor when it is made
     args = ["-m8M", "--group=t", "--stats-file", "s.json", "--on-error", "OPEN", "--priority", "0", "--sm-cap",
             "--mode", "hami-core", "--allocator", "vpmm", "-d", "0", "--sm", "30", "--", "prog", "-m", "1G"]
     assert fastwrap.wrap(*fastwrap.parse(args)) == 0

@@ -37,7 +37,7 @@ def _mapped(path: Path) -> bool:
 
 def test_a_writable_view_is_the_file_and_a_read_only_one_a_snapshot(tmp_path):
     p = tmp_path / "v.region"
-    region.create(p, "v", [64 * MiB] * 16)
+    region.create(p, region.GroupSpec("v", [64 * MiB] * 16))
     rw, ro = region.open_region(p), region.open_region(p, writable=False)
     assert rw.writable and not ro.writable
     rw.device(0).limit = 128 * MiB
@@ -52,7 +52,7 @@ def test_a_writable_view_is_the_file_and_a_read_only_one_a_snapshot(tmp_path):
 
 def test_a_view_is_unmapped_once_nothing_uses_its_memory(tmp_path):
     p = tmp_path / "u.region"
-    region.create(p, "u", [64 * MiB] * 16)
+    region.create(p, region.GroupSpec("u", [64 * MiB] * 16))
     r = region.open_region(p)
     dev = r.device(0)  # a field object keeps the mapping alive after the region is gone
     r.close()
@@ -66,7 +66,7 @@ def test_a_view_is_unmapped_once_nothing_uses_its_memory(tmp_path):
 
 def test_a_member_is_known_by_the_lock_on_its_slot(tmp_path):
     p = tmp_path / "m.region"
-    region.create(p, "m", [64 * MiB] * 16)
+    region.create(p, region.GroupSpec("m", [64 * MiB] * 16))
     r = region.open_region(p, writable=False)
     assert not region.has_live_member(r) and not region.slot_alive(r, 3)
     fd = os.open(p, os.O_RDWR)  # another open file description: a member's lock (F_OFD_SETLK, one byte)
@@ -85,7 +85,7 @@ def test_a_region_from_the_future_is_young_and_kept(tmp_path, monkeypatch):
     private = region.private_runtime_dir("private")
     future, old = private / "future.region", private / "old.region"
     for p, shift in ((future, 3600 * 10**9), (old, -120 * 10**9)):
-        region.create(p, p.stem, [64 * MiB] * 16)
+        region.create(p, region.GroupSpec(p.stem, [64 * MiB] * 16))
         r = region.open_region(p)
         r.header.created_ns = time.time_ns() + shift
         r.close()
@@ -96,7 +96,7 @@ def test_a_region_from_the_future_is_young_and_kept(tmp_path, monkeypatch):
 
 def test_the_devices_a_process_asks_for_are_checked_against_its_groups(tmp_path):
     p = tmp_path / "d.region"
-    region.create(p, "d", [0] * 16, visible=[B])
+    region.create(p, region.GroupSpec("d", [0] * 16, visible=[B]))
     r = region.open_region(p)
     region.check_devices(r, [B], "--devices 1")
     region.check_devices(r, [], "--devices")  # none asked: the group's
@@ -104,20 +104,20 @@ def test_the_devices_a_process_asks_for_are_checked_against_its_groups(tmp_path)
                                           r"0,1; use the group's devices, or start a group of your own$"):
         region.check_devices(r, [A, B], "--devices 0,1")
     r.close()
-    region.create(tmp_path / "m.region", "m", [0] * 16, visible=[MIG_A])
+    region.create(tmp_path / "m.region", region.GroupSpec("m", [0] * 16, visible=[MIG_A]))
     m = region.open_region(tmp_path / "m.region")
     assert m.visible() == [(0, MIG_A.uuid)]
     region.check_devices(m, [MIG_A], "--devices MIG")
     with pytest.raises(PyvgpuError, match="uses devices 0, but --devices 0 asks for 0"):  # the GPU, not its MIG
         region.check_devices(m, [A], "--devices 0")
-    region.create(tmp_path / "all.region", "all", [0] * 16)
+    region.create(tmp_path / "all.region", region.GroupSpec("all", [0] * 16))
     with pytest.raises(PyvgpuError, match=r"uses every device CUDA sees \(no --devices\), but --devices 1 asks"):
         region.check_devices(region.open_region(tmp_path / "all.region"), [B], "--devices 1")
 
 
 def test_settings_and_caps_read_from_a_region_are_checked(tmp_path):
     p = tmp_path / "s.region"
-    region.create(p, "s", [0] * 16, priority=0, sm_borrow=True)
+    region.create(p, region.GroupSpec("s", [0] * 16, priority=0, sm_borrow=True))
     r = region.open_region(p)
     region.check_setting(r, "priority", 0, "--priority")
     region.check_setting(r, "priority", None, "--priority")
@@ -141,7 +141,7 @@ def test_settings_and_caps_read_from_a_region_are_checked(tmp_path):
 
 def test_a_live_change_is_checked_then_written_with_the_share_count(tmp_path):
     p = tmp_path / "l.region"
-    region.create(p, "l", [64 * MiB] * 16)
+    region.create(p, region.GroupSpec("l", [64 * MiB] * 16))
     r = region.open_region(p)
     with pytest.raises(PyvgpuError, match=r"^--memory 5=1G: group 'l' has no device 5 \(2 devices\)$"):
         groupfiles.check_change(r.path, r.address, False, (None, {5: GIB}), 2, None, "--memory 5=1G")
@@ -192,7 +192,7 @@ def test_a_region_is_made_for_the_uid_a_container_runs_as(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("making a file for another user needs root")
     p = tmp_path / "c.region"
-    assert region.create(p, "c", [64 * MiB] * 16, mode=0o600, owner=(1234, 5678))
+    assert region.create(p, region.GroupSpec("c", [64 * MiB] * 16), mode=0o600, owner=(1234, 5678))
     st = os.lstat(p)
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 5678, 0o600)
     r = region.open_region(p, writable=False)  # the header agrees with the file's owner: not "replaced"
@@ -223,7 +223,7 @@ def test_a_watched_region_is_checked_then_seen_live_and_read_only(tmp_path):
     import ctypes
 
     p = tmp_path / "w.region"
-    region.create(p, "w", [64 * MiB] * 16)
+    region.create(p, region.GroupSpec("w", [64 * MiB] * 16))
     addr = region.watch(p)
     cap = ctypes.c_uint64.from_address(addr + L.REGION_DEVICES_OFF + 1 * L.REGION_DEVICE.size
                                        + L.REGION_DEVICE.offset("limit"))
@@ -250,7 +250,7 @@ from pathlib import Path
 from pyvgpu.group import live, region, turnfile
 from pyvgpu.ops import status
 p = Path({str(tmp_path / "c.region")!r})
-region.create(p, "c", [64 << 20] * 16)
+region.create(p, region.GroupSpec("c", [64 << 20] * 16))
 r = region.open_region(p)
 region.check_bounds(r, [1 << 34])
 region.has_live_member(r)

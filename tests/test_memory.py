@@ -389,7 +389,7 @@ def test_limit_above_physical_memory(env):
 
 def _region_bytes(tmp_path) -> bytearray:
     good = tmp_path / "good.region"
-    region.create(good, "g", [LIMIT] * L.MAX_DEVICES)
+    region.create(good, region.GroupSpec("g", [LIMIT] * L.MAX_DEVICES))
     return bytearray(good.read_bytes())
 
 
@@ -422,7 +422,7 @@ def test_region_of_another_owner_is_refused(env, tmp_path):
     if os.getuid() != 0:
         pytest.skip("needs root to give the file to another user")
     p = tmp_path / "g.region"
-    region.create(p, "g", [0] * L.MAX_DEVICES)
+    region.create(p, region.GroupSpec("g", [0] * L.MAX_DEVICES))
     os.chown(p, 12345, -1)
     r = run([*PYVGPU, "wrap", "--region", str(p), "--", "true"], env=env)
     assert r.returncode == 2 and "belongs to uid 12345" in r.stderr, r.stderr  # another user's (docs/security.md)

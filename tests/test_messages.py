@@ -86,7 +86,8 @@ def test_ctrl_c_before_the_program_starts_prints_no_traceback(env, tmp_path):
                           "wrap.build_env = slow\n"  # stands for a wrap still preparing the vGPU
                           "print('ready', flush=True)\n"
                           "entry.main(['wrap', '-m', '64M', '--', 'true'])\n"],
-                         env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=tmp_path)  # the installed pyvgpu, not the source tree (as helpers.run does)
     assert p.stdout.readline() == "ready\n"
     time.sleep(0.2)
     p.send_signal(signal.SIGINT)

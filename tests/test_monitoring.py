@@ -60,7 +60,7 @@ def test_a_full_region_refuses_the_next_process_and_nobody_runs_unaccounted(env,
     with a message saying why (the claim's -1 must reach the shim as -1), and never allocates outside the
     group's accounting."""
     reg = tmp_path / "small.region"
-    region.create(reg, "small", [64 * MiB] * L.MAX_DEVICES, n_slots=2)
+    region.create(reg, region.GroupSpec("small", [64 * MiB] * L.MAX_DEVICES), n_slots=2)
     a = Member(env, "--region", str(reg))
     b = Member(env, "--region", str(reg))
     try:
@@ -174,7 +174,7 @@ def test_sm_limit_set_live_and_removed(env, tmp_path):
 ])
 def test_limits_set_refuses_bad_input_and_changes_nothing(env, tmp_path, args, message):
     reg = tmp_path / "g.region"
-    region.create(reg, "g", [64 * MiB] * L.MAX_DEVICES, n_physical=2)
+    region.create(reg, region.GroupSpec("g", [64 * MiB] * L.MAX_DEVICES, n_physical=2))
     args = [str(reg) if a == "R" else str(tmp_path / "missing.region") if a == "MISSING" else a for a in args]
     p = limits_set(env, *args)
     assert p.returncode == 2 and message in p.stderr, p.stderr
@@ -186,7 +186,7 @@ def test_limits_set_refuses_bad_input_and_changes_nothing(env, tmp_path, args, m
 
 def test_sm_limit_refused_live_when_utilization_cannot_be_measured(env, tmp_path):
     reg = tmp_path / "g.region"
-    region.create(reg, "g", [0] * L.MAX_DEVICES, n_physical=2)
+    region.create(reg, region.GroupSpec("g", [0] * L.MAX_DEVICES, n_physical=2))
     p = limits_set(dict(env, FAKENVML_NO_UTILIZATION="1"), "--region", str(reg), "--sm", "30")
     assert p.returncode == 2 and "cannot be enforced" in p.stderr
     assert limits_set(env, "--region", str(reg), "--sm", "30").returncode == 0
@@ -196,7 +196,7 @@ def test_sm_limit_refused_live_when_utilization_cannot_be_measured(env, tmp_path
 
 def test_event_ring_keeps_the_latest_in_order(env, tmp_path):
     reg = tmp_path / "g.region"
-    region.create(reg, "g", [0] * L.MAX_DEVICES)
+    region.create(reg, region.GroupSpec("g", [0] * L.MAX_DEVICES))
     r = region.open_region(reg)
     try:
         for i in range(L.N_EVENTS + 40):
@@ -430,7 +430,8 @@ def test_exporter_labels_join_dcgm_exporters(env, tmp_path):
     a = Member(env, "--devices", "1", "--memory", "64M", "--group", "chosen")
     b = Member(env, "--memory", "64M", "--group", "all")
     # a group made where NVML did not tell the devices (as HAMi's pods make theirs): no guess
-    region.create(tmp_path / "pyvgpu/groups/unknown.region", "unknown", [64 * MiB] * L.MAX_DEVICES, n_physical=0)
+    region.create(tmp_path / "pyvgpu/groups/unknown.region",
+                  region.GroupSpec("unknown", [64 * MiB] * L.MAX_DEVICES, n_physical=0))
     ex = Exporter(env)
     try:
         assert a(f"alloc {3 * MiB}") == 0 and b(f"alloc {MiB}") == 0
@@ -573,7 +574,8 @@ def test_exporter_labels_a_mig_group_as_dcgm_exporter_does(tmp_path, monkeypatch
     parent = "GPU-fa4ec0da-0000-0000-0000-000000000000"
     mig = devices.Gpu(0, "MIG-fa4ec0da-4d49-0000-0000-000000000001", "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 10 << 30,
                       parent=parent, gi=9, ci=0)
-    region.create(tmp_path / "pyvgpu/groups/m.region", "m", [MiB] + [0] * (L.MAX_DEVICES - 1), visible=[mig])
+    region.create(tmp_path / "pyvgpu/groups/m.region",
+                  region.GroupSpec("m", [MiB] + [0] * (L.MAX_DEVICES - 1), visible=[mig]))
     gpu = devices.Gpu(0, parent, "NVIDIA A100-SXM4-80GB", 80 << 30, mig_mode=True)
     fams = {f.name: f for f in exporter.RegionCollector(machine=lambda: [gpu], migs=lambda: [mig]).collect()}
     (lim,) = fams["pyvgpu_memory_limit_bytes"].samples

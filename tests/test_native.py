@@ -80,10 +80,10 @@ def test_the_shim_makes_the_region_pyvgpu_would(env, fake, tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     mine = region.open_region(path, writable=False)
     theirs_path = tmp_path / "python" / "pod-a.cache"
-    region.create(theirs_path, "pod-a", lim.memory_from_env({"CUDA_DEVICE_MEMORY_LIMIT_0": "8m",
-                                                            "CUDA_DEVICE_MEMORY_LIMIT_1": "3.5m",
-                                                            "PYVGPU_MIN_MEMORY": "1M"}).as_list(),
-                  sm=lim.sm_from_env({"CUDA_DEVICE_SM_LIMIT": "30"}).as_list())
+    region.create(theirs_path, region.GroupSpec("pod-a", lim.memory_from_env({"CUDA_DEVICE_MEMORY_LIMIT_0": "8m",
+                                                                              "CUDA_DEVICE_MEMORY_LIMIT_1": "3.5m",
+                                                                              "PYVGPU_MIN_MEMORY": "1M"}).as_list(),
+                                                sm=lim.sm_from_env({"CUDA_DEVICE_SM_LIMIT": "30"}).as_list()))
     theirs = region.open_region(theirs_path, writable=False)
     volatile = {"created_ns", "ev_next"}  # when it was made; the events the run wrote
 
@@ -109,7 +109,7 @@ def test_limits_without_a_region_make_a_private_group(env, fake, tmp_path):
 
 def test_a_program_that_disagrees_with_its_group_is_refused(env, fake, tmp_path):
     path = tmp_path / "g.region"
-    region.create(path, "g", [4 * MiB] * 16)
+    region.create(path, region.GroupSpec("g", [4 * MiB] * 16))
     e = bare(env, tmp_path, PYVGPU_REGION=str(path), CUDA_DEVICE_MEMORY_LIMIT="8M")
     p = run([str(fake / "host_mem_linked"), "boundary", str(MiB)], env=e)
     assert "-> 800" in p.stdout, p.stdout + p.stderr  # CUDA_ERROR_NOT_PERMITTED at cuInit: fail closed
@@ -121,7 +121,7 @@ def test_a_program_with_the_groups_first_limits_follows_a_live_change(env, fake,
     was created with (a child of its first programs, or a container's next process) joins under the group's
     new cap instead of being refused; any other limit is still refused."""
     path = tmp_path / "g.region"
-    region.create(path, "g", [8 * MiB] * 16)
+    region.create(path, region.GroupSpec("g", [8 * MiB] * 16))
     p = run([*PYVGPU, "limits", "set", "--region", str(path), "--memory", "4M"], env=env)
     assert p.returncode == 0, p.stderr
     e = bare(env, tmp_path, PYVGPU_REGION=str(path), CUDA_DEVICE_MEMORY_LIMIT="8M")
@@ -186,7 +186,7 @@ def test_wrap_collects_dead_private_groups_only(env, fake, tmp_path, monkeypatch
     private = region.private_runtime_dir("private")
     live, dead, young = (private / f"{n}.region" for n in ("live", "dead", "young"))
     for p in (live, dead, young):
-        region.create(p, p.stem, [64 * MiB] * 16)
+        region.create(p, region.GroupSpec(p.stem, [64 * MiB] * 16))
     for p in (live, dead):  # created two minutes ago
         r = region.open_region(p)
         r.header.created_ns -= 120 * 10**9

@@ -150,7 +150,7 @@ def test_an_own_runtime_dir_with_group_or_other_write_is_repaired(env, tmp_path)
 # --- regions --------------------------------------------------------------------------------
 
 def _make_region(path: Path, limit: int, mode: int) -> None:
-    region.create(path, "theirs", [limit] * layout.MAX_DEVICES, mode=mode)
+    region.create(path, region.GroupSpec("theirs", [limit] * layout.MAX_DEVICES), mode=mode)
 
 
 @pytest.mark.parametrize("how", ["other user, 0666", "other user, 0644"])

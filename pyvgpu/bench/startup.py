@@ -62,7 +62,7 @@ def container_env(base: dict[str, str], tmp: Path) -> dict[str, str]:
     """The device plugin's way: LD_PRELOAD and HAMi's variables, the region made first (1 GiB, 30%)."""
     path = tmp / "vgpu.region"
     if not path.exists():
-        region.create(path, "bench", [CAP] + [0] * 15, sm=[30] * 16)
+        region.create(path, region.GroupSpec("bench", [CAP] + [0] * 15, sm=[30] * 16))
     env = {**base, envspec.LD_PRELOAD.name: str(shim.shim_path()),
            envspec.CUDA_DEVICE_MEMORY_LIMIT.device(0): f"{CAP >> 20}m", envspec.CUDA_DEVICE_SM_LIMIT.name: "30",
            envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name: str(path), envspec.SCHED.name: str(tmp / "turns")}

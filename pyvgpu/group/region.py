@@ -20,14 +20,14 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
 from pyvgpu.contract.record import record  # not dataclasses: a plain wrap imports this
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
+from pyvgpu.group.spec import GroupSpec  # what a region is made with or checked against; here for callers
 from pyvgpu.host.devices import Gpu, uuid_text
 from pyvgpu.native import groupfiles, grouplib, safefile
 
@@ -56,10 +56,15 @@ def private_runtime_dir(sub: str | None = None) -> Path:
     return safefile.private_dir(top / sub, "the runtime directory", RUNTIME_FIX)
 
 
-def group_path(name: str) -> Path:
+def check_group_name(name: str) -> str:
+    """``name`` if it can name a group (a file name in the runtime dir), else the error that names --group."""
     if not _GROUP_NAME.match(name or ""):
         raise PyvgpuError(f"--group {name!r}: a group name is 1-63 letters, digits, '.', '_' or '-'")
-    return private_runtime_dir("groups") / f"{name}.region"
+    return name
+
+
+def group_path(name: str) -> Path:
+    return private_runtime_dir("groups") / f"{check_group_name(name)}.region"
 
 
 def new_private_path() -> Path:
@@ -148,28 +153,29 @@ def slot_launches(slot: ctypes.Structure) -> int:
     return slot.launches + sum(d.sm_launches for d in slot.dev)
 
 
-def create(path: Path, name: str, limits: list[int], n_slots: int = L.DEFAULT_SLOTS,
-           mode: int = 0o600, n_physical: int = 0, sm: list[int] | None = None,
-           visible: list[Gpu] | None = None, priority: int = L.PRIORITY_LOW, sm_borrow: bool = False,
+def create(path: Path, spec: GroupSpec, n_slots: int = L.DEFAULT_SLOTS, mode: int = 0o600,
            owner: tuple[int, int | None] | None = None) -> bool:
-    """Create the region file if it does not exist; True if this call created it.
+    """Create the region file of the group ``spec`` describes if it does not exist; True if this call
+    created it.
 
     The complete file is written under a temporary name and linked into place (shim/src/pv_group_region.c,
     as the shim makes its own), so nobody ever opens a half-initialised region. ``owner`` (uid, gid or
     None; root only): the file belongs to them and its header records the uid (the node agent's regions).
     """
-    want = Header(n_slots=n_slots, n_physical=n_physical, priority=priority, sm_borrow=int(sm_borrow))
-    raw = name.encode()[: L.GROUP_NAME_BYTES - 1]
+    want = Header(n_slots=n_slots, n_physical=spec.n_physical,
+                  priority=L.PRIORITY_LOW if spec.priority is None else spec.priority,
+                  sm_borrow=int(bool(spec.sm_borrow)))
+    raw = spec.name.encode()[: L.GROUP_NAME_BYTES - 1]
     ctypes.memmove(ctypes.addressof(want) + L.REGION_HEADER.offset("name"), raw, len(raw))
-    indices, uuids = _visible_fields(visible or [])
+    indices, uuids = _visible_fields(spec.visible)
     want.n_visible = len(indices)
     ctypes.memmove(ctypes.addressof(want) + L.REGION_HEADER.offset("visible_uuid"), uuids, len(uuids))
     for i, v in enumerate(indices):
         want.visible[i] = v
-    return groupfiles.make_region(path, want, limits, sm or [0] * L.MAX_DEVICES, mode, owner)
+    return groupfiles.make_region(path, want, spec.limits.as_list(), spec.sm.as_list(), mode, owner)
 
 
-def _visible_fields(visible: list[Gpu]) -> tuple[list[int], bytes]:
+def _visible_fields(visible: Sequence[Gpu]) -> tuple[list[int], bytes]:
     """The header's encoding of a group's devices: NVML index | VISIBLE_MIG each, and their raw UUIDs."""
     return [g.index | (L.VISIBLE_MIG if g.is_mig else 0) for g in visible], b"".join(g.uuid_bytes for g in visible)
 
@@ -249,7 +255,7 @@ def check_sm(region: Region, wanted: lim.SmLimits, source: str) -> None:
         groupfiles.check_limits(region.path, region.address, True, wanted.as_list(), source)
 
 
-def check_devices(region: Region, wanted: list[Gpu], source: str) -> None:
+def check_devices(region: Region, wanted: Sequence[Gpu], source: str) -> None:
     """A process asking for other devices than its group's gets a clear error (pv_group_checks.c)."""
     indices, uuids = _visible_fields(wanted)
     groupfiles.check_devices(region.path, region.address, indices, uuids, source)
@@ -264,23 +270,18 @@ def check_setting(region: Region, field: str, wanted: int | None, source: str) -
         groupfiles.check_setting(region.path, region.address, SETTINGS[field], wanted, source)
 
 
-def create_or_open(path: Path, name: str, limits: lim.MemoryLimits, source: str, n_physical: int = 0,
-                   sm: lim.SmLimits | None = None, sm_source: str = envspec.CUDA_DEVICE_SM_LIMIT.name,
-                   visible: list[Gpu] | None = None, devices_source: str = "--devices",
-                   priority: int | None = None, priority_source: str = envspec.CUDA_TASK_PRIORITY.name,
-                   sm_borrow: bool | None = None, borrow_source: str = envspec.SM_BORROW.name,
-                   check_settings: bool = True) -> Region:
-    sm = sm or lim.SmLimits()
+def create_or_open(path: Path, spec: GroupSpec) -> Region:
+    """The group region at ``path``: created from ``spec`` if there is none, else opened and checked to be
+    the group ``spec`` asks for (caps, shares, devices and the settings it asks for; each mismatch an error
+    that names the spec's source of the value)."""
     if not path.exists():
-        create(path, name, limits.as_list(), n_physical=n_physical, sm=sm.as_list(), visible=visible,
-               priority=L.PRIORITY_LOW if priority is None else priority, sm_borrow=bool(sm_borrow))
+        create(path, spec)
     r = open_region(path)
-    check_limits(r, limits, source)
-    check_sm(r, sm, sm_source)
-    check_devices(r, visible or [], devices_source)
-    if check_settings:
-        check_setting(r, "priority", priority, priority_source)
-        check_setting(r, "sm_borrow", None if sm_borrow is None else int(sm_borrow), borrow_source)
+    check_limits(r, spec.limits, spec.limits_source)
+    check_sm(r, spec.sm, spec.sm_source)
+    check_devices(r, spec.visible, spec.devices_source)
+    check_setting(r, "priority", spec.priority, spec.priority_source)
+    check_setting(r, "sm_borrow", None if spec.sm_borrow is None else int(spec.sm_borrow), spec.borrow_source)
     return r
 
 

@@ -109,17 +109,17 @@ def _differences(have: list[int], want: list[int]) -> dict[tuple[int, int], list
     return out
 
 
-def join_notes(r: R.Region, limits: lim.MemoryLimits, source: str, shares: lim.SmLimits,
-               sm_source: str) -> list[str]:
-    """What a joiner asked for that the group no longer has (`pyvgpu limits set` changed it since the group
-    was made with it): the join is accepted, and the program runs under the group's limits."""
+def join_notes(r: R.Region, spec: R.GroupSpec) -> list[str]:
+    """What a joiner asked for (``spec``) that the group no longer has (`pyvgpu limits set` changed it since
+    the group was made with it): the join is accepted, and the program runs under the group's limits."""
     notes = []
-    want = limits.as_list()
+    source, sm_source = spec.limits_source, spec.sm_source
+    want = spec.limits.as_list()
     for (have, asked), devs in _differences(r.limits(), want).items():
         now = lim.human(have) if have else "no limit"
         notes.append(f"group {r.name!r} has {now} {_where(devs, want)} now (`pyvgpu limits set` changed it from "
                      f"{lim.human(asked)}); {source} follows the group: the program runs under {now}")
-    want = shares.as_list()
+    want = spec.sm.as_list()
     for (have, asked), devs in _differences(r.sm_limits(), want).items():
         now = f"{have}%" if have else "no compute share"
         notes.append(f"group {r.name!r} has {now} {_where(devs, want)} now (`pyvgpu limits set` changed it from "

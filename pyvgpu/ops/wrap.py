@@ -17,6 +17,7 @@ from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
 from pyvgpu.group import mps, region
 from pyvgpu.group import turnfile as sched
+from pyvgpu.group.spec import GroupSpec
 from pyvgpu.host import devices
 from pyvgpu.host.driver import DRIVER_FIX, driver_problem
 from pyvgpu.native import cache, choice
@@ -55,8 +56,10 @@ def check_priority(text: str) -> str:
 @record(frozen=True)  # a frozen dataclass's behaviour without importing dataclasses (contract/record.py)
 class WrapRequest:
     """What one `pyvgpu wrap` asks for, checked once when it is made (both command lines build one, and
-    pyvgpu's benches). None: not asked; the environment's variable, else the group's setting, applies
-    (see :func:`join_group`). Sizes, shares and devices stay text: they are read against the devices."""
+    pyvgpu's benches), then passed down whole. None: not asked; the environment's variable, else the group's
+    setting, applies (:func:`group_spec`, the one place the two meet). --memory and --sm are parsed when it is
+    made (:attr:`memory_limits`, :attr:`sm_shares`; the text stays the field, for messages); --devices stays
+    text until it is read against the machine's devices."""
 
     memory: str | None = None  # --memory: SIZE or DEV=SIZE,...
     sm: str | None = None  # --sm: PCT or DEV=PCT,...
@@ -83,11 +86,26 @@ class WrapRequest:
             object.__setattr__(self, "priority", check_priority(self.priority))  # one spelling from here on
         if self.group and self.region_path:
             raise PyvgpuError("give --group or --region, not both")
+        if self.group:  # an empty --group= is none, as before
+            region.check_group_name(self.group)
+        # parsed once, here; the text stays the field (the source in messages, and what both parsers compare)
+        object.__setattr__(self, "_memory", None if self.memory is None else lim.parse_memory_option(self.memory))
+        object.__setattr__(self, "_sm", None if self.sm is None else lim.parse_sm_option(self.sm))
         if not self.join:
             for what, value in (("--devices", self.devices), ("--mode", self.mode), ("--priority", self.priority),
                                 ("--sm-borrow", self.sm_borrow)):
                 if value is not None:
                     raise PyvgpuError(f"{what} needs a group region")
+
+    @property
+    def memory_limits(self) -> lim.MemoryLimits | None:
+        """--memory, parsed (None: not asked)."""
+        return self._memory
+
+    @property
+    def sm_shares(self) -> lim.SmLimits | None:
+        """--sm, parsed (None: not asked)."""
+        return self._sm
 
     @classmethod
     def from_options(cls, *, stats: bool = False, stats_file: str | None = None, **options: object) -> WrapRequest:
@@ -103,6 +121,15 @@ def _prepend(item: str, current: str | None, sep: str) -> str:
 def build_env(base: Mapping[str, str], request: WrapRequest) -> dict[str, str]:
     """The wrapped program's environment: ``base`` plus the shim, its callbacks and the group ``request`` asks
     for (the callbacks compiled first if none fits, with progress on stderr)."""
+    env = _with_shim(base, request)
+    check_program_env(env)
+    if request.join:
+        join_group(env, request)
+    return env
+
+
+def _with_shim(base: Mapping[str, str], request: WrapRequest) -> dict[str, str]:
+    """``base`` with the shim preloaded, the callbacks it loads, and the request's shim settings."""
     shim = shim_path()
     if not shim.exists():
         from pyvgpu.native.shim import missing_fix
@@ -124,15 +151,17 @@ def build_env(base: Mapping[str, str], request: WrapRequest) -> dict[str, str]:
         env[envspec.ALLOCATOR.name] = request.allocator
     if env.get(envspec.ALLOCATOR.name) == "vpmm":  # the startup hook makes VPMM PyTorch's allocator
         env[envspec.PYTHONPATH.name] = _prepend(str(BOOT_DIR), env.get(envspec.PYTHONPATH.name), os.pathsep)
-    lim.sm_policy(env)  # a bad GPU_CORE_UTILIZATION_POLICY is an error before start
+    return env
+
+
+def check_program_env(env: Mapping[str, str]) -> None:
+    """The variables the program's shim reads, checked now: a bad one is an error before the program starts."""
+    lim.sm_policy(env)  # GPU_CORE_UTILIZATION_POLICY
     lim.sm_batch_ns(env)
     lim.clock_mode(env)
     sched.enabled(env)
     lim.priority_from_env(env)
     lim.sm_borrow_from_env(env)
-    if request.join:
-        join_group(env, request)
-    return env
 
 
 def check_physical(limits: lim.MemoryLimits, source: str, chosen: list[devices.Gpu] | None = None) -> int:
@@ -168,15 +197,23 @@ def _drop(env: dict[str, str], variable: envspec.Var) -> None:
         del env[k]
 
 
-def _shares_asked(env: dict[str, str], sm: str | None) -> tuple[lim.SmLimits, str]:
+def _shares_asked(env: dict[str, str], request: WrapRequest) -> tuple[lim.SmLimits, str]:
     """--sm (which replaces CUDA_DEVICE_SM_LIMIT[_i]), else those variables, and where the shares came from."""
-    if sm is None:
+    if request.sm_shares is None:
         return lim.sm_from_env(env), envspec.CUDA_DEVICE_SM_LIMIT.name
     _drop(env, envspec.CUDA_DEVICE_SM_LIMIT)
-    return lim.parse_sm_option(sm), f"--sm {sm}"
+    return request.sm_shares, f"--sm {request.sm}"
 
 
-def sm_limits_for(env: dict[str, str], sm: str | None,
+def _memory_asked(env: dict[str, str], request: WrapRequest) -> tuple[lim.MemoryLimits, str]:
+    """--memory (which replaces CUDA_DEVICE_MEMORY_LIMIT[_i]), else those variables, and where they came from."""
+    if request.memory_limits is None:
+        return lim.memory_from_env(env), envspec.CUDA_DEVICE_MEMORY_LIMIT.name
+    _drop(env, envspec.CUDA_DEVICE_MEMORY_LIMIT)
+    return request.memory_limits, f"--memory {request.memory}"
+
+
+def sm_limits_for(env: dict[str, str], request: WrapRequest,
                   chosen: list[devices.Gpu] | None = None) -> tuple[lim.SmLimits, str]:
     """The compute shares asked for (--sm wins over CUDA_DEVICE_SM_LIMIT[_i]) and where they came from.
 
@@ -184,7 +221,7 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
     PYVGPU_ON_ERROR=open dropped with a warning. GPU_CORE_UTILIZATION_POLICY=disable is
     said out loud: the limit is recorded for the group but this program runs unlimited.
     """
-    shares, source = _shares_asked(env, sm)
+    shares, source = _shares_asked(env, request)
     if not any(0 < v < 100 for v in shares.as_list()):
         return shares, source
     limited = [d for d, v in enumerate(shares.as_list()) if 0 < v < 100]
@@ -217,86 +254,77 @@ def sm_limits_for(env: dict[str, str], sm: str | None,
     return shares, source
 
 
-def _group_settings(env: dict[str, str], priority: str | None,
-                    sm_borrow: bool | None) -> tuple[int | None, str, bool | None, str]:
+def _group_settings(env: Mapping[str, str], request: WrapRequest) -> dict[str, object]:
     """The priority and borrowing asked for (an option wins over HAMi's CUDA_TASK_PRIORITY and over
-    PYVGPU_SM_BORROW) and where each came from; None: not asked, the group's stays."""
-    if priority is not None:
-        prio, prio_source = lim.PRIORITIES.index(priority), f"--priority {priority}"  # checked by WrapRequest
+    PYVGPU_SM_BORROW) and where each came from, as GroupSpec's fields; None: not asked, the group's stays."""
+    if request.priority is not None:  # checked and spelt as the word by WrapRequest
+        prio, prio_source = lim.PRIORITIES.index(request.priority), f"--priority {request.priority}"
     else:
         prio, prio_source = lim.priority_from_env(env), envspec.CUDA_TASK_PRIORITY.name
-    if sm_borrow is not None:
-        borrow, borrow_source = sm_borrow, "--sm-borrow"
+    if request.sm_borrow is not None:
+        borrow, borrow_source = request.sm_borrow, "--sm-borrow"
     else:
         borrow, borrow_source = lim.sm_borrow_from_env(env), envspec.SM_BORROW.name
-    return prio, prio_source, borrow, borrow_source
+    return {"priority": prio, "priority_source": prio_source, "sm_borrow": borrow, "borrow_source": borrow_source}
 
 
-def join_group(env: dict[str, str], request: WrapRequest) -> Path:
-    """Create or join the group's region before the program starts; set the env contract for it."""
-    memory, group, region_path, sm = request.memory, request.group, request.region_path, request.sm
-    device_spec, mode = request.devices, request.mode
-    prio, prio_source, borrow, borrow_source = _group_settings(env, request.priority, request.sm_borrow)
-    chosen = devices.select(device_spec, env) if device_spec is not None else []
-    if mode == "mps":  # MPS enforces the share (pyvgpu/group/mps.py): nothing of pyvgpu's limiter to check
-        mps_shares, sm_source = _shares_asked(env, sm)
+def group_spec(env: dict[str, str], request: WrapRequest) -> tuple[Path, GroupSpec, lim.SmLimits]:
+    """The region and the group ``request`` asks for: each option, else its variable in ``env`` (an option
+    removes the variables it replaces), the one place the two meet; and, in MPS mode, the shares MPS
+    enforces instead (the group then has none of pyvgpu's). Every value is checked here, before the
+    program starts: against the devices, the turn file and the named group's expiry."""
+    settings = _group_settings(env, request)
+    chosen = devices.select(request.devices, env) if request.devices is not None else []
+    mps_shares = lim.SmLimits()
+    if request.mode == "mps":  # MPS enforces the share (pyvgpu/group/mps.py): nothing of pyvgpu's limiter to check
+        mps_shares, sm_source = _shares_asked(env, request)
         shares = lim.SmLimits()
         _drop(env, envspec.CUDA_DEVICE_SM_LIMIT)
     else:
-        shares, sm_source = sm_limits_for(env, sm, chosen)
-    if memory is not None:
-        limits, source = lim.parse_memory_option(memory), f"--memory {memory}"
-        _drop(env, envspec.CUDA_DEVICE_MEMORY_LIMIT)
-    else:
-        limits, source = lim.memory_from_env(env), envspec.CUDA_DEVICE_MEMORY_LIMIT.name
+        shares, sm_source = sm_limits_for(env, request, chosen)
+    limits, source = _memory_asked(env, request)
     n_physical = check_physical(limits, source, chosen)
-    if region_path:
-        path = Path(region_path).absolute()
+    path = _region_path(env, request)
+    spec = GroupSpec(request.group or path.stem, limits, shares, tuple(chosen), n_physical=n_physical,
+                     limits_source=source, sm_source=sm_source, devices_source=f"--devices {request.devices}",
+                     **settings)
+    return path, spec, mps_shares
+
+
+def _region_path(env: Mapping[str, str], request: WrapRequest) -> Path:
+    """--region, else --group's file (expired first if idle too long), else HAMi's
+    CUDA_DEVICE_MEMORY_SHARED_CACHE, else a new private region."""
+    if request.region_path:
+        path = Path(request.region_path).absolute()
         if path.is_dir():
-            raise PyvgpuError(f"--region {region_path} is a directory; give the path of a region file in it, "
-                              f"such as --region {Path(region_path) / 'NAME.region'}")
-    elif group:
-        path = region.group_path(group)
+            raise PyvgpuError(f"--region {request.region_path} is a directory; give the path of a region file in "
+                              f"it, such as --region {Path(request.region_path) / 'NAME.region'}")
+        return path
+    if request.group:
+        path = region.group_path(request.group)
         from pyvgpu.ops import groups  # a named group's lifecycle: the idle expiry, the join notes
 
         expired = groups.expire_if_idle(path, env)
         if expired:
             print(f"pyvgpu: {expired}", file=sys.stderr)
-    elif env.get(envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name):
-        path = Path(env[envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name]).absolute()
-    else:
-        region.gc_private()
-        path = region.new_private_path()
-    name = group or path.stem
+        return path
+    if env.get(envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name):
+        return Path(env[envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name]).absolute()
+    region.gc_private()
+    return region.new_private_path()
+
+
+def join_group(env: dict[str, str], request: WrapRequest) -> Path:
+    """Create or join the group's region before the program starts; set the env contract for it."""
+    path, spec, mps_shares = group_spec(env, request)
     existed = path.exists()
-    try:
-        r = region.create_or_open(path, name, limits, source, n_physical, shares, sm_source, chosen,
-                                  f"--devices {device_spec}", prio, prio_source, borrow, borrow_source)
-    except PyvgpuError as e:
-        if group and existed:
-            from pyvgpu.ops import groups
-
-            raise PyvgpuError(f"{e}{groups.idle_hint(path)}") from None
-        raise
-    if group:
-        from pyvgpu.ops import groups
-
-        groups.touch(path)
-        if existed:
-            for note in groups.join_notes(r, limits, source, shares, sm_source):
-                print(f"pyvgpu: note: {note}", file=sys.stderr)
-    if mode is not None:
-        want = mps.check_mode(mode)
-        if not existed:
-            r.header.mode = want
-            if want == mps.MODES.index("mps"):
-                r.header.mps_active_threads = mps.one_share(mps_shares, sm_source)
-        elif r.header.mode != want:
-            raise PyvgpuError(f"--mode {mode}: the group {name} runs in mode {mps.mode_name(r.header.mode)}; "
-                              "join it without --mode, or start another group")
+    r = _create_or_join(path, spec, request.group, existed)
+    if request.mode is not None:
+        _check_mode(r, spec, request.mode, existed, mps_shares)
+    limits, shares = spec.limits, spec.sm
     if not limits and any(r.limits()):  # caps read from the file (asked-for ones were checked above) are
         # bounded by the devices' memory
-        phys = [g.total for g in chosen] if chosen else devices.physical_memory()
+        phys = [g.total for g in spec.visible] if spec.visible else devices.physical_memory()
         region.check_bounds(r, phys or [])
     if not limits:  # joining a group without asking: take its limits
         limits = lim.MemoryLimits(per_device={d: v for d, v in enumerate(r.limits()) if v})
@@ -309,10 +337,43 @@ def join_group(env: dict[str, str], request: WrapRequest) -> Path:
     if r.header.n_visible:  # the group's devices, also for a member that did not name them
         env[envspec.CUDA_VISIBLE_DEVICES.name] = ",".join(u for _, u in r.visible())
     if r.header.mode == mps.MODES.index("mps"):  # every member of an MPS group is a client, --mode or not
-        n = r.header.n_visible or n_physical or len(devices.physical_memory() or [])
+        n = r.header.n_visible or spec.n_physical or len(devices.physical_memory() or [])
         mps.apply(env, region.runtime_dir(), limits, r.header.mps_active_threads, n)
     env[envspec.REGION.name] = str(path)
     return path
+
+
+def _create_or_join(path: Path, spec: GroupSpec, group: str | None, existed: bool) -> region.Region:
+    """region.create_or_open, with a named group's lifecycle: the idle hint on a refusal, its use recorded,
+    and the notes of joining a group that asks for other limits."""
+    try:
+        r = region.create_or_open(path, spec)
+    except PyvgpuError as e:
+        if group and existed:
+            from pyvgpu.ops import groups
+
+            raise PyvgpuError(f"{e}{groups.idle_hint(path)}") from None
+        raise
+    if group:
+        from pyvgpu.ops import groups
+
+        groups.touch(path)
+        if existed:
+            for note in groups.join_notes(r, spec):
+                print(f"pyvgpu: note: {note}", file=sys.stderr)
+    return r
+
+
+def _check_mode(r: region.Region, spec: GroupSpec, mode: str, existed: bool, mps_shares: lim.SmLimits) -> None:
+    """--mode: a new group runs in it (MPS with the group's one share); an existing one must already."""
+    want = mps.check_mode(mode)
+    if not existed:
+        r.header.mode = want
+        if want == mps.MODES.index("mps"):
+            r.header.mps_active_threads = mps.one_share(mps_shares, spec.sm_source)
+    elif r.header.mode != want:
+        raise PyvgpuError(f"--mode {mode}: the group {spec.name} runs in mode {mps.mode_name(r.header.mode)}; "
+                          "join it without --mode, or start another group")
 
 
 def _executable(path: str) -> bool:

@@ -154,7 +154,7 @@ class NodeState:
         try:
             # made whole, of its owner and mode, before it appears at its path (the group core)
             mode = MODE_REGION_OWNED if owner.uid is not None else MODE_REGION_SHARED
-            region.create(final, region_name(pod_uid, container), limits, mode=mode, sm=sm,
+            region.create(final, region.GroupSpec(region_name(pod_uid, container), limits, sm=sm), mode=mode,
                           owner=(owner.uid, owner.gid) if owner.uid is not None else None)
         except BaseException:
             shutil.rmtree(d, ignore_errors=True)
