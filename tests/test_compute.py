@@ -30,11 +30,12 @@ from pyvgpu.native.shim import BENCH_BIN
 TESTS_DIR = Path(__file__).resolve().parent
 
 
-def sign_changes(xs: list[float], dead_band: float = 0.02) -> int:
+def sign_changes(xs: list[float], dead_band: float = 0.03) -> int:
     """Direction changes of the scale, counting only steps over dead_band (relative).
 
     Utilization readings carry noise of about a point, so a settled controller may nudge
-    its scale by well under 1% and back; an oscillation is a swing, not a nudge."""
+    its scale by well under 1% and back; on a 2-core machine busy with other work the nudges
+    reach 2% (at a 30% target, 0.6 points of utilization). An oscillation is a swing, not a nudge."""
     steps = [b - a for a, b in zip(xs, xs[1:], strict=False) if abs(b - a) > dead_band * abs(a)]
     return sum(1 for a, b in zip(steps, steps[1:], strict=False) if (a > 0) != (b > 0))
 
