@@ -116,9 +116,11 @@ def step(ctx, region, dev, handle, limit, period):
         DEV.store_sm_state(d, L.SM_STATE_HOLDING)
         # Every group with a share here was charged well more than the GPU was busy, all of them and whoever
         # else together: the timings are inflated (another context's kernels between a timed kernel's
-        # events), so the charges come down, never up (an unshared neighbour's time is in NVML's figure).
-        if everyone >= MIN_CHARGED and u < everyone * OVERCHARGED:
-            scale_by(d, scale, np.float64(u) / everyone)
+        # events), so the charges come down; they go back up only as far as the kernels' own timings, never
+        # above (an unshared neighbour's time is in NVML's figure).
+        ratio = holding_ratio(np.float64(u), everyone, scale)
+        if ratio != 0.0:
+            scale_by(d, scale, ratio)
         return
     DEV.store_sm_state(d, L.SM_STATE_CALIBRATING)
     pct = spent * 100.0
@@ -147,6 +149,22 @@ def device_charged(ctx, d, dev, charged_ns, period):
     if mark == 0 or total < mark:
         return 0.0
     return np.float64(total - mark) * 100.0 / max(np.float64(period), 1.0)
+
+
+@njit
+def holding_ratio(u, everyone, scale):
+    """Beside others or in a gang: the step for the scale (measured / charged), 0.0 for none. Charged well
+    more than NVML saw busy (everyone: all the GPU's groups with a share, in percent), the charges come
+    down; no longer so, a scale that came down earlier (a launch-bound phase, NCCL's start-up) goes back
+    towards the kernels' own timings, never above them: otherwise a later compute-bound phase would be
+    charged a fraction of its time for good and run at many times its share."""
+    if everyone < MIN_CHARGED:
+        return 0.0
+    if u < everyone * OVERCHARGED:
+        return u / everyone
+    if scale < Q16 and u >= everyone:
+        return min(u / everyone, np.float64(Q16) / scale)
+    return 0.0
 
 
 @njit

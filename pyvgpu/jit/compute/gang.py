@@ -108,11 +108,16 @@ def common_wait(region, wait, now, batch):
 
 
 @njit
-def publish_release(region, until):
-    """A rank holds until ``until``: make it the gang's common release if it is later than the one there."""
+def publish_release(region, until, now):
+    """A rank holds until ``until``: make it the gang's common release if it is later than the one there. A
+    release no rank obeys (more than RELEASE_MAX_NS past ``now``, or negative: a forged value, or one left in
+    a region file from before a reboot) is replaced, or it would keep every later release out for good."""
     while True:
         old = HDR.load_gang_release(region)
-        if np.int64(old) >= until or HDR.cas_gang_release(region, old, np.uint64(until)) == old:
+        o = np.int64(old)
+        if o >= until and o <= now + RELEASE_MAX_NS:
+            return
+        if HDR.cas_gang_release(region, old, np.uint64(until)) == old:
             return
 
 

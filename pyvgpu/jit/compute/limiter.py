@@ -131,7 +131,7 @@ def hold(ctx, region, dev, wait, stream, turns, rank, g):
     start = monotonic_ns()
     wait += np.int64(CTX.get_sm_batch_ns(ctx))
     if g != 0:  # a gang's ranks leave together (pyvgpu/jit/compute/gang.py)
-        gang.publish_release(region, start + wait)
+        gang.publish_release(region, start + wait, start)
     if turns and turn.takes_turns(ctx, dev):
         turn.reserve(ctx, dev, rank, start + wait)
         turn.give(ctx, region, dev, stream, False)
@@ -142,6 +142,8 @@ def hold(ctx, region, dev, wait, stream, turns, rank, g):
     if g != 0:
         later = gang.follow_release(region, now)
         if later != 0:
+            if turns and turn.takes_turns(ctx, dev):
+                turn.reserve(ctx, dev, rank, later)  # the turn it asked for moves with it, not left to lapse
             sleep_ns(later - now)
             now = monotonic_ns()
     DEV.add_sm_throttle_ns(REGION.device(region, dev), np.uint64(now - start))
