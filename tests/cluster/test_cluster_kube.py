@@ -54,3 +54,30 @@ def test_errors_name_the_call_and_the_status(api, kube):
     api.stop()
     with pytest.raises(KubeUnreachable, match="get node n1: cannot reach the API server"):
         kube.get_node("n1")
+
+
+def test_a_server_url_with_a_path_prefixes_every_call(api, tmp_path):
+    """The pool is taken once per server; the server URL's own path (a proxy in front of the API server)
+    still prefixes each call's path, as when the pool manager was handed the whole URL."""
+    import json
+
+    from pyvgpu.cluster.api.kube import Kube
+
+    api.hooks.append(lambda method, path: (200, {"kind": "Node", "metadata": {"name": "n1"}})
+                     if path.startswith("/prefix/") else None)
+    path = api.kubeconfig(tmp_path / "kubeconfig.json")
+    cfg = json.loads(path.read_text())
+    cfg["clusters"][0]["cluster"]["server"] = api.url + "/prefix"
+    path.write_text(json.dumps(cfg))
+    kube = Kube(str(path), timeout=5)
+    assert kube.get_node("n1")["metadata"]["name"] == "n1"
+    assert kube.list_pods(node="n1")["metadata"]["name"] == "n1"
+    assert api.requests == [("GET", "/prefix/api/v1/nodes/n1"), ("GET", "/prefix/api/v1/pods")]
+    assert {auth for _, _, auth, _ in api.headers_seen} == {"Bearer test-token"}
+
+
+def test_a_closed_pool_is_taken_again(api, kube):
+    api.put_node(node("n1"))
+    kube.get_node("n1")
+    kube.api.api_client.rest_client.pool_manager.clear()  # closes the pools it holds, ours among them
+    assert kube.get_node("n1")["metadata"]["name"] == "n1"

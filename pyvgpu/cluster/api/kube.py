@@ -86,6 +86,23 @@ class Kube:
         _throttle_refresh(self.configuration)
         self._headers = {**self.api.api_client.default_headers, "Accept": "application/json",
                          "User-Agent": self.api.api_client.user_agent}
+        self._pool = None  # the connection pool of self.server (see _pool_of_server)
+
+    def _pool_of_server(self) -> tuple[Any, str] | None:
+        """The client's pool of connections to the API server, and the server URL's path (a prefix of every
+        request's path), or None where the client goes through a proxy (then its pool manager chooses). Taken
+        once, not looked up per call: the manager parsed and normalised every call's URL to find this same
+        pool, a part of each of bind's calls."""
+        import urllib3
+
+        got = self._pool
+        if got is not None and got[0].pool is not None:  # a closed pool's connections are gone: taken again
+            return got
+        manager = self.api.api_client.rest_client.pool_manager
+        if type(manager) is not urllib3.PoolManager:
+            return None
+        got = self._pool = (manager.connection_from_url(self.server), urllib3.util.parse_url(self.server).path or "")
+        return got
 
     # -- plumbing ------------------------------------------------------------------------------------------
 
@@ -104,11 +121,17 @@ class Kube:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = content_type
-        url = self.server + path + (f"?{urlencode(query)}" if query else "")
+        target = path + (f"?{urlencode(query)}" if query else "")
         try:
-            resp = self.api.api_client.rest_client.pool_manager.request(
-                method, url, body=data, headers=headers, timeout=urllib3.Timeout(total=timeout or self.timeout),
-                preload_content=True, retries=False)
+            pool = self._pool_of_server()
+            if pool is None:
+                resp = self.api.api_client.rest_client.pool_manager.request(
+                    method, self.server + target, body=data, headers=headers,
+                    timeout=urllib3.Timeout(total=timeout or self.timeout), preload_content=True, retries=False)
+            else:  # what the manager does for a URL of this server, without finding the pool again
+                resp = pool[0].urlopen(method, pool[1] + target, body=data, headers=headers,
+                                       timeout=urllib3.Timeout(total=timeout or self.timeout), preload_content=True,
+                                       retries=False, redirect=False, assert_same_host=False)
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise KubeUnreachable(f"{what}: cannot reach the API server at {self.server} ({_why(e)})") from None
         if not 200 <= resp.status < 300:

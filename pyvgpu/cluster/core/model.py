@@ -7,6 +7,8 @@ ContainerDevice) so that the Go reference and this code read alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
 
 from pyvgpu.cluster.core import keys
 
@@ -246,4 +248,9 @@ class Decision:
     @property
     def feasible(self) -> list[str]:
         """Every node the pod fits on, best first (the extender returns all of them: HAMi#2264)."""
-        return [n.name for n in self.nodes if n.fits]
+        nodes = self.nodes
+        return list(map(_NAME, compress(nodes, map(_FITS, nodes))))  # C-speed passes over thousands of nodes
+
+
+_NAME = attrgetter("name")
+_FITS = attrgetter("fits")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-import re
 import socket
 import ssl
 import threading
@@ -68,15 +67,25 @@ def read_body(headers: Any, rfile: Any, limit: int = MAX_BODY) -> bytes:
     return data
 
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')
 
 
 def _depth_ok(raw: bytes, limit: int) -> bool:
     """Whether valid JSON `raw` nests at most `limit` deep: its brackets outside strings, counted (a
-    filter's body is mostly a list of node names; walking the parsed objects cost a pass over every one)."""
+    filter's body is mostly a list of node names; walking the parsed objects cost a pass over every one).
+    In valid JSON a backslash appears only in a string, as an escape: the escaped backslashes go first
+    (left to right, as a reader pairs them), then the escaped quotes; every quote left opens or closes a
+    string, so the pieces between quotes alternate outside, inside, outside. Each step is a C-speed pass
+    over the bytes (a regular expression over every string cost more than parsing the body)."""
+    if b"\\" in raw:
+        raw = raw.replace(b"\\\\", b"")
+    if b'\\"' in raw:
+        raw = raw.replace(b'\\"', b"")
+    outside = b"".join(raw.translate(None, _NOT_STRUCTURE).split(b'"')[::2])
+    if len(outside) <= 2 * limit:  # fewer brackets than twice the limit cannot nest deeper than it
+        return True
     depth = 0
-    for c in _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS):
+    for c in outside:
         if c in b"[{":
             depth += 1
             if depth > limit:

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 
 from pyvgpu.cluster.core.decide import allocation_annotations
 from pyvgpu.cluster.core.model import NodeInfo, PodDevices, PodRequest
@@ -127,7 +128,7 @@ class InFlight:
         if not promised:
             return infos
         out = list(infos)
-        for i in [i for i, info in enumerate(infos) if info.name in promised]:  # few: the rest stay as they are
+        for i in _positions(infos, promised):  # few: the rest stay as they are
             info = infos[i]
             held = self.on_node(info.name, exclude) if not info.error else []
             if counted is not None:
@@ -142,6 +143,26 @@ class InFlight:
                 add_pod(copy, r.devices, r.n_init, who=f"pod {ns}/{name} (being bound)")
             out[i] = copy
         return out
+
+
+def _positions(infos: list[NodeInfo], names: set[str]) -> list[int]:
+    """The positions of the nodes named in `names` (few) among `infos` (thousands), in order: searched in
+    C (list.index) rather than a Python pass over every node."""
+    all_names = list(map(_NAME, infos))
+    out = []
+    for name in names:
+        i = -1
+        try:
+            while True:
+                i = all_names.index(name, i + 1)
+                out.append(i)
+        except ValueError:
+            pass
+    out.sort()
+    return out
+
+
+_NAME = attrgetter("name")
 
 
 def kept_promise(promise: Reservation | None, node: NodeInfo, req: PodRequest,

@@ -281,8 +281,8 @@ class Informer:
         with self.lock:
             self._rebuild_dirty()
             infos = self._infos
-            out = [infos.get(name) for name in names]  # one C-speed pass: the rest touches few nodes
-            missing = [i for i, info in enumerate(out) if info is None]
+            out = list(map(infos.get, names))  # one C-speed pass: the rest touches few nodes
+            missing = [i for i, info in enumerate(out) if info is None] if None in out else ()
             for i in missing:
                 name = names[i]
                 node = self.nodes.get(name) or (extra_nodes or {}).get(name)
