@@ -67,7 +67,10 @@ def test_a_group_spec_is_checked_when_made_and_frozen():
             ({"limits": lim.MemoryLimits(per_device={16: MiB}), "limits_source": "--memory 16=1M"},
              "--memory 16=1M: there is no device 16 in a group (devices 0-15)"),
             ({"limits": [-1]}, "CUDA_DEVICE_MEMORY_LIMIT: a memory cap of -1 on device 0 is negative; give 0 or more"),
-            ({"sm": lim.SmLimits(default=150), "sm_source": "--sm"}, "--sm: a compute share over 100% was given"),
+            ({"sm": lim.SmLimits(default=150), "sm_source": "--sm"},
+             "--sm: a compute share of 150% is over 100%; give a percent from 1 to 100"),
+            ({"sm": [30, 0, 120], "sm_source": "CUDA_DEVICE_SM_LIMIT_2"},
+             "CUDA_DEVICE_SM_LIMIT_2: a compute share of 120% on device 2 is over 100%"),
             ({"n_physical": -2}, "n_physical -2 is not a count of devices")):
         with pytest.raises(PyvgpuError) as e:
             GroupSpec("g", **kw)

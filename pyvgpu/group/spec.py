@@ -72,8 +72,14 @@ class GroupSpec:
             raise PyvgpuError(f"a group's name is text, not {self.name!r}")
         set_(self, "limits", _per_device(self.limits, MemoryLimits, "memory cap", self.limits_source))
         set_(self, "sm", _per_device(self.sm, SmLimits, "compute share", self.sm_source))
-        if any(v > 100 for v in self.sm.as_list()):
-            raise PyvgpuError(f"{self.sm_source}: a compute share over 100% was given; give a percent from 1 to 100")
+        over = [(d, v) for d, v in self.sm.per_device.items() if v > 100]
+        if self.sm.default is not None and self.sm.default > 100:
+            over.insert(0, (None, self.sm.default))
+        if over:
+            d, v = over[0]
+            where = "" if d is None else f" on device {d}"
+            raise PyvgpuError(f"{self.sm_source}: a compute share of {v}%{where} is over 100%; give a percent from "
+                              f"1 to 100")
         set_(self, "visible", tuple(self.visible or ()))
         if len(self.visible) > L.MAX_DEVICES:
             raise PyvgpuError(f"{self.devices_source}: {len(self.visible)} devices given, a group has at most "
