@@ -12,6 +12,7 @@ from cluster_helpers import ctr, node, nodelist, pod, podlist
 from pyvgpu.cluster.core import place
 from pyvgpu.cluster.core.config import ClusterConfig
 from pyvgpu.cluster.core.fit import mig_room, slice_pick
+from pyvgpu.cluster.core.policy import multisets
 from pyvgpu.cluster.core.request import pod_request
 from pyvgpu.cluster.core.usage import node_infos
 
@@ -80,3 +81,11 @@ def test_mig_room_counts_what_repeated_picks_take():
                 n += 1
             d.slices_used = used
             assert mig_room(d, mem, 99) == n and mig_room(d, mem, 1) == min(n, 1)
+
+
+def test_topology_ranks_instance_sets_by_links_read_from_the_earlier_gpus_side():
+    # a one-sided or uneven pair annotation: a pair is read from the first GPU of the set that has the pair,
+    # as `pair` reads it; ranking by per-GPU counts must keep that side
+    scores = {"G0": {"G1": 0}, "G1": {"G0": 3, "G2": 5}, "G2": {"G0": 0, "G1": 4}}
+    got = list(multisets([("G0", 5), ("G1", 3), ("G2", 1)], 8, topology=True, scores=scores, uuid_of=lambda c: c))
+    assert got == [("G0",) * 4 + ("G1",) * 3 + ("G2",), ("G0",) * 5 + ("G1",) * 2 + ("G2",), ("G0",) * 5 + ("G1",) * 3]

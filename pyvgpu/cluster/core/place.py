@@ -55,7 +55,7 @@ class _Exhausted(Exception):
 # plan()'s bound on the dynamic-MIG work of one pod on one node, in placements examined (fit.mig_work): an
 # option there costs a slice_pick per instance taken and a mig_room per GPU for the next container, so
 # search_budget's count of options alone lets a pod creator buy seconds per node.
-MIG_SEARCH_WORK = 400_000
+MIG_SEARCH_WORK = 200_000
 
 
 def _room_bound(devs: list[DeviceUsage], statics: list[str | None], ctrs: list[ContainerRequest]) -> int:

@@ -180,13 +180,26 @@ def _takes(caps: tuple[int, ...], n: int) -> Iterator[tuple[tuple[int, int], ...
 def _ranked(caps: tuple[int, ...], n: int, links: tuple[tuple[int, ...], ...]) -> tuple:
     """The first EXACT_TOPOLOGY_SETS of _takes sorted by their link sum, the highest first (stable: ties keep
     preference order); `links[i][j]`: the link score of items i and j. Kept for the few item tables last
-    seen: one decision asks for the same ones again (the plan, then the reason it gives)."""
-    first = list(itertools.islice(_takes(caps, n), EXACT_TOPOLOGY_SETS))
-
-    def total(takes: tuple[tuple[int, int], ...]) -> int:
-        return sum(ka * kb * links[a][b] for (a, ka), (b, kb) in combinations(takes, 2))
-
-    return tuple(sorted(first, key=lambda t: -total(t)))
+    seen: one decision asks for the same ones again (the plan, then the reason it gives). The sums are built
+    along the walk of _takes, one item added at a time."""
+    suffix = [0] * (len(caps) + 1)
+    for i in range(len(caps) - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + caps[i]
+    found: list[tuple[int, tuple]] = []
+    stack = [(0, n, (), 0)]  # (next item, GPUs still to take, takes so far, their link sum)
+    while stack and len(found) < EXACT_TOPOLOGY_SETS:
+        i, k, prefix, total = stack.pop()
+        if k == 0:
+            found.append((-total, prefix))
+            continue
+        if suffix[i] < k:
+            continue
+        gain = sum(kj * links[j][i] for j, kj in prefix)  # read from the earlier GPU's side, as `pair` is
+        stack.append((i + 1, k, prefix, total))  # pushed first: walked after every take of item i
+        for take in range(1, min(caps[i], k) + 1):  # the most taken is walked first
+            stack.append((i + 1, k - take, prefix + ((i, take),), total + take * gain))
+    found_order = sorted(range(len(found)), key=lambda x: found[x][0])  # stable: ties keep preference order
+    return tuple(found[x][1] for x in found_order)
 
 
 def rank_nodes(results: list[NodeResult], policy: str) -> list[NodeResult]:
