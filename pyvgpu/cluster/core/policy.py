@@ -186,18 +186,20 @@ def _ranked(caps: tuple[int, ...], n: int, links: tuple[tuple[int, ...], ...]) -
     for i in range(len(caps) - 1, -1, -1):
         suffix[i] = suffix[i + 1] + caps[i]
     found: list[tuple[int, tuple]] = []
+    if n <= 0 or suffix[0] < n:
+        return ((),) if n == 0 else ()
     stack = [(0, n, (), 0)]  # (next item, GPUs still to take, takes so far, their link sum)
     while stack and len(found) < EXACT_TOPOLOGY_SETS:
-        i, k, prefix, total = stack.pop()
-        if k == 0:
-            found.append((-total, prefix))
-            continue
-        if suffix[i] < k:
-            continue
+        i, k, prefix, total = stack.pop()  # k > 0 and suffix[i] >= k: a set lies below
         gain = sum(kj * links[j][i] for j, kj in prefix)  # read from the earlier GPU's side, as `pair` is
-        stack.append((i + 1, k, prefix, total))  # pushed first: walked after every take of item i
-        for take in range(1, min(caps[i], k) + 1):  # the most taken is walked first
-            stack.append((i + 1, k - take, prefix + ((i, take),), total + take * gain))
+        rest = suffix[i + 1]
+        if rest >= k:
+            stack.append((i + 1, k, prefix, total))  # pushed first: walked after every take of item i
+        for take in range(max(1, k - rest), min(caps[i], k) + 1):  # the most taken is walked first
+            if take == k:  # the last pushed, so the next walked: a set, taken now
+                found.append((-total - take * gain, prefix + ((i, take),)))
+            else:
+                stack.append((i + 1, k - take, prefix + ((i, take),), total + take * gain))
     found_order = sorted(range(len(found)), key=lambda x: found[x][0])  # stable: ties keep preference order
     return tuple(found[x][1] for x in found_order)
 
