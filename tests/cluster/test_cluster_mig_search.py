@@ -89,3 +89,15 @@ def test_topology_ranks_instance_sets_by_links_read_from_the_earlier_gpus_side()
     scores = {"G0": {"G1": 0}, "G1": {"G0": 3, "G2": 5}, "G2": {"G0": 0, "G1": 4}}
     got = list(multisets([("G0", 5), ("G1", 3), ("G2", 1)], 8, topology=True, scores=scores, uuid_of=lambda c: c))
     assert got == [("G0",) * 4 + ("G1",) * 3 + ("G2",), ("G0",) * 5 + ("G1",) * 2 + ("G2",), ("G0",) * 5 + ("G1",) * 3]
+
+
+def test_further_instances_are_not_checked_against_count_memory_or_cores_as_in_hami():
+    # HAMi v2.10.0 Fit checks Used < Count, the free memory and the free cores against the GPU as it was before
+    # the container, and only the placements again for each further instance (docs/cluster.md, parity): a GPU
+    # registered with 2 slots, 10240 MiB and 30% cores gives one container seven 1g.5gb instances
+    reg = [{"id": "GPU-0", "index": 0, "count": 2, "devmem": 10240, "devcore": 30, "type": "NVIDIA-A100-SXM4-40GB",
+            "numa": 0, "health": True, "mode": "mig", "migProfiles": A100_PROFILES[:1]}]
+    (info,) = node_infos(nodelist(node("n1", json.dumps(reg))), podlist())
+    got = place.plan(info, pod_request(pod(containers=[ctr(gpus=7, mem=4000)])))
+    assert got.fits and len(got.placements[0]) == 7
+    assert sum(p.usedmem for p in got.placements[0]) == 7 * 5120 and sum(p.usedcores for p in got.placements[0]) == 98
