@@ -167,3 +167,24 @@ def test_bad_pair_scores(text, field):
     with pytest.raises(ClusterInputError) as e:
         codec.decode_pair_scores(text)
     assert e.value.field == field
+
+
+# --- JSON a node or pod creator can write that json.loads fails on by more than a syntax error -----------------
+
+DEEP = "[" * 5000 + "]" * 5000  # deeper than the interpreter's recursion limit
+LONG = "9" * 5000  # more digits than int() converts
+
+
+@pytest.mark.parametrize("decode, text", [
+    (codec.decode_register, DEEP),
+    (codec.decode_register, '[{"id":"GPU-a","count":' + LONG + "}]"),
+    (codec.decode_pair_scores, DEEP),
+    (codec.decode_pair_scores, '[{"uuid":"a","score":{"b":' + LONG + "}}]"),
+    (codec.decode_mig_allocations, DEEP),
+    (codec.decode_mig_allocations, '[{"containerIndex":' + LONG + "}]"),
+])
+def test_deep_or_long_json_is_an_input_error(decode, text):
+    with pytest.raises(ClusterInputError) as e:
+        decode(text)
+    assert e.value.field.startswith("hami.io/")
+    assert "nested too deep" in e.value.detail or "number too long" in e.value.detail

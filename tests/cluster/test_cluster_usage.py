@@ -172,3 +172,14 @@ def test_a_decision_charged_then_released_leaves_the_node_as_it_was():
     assert decide_on([info], req).nodes[0].score > score
     add_pod(info, d.devices, d.init_containers, sign=-1)
     assert [(d.used, d.usedmem, d.usedcores, d.mig_geometry, d.mig_used) for d in info.devices] == before
+
+
+def test_deep_or_long_json_stays_with_its_node_or_pod():
+    deep = node("n2", "[" * 5000 + "]" * 5000)
+    long_ = node("n3", '[{"id":"GPU-x","count":' + "9" * 5000 + "}]")
+    bad = pod("bad", node_name="n1", annotations={"hami.io/vgpu-mig-allocations": "[" * 5000 + "]" * 5000})
+    n1, n2, n3 = node_infos(nodelist(NODE, deep, long_), podlist(bad))
+    assert n1.error is None and [d.id for d in n1.devices] == ["GPU-a", "GPU-b"]
+    assert n2.error.startswith("hami.io/node-nvidia-register") and "nested too deep" in n2.error
+    assert n3.error.startswith("hami.io/node-nvidia-register") and "number too long" in n3.error
+    assert any("vgpu-mig-allocations" in w and "nested too deep" in w for w in n1.warnings)

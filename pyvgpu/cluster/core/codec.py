@@ -158,10 +158,7 @@ def decode_register(text: str, where: str = keys.NODE_REGISTER) -> list[DeviceIn
     stripped = text.strip()
     if not stripped.startswith(("[", "{")):
         return _decode_register_legacy(stripped, where)
-    try:
-        raw = json.loads(stripped)
-    except json.JSONDecodeError as e:
-        raise ClusterInputError(where, f"not valid JSON ({e.msg} at character {e.pos})") from None
+    raw = _loads(stripped, where)
     if not isinstance(raw, list):
         raise ClusterInputError(where, "expected a JSON list of devices")
     devices: list[DeviceInfo] = []
@@ -199,6 +196,21 @@ def decode_register(text: str, where: str = keys.NODE_REGISTER) -> list[DeviceIn
             mig_profiles=_profiles(d["migprofiles"], f"{w}.migprofiles") if d.get("migprofiles") is not None else (),
         ))
     return devices
+
+
+def _loads(text: str, where: str) -> Any:
+    """json.loads, every way it fails on text a pod or node creator wrote mapped to ClusterInputError: beside
+    malformed JSON, nesting deeper than the interpreter's recursion limit (RecursionError) and an integer of
+    more digits than int() converts (ValueError)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ClusterInputError(where, f"not valid JSON ({e.msg} at character {e.pos})") from None
+    except RecursionError:
+        raise ClusterInputError(where, "JSON nested too deep to read: write a flat list of objects") from None
+    except ValueError:
+        raise ClusterInputError(where, "a JSON number too long to read (more digits than any count or "
+                                       "size has): write it in at most a few digits") from None
 
 
 def _bounded(text: str, where: str, limit: int = MAX_ANNOTATION) -> None:
@@ -266,10 +278,7 @@ def decode_pair_scores(text: str, where: str = keys.NODE_PAIR_SCORE) -> dict[str
     """{uuid: {other_uuid: link score}} from the node's pair-score annotation."""
     if isinstance(text, str):
         _bounded(text, where)
-    try:
-        raw = json.loads(text) if isinstance(text, str) else None
-    except json.JSONDecodeError as e:
-        raise ClusterInputError(where, f"not valid JSON ({e.msg} at character {e.pos})") from None
+    raw = _loads(text, where) if isinstance(text, str) else None
     if raw is None:  # JSON null: HAMi decodes it to no scores
         return {}
     if not isinstance(raw, list):
@@ -377,10 +386,7 @@ def decode_mig_allocations(text: object, where: str = keys.POD_MIG_ALLOCATIONS) 
     if not text:
         return ()
     _bounded(text, where, MAX_MIG_ALLOCATIONS_TEXT)
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ClusterInputError(where, f"not valid JSON ({e.msg} at character {e.pos})") from None
+    raw = _loads(text, where)
     if raw is None:
         return ()
     if not isinstance(raw, list):

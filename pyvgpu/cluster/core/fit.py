@@ -9,6 +9,8 @@ fails is the reason, and the reason says which limit, with the numbers.
 
 from __future__ import annotations
 
+import functools
+
 from pyvgpu.cluster.core import keys
 from pyvgpu.cluster.core.model import ContainerRequest, DeviceUsage, MigProfile, MigTemplate, PodRequest, Slice
 
@@ -71,6 +73,37 @@ def _prefers_high(profile: str) -> bool:
     return profile.startswith(("1g.", "3g."))
 
 
+@functools.lru_cache(maxsize=1024)
+def _offer_order(profiles: tuple[MigProfile, ...]) -> tuple[tuple[MigProfile, tuple[tuple[Slice, int], ...]], ...]:
+    """The profiles in the order slice_pick tries them, each with its placements in order and their slot masks
+    (a GPU's registration changes rarely: sorted once per profile table)."""
+    def order(p: MigProfile) -> list[Slice]:
+        return sorted(p.placements, key=lambda pl: -pl[0] if _prefers_high(p.name) else pl[0])
+
+    return tuple((p, tuple((sl, _occupied((sl,))) for sl in order(p)))
+                 for p in sorted(profiles, key=lambda p: (p.memory, p.slices)))
+
+
+# Slots past this are never offered (a profile's placement ends by 2 * codec.MAX_MIG_SLICE): a reservation's
+# slots are cut here, so a forged huge start or size costs no memory.
+_SLOTS = 256
+
+
+def _occupied(used: tuple[Slice, ...]) -> int:
+    """The slots `used` covers, as a bit mask (a slice of size 0 covers none)."""
+    occ = 0
+    for s, z in used:
+        lo, hi = min(s, _SLOTS), min(s + z, _SLOTS)
+        if lo < hi:
+            occ |= ((1 << (hi - lo)) - 1) << lo
+    return occ
+
+
+def mig_work(dev: DeviceUsage) -> int:
+    """What one slice_pick or mig_room on `dev` costs at most: its placements (plan() bounds its search by this)."""
+    return sum(len(p.placements) for p in dev.profiles) + 1
+
+
 def slice_pick(dev: DeviceUsage, mem: int) -> tuple[MigProfile, Slice] | None:
     """The profile and placement a container of `mem` MiB gets on a GPU registered with migProfiles, or None.
 
@@ -79,13 +112,13 @@ def slice_pick(dev: DeviceUsage, mem: int) -> tuple[MigProfile, Slice] | None:
     a placement overlapping none reserved; its placements from the highest start for 1g and 3g profiles,
     from the lowest for the others.
     """
-    used = dev.slices_used
-    for p in sorted(dev.profiles, key=lambda p: (p.memory, p.slices)):
+    occ = _occupied(dev.slices_used)
+    for p, places in _offer_order(dev.profiles):
         if p.memory < mem:
             continue
-        for start, size in sorted(p.placements, key=lambda pl: -pl[0] if _prefers_high(p.name) else pl[0]):
-            if all(not (start < s + z and s < start + size) for s, z in used):
-                return p, (start, size)
+        for sl, m in places:
+            if not occ & m:
+                return p, sl
     return None
 
 
@@ -98,16 +131,34 @@ def mig_room(dev: DeviceUsage, mem: int, limit: int) -> int:
     """How many instances of `mem` MiB one container can take of the GPU `dev`, registered with migProfiles,
     one after another, up to `limit`. HAMi's Fit walks a MIG GPU again after taking an instance of it, so one
     container may take several instances of one MIG GPU (pkg/device/nvidia/device.go Fit;
-    pkg/scheduler/score.go isMIGRequest lifts the one-GPU-each count for it)."""
-    used = dev.slices_used
+    pkg/scheduler/score.go isMIGRequest lifts the one-GPU-each count for it).
+
+    The count of slice_pick called again and again, in one pass: each pick is the first free placement in
+    slice_pick's order, and a placement taken or overlapped stays so, so the next pick lies further on."""
+    occ = _occupied(dev.slices_used)
     n = 0
-    while n < limit:
-        got = slice_pick(dev, mem)
-        if got is None:
-            break
-        dev.slices_used = dev.slices_used + (got[1],)
-        n += 1
-    dev.slices_used = used
+    for p, places in _offer_order(dev.profiles):
+        if p.memory < mem:
+            continue
+        for _, m in places:
+            if n >= limit:
+                return n
+            if not occ & m:
+                occ |= m
+                n += 1
+    return n
+
+
+def mig_bound(dev: DeviceUsage, mem: int) -> int:
+    """The most instances of `mem` MiB or more that can lie side by side on `dev` in its free slices, however
+    they are picked (the most disjoint placements: by earliest end): a bound no sequence of picks passes."""
+    occ = _occupied(dev.slices_used)
+    places = sorted((s + z, s, m) for p, pl in _offer_order(dev.profiles) if p.memory >= mem
+                    for (s, z), m in pl if not occ & m)
+    n, end = 0, -1
+    for e, s, _ in places:
+        if s >= end:
+            n, end = n + 1, e
     return n
 
 

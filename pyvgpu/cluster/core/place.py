@@ -22,9 +22,11 @@ from pyvgpu.cluster.core.config import ClusterConfig
 from pyvgpu.cluster.core.fit import (
     fits,
     has_filters,
+    mig_bound,
     mig_free,
     mig_pick,
     mig_room,
+    mig_work,
     refusal_kind,
     slice_pick,
     static_reason,
@@ -48,6 +50,27 @@ class NodePlan:
 
 class _Exhausted(Exception):
     pass
+
+
+# plan()'s bound on the dynamic-MIG work of one pod on one node, in placements examined (fit.mig_work): an
+# option there costs a slice_pick per instance taken and a mig_room per GPU for the next container, so
+# search_budget's count of options alone lets a pod creator buy seconds per node.
+MIG_SEARCH_WORK = 200_000
+
+
+def _room_bound(devs: list[DeviceUsage], statics: list[str | None], ctrs: list[ContainerRequest]) -> int:
+    """At most how many GPUs the node's GPUs can give `ctrs` together: a dynamic-MIG GPU as many instances as
+    fit side by side in its free slices, any other GPU one per container and free slot. Cheap and never too
+    low, so a pod asking more is refused without a search."""
+    total = 0
+    for d, s in zip(devs, statics, strict=True):
+        if s is not None:
+            continue
+        if d.profiles:
+            total += mig_bound(d, min(c.memory_on(d.totalmem) for c in ctrs))
+        else:
+            total += min(len(ctrs), max(0, d.count - d.used))
+    return total
 
 
 def _candidates(devs: list[DeviceUsage], statics: list[str | None], ctr: ContainerRequest,
@@ -110,6 +133,12 @@ def _state(devs: list[DeviceUsage]) -> tuple:
     return tuple((d.used, d.usedmem, d.usedcores, d.mig_geometry, d.mig_used, d.slices_used) for d in devs)
 
 
+def _canonical(state: tuple) -> tuple:
+    """A usage state without the order instances were taken in (what the search can still reach depends only on
+    which slices are reserved), so the same instances reached in another order are a known dead end too."""
+    return tuple((u, m, c, g, migs, tuple(sorted(sl))) for u, m, c, g, migs, sl in state)
+
+
 def _restore(devs: list[DeviceUsage], state: tuple) -> None:
     for d, (used, mem, cores, g, migs, slices) in zip(devs, state, strict=True):
         d.used, d.usedmem, d.usedcores, d.mig_geometry, d.mig_used, d.slices_used = used, mem, cores, g, migs, slices
@@ -132,33 +161,45 @@ def plan(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = None) -> N
             out[i] = tuple(_take(d, ctr, mem) for _, d, mem in first)
             _restore(devs, base)
     apps = [i for i, c in enumerate(req.containers) if not c.init and c.nums > 0]
+    if len(apps) > 1 and sum(req.containers[i].nums for i in apps) > _room_bound(
+            devs, statics, [req.containers[i] for i in apps]):
+        return NodePlan(False, reason=why_not(node, req, cfg))
     tries = 0
+    work = 0  # dynamic-MIG placements examined (MIG_SEARCH_WORK)
+    cost = {id(d): mig_work(d) for d in devs if d.profiles}
+    candidates_cost = 2 * sum(cost.values())  # fits() and mig_room on each dynamic-MIG GPU
     failed: set = set()  # (depth, usage) states known to lead nowhere
 
     def place(k: int) -> bool:
-        nonlocal tries
+        nonlocal tries, work
         if k == len(apps):
             return True
         ctr = req.containers[apps[k]]
         state = _state(devs)
-        if (k, state) in failed:
+        key = (k, _canonical(state))
+        if key in failed:
             return False
+        work += candidates_cost
         for option in _options(_candidates(devs, statics, ctr, req), ctr, req, node):
             tries += 1
-            if tries > cfg.search_budget:
+            work += sum(cost.get(id(d), 0) for _, d, _ in option)
+            if tries > cfg.search_budget or work > MIG_SEARCH_WORK:
                 raise _Exhausted
             out[apps[k]] = tuple(_take(d, ctr, mem) for _, d, mem in option)
             if place(k + 1):
                 return True
             _restore(devs, state)
-        failed.add((k, state))
+        failed.add(key)
         return False
 
     try:
         ok = place(0)
     except _Exhausted:
-        return NodePlan(False, reason=f"gave up after {cfg.search_budget} placements of the pod's containers "
-                                      "(search_budget): no placement found in them")
+        if tries > cfg.search_budget:
+            return NodePlan(False, reason=f"gave up after {cfg.search_budget} placements of the pod's containers "
+                                          "(search_budget): no placement found in them")
+        return NodePlan(False, reason=f"gave up after {tries} placements of the pod's containers, which examined "
+                                      f"{MIG_SEARCH_WORK} MIG placements in all: no placement found in them")
     if not ok:
         return NodePlan(False, reason=why_not(node, req, cfg))
     return NodePlan(True, tuple(out))

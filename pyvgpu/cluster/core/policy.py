@@ -16,6 +16,7 @@ Topology: equal link sums go by the order above (the earlier GPUs win). Nodes: e
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -139,32 +140,68 @@ def multisets(items: Sequence[tuple[T, int]], n: int, *, topology: bool = False,
     repeated in place (the first: as many of the most preferred as it gives, then the next, as HAMi's Fit
     walks a MIG GPU again); with topology, the first EXACT_TOPOLOGY_SETS sorted by their link sum (pairs
     of two instances of one GPU count 0), the rest after them."""
-    suffix = [0] * (len(items) + 1)
-    for i in range(len(items) - 1, -1, -1):
-        suffix[i] = suffix[i + 1] + items[i][1]
+    caps = tuple(k for _, k in items)
 
-    def rec(i: int, k: int, prefix: tuple) -> Iterator[tuple[T, ...]]:
+    def expand(takes: tuple[tuple[int, int], ...]) -> tuple[T, ...]:
+        return tuple(x for i, k in takes for x in (items[i][0],) * k)
+
+    if not topology:
+        yield from map(expand, _takes(caps, n))
+        return
+    ids = [uuid_of(c) for c, _ in items]
+    links = tuple(tuple(pair(scores or {}, a, b) if a != b else 0 for b in ids) for a in ids)
+    ranked = _ranked(caps, n, links)
+    yield from map(expand, ranked)
+    if len(ranked) == EXACT_TOPOLOGY_SETS:
+        yield from map(expand, itertools.islice(_takes(caps, n), EXACT_TOPOLOGY_SETS, None))
+
+
+def _takes(caps: tuple[int, ...], n: int) -> Iterator[tuple[tuple[int, int], ...]]:
+    """multisets' sets as (item, copies) pairs of the items taken, in its order: as many of the first item as
+    it gives, then fewer, each followed by the same over the rest."""
+    suffix = [0] * (len(caps) + 1)
+    for i in range(len(caps) - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + caps[i]
+
+    def rec(i: int, k: int, prefix: tuple) -> Iterator[tuple[tuple[int, int], ...]]:
         if k == 0:
             yield prefix
             return
         if suffix[i] < k:
             return
-        item, most = items[i]
-        for take in range(min(most, k), -1, -1):
-            yield from rec(i + 1, k - take, prefix + (item,) * take)
+        for take in range(min(caps[i], k), 0, -1):
+            yield from rec(i + 1, k - take, prefix + ((i, take),))
+        yield from rec(i + 1, k, prefix)
 
-    found = rec(0, n, ())
-    if not topology:
-        yield from found
-        return
-    first = list(itertools.islice(found, EXACT_TOPOLOGY_SETS))
+    return rec(0, n, ())
 
-    def links(option: tuple) -> int:
-        ids = [uuid_of(c) for c in option]
-        return sum(pair(scores or {}, a, b) for a, b in combinations(ids, 2) if a != b)
 
-    yield from sorted(first, key=lambda o: -links(o))  # stable: ties keep preference order
-    yield from found
+@functools.lru_cache(maxsize=4)
+def _ranked(caps: tuple[int, ...], n: int, links: tuple[tuple[int, ...], ...]) -> tuple:
+    """The first EXACT_TOPOLOGY_SETS of _takes sorted by their link sum, the highest first (stable: ties keep
+    preference order); `links[i][j]`: the link score of items i and j. Kept for the few item tables last
+    seen: one decision asks for the same ones again (the plan, then the reason it gives). The sums are built
+    along the walk of _takes, one item added at a time."""
+    suffix = [0] * (len(caps) + 1)
+    for i in range(len(caps) - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + caps[i]
+    found: list[tuple[int, tuple]] = []
+    if n <= 0 or suffix[0] < n:
+        return ((),) if n == 0 else ()
+    stack = [(0, n, (), 0)]  # (next item, GPUs still to take, takes so far, their link sum)
+    while stack and len(found) < EXACT_TOPOLOGY_SETS:
+        i, k, prefix, total = stack.pop()  # k > 0 and suffix[i] >= k: a set lies below
+        gain = sum(kj * links[j][i] for j, kj in prefix)  # read from the earlier GPU's side, as `pair` is
+        rest = suffix[i + 1]
+        if rest >= k:
+            stack.append((i + 1, k, prefix, total))  # pushed first: walked after every take of item i
+        for take in range(max(1, k - rest), min(caps[i], k) + 1):  # the most taken is walked first
+            if take == k:  # the last pushed, so the next walked: a set, taken now
+                found.append((-total - take * gain, prefix + ((i, take),)))
+            else:
+                stack.append((i + 1, k - take, prefix + ((i, take),), total + take * gain))
+    found_order = sorted(range(len(found)), key=lambda x: found[x][0])  # stable: ties keep preference order
+    return tuple(found[x][1] for x in found_order)
 
 
 def rank_nodes(results: list[NodeResult], policy: str) -> list[NodeResult]:

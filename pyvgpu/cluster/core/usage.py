@@ -79,6 +79,9 @@ def node_info(node: dict, cfg: ClusterConfig, i: int = 0) -> NodeInfo:
         return info
     try:
         devices, scores = _registration(raw, annos.get(keys.NODE_PAIR_SCORE))
+    except (RecursionError, ValueError, TypeError) as e:  # the codec maps these; should one slip, it stays here
+        info.error = f"{keys.NODE_REGISTER}: cannot be read ({type(e).__name__}): check the node agent"
+        return info
     except ClusterInputError as e:
         info.error = str(e)
         if ".migprofiles" in e.field:  # HAMi v2.10's device plugin writes these (HAMi too leaves such a node out)
@@ -326,7 +329,7 @@ def node_infos(nodes: Any, pods: Any, cfg: ClusterConfig | None = None,
         who = f"pod {ns}/{meta['name']}"
         try:
             held = _held(pod)
-        except ClusterInputError as e:
+        except (ClusterInputError, RecursionError, ValueError, TypeError) as e:
             node.warnings.append(f"{who} was skipped: {e}; its GPUs count as free on node {node.name}, as in "
                                  "HAMi's scheduler")
             continue
@@ -348,7 +351,7 @@ def _with_reservations(pod: dict, held: tuple) -> tuple[tuple, str | None]:
         return held, f"{keys.POD_MIG_ALLOCATIONS}: expected a string"
     try:
         return _reserved(held, text), None
-    except ClusterInputError as e:
+    except (ClusterInputError, RecursionError, ValueError, TypeError) as e:
         return held, str(e)
 
 

@@ -332,7 +332,12 @@ class Informer:
         return [i for i in self.node_infos(names) if not i.error]
 
     def _build(self, node: dict, pods: list[dict]) -> NodeInfo:
-        return usage.node_infos([node], pods, self.cfg)[0]
+        try:
+            return usage.node_infos([node], pods, self.cfg)[0]
+        except Exception as e:  # noqa: BLE001 -- one node's bad annotations must not stop the rebuild of the others
+            name = str((node.get("metadata") or {}).get("name", "")) if isinstance(node, dict) else ""
+            log.warning("node %s: its usage cannot be read, nothing is placed on it: %s", name, e)
+            return NodeInfo(name, error=f"the node's usage cannot be read: {e}")
 
     def in_flight(self, node: str, exclude: tuple[str, str]) -> list[dict]:
         """Pods the cache has on `node` by annotation only (bound by a bind whose Binding is not seen yet)."""
