@@ -15,8 +15,9 @@ reads NodeNames back; otherwise it sends Nodes (a NodeList) and reads Nodes back
 
 Filter decides on the cache (pyvgpu.cluster.scheduler.informer); the GPUs are chosen at bind, on the node
 kube-scheduler picked, with the node locked (pyvgpu.cluster.api.nodelock) and its pods read fresh from the API
-server, so two binds never count the same free memory. A failed bind answers Error: kube-scheduler puts
-the pod back in its queue and retries it. The HTTP server and `run()` are pyvgpu.cluster.scheduler.extender_server.
+server, so two binds never count the same free memory (bind is pyvgpu.cluster.scheduler.binder). A failed
+bind answers Error: kube-scheduler puts the pod back in its queue and retries it. The HTTP server and
+`run()` are pyvgpu.cluster.scheduler.extender_server.
 """
 
 from __future__ import annotations
@@ -33,15 +34,16 @@ from operator import attrgetter
 from typing import Any
 
 from pyvgpu.cluster.api import events
-from pyvgpu.cluster.api.kube import Kube, KubeError, KubeUnreachable
-from pyvgpu.cluster.api.nodelock import LockBusy, NodeLock
-from pyvgpu.cluster.core import keys, usage
+from pyvgpu.cluster.api.kube import Kube
+from pyvgpu.cluster.api.nodelock import NodeLock
+from pyvgpu.cluster.core import keys
 from pyvgpu.cluster.core.config import ClusterConfig
 from pyvgpu.cluster.core.decide import decide_on
 from pyvgpu.cluster.core.errors import ClusterInputError
 from pyvgpu.cluster.core.request import pod_request
 from pyvgpu.cluster.scheduler import httpserve, webhook
-from pyvgpu.cluster.scheduler.inflight import InFlight, kept_promise
+from pyvgpu.cluster.scheduler.binder import Binder
+from pyvgpu.cluster.scheduler.inflight import InFlight
 from pyvgpu.cluster.scheduler.informer import Informer
 from pyvgpu.cluster.scheduler.leader import LeaseLeader
 from pyvgpu.cluster.scheduler.liveness import Liveness
@@ -126,7 +128,7 @@ def _failed(verdicts: tuple, n_fit: int) -> dict[str, str]:
     return dict(zip(map(_NAME, unfit), map("pyvgpu: ".__add__, map(str, map(_REASON, unfit))), strict=True))
 
 
-class Scheduler:
+class Scheduler(Binder):
     def __init__(self, kube: Kube, cfg: ClusterConfig | None = None, name: str = "pyvgpu-scheduler",
                  lock_expire_s: float = 300.0, informer: Informer | None = None, handshake_s: float = 0.0,
                  leader: LeaseLeader | None = None) -> None:
@@ -269,165 +271,6 @@ class Scheduler:
         names = _names_and_nodes(args)[0]
         return self.ranks.get((str(meta.get("namespace") or "default"), str(meta["name"])), str(meta.get("uid") or ""),
                               names)
-
-    # -- bind ----------------------------------------------------------------------------------------------
-
-    def _node_lock(self, node: str) -> threading.Lock:
-        with self._guard:
-            return self._node_locks.setdefault(node, threading.Lock())
-
-    def bind(self, args: dict) -> dict:
-        t0 = time.perf_counter()
-        result = "error"
-        try:
-            result, err = self._bind(args)
-            if err and args.get("PodName"):
-                who = {"metadata": {"name": args.get("PodName"), "namespace": args.get("PodNamespace") or "default",
-                                    "uid": args.get("PodUID")}}
-                self.events.record(who, events.BINDING_FAILED, err)
-            return {"Error": err}
-        finally:
-            if result != "bound":  # kube-scheduler filters the pod again; its promise ends here
-                self.inflight.release((args.get("PodNamespace") or "default", args.get("PodName") or ""))
-            self.metrics.bind_total.labels(result).inc()
-            self.metrics.bind_seconds.observe(time.perf_counter() - t0)
-
-    def _bind(self, args: dict) -> tuple[str, str]:
-        ns, name = args.get("PodNamespace") or "default", args.get("PodName") or ""
-        node, uid = args.get("Node") or "", args.get("PodUID") or ""
-        if not name or not node:
-            return "invalid", "pyvgpu: bind needs PodName and Node"
-        if not uid:
-            return "invalid", f"pyvgpu: bind of pod {ns}/{name} needs its PodUID (kube-scheduler always sends it)"
-        who = f"pod {ns}/{name}"
-        try:
-            pod = self.kube.get_pod(ns, name)
-        except KubeError as e:
-            if e.not_found:
-                return "pod_gone", f"pyvgpu: {who} no longer exists"
-            return "error", f"pyvgpu: {e}"
-        except KubeUnreachable as e:
-            return "api_unreachable", f"pyvgpu: {e}"
-        if (pod.get("metadata") or {}).get("uid") != uid:
-            return "pod_gone", f"pyvgpu: {who} was deleted and created again (UID {uid} is gone)"
-        refused = self._not_ours(pod, who)
-        if refused:
-            return refused
-        try:
-            req = pod_request(pod, self.cfg)
-        except ClusterInputError as e:
-            return "invalid", f"pyvgpu: {e}"
-        try:
-            if not req.wants_gpus:
-                self.kube.bind(ns, name, uid, node)
-                return "bound", ""
-            self._reserve_for_bind(req, node)
-            with self._node_lock(node):
-                return self._bind_locked(pod, req, ns, name, uid, node)
-        except LockBusy as e:
-            return "lock_busy", f"pyvgpu: {e}"
-        except KubeUnreachable as e:
-            return "api_unreachable", f"pyvgpu: {e}"
-        except KubeError as e:
-            if e.not_found:
-                return "pod_gone", f"pyvgpu: {who} was deleted while being bound: {e}"
-            return "error", f"pyvgpu: {e}"
-
-    def _bind_locked(self, pod, req, ns, name, uid, node) -> tuple[str, str]:
-        who = f"pod {ns}/{name}"
-        with self.informer.lock:
-            cached = self.informer.nodes.get(node)
-        node_obj = self.lock.acquire(node, ns, name, cached=cached)
-        self.informer.assume_node(node_obj)  # the next bind's lock is written on this copy
-        try:
-            fresh = self.kube.list_pods(node=node).get("items") or []
-            seen = {((p["metadata"].get("namespace") or "default"), p["metadata"]["name"]) for p in fresh}
-            fresh += [p for p in self.informer.in_flight(node, (ns, name))
-                      if ((p["metadata"].get("namespace") or "default"), p["metadata"]["name"]) not in seen]
-            info = usage.node_infos([node_obj], fresh, self.cfg, exclude=(ns, name))
-            info = self.inflight.apply(info, (ns, name), self.informer.counts, self.inflight.order((ns, name)))
-            quota = self.informer.quotas.view(ns, exclude=(ns, name))
-            annos = kept_promise(self.inflight.promise((ns, name)), info[0], req, quota)
-            if annos is None:
-                d = decide_on(info, req, self.cfg, quota=quota)
-                if d.node is None:
-                    why = d.nodes[0].reason if d.nodes else "no such node"
-                    return "no_longer_fits", f"pyvgpu: {who} no longer fits on node {node}: {why}"
-                annos = dict(d.annotations)
-            annos.setdefault(keys.POD_MIG_ALLOCATIONS, None)  # none left from an earlier decision of the pod
-            now = str(int(time.time()))
-            annos[keys.POD_TIME] = now
-            annos[keys.POD_BIND_TIME] = now
-            annos[keys.POD_BIND_PHASE] = keys.BIND_ALLOCATING
-            patched = self.kube.patch_pod(ns, name, {"metadata": {"annotations": annos}})
-            try:
-                self.kube.bind(ns, name, uid, node)
-            except (KubeError, KubeUnreachable) as e:
-                if not self._undo(ns, name, uid, node, e):
-                    raise
-            patched.setdefault("spec", {})["nodeName"] = node
-            self.informer.assume(patched)
-            self.inflight.release((ns, name))  # the cache counts the written annotations now
-            log.info("bound %s to node %s: %s", who, node, annos[keys.POD_TO_ALLOCATE])
-            return "bound", ""
-        finally:
-            try:
-                released = self.lock.release(node, ns, name, locked=node_obj)
-                if released is not None:
-                    self.informer.assume_node(released)
-            except (KubeError, KubeUnreachable) as e:
-                log.error("could not release the lock of node %s: %s; it expires", node, e)
-
-    def _not_ours(self, pod: dict, who: str) -> tuple[str, str] | None:
-        """Why bind must not touch this pod: one meant for another scheduler, or one already bound (its
-        annotations are what its node counts; rewriting or undoing them would free GPUs in use)."""
-        spec = pod.get("spec") or {}
-        sched = spec.get("schedulerName") or "default-scheduler"
-        if sched != self.name:
-            return "not_ours", (f"pyvgpu: {who} names the scheduler {sched!r}, not {self.name!r}: {self.name} "
-                                "binds only its own pods; nothing was changed")
-        if spec.get("nodeName"):
-            return "already_bound", f"pyvgpu: {who} is already bound to node {spec['nodeName']}; nothing was changed"
-        return None
-
-    def _reserve_for_bind(self, req, node: str) -> None:
-        """The pod's GPUs on the node kube-scheduler chose count for the others' filters from now on (filter
-        reserved its own first choice, which kube-scheduler may not have taken)."""
-        key = (req.namespace, req.name)
-        infos = self.inflight.apply(self.informer.node_infos([node], exclude=key), key, self.informer.counts,
-                                    self.inflight.order(key))
-        old = self.inflight.promise(key)
-        if old is not None and kept_promise(old, infos[0], req, None) is not None:
-            self.inflight.reserve(key, node, old.devices, old.n_init, keep_order=True)  # still good: renewed
-            return
-        d = decide_on(infos, req, self.cfg)
-        if d.node is not None:
-            self.inflight.reserve(key, d.node, d.devices, d.init_containers, keep_order=True)
-
-    def _undo(self, ns: str, name: str, uid: str, node: str, why: Exception) -> bool:
-        """The Binding failed after the annotations were written: take them back, so the pod's GPUs do not
-        count on the node. The pod is read again first: a Binding whose answer was lost (a timeout) may have
-        landed, and a bound pod's annotations are never taken back. True when the pod is bound to `node`
-        (the bind succeeded after all)."""
-        if isinstance(why, KubeError) and why.not_found:
-            return False
-        try:
-            pod = self.kube.get_pod(ns, name)
-            meta = pod.get("metadata") or {}
-            if meta.get("uid") != uid:
-                return False
-            bound = (pod.get("spec") or {}).get("nodeName")
-            if bound:
-                log.warning("the Binding of pod %s/%s failed (%s) but the pod is bound to %s: its annotations stay",
-                            ns, name, why, bound)
-                return bound == node
-            self.kube.patch_pod(ns, name, {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {
-                keys.POD_NODE: None, keys.POD_TO_ALLOCATE: None, keys.POD_ALLOCATED: None,
-                keys.POD_MIG_ALLOCATIONS: None, keys.POD_BIND_PHASE: keys.BIND_FAILED}}})
-        except (KubeError, KubeUnreachable) as e:
-            # left as written: the node over-counts this pod until the annotations are rewritten, never under
-            log.error("could not take back the annotations of pod %s/%s after a failed bind: %s", ns, name, e)
-        return False
 
     # -- webhook -------------------------------------------------------------------------------------------
 

@@ -49,10 +49,11 @@ def slim(pod: dict) -> dict:
         out_meta["annotations"] = {k: v for k, v in annos.items()
                                    if isinstance(k, str) and k.startswith(_KEPT_ANNOTATIONS)}
     out_spec = {k: spec[k] for k in ("nodeName", "schedulerName") if k in spec}
+    pending = not spec.get("nodeName")
     for part in ("initContainers", "containers"):
         items = spec.get(part)
         if isinstance(items, list):
-            out_spec[part] = [{"name": c.get("name")} if isinstance(c, dict) else {} for c in items]
+            out_spec[part] = [_slim_container(c, pending) if isinstance(c, dict) else {} for c in items]
     out_status = {"phase": status.get("phase")} if "phase" in status else {}
     inits = status.get("initContainerStatuses")
     if isinstance(inits, list):
@@ -64,6 +65,18 @@ def slim(pod: dict) -> dict:
 
 
 _KEPT_ANNOTATIONS = ("hami.io/", "nvidia.com/")
+
+
+def _slim_container(c: dict, pending: bool) -> dict:
+    """A container's name, and while its pod waits for a node its resources' limits and requests too: with
+    them the cached pod is what pod_request reads, so a bind can decide on it without reading the pod again
+    (its patch is conditional on this copy's resourceVersion: Scheduler._bind)."""
+    out = {"name": c.get("name")}
+    res = c.get("resources")
+    if pending and isinstance(res, dict):
+        out["resources"] = {k: dict(v) if isinstance(v, dict) else v for k, v in res.items()
+                            if k in ("limits", "requests")}
+    return out
 
 
 def _quota_use(pod: dict) -> tuple[int, int] | None:

@@ -1,0 +1,229 @@
+"""The extender's bind: lock the node, choose the GPUs on its pods read fresh, annotate the pod, create its
+Binding, unlock (a mixin of pyvgpu.cluster.scheduler.extender.Scheduler, which holds the state it uses).
+
+The pod is the cache's copy when that copy is waiting for a node and has the UID kube-scheduler sent: its
+annotations are then written with a patch conditional on the copy's resourceVersion, so they land only on
+the version the bind decided on, and a pod changed since (409) is bound again on a fresh read. Any
+refusal decided on the cache's copy is checked on a fresh read too. A failed bind answers Error:
+kube-scheduler puts the pod back in its queue and retries it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from pyvgpu.cluster.api import events
+from pyvgpu.cluster.api.kube import KubeError, KubeUnreachable
+from pyvgpu.cluster.api.nodelock import LockBusy
+from pyvgpu.cluster.core import keys, usage
+from pyvgpu.cluster.core.decide import decide_on
+from pyvgpu.cluster.core.errors import ClusterInputError
+from pyvgpu.cluster.core.request import pod_request
+from pyvgpu.cluster.scheduler.inflight import kept_promise
+
+log = logging.getLogger("pyvgpu.cluster.scheduler")
+
+
+class _Stale(Exception):
+    """The cache's copy of the pod being bound is not current: bind it again on a fresh read."""
+
+
+class Binder:
+    """Scheduler's POST /bind. Uses the Scheduler's kube, cfg, name, informer, lock, inflight, metrics,
+    events, _guard and _node_locks."""
+
+    def _node_lock(self, node: str) -> threading.Lock:
+        with self._guard:
+            return self._node_locks.setdefault(node, threading.Lock())
+
+    def bind(self, args: dict) -> dict:
+        t0 = time.perf_counter()
+        result = "error"
+        try:
+            result, err = self._bind(args)
+            if err and args.get("PodName"):
+                who = {"metadata": {"name": args.get("PodName"), "namespace": args.get("PodNamespace") or "default",
+                                    "uid": args.get("PodUID")}}
+                self.events.record(who, events.BINDING_FAILED, err)
+            return {"Error": err}
+        finally:
+            if result != "bound":  # kube-scheduler filters the pod again; its promise ends here
+                self.inflight.release((args.get("PodNamespace") or "default", args.get("PodName") or ""))
+            self.metrics.bind_total.labels(result).inc()
+            self.metrics.bind_seconds.observe(time.perf_counter() - t0)
+
+    def _bind(self, args: dict) -> tuple[str, str]:
+        ns, name = args.get("PodNamespace") or "default", args.get("PodName") or ""
+        node, uid = args.get("Node") or "", args.get("PodUID") or ""
+        if not name or not node:
+            return "invalid", "pyvgpu: bind needs PodName and Node"
+        if not uid:
+            return "invalid", f"pyvgpu: bind of pod {ns}/{name} needs its PodUID (kube-scheduler always sends it)"
+        who = f"pod {ns}/{name}"
+        cached = self._cached_pod(ns, name, uid)
+        if cached is not None:
+            try:
+                return self._bind_pod(cached, ns, name, uid, node, cached["metadata"]["resourceVersion"])
+            except _Stale:
+                log.info("the cache's copy of %s was not current; binding it on a fresh read", who)
+        try:
+            pod = self.kube.get_pod(ns, name)
+        except KubeError as e:
+            if e.not_found:
+                return "pod_gone", f"pyvgpu: {who} no longer exists"
+            return "error", f"pyvgpu: {e}"
+        except KubeUnreachable as e:
+            return "api_unreachable", f"pyvgpu: {e}"
+        if (pod.get("metadata") or {}).get("uid") != uid:
+            return "pod_gone", f"pyvgpu: {who} was deleted and created again (UID {uid} is gone)"
+        return self._bind_pod(pod, ns, name, uid, node, None)
+
+    def _cached_pod(self, ns: str, name: str, uid: str) -> dict | None:
+        """The cache's copy of a pod waiting for a node, when it can stand for a fresh read: it has the UID
+        kube-scheduler sent and a resourceVersion, on which the bind's one write to the pod is conditional
+        (a pod changed since fails that write with 409, and the bind starts again on a fresh read)."""
+        pod = self.informer.pod(ns, name)
+        if pod is None:
+            return None
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if meta.get("uid") != uid or not meta.get("resourceVersion") or spec.get("nodeName") \
+                or meta.get("deletionTimestamp"):
+            return None
+        return pod
+
+    def _bind_pod(self, pod: dict, ns: str, name: str, uid: str, node: str, rv: str | None) -> tuple[str, str]:
+        """Bind `pod` (read fresh, or the cache's copy at resourceVersion `rv`: then every refusal is
+        confirmed on a fresh read, by _Stale, and the annotations are written only on that version)."""
+        who = f"pod {ns}/{name}"
+        refused = self._not_ours(pod, who)
+        if refused:
+            if rv:
+                raise _Stale
+            return refused
+        try:
+            req = pod_request(pod, self.cfg)
+        except ClusterInputError as e:
+            if rv:
+                raise _Stale from None
+            return "invalid", f"pyvgpu: {e}"
+        try:
+            if not req.wants_gpus:
+                self.kube.bind(ns, name, uid, node)
+                return "bound", ""
+            self._reserve_for_bind(req, node)
+            with self._node_lock(node):
+                return self._bind_locked(pod, req, ns, name, uid, node, rv)
+        except LockBusy as e:
+            return "lock_busy", f"pyvgpu: {e}"
+        except KubeUnreachable as e:
+            return "api_unreachable", f"pyvgpu: {e}"
+        except KubeError as e:
+            if e.not_found:
+                return "pod_gone", f"pyvgpu: {who} was deleted while being bound: {e}"
+            return "error", f"pyvgpu: {e}"
+
+    def _bind_locked(self, pod, req, ns, name, uid, node, rv: str | None = None) -> tuple[str, str]:
+        who = f"pod {ns}/{name}"
+        with self.informer.lock:
+            cached = self.informer.nodes.get(node)
+        node_obj = self.lock.acquire(node, ns, name, cached=cached)
+        self.informer.assume_node(node_obj)  # the next bind's lock is written on this copy
+        try:
+            fresh = self.kube.list_pods(node=node).get("items") or []
+            seen = {((p["metadata"].get("namespace") or "default"), p["metadata"]["name"]) for p in fresh}
+            fresh += [p for p in self.informer.in_flight(node, (ns, name))
+                      if ((p["metadata"].get("namespace") or "default"), p["metadata"]["name"]) not in seen]
+            info = usage.node_infos([node_obj], fresh, self.cfg, exclude=(ns, name))
+            info = self.inflight.apply(info, (ns, name), self.informer.counts, self.inflight.order((ns, name)))
+            quota = self.informer.quotas.view(ns, exclude=(ns, name))
+            annos = kept_promise(self.inflight.promise((ns, name)), info[0], req, quota)
+            if annos is None:
+                d = decide_on(info, req, self.cfg, quota=quota)
+                if d.node is None:
+                    why = d.nodes[0].reason if d.nodes else "no such node"
+                    return "no_longer_fits", f"pyvgpu: {who} no longer fits on node {node}: {why}"
+                annos = dict(d.annotations)
+            annos.setdefault(keys.POD_MIG_ALLOCATIONS, None)  # none left from an earlier decision of the pod
+            now = str(int(time.time()))
+            annos[keys.POD_TIME] = now
+            annos[keys.POD_BIND_TIME] = now
+            annos[keys.POD_BIND_PHASE] = keys.BIND_ALLOCATING
+            meta = {"annotations": annos}
+            if rv:
+                meta["resourceVersion"] = rv
+            try:
+                patched = self.kube.patch_pod(ns, name, {"metadata": meta})
+            except KubeError as e:
+                if rv and e.conflict:
+                    raise _Stale from None
+                raise
+            try:
+                self.kube.bind(ns, name, uid, node)
+            except (KubeError, KubeUnreachable) as e:
+                if not self._undo(ns, name, uid, node, e):
+                    raise
+            patched.setdefault("spec", {})["nodeName"] = node
+            self.informer.assume(patched)
+            self.inflight.release((ns, name))  # the cache counts the written annotations now
+            log.info("bound %s to node %s: %s", who, node, annos[keys.POD_TO_ALLOCATE])
+            return "bound", ""
+        finally:
+            try:
+                released = self.lock.release(node, ns, name, locked=node_obj)
+                if released is not None:
+                    self.informer.assume_node(released)
+            except (KubeError, KubeUnreachable) as e:
+                log.error("could not release the lock of node %s: %s; it expires", node, e)
+
+    def _not_ours(self, pod: dict, who: str) -> tuple[str, str] | None:
+        """Why bind must not touch this pod: one meant for another scheduler, or one already bound (its
+        annotations are what its node counts; rewriting or undoing them would free GPUs in use)."""
+        spec = pod.get("spec") or {}
+        sched = spec.get("schedulerName") or "default-scheduler"
+        if sched != self.name:
+            return "not_ours", (f"pyvgpu: {who} names the scheduler {sched!r}, not {self.name!r}: {self.name} "
+                                "binds only its own pods; nothing was changed")
+        if spec.get("nodeName"):
+            return "already_bound", f"pyvgpu: {who} is already bound to node {spec['nodeName']}; nothing was changed"
+        return None
+
+    def _reserve_for_bind(self, req, node: str) -> None:
+        """The pod's GPUs on the node kube-scheduler chose count for the others' filters from now on (filter
+        reserved its own first choice, which kube-scheduler may not have taken)."""
+        key = (req.namespace, req.name)
+        infos = self.inflight.apply(self.informer.node_infos([node], exclude=key), key, self.informer.counts,
+                                    self.inflight.order(key))
+        old = self.inflight.promise(key)
+        if old is not None and kept_promise(old, infos[0], req, None) is not None:
+            self.inflight.reserve(key, node, old.devices, old.n_init, keep_order=True)  # still good: renewed
+            return
+        d = decide_on(infos, req, self.cfg)
+        if d.node is not None:
+            self.inflight.reserve(key, d.node, d.devices, d.init_containers, keep_order=True)
+
+    def _undo(self, ns: str, name: str, uid: str, node: str, why: Exception) -> bool:
+        """The Binding failed after the annotations were written: take them back, so the pod's GPUs do not
+        count on the node. The pod is read again first: a Binding whose answer was lost (a timeout) may have
+        landed, and a bound pod's annotations are never taken back. True when the pod is bound to `node`
+        (the bind succeeded after all)."""
+        if isinstance(why, KubeError) and why.not_found:
+            return False
+        try:
+            pod = self.kube.get_pod(ns, name)
+            meta = pod.get("metadata") or {}
+            if meta.get("uid") != uid:
+                return False
+            bound = (pod.get("spec") or {}).get("nodeName")
+            if bound:
+                log.warning("the Binding of pod %s/%s failed (%s) but the pod is bound to %s: its annotations stay",
+                            ns, name, why, bound)
+                return bound == node
+            self.kube.patch_pod(ns, name, {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {
+                keys.POD_NODE: None, keys.POD_TO_ALLOCATE: None, keys.POD_ALLOCATED: None,
+                keys.POD_MIG_ALLOCATIONS: None, keys.POD_BIND_PHASE: keys.BIND_FAILED}}})
+        except (KubeError, KubeUnreachable) as e:
+            # left as written: the node over-counts this pod until the annotations are rewritten, never under
+            log.error("could not take back the annotations of pod %s/%s after a failed bind: %s", ns, name, e)
+        return False
