@@ -4,9 +4,11 @@ The client's configuration (kubeconfig or in-cluster), credentials (its refresh 
 and connection pool (TLS, client certificates, proxy) carry every call. Watches go through the client's
 `Watch`; the single-object calls (get, list, patch, create) are sent on the same pool with the headers
 the generated `CoreV1Api` methods would send, without their per-call argument validation and
-serialisation, which cost more CPU than the HTTP exchange itself (a bind makes six such calls:
-docs/cluster.md, "Where the time goes"). Objects come back as the JSON the API server sent (what
-`kubectl get -o json` prints, which is what the scheduling core reads). Every call has a timeout; nothing
+serialisation, which cost more CPU than the HTTP exchange itself (a bind makes five such calls:
+docs/cluster.md, "Where the time goes"); where the pool is the server's own (no proxy), the exchange is
+written and read by pyvgpu.cluster.api.wire on the pool's connections, without http.client. Objects come
+back as the JSON the API server sent (what `kubectl get -o json` prints, which is what the scheduling
+core reads). Every call has a timeout; nothing
 here retries: the callers decide how long to keep trying (the device plugin's Allocate, the node agent's
 loop, the scheduler's informer each say so).
 
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from pyvgpu.cluster.api import wire
 from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
 
@@ -128,18 +131,23 @@ class Kube:
                 resp = self.api.api_client.rest_client.pool_manager.request(
                     method, self.server + target, body=data, headers=headers,
                     timeout=urllib3.Timeout(total=timeout or self.timeout), preload_content=True, retries=False)
+                status, reason, payload = resp.status, resp.reason or "", resp.data
+            elif wire.usable(pool[0]):  # the same request, written and read without http.client (wire.py)
+                status, reason, payload = wire.exchange(pool[0], method, pool[1] + target, headers, data,
+                                                        timeout or self.timeout)
             else:  # what the manager does for a URL of this server, without finding the pool again
                 resp = pool[0].urlopen(method, pool[1] + target, body=data, headers=headers,
                                        timeout=urllib3.Timeout(total=timeout or self.timeout), preload_content=True,
                                        retries=False, redirect=False, assert_same_host=False)
+                status, reason, payload = resp.status, resp.reason or "", resp.data
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise KubeUnreachable(f"{what}: cannot reach the API server at {self.server} ({_why(e)})") from None
-        if not 200 <= resp.status < 300:
-            raise _api_error(what, resp.status, resp.reason or "", resp.data)
+        if not 200 <= status < 300:
+            raise _api_error(what, status, reason, payload)
         try:
-            return json.loads(resp.data) if resp.data else {}
+            return json.loads(payload) if payload else {}
         except ValueError:
-            raise KubeError(what, resp.status, "not JSON", resp.data[:200].decode(errors="replace")) from None
+            raise KubeError(what, status, "not JSON", payload[:200].decode(errors="replace")) from None
 
     # -- nodes ---------------------------------------------------------------------------------------------
 
