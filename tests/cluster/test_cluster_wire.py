@@ -219,3 +219,62 @@ def test_a_trickled_answer_ends_at_the_calls_deadline_not_per_read(tmp_path):
         assert time.monotonic() - t < 3 and "timed out" in str(e.value)
     finally:
         srv.close()
+
+
+@pytest.fixture
+def tls_cert(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a test certificate")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+class TlsServer(RawServer):
+    def __init__(self, answer, cert, key) -> None:
+        import ssl
+
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(cert, key)
+        super().__init__(answer)
+
+    def _conn(self, c: socket.socket) -> None:
+        try:
+            t = self.ctx.wrap_socket(c, server_side=True)
+        except OSError:
+            c.close()
+            return
+        super()._conn(t)
+
+    def kube_tls(self, tmp_path, ca) -> Kube:
+        cfg = tmp_path / "tls-kubeconfig.json"
+        cluster = {"server": f"https://127.0.0.1:{self.port}"}
+        if ca is not None:
+            cluster["certificate-authority"] = str(ca)
+        cfg.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "tls",
+            "clusters": [{"name": "tls", "cluster": cluster}],
+            "users": [{"name": "tls", "user": {"token": "t0ken"}}],
+            "contexts": [{"name": "tls", "context": {"cluster": "tls", "user": "tls"}}]}))
+        return Kube(str(cfg), timeout=5)
+
+
+def test_tls_through_the_clients_pool_verifies_the_server(tmp_path, tls_cert):
+    # in a cluster the API server is https: the pool's connection makes the TLS handshake with the
+    # kubeconfig's CA, and an untrusted server is refused before any request is written
+    srv = TlsServer(lambda n: _ok(NODE), *tls_cert)
+    try:
+        kube = srv.kube_tls(tmp_path, tls_cert[0])
+        assert kube.get_node("n1") == {"metadata": {"name": "n1"}}
+        assert kube.get_node("n1") == {"metadata": {"name": "n1"}}
+        assert srv.connections == 1 and len(srv.requests) == 2
+        with pytest.raises(KubeUnreachable) as e:
+            srv.kube_tls(tmp_path, None).get_node("n1")
+        assert "CERTIFICATE_VERIFY_FAILED" in str(e.value) and len(srv.requests) == 2
+    finally:
+        srv.close()
