@@ -122,3 +122,18 @@ def test_an_api_server_error_on_the_conditional_write_is_the_binds_error(kube, a
         assert e.s.inflight.promise(("default", "p")) is None  # its promise ended with the failed bind
     finally:
         e.close()
+
+
+def test_a_cached_pod_without_gpus_is_bound_on_a_fresh_read(kube, api):
+    # nothing is written on the cached version, so nothing would catch a change since: the pod is read
+    e, (p,) = _ready(kube, api, pod("plain", [{"name": "main", "image": "x"}]))
+    try:
+        def bound_by_another(obj):
+            obj["spec"]["nodeName"] = "node-1"
+
+        _make_stale(e, api, "plain", bound_by_another)
+        out = e.post("bind", bind_args(p, "node-0"))
+        assert "already bound to node node-1" in out["Error"] and _pod_gets(api, "plain") == 1
+        assert api.bindings == []
+    finally:
+        e.close()

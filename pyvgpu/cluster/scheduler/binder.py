@@ -94,8 +94,9 @@ class Binder:
         return pod
 
     def _bind_pod(self, pod: dict, ns: str, name: str, uid: str, node: str, rv: str | None) -> tuple[str, str]:
-        """Bind `pod` (read fresh, or the cache's copy at resourceVersion `rv`: then every refusal is
-        confirmed on a fresh read, by _Stale, and the annotations are written only on that version)."""
+        """Bind `pod` (read fresh, or the cache's copy at resourceVersion `rv`: then every refusal, and a pod
+        without GPUs, is confirmed on a fresh read, by _Stale, and the annotations are written only on that
+        version)."""
         who = f"pod {ns}/{name}"
         refused = self._not_ours(pod, who)
         if refused:
@@ -108,6 +109,8 @@ class Binder:
             if rv:
                 raise _Stale from None
             return "invalid", f"pyvgpu: {e}"
+        if rv and not req.wants_gpus:
+            raise _Stale  # no annotations to write on the cached version: bound on the pod as it is now
         try:
             if not req.wants_gpus:
                 self.kube.bind(ns, name, uid, node)
