@@ -107,3 +107,13 @@ def test_remembered_verdicts_are_left_out_of_the_garbage_collectors_passes():
     assert len(info.fit_cache) == 3
     gc.collect()
     assert not gc.is_tracked(info.fit_cache)
+
+
+def test_a_node_the_cache_lacks_is_taken_from_the_request_or_refused():
+    inf, _ = _cache()
+    sent = registered("node-b", ["GPU-b0"])
+    got = inf.node_infos(["node-a", "node-x", "node-b"], extra_nodes={"node-b": sent})
+    assert [n.name for n in got] == ["node-a", "node-x", "node-b"]
+    assert got[0] is inf.node_infos(["node-a"])[0] and not got[0].error  # the cached usage, as built
+    assert got[1].error == "the scheduler's cache does not have this node yet" and not got[1].devices
+    assert not got[2].error and [d.id for d in got[2].devices] == ["GPU-b0"]

@@ -295,7 +295,8 @@ class Informer:
             self._rebuild_dirty()
             infos = self._infos
             out = list(map(infos.get, names))  # one C-speed pass: the rest touches few nodes
-            missing = [i for i, info in enumerate(out) if info is None] if None in out else ()
+            # all(): a C-speed pass over objects that are true; `None in out` called NodeInfo.__eq__ per node
+            missing = [i for i, info in enumerate(out) if info is None] if not all(out) else ()
             for i in missing:
                 name = names[i]
                 node = self.nodes.get(name) or (extra_nodes or {}).get(name)
