@@ -285,6 +285,13 @@ def test_bench_sm_runs_its_scenarios_on_the_fake(env, tmp_path):
     assert "pair-sliced" not in r["scenarios"] or not r["scenarios"]["pair-sliced"]  # time-sliced: no turn file
     assert r["burst"]["alone"]["achieved"] > 60 and r["burst"]["give_back_ms"] is not None, r["burst"]
     assert "gave the turn back within" in p.stdout and "neighbour-unlimited" in p.stdout
+    # the raw rate is taken again at the end, and the shares are of the mean of both
+    before, after = r["unlimited_kernels_per_s"], r["unlimited_after_kernels_per_s"]
+    assert after > 0 and r["baseline_drift"] == after / before - 1
+    assert r["baseline_kernels_per_s"] == (before + after) / 2
+    x = r["runs"][0]
+    assert x["achieved"] == 100 * x["kernels_per_s"] / r["baseline_kernels_per_s"]
+    assert "unlimited again at the end" in p.stdout
 
 
 def test_priority_and_borrowing_options(env, tmp_path):
@@ -351,3 +358,17 @@ def _read(env: dict[str, str], python, key: str, expect) -> None:
         assert (None if got is None else int(got)) == expect
         shim_got = grouplib.read_env(env)[key]
         assert (None if shim_got is None else int(shim_got)) == expect
+
+
+def test_bench_sm_warns_when_the_raw_rate_moved():
+    """A raw rate that moved by a quarter between the first and last run (as a tensor-parallel decode's did
+    between two calls on one kind of machine) makes every share uncertain: the table says so."""
+    from pyvgpu.bench import sm
+
+    moved = sm._drift_lines({"workload": "tp-decode", "unlimited_after_kernels_per_s": 2608.1,
+                             "baseline_drift": -0.25})
+    assert "-25.0%" in moved[0] and moved[1].startswith("  warning: the raw rate moved more than 5%"), moved
+    steady = sm._drift_lines({"workload": "tp-decode", "unlimited_after_kernels_per_s": 3400.0,
+                              "baseline_drift": 0.01})
+    assert len(steady) == 1 and "+1.0%" in steady[0], steady
+    assert sm._drift_lines({"workload": "spin"}) == []  # no runs, no second baseline

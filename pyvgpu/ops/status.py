@@ -147,6 +147,9 @@ def event_text(e: dict) -> str:
     elif kind == "turn_timeout":
         what = (f"pid {e['pid']} waited {e['a'] / 1e9:.1f} s for the turn on {dev} (held by id {e['b']}); "
                 "it time-slices there from now on")
+    elif kind == "budget_reset":
+        what = (f"pid {e['pid']} found the compute budget on {dev} {e['a'] / 1e9:.0f} s ahead (written by a member, "
+                "or from before a reboot) and started it afresh")
     elif kind == "turns_full":
         what = f"the turn file has no free entry for {dev}: pid {e['pid']} time-slices there (pyvgpu doctor)"
     else:

@@ -7,6 +7,14 @@ cost x scale x 100 / s with one CAS (cost from pyvgpu/jit/compute/cost.py, scale
 the controller, pyvgpu/jit/compute/controller.py), and waits only if it is more than
 BURST_NS + the batch ahead of now. Every process of the group draws on the
 same word, in arrival order.
+
+Every process of the group can write the word, and a region file can outlive
+a reboot's clock, so a budget further ahead of now than MAX_AHEAD_NS is not
+obeyed: the launch that finds it starts the budget afresh from now and records
+a ``budget_reset`` event. An honest budget gets that far ahead only through one
+charge that large (a kernel of MAX_AHEAD_NS x share / 100 or longer, 600 ms
+at --sm 1), which is then forgiven. So no launch waits longer than
+MAX_AHEAD_NS for the budget, whatever another member wrote.
 """
 
 from __future__ import annotations
@@ -18,8 +26,10 @@ from pyvgpu.contract import layout as L
 from pyvgpu.jit.compute import gang, turn
 from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, REGION, SLOT
 from pyvgpu.jit.runtime.intrinsics import likely, monotonic_ns, sleep_ns, unlikely
+from pyvgpu.jit.state import events
 
 BURST_NS = 2_000_000  # budget a group may run ahead of its share (absorbs sleep overshoot)
+MAX_AHEAD_NS = 60_000_000_000  # the furthest ahead of now a budget is obeyed (see the module's docstring)
 Q16 = 65536  # sm_scale's unit: 1.0
 
 
@@ -114,6 +124,12 @@ def throttle(ctx, region, dev, lead, k, cost, limit, now):
     while True:
         old = np.int64(DEV.load_sm_tat(d))
         base = old if old > now else now
+        if unlikely(base - now > MAX_AHEAD_NS):  # forged, or from before a reboot: not obeyed
+            if np.int64(DEV.cas_sm_tat(d, np.uint64(old), np.uint64(now + charge))) == old:
+                events.record(region, L.EV_BUDGET_RESET, lead, 0, np.uint64(base - now), 0)
+                old = now
+                break
+            continue
         if likely(np.int64(DEV.cas_sm_tat(d, np.uint64(old), np.uint64(base + charge))) == old):
             break
     n = charge_slot(ctx, dev, cost)
