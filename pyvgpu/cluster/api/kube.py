@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -110,10 +111,12 @@ class Kube:
     # -- plumbing ------------------------------------------------------------------------------------------
 
     def _request(self, what: str, method: str, path: str, query: dict | None = None, body: Any = None,
-                 content_type: str = "application/json", timeout: float | None = None) -> Any:
+                 content_type: str = "application/json", timeout: float | None = None, bulk: bool = False) -> Any:
         """One call on the client's connection pool, with the client's credentials: what the generated
         CoreV1Api method for `path` sends (the Accept, User-Agent and default headers, the bearer token
-        of the auth settings, refreshed by the client's hook), and the answer's JSON."""
+        of the auth settings, refreshed by the client's hook), and the answer's JSON. `bulk`: a
+        cluster-wide list, read by urllib3 (its time limit is per read, and its size is the cluster's),
+        not by wire.py."""
         import urllib3
 
         headers = dict(self._headers)
@@ -132,7 +135,7 @@ class Kube:
                     method, self.server + target, body=data, headers=headers,
                     timeout=urllib3.Timeout(total=timeout or self.timeout), preload_content=True, retries=False)
                 status, reason, payload = resp.status, resp.reason or "", resp.data
-            elif wire.usable(pool[0]):  # the same request, written and read without http.client (wire.py)
+            elif not bulk and wire.usable(pool[0]):  # the same request, written and read without http.client (wire.py)
                 status, reason, payload = wire.exchange(pool[0], method, pool[1] + target, headers, data,
                                                         timeout or self.timeout)
             else:  # what the manager does for a URL of this server, without finding the pool again
@@ -155,7 +158,7 @@ class Kube:
         return self._request(f"get node {name}", "GET", f"/api/v1/nodes/{_seg(name)}")
 
     def list_nodes(self) -> dict:
-        return self._request("list nodes", "GET", "/api/v1/nodes")
+        return self._request("list nodes", "GET", "/api/v1/nodes", bulk=True)
 
     def patch_node(self, name: str, patch: dict) -> dict:
         """A JSON merge patch (RFC 7386); put metadata.resourceVersion in it to make it conditional."""
@@ -167,11 +170,11 @@ class Kube:
     def list_pods(self, node: str | None = None) -> dict:
         """Every pod, or the pods bound to `node` (a field selector the API server indexes)."""
         return self._request(f"list pods{f' on node {node}' if node else ''}", "GET", "/api/v1/pods",
-                             query={"fieldSelector": f"spec.nodeName={node}"} if node else None)
+                             query={"fieldSelector": f"spec.nodeName={node}"} if node else None, bulk=not node)
 
     def list_quotas(self) -> dict:
         """Every namespace's ResourceQuotas (pyvgpu.cluster.core.quota reads their GPU limits)."""
-        return self._request("list resourcequotas", "GET", "/api/v1/resourcequotas")
+        return self._request("list resourcequotas", "GET", "/api/v1/resourcequotas", bulk=True)
 
     def get_pod(self, namespace: str, name: str) -> dict:
         return self._request(f"get pod {namespace}/{name}", "GET",
@@ -268,6 +271,8 @@ def _seg(name: str) -> str:
 
 
 def _why(e: BaseException) -> str:
+    if isinstance(e, ssl.SSLCertVerificationError):  # wire's own TLS errors: the check that failed, and why
+        return str(e)
     reason = getattr(e, "reason", None)
     return str(reason or e) or type(e).__name__
 

@@ -6,9 +6,14 @@ the scheduler's interpreter beside its filters (docs/cluster.md, "Where the time
 itself (TCP, TLS with the client's CA and certificates, its timeouts) is still made, checked for a drop
 and kept by the kubernetes client's urllib3 pool, so what the API server sees is the same request.
 
+Only single objects and one node's pods travel here: the cluster-wide lists (the informer's) stay on
+urllib3's path, whose time limit is per read, since a list of a large cluster takes longer than one
+call's deadline and more than MAX_BODY.
+
 Bounds: the whole exchange (connect, write, read) has one deadline; an answer's status line and headers
-are at most MAX_HEAD bytes, its body at most MAX_BODY. A connection is used again only after an answer
-read to its end that did not ask to close it; any error closes it.
+are at most MAX_HEAD bytes, its body at most MAX_BODY. Numbers (status, Content-Length, chunk sizes) are
+read only in the form HTTP/1.1 gives them. A connection is used again only after an answer read exactly
+to its end that did not ask to close it; any error closes it.
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ import time
 from typing import Any
 
 MAX_HEAD = 64 * 1024
-MAX_BODY = 1 << 30  # a whole cluster's pods listed at once stays far below this
+MAX_BODY = 64 << 20  # an object is at most ~1.5 MiB (etcd's limit); one node's pods a few MiB
 _RECV = 256 * 1024
 _BREAKS = re.compile(r"[\r\n\0]")
+_STATUS = re.compile(rb"HTTP/1\.[01] ([0-9]{3})(?: (.*))?")
+_DECIMAL = re.compile(r"[0-9]{1,19}")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
 
 
 class WireError(OSError):
@@ -68,7 +76,9 @@ def exchange(pool: Any, method: str, target: str, headers: dict[str, str], body:
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
         sock.settimeout(_left(deadline))
         sock.sendall(data)  # one write: headers and body leave together
-        status, reason, payload, keep = _Reader(sock, deadline).answer()
+        reader = _Reader(sock, deadline)
+        status, reason, payload, keep = reader.answer()
+        keep = keep and not reader.buf  # bytes past the answer's end: not a connection to trust again
         return status, reason, payload
     finally:
         if not keep:
@@ -90,12 +100,14 @@ class _Reader:
         self.sock = sock
         self.deadline = deadline
         self.buf = bytearray()
+        self.started = False  # a byte of the answer came: a close now is in the middle of it
 
     def _fill(self, want: int = _RECV) -> bool:
         self.sock.settimeout(_left(self.deadline))
         chunk = self.sock.recv(max(_RECV, min(want, 1 << 22)))
         if not chunk:
             return False
+        self.started = True
         self.buf += chunk
         return True
 
@@ -117,8 +129,8 @@ class _Reader:
                 raise WireError(f"an answer's header line is longer than {limit} bytes")
             start = max(0, len(self.buf) - 1)
             if not self._fill():
-                raise WireError("the API server closed the connection before answering" if not self.buf
-                                else "the API server closed the connection in the middle of an answer")
+                raise WireError("the API server closed the connection in the middle of an answer" if self.started
+                                else "the API server closed the connection before answering")
 
     def answer(self) -> tuple[int, str, bytes, bool]:
         """(status, reason, body, whether the connection may carry another request)."""
@@ -134,13 +146,17 @@ class _Reader:
         close = version == "HTTP/1.0" or "close" in fields.get("connection", "").lower()
         if status in (204, 304):
             return status, reason, b"", not close
-        if "chunked" in fields.get("transfer-encoding", "").lower():
-            return status, reason, self._chunked(), not close
+        if "transfer-encoding" in fields:
+            codings = [c.strip().lower() for c in fields["transfer-encoding"].split(",")]
+            if codings != ["chunked"]:
+                raise WireError(f"the answer's Transfer-Encoding {fields['transfer-encoding'][:80]!r} was not "
+                                "asked for (only chunked is read)")
+            # with a Content-Length beside it the framing is in doubt: read as chunked, then not used again
+            return status, reason, self._chunked(), not close and "content-length" not in fields
         if "content-length" in fields:
-            try:
-                n = int(fields["content-length"])
-            except ValueError:
-                raise WireError(f"Content-Length {fields['content-length']!r} is not a number") from None
+            if not _DECIMAL.fullmatch(fields["content-length"]):
+                raise WireError(f"Content-Length {fields['content-length'][:40]!r} is not a number")
+            n = int(fields["content-length"])
             if not 0 <= n <= MAX_BODY:
                 raise WireError(f"an answer of {n} bytes is over the limit of {MAX_BODY}")
             return status, reason, self._take(n), not close
@@ -151,11 +167,11 @@ class _Reader:
         return status, reason, body, False
 
     def _head(self) -> tuple[int, str, str, dict[str, str]]:
-        used = 0
         first = self._line(MAX_HEAD)
-        parts = first.decode("latin-1").split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
+        m = _STATUS.fullmatch(first)
+        if m is None:
             raise WireError(f"the answer is not HTTP/1.x: {first[:80]!r}")
+        used = len(first) + 2
         fields: dict[str, str] = {}
         while True:
             line = self._line(MAX_HEAD - used)
@@ -165,20 +181,20 @@ class _Reader:
             if not line:
                 break
             name, sep, value = line.decode("latin-1").partition(":")
-            if not sep:
-                raise WireError(f"an answer's header line has no colon: {line[:80]!r}")
+            if not sep or not name or name != name.strip():  # a folded line, or a space before the colon
+                raise WireError(f"an answer's header line is not a field: {line[:80]!r}")
             key = name.strip().lower()
             fields[key] = f"{fields[key]}, {value.strip()}" if key in fields else value.strip()
-        return int(parts[1]), (parts[2] if len(parts) > 2 else ""), parts[0], fields
+        version = first[:8].decode("latin-1")
+        return int(m.group(1)), (m.group(2) or b"").decode("latin-1"), version, fields
 
     def _chunked(self) -> bytes:
         out = bytearray()
         while True:
             size_line = self._line(1024).split(b";", 1)[0].strip()
-            try:
-                size = int(size_line, 16)
-            except ValueError:
-                raise WireError(f"a chunk size {size_line[:40]!r} is not hexadecimal") from None
+            if not _HEX.fullmatch(size_line):
+                raise WireError(f"a chunk size {size_line[:40]!r} is not hexadecimal")
+            size = int(size_line, 16)
             if size == 0:
                 break
             if len(out) + size > MAX_BODY:
