@@ -118,3 +118,25 @@ def test_a_release_too_far_ahead_is_not_obeyed():
     ctypes.c_uint64.from_address(region + HDR.OFF_gang_release).value = ahead
     assert COMMON_WAIT(region, 0, NOW, BATCH) == gang.RELEASE_MAX_NS - BATCH
     assert FOLLOW(region, NOW) == ahead
+
+
+@cfunc(types.uint32(types.uint32), nopython=True, error_model="numpy")
+def _checked(g):
+    return gang.checked(g)
+
+
+CHECKED = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint32)(_checked.address)
+
+
+def test_a_gang_word_out_of_range_is_no_gang():
+    """Every member can write ``sm_gang``: a lead device or a count past the region's devices would index
+    outside them (the budget's CAS then writes into whatever lies there), so such a word is read as none."""
+    from pyvgpu.contract import layout
+
+    for devs in (0b11, 0b1010, (1 << layout.MAX_DEVICES) - 1):
+        low = (devs & -devs).bit_length()  # the words gang.word makes: (lowest + 1) | count << 8
+        g = low | (bin(devs).count("1") << 8)
+        assert CHECKED(g) == g, hex(g)
+    for forged in (0xFF | (2 << 8), 0 | (2 << 8), (layout.MAX_DEVICES + 1) | (2 << 8), 1 | (1 << 8),
+                   1 | ((layout.MAX_DEVICES + 1) << 8), 0xFFFFFFFF):
+        assert CHECKED(forged) == 0, hex(forged)

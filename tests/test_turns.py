@@ -291,7 +291,10 @@ def test_bench_sm_runs_its_scenarios_on_the_fake(env, tmp_path):
     assert r["baseline_kernels_per_s"] == (before + after) / 2
     x = r["runs"][0]
     assert x["achieved"] == 100 * x["kernels_per_s"] / r["baseline_kernels_per_s"]
-    assert "unlimited again at the end" in p.stdout
+    b = r["burst"]["alone"]  # the burst on the same scale as the runs
+    assert b["achieved"] == 100 * b["kernels_per_s"] / r["baseline_kernels_per_s"]
+    # below the table, where the tail of the output that scripts/gpu_check.sh keeps still holds it
+    assert p.stdout.index("unlimited again at the end") > p.stdout.index("largest error"), p.stdout
 
 
 def test_priority_and_borrowing_options(env, tmp_path):
@@ -372,3 +375,17 @@ def test_bench_sm_warns_when_the_raw_rate_moved():
                               "baseline_drift": 0.01})
     assert len(steady) == 1 and "+1.0%" in steady[0], steady
     assert sm._drift_lines({"workload": "spin"}) == []  # no runs, no second baseline
+
+
+def test_bench_sm_refuses_an_unlimited_run_without_progress():
+    """A baseline of 0 would make every share infinite (or, as the second one, halve the mean): the bench
+    fails, naming the run."""
+    import pytest
+
+    from pyvgpu.bench import sm
+    from pyvgpu.errors import PyvgpuError
+
+    assert sm._baseline(1085.5, "first") == 1085.5
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(PyvgpuError, match="the last unlimited run made no progress"):
+            sm._baseline(bad, "last")

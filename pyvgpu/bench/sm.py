@@ -243,7 +243,7 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                 return env
 
             base = _Run(cmd, raw, None).finish(limit, util)
-            result["unlimited_kernels_per_s"] = rate = base["kernels_per_s"]
+            result["unlimited_kernels_per_s"] = rate = _baseline(base["kernels_per_s"], "first")
             result["unlimited_time_share_nvml"] = base["time_share_nvml"]
 
             def record(kind: str, target: int | None, r: dict, **extra) -> None:
@@ -271,17 +271,16 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                 record("neighbour-unlimited", None, b.finish(limit, util))
                 result["scenarios"]["neighbour"] = _turn_stats(Path(env0[envspec.SCHED.name]))
             if burst:
-                result["burst"] = _burst(workload, iters, scenario("burst"), tmp, burst_share, seconds, limit, util,
-                                         rate)
+                result["burst"] = _burst(workload, iters, scenario("burst"), tmp, burst_share, seconds, limit, util)
                 result["scenarios"]["burst"] = _turn_stats(tmp / "burst.turns")
                 result["burst"]["give_back_ms"] = result["scenarios"]["burst"].get("max_wait_ms")
             if result["runs"]:
                 # The raw rate can move during a bench (clocks, the other GPU's state, a collective's
                 # topology): measured again at the end, the shares are judged against the mean of both, and
                 # the table says how far apart they were.
-                after = _Run(cmd, raw, None).finish(limit, util)["kernels_per_s"]
+                after = _baseline(_Run(cmd, raw, None).finish(limit, util)["kernels_per_s"], "last")
                 result["unlimited_after_kernels_per_s"] = after
-                result["baseline_drift"] = after / rate - 1 if rate else None
+                result["baseline_drift"] = after / rate - 1
                 rate = (rate + after) / 2
     finally:
         util.stop()
@@ -289,6 +288,9 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
     for r in result["runs"]:
         r["achieved"] = 100 * r["kernels_per_s"] / rate
         r["error_points"] = r["achieved"] - r["target"] if r["target"] is not None else None
+    for part in ("alone", "with_neighbour", "neighbour") if result.get("burst") else ():
+        b = result["burst"][part]
+        b["achieved"] = 100 * b["kernels_per_s"] / rate  # on the same scale as the runs
     errors = [abs(r["error_points"]) for r in result["runs"] if r["error_points"] is not None
               and r["kind"] in ("single", "pair")]
     result["max_error_points"] = max(errors, default=0.0)
@@ -300,8 +302,9 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
 
 
 def _burst(workload: str, iters: int, env0: dict[str, str], tmp: Path, share: int, seconds: float, limit: float,
-           util: UtilSampler, rate: float) -> dict:
-    """A group with --sm-borrow alone, then a neighbour with a share joins half way."""
+           util: UtilSampler) -> dict:
+    """A group with --sm-borrow alone, then a neighbour with a share joins half way (each part's share of
+    the unlimited rate is added at the end, against the same baseline as the runs)."""
     env, path = _wrapped(env0, share, tmp, "burst-borrower", sm_borrow=True)
     a = _Run(_command(workload, seconds, iters), env, path)
     time.sleep(seconds / 2)
@@ -313,15 +316,22 @@ def _burst(workload: str, iters: int, env0: dict[str, str], tmp: Path, share: in
     alone = a.window(a.progress[0][0] / 1e9 + (joined - a.progress[0][0] / 1e9) / 3, joined, util)
     after = a.window(joined + (b.progress[-1][0] / 1e9 - joined) / 3, b.progress[-1][0] / 1e9, util)
     return {"share": share, "neighbour_share": 50,
-            "alone": {**alone, "achieved": 100 * alone["kernels_per_s"] / rate},
-            "with_neighbour": {**after, "achieved": 100 * after["kernels_per_s"] / rate},
-            "neighbour": {**rb, "achieved": 100 * rb["kernels_per_s"] / rate},
+            "alone": alone, "with_neighbour": after, "neighbour": rb,
             "give_back_goal_ms": GIVE_BACK_GOAL_MS}
 
 
 def _unit(result: dict) -> str:
     return {"mlp": "steps", "matmul": "matmuls", "decode": "tokens", "allreduce": "all-reduces",
             "tp-decode": "tokens"}.get(result["workload"], "kernels")
+
+
+def _baseline(rate: float, which: str) -> float:
+    """An unlimited run's rate, which every share is a fraction of: one that made no progress fails the
+    bench, instead of making every share infinite or zero."""
+    if not rate > 0:
+        raise PyvgpuError(f"the {which} unlimited run made no progress ({rate} a second): the load did not run; "
+                          "check that it runs alone without pyvgpu")
+    return rate
 
 
 def _drift_lines(result: dict) -> list[str]:
@@ -348,9 +358,8 @@ def table(result: dict) -> str:
              + (f" (spin kernel {result['spin_kernel_ns'] / 1000:.0f} us)" if result["spin_kernel_ns"] else "")
              + (f", NVML {result['unlimited_time_share_nvml']:.0f}% busy"
                 if result.get("unlimited_time_share_nvml") is not None else ""),
-             *_drift_lines(result),
-             "  throughput = throughput / unlimited; time: NVML (the device, all groups on it), turns held, "
-             "GPU time charged",
+             "  throughput = throughput / unlimited (the mean of the first and last unlimited runs); time: NVML "
+             "(the device, all groups on it), turns held, GPU time charged",
              f"  {'run':<20} {'target':>6} {'thruput':>8} {'error':>6} {'NVML':>6} {'turns':>6} {'charged':>8} "
              f"{'waited':>7} {'held':>6}"]
     for r in result["runs"]:
@@ -362,6 +371,7 @@ def table(result: dict) -> str:
                      f"{_pct(r.get('turn_wait_share'), 8)} {_pct(r.get('throttled_share'), 7)}")
     lines.append(f"  largest error (single, pair) {result['max_error_points']:.1f} points "
                  f"(goal: within {result['goal_points']:.0f})")
+    lines += _drift_lines(result)  # at the end, where a tail of the output keeps it
     if not result.get("turns", True):
         lines.append("  groups time-sliced the GPU (PYVGPU_SM_TURN=0)")
     b = result.get("burst")

@@ -148,8 +148,10 @@ def event_text(e: dict) -> str:
         what = (f"pid {e['pid']} waited {e['a'] / 1e9:.1f} s for the turn on {dev} (held by id {e['b']}); "
                 "it time-slices there from now on")
     elif kind == "budget_reset":
-        what = (f"pid {e['pid']} found the compute budget on {dev} {e['a'] / 1e9:.0f} s ahead (written by a member, "
-                "or from before a reboot) and started it afresh")
+        tat = e["a"] - (1 << 64) if e["a"] >= 1 << 63 else e["a"]  # the word found, as a signed time
+        found = "not a time" if tat < 0 else f"{(tat - e['b']) / 1e9:.0f} s ahead"
+        what = (f"pid {e['pid']} found the compute budget on {dev} {found} (more than the "
+                f"{L.BUDGET_MAX_AHEAD_NS // 10**9} s a launch waits at most) and started it afresh")
     elif kind == "turns_full":
         what = f"the turn file has no free entry for {dev}: pid {e['pid']} time-slices there (pyvgpu doctor)"
     else:

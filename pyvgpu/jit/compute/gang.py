@@ -56,6 +56,16 @@ def word(devs):
 
 
 @njit(inline="always")
+def checked(g):
+    """The gang word as read from the region, or 0 where it cannot be one: every member can write the header,
+    and a lead device or a count out of range would index past the region's devices."""
+    low = g & np.uint32(0xFF)
+    n = g >> np.uint32(8)
+    ok = np.uint32(1) <= low <= np.uint32(L.MAX_DEVICES) and np.uint32(2) <= n <= np.uint32(L.MAX_DEVICES)
+    return g if ok else np.uint32(0)
+
+
+@njit(inline="always")
 def lead(g, dev):
     """The device whose budget and turn a launch on dev uses: the gang's lowest device (gang word g), or dev."""
     return np.int64((g & np.uint32(0xFF)) - 1) if g != 0 else dev

@@ -94,7 +94,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         count_launch(ctx)
         return call_real(ctx, idx, args, notfound)
     limit = limiter.share(region, dev) if limited else np.uint32(0)
-    g = HDR.get_sm_gang(region) if limit != 0 else np.uint32(0)  # on sm_any's line
+    g = gang.checked(HDR.get_sm_gang(region)) if limit != 0 else np.uint32(0)  # on sm_any's line
     tdev = gang.lead(g, dev)  # whose budget and turn: dev's, or the gang's lead device's
     gang.join(ctx, region, g)
     now = clock.now(ctx)  # the TSC, anchored to CLOCK_MONOTONIC about once a millisecond (clock.py)

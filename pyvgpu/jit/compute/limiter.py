@@ -9,12 +9,14 @@ BURST_NS + the batch ahead of now. Every process of the group draws on the
 same word, in arrival order.
 
 Every process of the group can write the word, and a region file can outlive
-a reboot's clock, so a budget further ahead of now than MAX_AHEAD_NS is not
-obeyed: the launch that finds it starts the budget afresh from now and records
-a ``budget_reset`` event. An honest budget gets that far ahead only through one
-charge that large (a kernel of MAX_AHEAD_NS x share / 100 or longer, 600 ms
-at --sm 1), which is then forgiven. So no launch waits longer than
-MAX_AHEAD_NS for the budget, whatever another member wrote.
+a reboot's clock, so a budget that cannot be one (negative as a signed time,
+or further ahead of now than MAX_AHEAD_NS) is not obeyed: the launch that
+finds it starts the budget afresh from now and records a ``budget_reset``
+event. Honest budgets stay far below the bound: it is only reached by
+charges queued together of that many seconds (a group at --sm 1 whose
+threads queue ten minutes of kernels at once), which are then forgiven. So
+no launch waits longer than MAX_AHEAD_NS for the budget, whatever another
+member wrote; ``hold`` caps the wait there too.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pyvgpu.jit.runtime.intrinsics import likely, monotonic_ns, sleep_ns, unlike
 from pyvgpu.jit.state import events
 
 BURST_NS = 2_000_000  # budget a group may run ahead of its share (absorbs sleep overshoot)
-MAX_AHEAD_NS = 60_000_000_000  # the furthest ahead of now a budget is obeyed (see the module's docstring)
+MAX_AHEAD_NS = L.BUDGET_MAX_AHEAD_NS  # the furthest ahead of now a budget is obeyed (see the module's docstring)
 Q16 = 65536  # sm_scale's unit: 1.0
 
 
@@ -55,7 +57,16 @@ def spent(ctx, region, dev, now):
     """The group's budget on dev is spent: a launch charged now would wait (throttle's test, before the
     charge)."""
     tat = np.int64(DEV.load_sm_tat(REGION.device(region, dev)))
+    if unlikely(forged(tat, now)):
+        return False  # not a budget: the launch goes through throttle, which starts it afresh
     return tat - now > BURST_NS + np.int64(CTX.get_sm_batch_ns(ctx))
+
+
+@njit(inline="always")
+def forged(tat, now):
+    """``sm_tat`` (as int64) cannot be an honest budget: negative, or further ahead than MAX_AHEAD_NS.
+    Tested in that order, so that ``tat - now`` never overflows."""
+    return tat < 0 or tat - now > MAX_AHEAD_NS
 
 
 @njit(inline="always")
@@ -123,17 +134,18 @@ def throttle(ctx, region, dev, lead, k, cost, limit, now):
     d = REGION.device(region, lead)
     while True:
         old = np.int64(DEV.load_sm_tat(d))
-        base = old if old > now else now
-        if unlikely(base - now > MAX_AHEAD_NS):  # forged, or from before a reboot: not obeyed
+        if unlikely(forged(old, now)):  # written by a member, or from before a reboot: not obeyed
             if np.int64(DEV.cas_sm_tat(d, np.uint64(old), np.uint64(now + charge))) == old:
-                events.record(region, L.EV_BUDGET_RESET, lead, 0, np.uint64(base - now), 0)
-                old = now
+                events.record(region, L.EV_BUDGET_RESET, lead, 0, np.uint64(old), np.uint64(now))
+                base = now
                 break
             continue
+        base = old if old > now else now
         if likely(np.int64(DEV.cas_sm_tat(d, np.uint64(old), np.uint64(base + charge))) == old):
             break
     n = charge_slot(ctx, dev, cost)
-    return old - BURST_NS - np.int64(CTX.get_sm_batch_ns(ctx)) - now, n
+    # from base (now <= base <= now + MAX_AHEAD_NS), not old: a wait that cannot overflow
+    return base - BURST_NS - np.int64(CTX.get_sm_batch_ns(ctx)) - now, n
 
 
 @njit
@@ -145,7 +157,7 @@ def hold(ctx, region, dev, wait, stream, turns, rank, g):
     the others get the GPU for the batch, and the holder of then gives it back in time. Time-slicing,
     the GPU switches contexts once per batch instead of once per kernel. Returns the time after it."""
     start = monotonic_ns()
-    wait += np.int64(CTX.get_sm_batch_ns(ctx))
+    wait = min(wait, MAX_AHEAD_NS) + np.int64(CTX.get_sm_batch_ns(ctx))
     if g != 0:  # a gang's ranks leave together (pyvgpu/jit/compute/gang.py)
         gang.publish_release(region, start + wait, start)
     if turns and turn.takes_turns(ctx, dev):
