@@ -77,10 +77,10 @@ for part in $PARTS; do
   compute)
     say "## Compute shares"
     $PY -m pyvgpu bench sm --workload spin --sliced --png "$(png sm-spin.png)" --output "$W/sm-spin.json" 2>&1 |
-      tail -16 | block; pack
+      tail -20 | block; pack
     $PY -m pyvgpu bench sm --workload matmul --neighbour unlimited --png "$(png sm-matmul.png)" \
-      --output "$W/sm-matmul.json" 2>&1 | tail -16 | block; pack
-    $PY -m pyvgpu bench sm --workload graph --targets 30,70 --png "" --output "$W/sm-graph.json" 2>&1 | tail -8 | block; pack
+      --output "$W/sm-matmul.json" 2>&1 | tail -20 | block; pack
+    $PY -m pyvgpu bench sm --workload graph --targets 30,70 --png "" --output "$W/sm-graph.json" 2>&1 | tail -12 | block; pack
     say "## Launch overhead (no share, then --sm 99)"
     $PY -m pyvgpu bench overhead --rounds 5 --output "$W/overhead.json" 2>&1 | tail -4 | block
     $PY -m pyvgpu bench overhead --rounds 5 --sm 99 --output "$W/overhead-sm99.json" 2>&1 | tail -4 | block; pack ;;
@@ -89,7 +89,7 @@ for part in $PARTS; do
     sc() {  # sc NAME ARGS...: one bench sm run, its table into the summary
       name=$1; shift
       say "### bench sm $*"
-      $PY -m pyvgpu bench sm "$@" --png "$(png "$name.png")" --output "$W/$name.json" 2>&1 | tail -14 | block; pack
+      $PY -m pyvgpu bench sm "$@" --png "$(png "$name.png")" --output "$W/$name.json" 2>&1 | tail -22 | block; pack
     }
     sc sm-mlp --workload mlp --targets 50 --pair 50,50 --sliced --neighbour unlimited --burst
     sc sm-spin-scenarios --workload spin --targets "" --pair "" --neighbour unlimited --burst
@@ -101,7 +101,7 @@ for part in $PARTS; do
       name=$1; shift
       say "### bench sm $*"
       $PY -m pyvgpu bench sm "$@" --png "$(png "$name.png")" \
-        --output "$W/$name.json" 2>&1 | tail -16 | block; pack
+        --output "$W/$name.json" 2>&1 | tail -22 | block; pack
     }
     wl sm-decode --workload decode --targets ${DECODE_TARGETS:-30,50,70} --pair 50,50 --sliced --neighbour unlimited
     wl sm-decode-3070 --workload decode --targets "" --pair 30,70 ${DECODE_3070_SLICED---sliced}
@@ -162,7 +162,7 @@ for part in $PARTS; do
     for wl in ${LOOP_WORKLOADS:-all}; do
       timeout $((${LOOP_SECONDS:-8} * ${LOOP_ROUNDS:-1} * 12 + 120)) $PY -m pyvgpu bench vpmm --workload "$wl" \
         --seconds "${LOOP_SECONDS:-8}" --rounds "${LOOP_ROUNDS:-1}" --cap 40G \
-        --output "$W/bench-vpmm-loops-$wl.json" 2>&1 | tail -14 | block; pack
+        --output "$W/bench-vpmm-loops-$wl.json" 2>&1 | tail -22 | block; pack
     done
     if [ "${SOAK_SECONDS:-120}" -gt 0 ]; then
       timeout $((${SOAK_SECONDS:-120} + 120)) $PY "$ROOT/scripts/vpmm_soak.py" --seconds "${SOAK_SECONDS:-120}" \
