@@ -134,7 +134,7 @@ def _no_hashing():
 
 
 def test_a_remembered_choice_is_taken_until_a_file_it_rests_on_changes(tmp_path, tuned_cache, monkeypatch):
-    memo = groupfiles.runtime_dir(make=True) / choice.MEMO_NAME
+    memo = Path(groupfiles.runtime_dir(make=True)) / choice.MEMO_NAME
     d = tmp_path / "c"
     assert choice.choose(d) == str(cache.packaged_path())
     assert stat.S_IMODE(memo.stat().st_mode) == 0o600
