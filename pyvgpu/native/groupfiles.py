@@ -47,12 +47,19 @@ def private_dir(p: str | Path, what: str, fix: str) -> str | Path:
     return p
 
 
+def spelt(path: str) -> str:
+    """``path`` spelt as str(pathlib.Path(path)) spells it: no empty or '.' parts, no trailing '/' (a '..' is
+    kept: it may cross a link). The paths a wrap hands on are text, and the same as before they were."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    return ("/" if path.startswith("/") else "") + "/".join(parts) or "."
+
+
 def runtime_dir(make: bool) -> str:
     """$XDG_RUNTIME_DIR/pyvgpu if that is writable, else /tmp/pyvgpu-<uid>; with ``make``, made private
     (private_dir)."""
     out = ctypes.create_string_buffer(4096)
     _call("pyvgpu_g_runtime_dir", int(make), out, len(out))
-    return out.value.decode("utf-8", "surrogateescape")
+    return spelt(out.value.decode("utf-8", "surrogateescape"))
 
 
 def open_shared(p: str | Path, flags: int, what: str, fix: str, trust: bool, root_group_ok: bool = False) -> int:

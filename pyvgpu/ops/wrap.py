@@ -20,7 +20,7 @@ from pyvgpu.group import turnfile as sched
 from pyvgpu.group.spec import GroupSpec
 from pyvgpu.host import devices
 from pyvgpu.host.driver import DRIVER_FIX, driver_problem
-from pyvgpu.native import cache, choice
+from pyvgpu.native import cache, choice, groupfiles
 from pyvgpu.native.shim import BOOT, shim_file
 
 ON_ERROR_CHOICES = ("closed", "open")
@@ -294,8 +294,7 @@ def group_spec(env: dict[str, str], request: WrapRequest) -> tuple[str, GroupSpe
 
 def _absolute(path: str) -> str:
     """``path`` made absolute against the current directory, as Path.absolute() does (no `..` resolved)."""
-    path = os.path.normpath(path) if ".." not in path.split(os.sep) else path
-    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    return groupfiles.spelt(os.path.join(os.getcwd(), path))
 
 
 def _region_path(env: Mapping[str, str], request: WrapRequest) -> str:
