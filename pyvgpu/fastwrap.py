@@ -6,8 +6,10 @@ pydantic and rich it pulls in) costs several times what the wrap itself
 does, so a plain wrap is parsed here, by hand, and never imports them. What it does import stays small
 for the same reason: its records are made without dataclasses (pyvgpu/contract/record.py), the layouts
 the hook table sizes are made at first use (pyvgpu/contract/layout.py), and the callback library is
-chosen without loading one or hashing at every wrap (pyvgpu/native/choice.py). tests/test_fastwrap.py
-checks what a plain wrap imports; `pyvgpu bench startup --concurrent N` measures it.
+chosen without loading one or hashing at every wrap (pyvgpu/native/choice.py), and its paths are text
+(os.path: pathlib with what it imports, re among them, would cost a wrap more than its own work).
+tests/test_fastwrap.py and tests/test_wrap_start.py check what a plain wrap imports; `pyvgpu bench startup
+--concurrent N` measures it.
 
 The hand parser reads only what it is sure of: wrap's own options, in the
 forms click accepts (`--memory 4G`, `--memory=4G`, `-m 4G`, `-m4G`, a

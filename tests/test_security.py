@@ -456,7 +456,7 @@ def test_an_untrusted_machine_turn_file_is_left_for_ones_own_with_a_fix(env, sti
     monkeypatch.setattr(sched, "SHM_PATH", machine)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     got, note = sched.choose({})
-    assert got == tmp_path / "pyvgpu" / "turns"
+    assert got == str(tmp_path / "pyvgpu" / "turns")
     assert "belongs to uid 65534" in note and "pyvgpu setup" in note and "remove" not in note
     os.close(sched.open_fd(got))
     assert stat.S_IMODE(os.lstat(got).st_mode) == 0o600

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 
 import pytest
 
@@ -98,7 +99,7 @@ def test_group_spec_is_where_the_options_meet_the_environment(tmp_path, monkeypa
     env = {"CUDA_DEVICE_MEMORY_LIMIT": "8M", "CUDA_DEVICE_MEMORY_LIMIT_1": "4M", "CUDA_TASK_PRIORITY": "0",
            "PYVGPU_MIN_MEMORY": "1M"}
     path, spec, mps_shares = wrap.group_spec(dict(env), WrapRequest(region_path=str(tmp_path / "e.region")))
-    assert path == tmp_path / "e.region" and not path.exists()  # chosen, not yet made
+    assert path == str(tmp_path / "e.region") and not os.path.exists(path)  # chosen, not yet made (text)
     assert spec.name == "e" and spec.limits == lim.MemoryLimits(default=8 * MiB, per_device={1: 4 * MiB})
     assert (spec.limits_source, spec.priority, spec.priority_source) == ("CUDA_DEVICE_MEMORY_LIMIT", 0,
                                                                           "CUDA_TASK_PRIORITY")

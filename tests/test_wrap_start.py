@@ -1,6 +1,7 @@
 """What a plain `pyvgpu wrap` does before its exec, kept small: records without dataclasses
 (pyvgpu/contract/record.py), the layouts the hook table sizes made at first use (pyvgpu/contract/layout.py),
-and the choice of the callback library made without loading one (pyvgpu.native.choice).
+the choice of the callback library made without loading one (pyvgpu.native.choice), and paths as text (no
+pathlib, no re on a wrap's path).
 
 These check what is imported and chosen, never how long it takes: the figures come from
 `pyvgpu bench startup --concurrent N` (docs/measurements.md)."""
@@ -123,7 +124,7 @@ def test_a_library_is_named_only_when_its_table_holds_the_key(tmp_path, monkeypa
     cblib.hash_path(lib).write_text("0" * 64 + "\n")  # bytes that do not match their hash
     assert not choice.fits(lib, key)
     assert not choice.fits(tmp_path / "missing.so", key)
-    monkeypatch.setattr(cache, "packaged_path", lambda: lib)  # a corrupt packaged one: ensure's error, as before
+    monkeypatch.setattr(cache, "packaged_file", lambda: str(lib))  # a corrupt packaged one: ensure's error, as before
     for choose in (choice.choose, lambda d: cache.ensure(d)["library"]):
         with pytest.raises(cblib.CorruptLibrary, match="does not match the hash beside it"):
             choose(tmp_path / "cache")
@@ -134,7 +135,7 @@ def _no_hashing():
 
 
 def test_a_remembered_choice_is_taken_until_a_file_it_rests_on_changes(tmp_path, tuned_cache, monkeypatch):
-    memo = groupfiles.runtime_dir(make=True) / choice.MEMO_NAME
+    memo = Path(groupfiles.runtime_dir(make=True)) / choice.MEMO_NAME
     d = tmp_path / "c"
     assert choice.choose(d) == str(cache.packaged_path())
     assert stat.S_IMODE(memo.stat().st_mode) == 0o600
@@ -177,3 +178,42 @@ def test_a_source_edited_after_the_choice_was_remembered_is_seen(env, tmp_path):
         f.write("\n# edited after the build\n")
     p = run([*PYVGPU, "wrap", "-m", "8M", "-g", "g", "--", "true"], env=e)
     assert p.returncode == 2 and "no compiled callbacks fit this pyvgpu" in p.stderr, p.stderr
+
+
+# What a wrap imports, seen at its exec: the console script's `main` run in an interpreter without site (-S:
+# nothing of the environment's .pth files), whose os.execvpe prints sys.modules instead of replacing it.
+# (json is not used there: it imports re)
+_AT_EXEC = """\
+import os, sys
+def at_exec(file, args, env):
+    print(" ".join(sorted(sys.modules)), flush=True)
+    os._exit(0)
+os.execvpe = at_exec
+sys.argv = ["pyvgpu", "wrap", *sys.argv[1:]]
+from pyvgpu.entry import main
+main()
+"""
+# pathlib with what it pulls in (urllib.parse, ipaddress, fnmatch, re and its enum): several milliseconds of a
+# wrap's start; a wrap's paths are text (os.path), a group name is checked without a pattern
+_NOT_ON_A_WRAPS_PATH = {"pathlib", "urllib", "urllib.parse", "ipaddress", "fnmatch", "ntpath", "re", "enum"}
+
+
+@pytest.mark.parametrize("args", [["--memory", "4G", "--sm", "30"], ["-g", "imports", "-m", "8M"],
+                                  ["--region", "@T/r.region", "-m", "8M"], ["-m", "8M", "--devices", "0"]],
+                         ids=["sm", "group", "region", "devices"])
+@pytest.mark.parametrize("driver", [True, False], ids=["driver", "no-driver"])
+def test_a_wrap_imports_neither_pathlib_nor_re(env, tmp_path, args, driver):
+    e = dict(env, XDG_RUNTIME_DIR=str(tmp_path / "run"))
+    if not driver:  # as on a machine without a GPU: the wrap says so in one line, and runs the program
+        e["PYVGPU_REAL_LIBCUDA"] = str(tmp_path / "no-such-libcuda.so.1")
+    args = [a.replace("@T", str(tmp_path)) for a in args] + ["--", "true"]
+    # the first wrap with a runtime directory chooses the callback library the long way (once): warm it
+    warm = run([*PYVGPU, "wrap", "-m", "8M", "--", "true"], env=e)
+    assert warm.returncode == 0, warm.stderr
+    p = run([sys.executable, "-S", "-c", _AT_EXEC, *args], env=e)
+    at_exec = set(p.stdout.split())
+    assert p.returncode == 0 and "pyvgpu.ops.wrap" in at_exec and "pyvgpu.group.region" in at_exec, p.stderr
+    bare = run([sys.executable, "-S", "-c", "import sys; print(' '.join(sorted(sys.modules)))"], env=e)
+    assert "sys" in bare.stdout.split() and not _NOT_ON_A_WRAPS_PATH & set(bare.stdout.split())  # else no test
+    unwanted = _NOT_ON_A_WRAPS_PATH - ({"re", "enum"} if "--devices" in args else set())  # its entries: patterns
+    assert not unwanted & at_exec, sorted(unwanted & at_exec)

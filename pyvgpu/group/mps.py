@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
+
+TYPE_CHECKING = False  # not `typing`'s: a plain wrap imports this module (for --mode), and no Path is made here
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # indexed by layout.MODE_*; HAMi's names (nvidia.com/vgpu-mode). "mig" would be chosen by MIG UUIDs in --devices.
 MODES = ("hami-core", "mps")

@@ -13,15 +13,17 @@ Paths: ``--region PATH``; ``--group NAME`` -> <runtime dir>/groups/NAME.region;
 HAMi's CUDA_DEVICE_MEMORY_SHARED_CACHE names a path too. Without either,
 `pyvgpu wrap` makes a private group: <runtime dir>/private/<pid>-<random>.region.
 The runtime dir is $XDG_RUNTIME_DIR/pyvgpu, else /tmp/pyvgpu-<uid>.
+
+A plain `pyvgpu wrap` imports this module, and importing pathlib would cost it more than its own work here
+(docs/measurements.md): the wrap's paths are text (group_file, new_private_path), the functions take a str
+or a Path, and the Path forms (runtime_dir, private_runtime_dir, group_path) import pathlib when called.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from pyvgpu.contract import layout as L
 from pyvgpu.contract.record import record  # not dataclasses: a plain wrap imports this
@@ -31,44 +33,66 @@ from pyvgpu.group.spec import GroupSpec  # what a region is made with or checked
 from pyvgpu.host.devices import Gpu, uuid_text
 from pyvgpu.native import groupfiles, grouplib, safefile
 
+TYPE_CHECKING = False  # not `typing`'s: a plain wrap imports this module
+if TYPE_CHECKING:
+    from pathlib import Path
+
 Header = L.REGION_HEADER.ctypes_class()
 Event = L.REGION_EVENT.ctypes_class()
 Device = L.REGION_DEVICE.ctypes_class()
 Slot = L.REGION_SLOT.ctypes_class()
-_GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+_NAME_PUNCTUATION = frozenset("_.-")  # a group name: 1-63 of these, ASCII letters and digits
 
 
 def runtime_dir() -> Path:
     """Where this user's groups are (not made here: private_runtime_dir makes it)."""
-    return groupfiles.runtime_dir(make=False)
+    from pathlib import Path
+
+    return Path(groupfiles.runtime_dir(make=False))
 
 
 RUNTIME_FIX = ("Ask its owner or root to remove it, or set XDG_RUNTIME_DIR to a directory of your own (pyvgpu "
                "then keeps its groups in $XDG_RUNTIME_DIR/pyvgpu)")  # pv_shim.h PV_RUNTIME_FIX
 
 
-def private_runtime_dir(sub: str | None = None) -> Path:
-    """The runtime dir (and ``sub`` in it), made or checked by safefile.private_dir: 0700, this user's,
-    no link; checked before anything is created inside."""
+def _private_dir(sub: str | None) -> str:
     top = groupfiles.runtime_dir(make=True)
     if sub is None:
         return top
-    return safefile.private_dir(top / sub, "the runtime directory", RUNTIME_FIX)
+    return safefile.private_dir(os.path.join(top, sub), "the runtime directory", RUNTIME_FIX)
+
+
+def private_runtime_dir(sub: str | None = None) -> Path:
+    """The runtime dir (and ``sub`` in it), made or checked by safefile.private_dir: 0700, this user's,
+    no link; checked before anything is created inside."""
+    from pathlib import Path
+
+    return Path(_private_dir(sub))
 
 
 def check_group_name(name: str) -> str:
     """``name`` if it can name a group (a file name in the runtime dir), else the error that names --group."""
-    if not _GROUP_NAME.match(name or ""):
+    if not (name and len(name) <= 63 and name.isascii()
+            and all(c.isalnum() or c in _NAME_PUNCTUATION for c in name)):
         raise PyvgpuError(f"--group {name!r}: a group name is 1-63 letters, digits, '.', '_' or '-'")
     return name
 
 
+def group_file(name: str) -> str:
+    """The region file of the group ``name``, as text (what a wrap uses); the runtime dir made first."""
+    return os.path.join(_private_dir("groups"), f"{check_group_name(name)}.region")
+
+
 def group_path(name: str) -> Path:
-    return private_runtime_dir("groups") / f"{check_group_name(name)}.region"
+    """group_file as a Path."""
+    from pathlib import Path
+
+    return Path(group_file(name))
 
 
-def new_private_path() -> Path:
-    return private_runtime_dir("private") / f"{os.getpid()}-{os.urandom(4).hex()}.region"
+def new_private_path() -> str:
+    """A new private group's region file (text): <runtime dir>/private/<pid>-<random>.region."""
+    return os.path.join(_private_dir("private"), f"{os.getpid()}-{os.urandom(4).hex()}.region")
 
 
 def path_from_env(env: Mapping[str, str]) -> Path | None:
@@ -82,7 +106,7 @@ class Region:
     core (groupfiles.view_region) and unmapped when nothing uses it any more; the fields are read through the
     generated layout's ctypes classes."""
 
-    path: Path
+    path: str | Path  # as it was opened: text on a wrap's path
     fd: int
     view: ctypes.Array
     header: ctypes.Structure
@@ -153,7 +177,7 @@ def slot_launches(slot: ctypes.Structure) -> int:
     return slot.launches + sum(d.sm_launches for d in slot.dev)
 
 
-def create(path: Path, spec: GroupSpec, n_slots: int = L.DEFAULT_SLOTS, mode: int = 0o600,
+def create(path: str | Path, spec: GroupSpec, n_slots: int = L.DEFAULT_SLOTS, mode: int = 0o600,
            owner: tuple[int, int | None] | None = None) -> bool:
     """Create the region file of the group ``spec`` describes if it does not exist; True if this call
     created it.
@@ -185,7 +209,7 @@ def _visible_fields(visible: Sequence[Gpu]) -> tuple[list[int], bytes]:
 MAX_SLOTS = 4 * L.DEFAULT_SLOTS  # pv_shim.h PV_MAX_SLOTS
 
 
-def open_region(path: Path, writable: bool = True, env: Mapping[str, str] = os.environ) -> Region:
+def open_region(path: str | Path, writable: bool = True, env: Mapping[str, str] = os.environ) -> Region:
     """Map an existing region, checked (shim/src/pv_group_region.c, the shim's own checks) to be one of ours,
     of this version, whole and not foreign.
 
@@ -199,7 +223,7 @@ def open_region(path: Path, writable: bool = True, env: Mapping[str, str] = os.e
     return Region(path, fd, view, Header.from_buffer(view, 0), writable)
 
 
-def watch(path: Path) -> int:
+def watch(path: str | Path) -> int:
     """The region at ``path``, checked as a read-only open is, mapped shared and read-only and never unmapped
     (a pool that watches its group's cap and refusals while it runs); the address."""
     return groupfiles.watch_region(path)
@@ -270,11 +294,11 @@ def check_setting(region: Region, field: str, wanted: int | None, source: str) -
         groupfiles.check_setting(region.path, region.address, SETTINGS[field], wanted, source)
 
 
-def create_or_open(path: Path, spec: GroupSpec) -> Region:
+def create_or_open(path: str | Path, spec: GroupSpec) -> Region:
     """The group region at ``path``: created from ``spec`` if there is none, else opened and checked to be
     the group ``spec`` asks for (caps, shares, devices and the settings it asks for; each mismatch an error
     that names the spec's source of the value)."""
-    if not path.exists():
+    if not os.path.exists(path):
         create(path, spec)
     r = open_region(path)
     check_limits(r, spec.limits, spec.limits_source)
@@ -332,4 +356,5 @@ PRIVATE_MIN_AGE_NS = 60 * 10**9  # a region nobody joined yet is kept a minute: 
 
 def gc_private(env: Mapping[str, str] = os.environ) -> int:
     """Remove private regions whose processes are all gone (pv_group_region.c); returns how many."""
-    return groupfiles.gc_private(runtime_dir() / "private", PRIVATE_MIN_AGE_NS, safefile.trust_shared(env))
+    return groupfiles.gc_private(os.path.join(groupfiles.runtime_dir(make=False), "private"), PRIVATE_MIN_AGE_NS,
+                                 safefile.trust_shared(env))

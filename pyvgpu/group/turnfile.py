@@ -25,7 +25,6 @@ from __future__ import annotations
 import grp
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
@@ -33,9 +32,13 @@ from pyvgpu.errors import PyvgpuError
 from pyvgpu.group.region import map_forever
 from pyvgpu.native import groupfiles, grouplib, safefile
 
+TYPE_CHECKING = False  # not `typing`'s: a plain wrap imports this module, and its paths are text (os.path)
+if TYPE_CHECKING:
+    from pathlib import Path
+
 Header = L.SCHED_HEADER.ctypes_class()
 Entry = L.SCHED_ENTRY.ctypes_class()
-SHM_PATH = Path("/dev/shm/pyvgpu-turns-v1")
+SHM_PATH = "/dev/shm/pyvgpu-turns-v1"  # text, as every path a wrap handles (a Path works too)
 SETUP_GROUP = "pyvgpu"  # the Unix group whose members share the machine's turn file
 SETUP_MODE = 0o660
 
@@ -45,12 +48,12 @@ def enabled(env: Mapping[str, str]) -> bool:
     return bool(grouplib.env_setting({envspec.SM_TURN.name: env.get(envspec.SM_TURN.name, "")}, grouplib.TURNS))
 
 
-def machine_problem(p: Path = SHM_PATH, env: Mapping[str, str] = os.environ) -> str | None:
+def machine_problem(p: str | Path = SHM_PATH, env: Mapping[str, str] = os.environ) -> str | None:
     """Why this user cannot use the machine's turn file at p, or None if it can (lstat, owner, mode, access)."""
     return groupfiles.machine_turns_problem(p, safefile.trust_shared(env))
 
 
-def choose(env: Mapping[str, str]) -> tuple[Path, str | None]:
+def choose(env: Mapping[str, str]) -> tuple[str, str | None]:
     """The turn file this process uses, and a warning to show when the machine's is there but unusable."""
     p, problem = groupfiles.turn_path(env.get(envspec.SCHED.name, ""), SHM_PATH, safefile.trust_shared(env))
     note = None
@@ -60,22 +63,22 @@ def choose(env: Mapping[str, str]) -> tuple[Path, str | None]:
     return p, note
 
 
-def path(env: Mapping[str, str]) -> Path:
+def path(env: Mapping[str, str]) -> str:
     return choose(env)[0]
 
 
-def open_fd(p: Path, env: Mapping[str, str] = os.environ) -> int:
+def open_fd(p: str | Path, env: Mapping[str, str] = os.environ) -> int:
     """Open (creating it if needed, not the machine's) and check the turn file; returns a read-write fd."""
     return groupfiles.use_turns(p, SHM_PATH, safefile.trust_shared(env))
 
 
-def node_file(p: Path, mode: int) -> None:
+def node_file(p: str | Path, mode: int) -> None:
     """The turn file a Kubernetes node's agent keeps for every container (pyvgpu/cluster/node/nodestate.py):
     made with ``mode`` when missing, checked (the agent made it, so trusted), its mode set back if changed."""
     groupfiles.node_turns(p, mode)
 
 
-def setup(group: str = SETUP_GROUP, p: Path = SHM_PATH) -> str:
+def setup(group: str = SETUP_GROUP, p: str | Path = SHM_PATH) -> str:
     """Make the machine's turn file for the members of ``group`` (root only); what was done, in words.
 
     A file already there that is root's, of that group, mode 0660 and whole is kept (running programs
@@ -107,7 +110,7 @@ def attach(env: Mapping[str, str] = os.environ) -> int:
         os.close(fd)
 
 
-def entries(p: Path) -> list[dict]:
+def entries(p: str | Path) -> list[dict]:
     """The GPUs in use in the turn file, for reports: key, holder id and the counters."""
     data = groupfiles.read_turns(p, SHM_PATH, safefile.trust_shared(), L.SCHED_SIZE)
     out = []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import re
 from collections.abc import Mapping
 
 from pyvgpu.contract import envspec
@@ -95,13 +94,16 @@ class Gpu:
         return f"device {self.index} ({self.uuid})"
 
 
-# patterns compiled at their first use (re caches them): a plain `pyvgpu wrap` imports this module and uses none
+# patterns compiled at their first use (re caches them): a plain `pyvgpu wrap` imports this module and uses none,
+# so `re` itself is imported where they are used
 _UUID = (r"^(?:GPU|MIG)-([0-9a-fA-F]{8})-([0-9a-fA-F]{4})-([0-9a-fA-F]{4})-([0-9a-fA-F]{4})-"
          r"([0-9a-fA-F]{12})$")
 
 
 def uuid_bytes(text: str) -> bytes:
     """The 16 raw bytes of a GPU or MIG UUID in NVML's text form (what cuDeviceGetUuid_v2 returns)."""
+    import re
+
     m = re.match(_UUID, text)
     if not m:
         raise PyvgpuError(f"{text!r} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
@@ -205,6 +207,8 @@ ONE_MIG = ("a CUDA process sees a single MIG instance (NVIDIA's MIG user guide: 
 
 def check_entry(entry: str, where: str) -> None:
     """Refuse what is neither an index nor (the start of) a GPU UUID, before NVML is asked."""
+    import re
+
     from pyvgpu.group.limits import not_ascii
 
     not_ascii(entry, where, "devices", "0,2 or GPU-8e1f")
@@ -214,6 +218,8 @@ def check_entry(entry: str, where: str) -> None:
 
 
 def _pick_mig(e: str, gpus: list[Gpu], migs: list[Gpu], where: str) -> Gpu:
+    import re
+
     have = "; ".join(f"{m.uuid} ({m.name}, GPU {m.index})" for m in migs)
     listing = f"this machine's MIG instances: {have}" if migs else (
         "this machine has no MIG instance (no GPU has its MIG mode on"

@@ -30,13 +30,16 @@ import os
 import stat
 import sys
 import time
-from pathlib import Path
 
 import pyvgpu
 from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.host import cpuid
 from pyvgpu.native import cblib, safefile
+
+TYPE_CHECKING = False  # not `typing`'s: a plain wrap imports this module, and its paths are text (os.path):
+if TYPE_CHECKING:  # cache_dir_str and packaged_file; the Path forms import pathlib when called
+    from pathlib import Path
 
 FORMAT = 2
 # what the machine code is compiled from
@@ -49,13 +52,20 @@ WARMUP = "`pyvgpu warmup`"  # why a compile runs, when the user asked for it
 LOCK_WAIT_S = 1800  # the longest a process waits for another one's compile (minutes on a loaded 2-core box)
 
 
-def cache_dir() -> Path:
-    """PYVGPU_CACHE_DIR, else $XDG_CACHE_HOME/pyvgpu, else ~/.cache/pyvgpu."""
+def cache_dir_str() -> str:
+    """PYVGPU_CACHE_DIR, else $XDG_CACHE_HOME/pyvgpu, else ~/.cache/pyvgpu, as text (what a wrap uses)."""
     env = os.environ.get(envspec.CACHE_DIR.name)
     if env:
-        return Path(env)
+        return env
     xdg = os.environ.get(envspec.XDG_CACHE_HOME.name)
-    return Path(xdg) / "pyvgpu" if xdg else Path.home() / ".cache" / "pyvgpu"
+    return os.path.join(xdg, "pyvgpu") if xdg else os.path.join(os.path.expanduser("~"), ".cache", "pyvgpu")
+
+
+def cache_dir() -> Path:
+    """cache_dir_str as a Path."""
+    from pathlib import Path
+
+    return Path(cache_dir_str())
 
 
 def cache_key() -> str:
@@ -87,13 +97,22 @@ def _matches(pkg: str, pattern: str) -> list[str]:
     return sorted(found, key=lambda path: path.split(os.sep))  # as Paths sort: part by part
 
 
+def packaged_file() -> str:
+    """The library the package carries, beside the shim, as text (what a wrap uses)."""
+    return os.path.join(os.path.dirname(os.path.realpath(pyvgpu.__file__)), cblib.FILE_NAME)
+
+
 def packaged_path() -> Path:
-    """The library the package carries, beside the shim."""
-    return Path(pyvgpu.__file__).resolve().parent / cblib.FILE_NAME
+    """packaged_file as a Path."""
+    from pathlib import Path
+
+    return Path(packaged_file())
 
 
-def tuned_path(directory: Path, key: str, cpu: int) -> Path:
+def tuned_path(directory: str | Path, key: str, cpu: int) -> Path:
     """Where `pyvgpu warmup` puts the library tuned for CPU ``cpu`` (the shim looks for the same name)."""
+    from pathlib import Path
+
     return Path(directory) / f"callbacks-{key}-{cpu:016x}.so"
 
 
@@ -158,6 +177,8 @@ def _packaged(key: str) -> dict | None:
 def read(directory: Path | None = None, key: str | None = None) -> dict | None:
     """The library a process of this installation uses: this CPU's tuned one in the cache when there is
     one, else the packaged one; None when none was compiled from these sources."""
+    from pathlib import Path
+
     directory = Path(directory or cache_dir())
     key = key or cache_key()
     return _tuned(directory, key) or _packaged(key)
@@ -273,6 +294,8 @@ def _compile(directory: Path, key: str, workers: int, why: str, again: bool) -> 
 def ensure(directory: Path | None = None, workers: int = 1) -> dict:
     """The library to use (``read``); when none fits these sources, compile one tuned for this CPU into
     the cache first. Concurrent processes compile once (a lock on the cache)."""
+    from pathlib import Path
+
     directory = Path(directory or cache_dir())
     key = cache_key()
     m = read(directory, key)
@@ -284,6 +307,8 @@ def ensure(directory: Path | None = None, workers: int = 1) -> dict:
 def warmup(directory: Path | None = None, force: bool = False, workers: int = 1) -> dict:
     """`pyvgpu warmup`: compile the library tuned for this CPU into the cache, unless it is there already
     (``force``: compile it again)."""
+    from pathlib import Path
+
     directory = Path(directory or cache_dir())
     key = cache_key()
     if not force:

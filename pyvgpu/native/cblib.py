@@ -26,12 +26,15 @@ import ctypes
 import os
 import stat
 import time
-from pathlib import Path
 
 from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
 from pyvgpu.contract.record import record  # not dataclasses: a plain wrap imports this
 from pyvgpu.errors import PyvgpuError
+
+TYPE_CHECKING = False  # not `typing`'s: a plain wrap imports this module, and the Paths here are for other callers
+if TYPE_CHECKING:
+    from pathlib import Path
 
 FILE_NAME = "libpyvgpu_callbacks.so"  # the packaged library, beside the shim
 # The hook table (pyvgpu.contract.hooks) and the table's ctypes class are imported and made at their first use:
@@ -113,6 +116,7 @@ def link(obj: bytes, source: str, out: Path) -> None:
     import hashlib
     import subprocess
     import tempfile
+    from pathlib import Path
 
     out = Path(out)
     cc = compiler()
@@ -137,6 +141,8 @@ def link(obj: bytes, source: str, out: Path) -> None:
 
 def hash_path(lib: Path) -> Path:
     """Where the SHA-256 of a library is kept (64 hex digits and a newline)."""
+    from pathlib import Path
+
     return Path(lib).with_name(Path(lib).name + ".sha256")
 
 
@@ -191,6 +197,8 @@ def build(out: Path, *, key: str, tuned: bool, cpu_id: int = 0, workers: int = 1
 
 def info_path(lib: Path) -> Path:
     """The build facts written beside a library (its build time is the estimate of the next build)."""
+    from pathlib import Path
+
     return Path(lib).with_suffix(".json")
 
 
@@ -271,6 +279,8 @@ def load(path: Path) -> Library:
     be swapped between the check and the load. The descriptor stays open while the library is loaded:
     the dynamic loader knows it by its /proc/self/fd name, which must not be reused for another file.
     """
+    from pathlib import Path
+
     from pyvgpu.contract import hooks
 
     path = Path(path)

@@ -19,19 +19,22 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
 
 import pyvgpu
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.host import cpuid
 from pyvgpu.native import cache, cblib, groupfiles
 
+TYPE_CHECKING = False  # not `typing`'s: every wrap imports this module, and its paths are text (os.path)
+if TYPE_CHECKING:
+    from pathlib import Path
+
 MEMO_NAME = "callbacks-choice"
 MEMO_FORMAT = "pyvgpu callbacks-choice 1"
 MEMO_MAX_BYTES = 1 << 16
 
 
-def fits(path: Path, key: str) -> bool:
+def fits(path: str | Path, key: str) -> bool:
     """Whether the library at ``path`` was compiled from the sources of ``key`` and may be named, told without
     loading it (see the top)."""
     try:
@@ -75,26 +78,26 @@ def _sources_status() -> list[tuple[str, str]]:
     return [(p, _status(p)) for p in paths]
 
 
-def _libraries_status(directory: Path, key: str, cpu: int) -> list[tuple[str, str]]:
+def _libraries_status(directory: str, key: str, cpu: int) -> list[tuple[str, str]]:
     """The status of what the choice among the libraries rests on, taken before they are checked: both
     libraries and their hashes, and the cache directory."""
     paths = []
-    for lib in (cache.packaged_path(), cache.tuned_path(directory, key, cpu)):
+    for lib in (cache.packaged_file(), cache.tuned_path(directory, key, cpu)):
         paths += [str(lib), str(cblib.hash_path(lib))]
     return [(p, _status(p)) for p in (*paths, str(directory))]
 
 
-def _memo_path(write: bool) -> Path | None:
+def _memo_path(write: bool) -> str | None:
     """Where the choice is remembered: the runtime directory, to write made or checked as before a group is made
     in it (this user's, 0700, no link); None where it cannot be (nothing is remembered, a later step of the wrap
     says why if it needs the directory)."""
     try:
-        return groupfiles.runtime_dir(make=write) / MEMO_NAME
+        return os.path.join(groupfiles.runtime_dir(make=write), MEMO_NAME)
     except (OSError, PyvgpuError):
         return None
 
 
-def _recall(memo: Path, directory: Path, cpu: int) -> str | None:
+def _recall(memo: str, directory: str, cpu: int) -> str | None:
     """The library remembered for this package, cache directory and CPU, if no file it rests on changed."""
     try:
         fd = os.open(memo, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -115,16 +118,16 @@ def _recall(memo: Path, directory: Path, cpu: int) -> str | None:
         status, _, path = line.partition(" ")
         if _status(path) != status:
             return None
-    if chosen != str(cache.packaged_path()) and cache.dir_problem(directory) is not None:
+    if chosen != cache.packaged_file() and cache.dir_problem(directory) is not None:
         return None  # the cache directory's owner or mode: ensure says why
     return chosen if rests else None
 
 
-def _remember(memo: Path, directory: Path, cpu: int, chosen: str, rests: list[tuple[str, str]]) -> None:
+def _remember(memo: str, directory: str, cpu: int, chosen: str, rests: list[tuple[str, str]]) -> None:
     """Best effort: a runtime directory that cannot be written only costs the next wrap the long way."""
     lines = [MEMO_FORMAT, os.path.dirname(pyvgpu.__file__), str(directory), f"{cpu:x}", chosen]
     lines += [f"{status} {path}" for path, status in rests]
-    part = memo.with_name(f".{MEMO_NAME}.{os.getpid()}")
+    part = os.path.join(os.path.dirname(memo), f".{MEMO_NAME}.{os.getpid()}")
     try:
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -139,9 +142,9 @@ def _remember(memo: Path, directory: Path, cpu: int, chosen: str, rests: list[tu
             pass
 
 
-def choose(directory: Path | None = None, workers: int = 1) -> str:
+def choose(directory: str | Path | None = None, workers: int = 1) -> str:
     """The path of the library ``cache.ensure`` chooses (see the top)."""
-    directory = Path(directory or cache.cache_dir())
+    directory = os.fspath(directory) if directory else cache.cache_dir_str()
     cpu = cpuid.cpu_id()
     memo = _memo_path(write=False)
     if memo is not None:
@@ -156,8 +159,8 @@ def choose(directory: Path | None = None, workers: int = 1) -> str:
     if cpu and tuned.exists():
         if cache.dir_problem(directory) is None and fits(tuned, key):
             chosen = str(tuned)
-    elif fits(cache.packaged_path(), key):
-        chosen = str(cache.packaged_path())
+    elif fits(cache.packaged_file(), key):
+        chosen = cache.packaged_file()
     if chosen is None:
         return cache.ensure(directory, workers)["library"]
     memo = _memo_path(write=True)

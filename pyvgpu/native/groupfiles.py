@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from pathlib import Path
 
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.native.grouplib import ERR_BYTES, MAX_DEVICES, _b, _call, lib
+
+TYPE_CHECKING = False  # not `typing`'s: a plain wrap imports this module, and its paths are text (os.path)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # pv_shim.h PV_OPEN_*: why an open failed
 OPEN_MISSING, OPEN_UNTRUSTED, OPEN_REFUSED = 1, 2, 3
@@ -35,7 +38,7 @@ def _open(fn: str, *args) -> int:
     raise (UntrustedFile if kind.value == OPEN_UNTRUSTED else PyvgpuError)(message)
 
 
-def private_dir(p: Path, what: str, fix: str) -> Path:
+def private_dir(p: str | Path, what: str, fix: str) -> str | Path:
     """``p`` made (0700) or checked: a directory of this user's, no link, that nobody else can write."""
     err = ctypes.create_string_buffer(ERR_BYTES)
     rc = lib().pyvgpu_g_private_dir(_b(str(p)), _b(what), _b(fix), err, ERR_BYTES)
@@ -44,39 +47,46 @@ def private_dir(p: Path, what: str, fix: str) -> Path:
     return p
 
 
-def runtime_dir(make: bool) -> Path:
+def spelt(path: str) -> str:
+    """``path`` spelt as str(pathlib.Path(path)) spells it: no empty or '.' parts, no trailing '/' (a '..' is
+    kept: it may cross a link). The paths a wrap hands on are text, and the same as before they were."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    return ("/" if path.startswith("/") else "") + "/".join(parts) or "."
+
+
+def runtime_dir(make: bool) -> str:
     """$XDG_RUNTIME_DIR/pyvgpu if that is writable, else /tmp/pyvgpu-<uid>; with ``make``, made private
     (private_dir)."""
     out = ctypes.create_string_buffer(4096)
     _call("pyvgpu_g_runtime_dir", int(make), out, len(out))
-    return Path(out.value.decode("utf-8", "surrogateescape"))
+    return spelt(out.value.decode("utf-8", "surrogateescape"))
 
 
-def open_shared(p: Path, flags: int, what: str, fix: str, trust: bool, root_group_ok: bool = False) -> int:
+def open_shared(p: str | Path, flags: int, what: str, fix: str, trust: bool, root_group_ok: bool = False) -> int:
     """A regular file opened with O_NOFOLLOW and O_NONBLOCK (then blocking), refused (UntrustedFile) when another
     user owns it or can write it unless ``trust``; the fd."""
     return _open("pyvgpu_g_open_shared", _b(str(p)), flags, _b(what), _b(fix), int(root_group_ok), int(trust))
 
 
-def use_turns(p: Path, machine: Path, trust: bool) -> int:
+def use_turns(p: str | Path, machine: str | Path, trust: bool) -> int:
     """The turn file at ``p`` opened read-write and checked (ours or root's, this version, whole), made first
     (0600) when it is missing and not the ``machine``'s; the fd."""
     return _open("pyvgpu_g_use_turns", _b(str(p)), _b(str(machine)), int(trust))
 
 
-def read_turns(p: Path, machine: Path, trust: bool, size: int) -> bytes:
+def read_turns(p: str | Path, machine: str | Path, trust: bool, size: int) -> bytes:
     """A snapshot of the turn file at ``p`` (``size`` bytes, the layout's), opened as use_turns opens it."""
     out = ctypes.create_string_buffer(size)
     _open("pyvgpu_g_read_turns", _b(str(p)), _b(str(machine)), int(trust), out)
     return out.raw
 
 
-def node_turns(p: Path, mode: int) -> None:
+def node_turns(p: str | Path, mode: int) -> None:
     """The node agent's turn file at ``p``: made with ``mode`` when missing, checked, its mode kept ``mode``."""
     _call("pyvgpu_g_node_turns", _b(str(p)), mode)
 
 
-def setup_turns(p: Path, gid: int, mode: int, trust: bool) -> str:
+def setup_turns(p: str | Path, gid: int, mode: int, trust: bool) -> str:
     """The machine's turn file at ``p`` for group ``gid`` (root): "kept", "replaced" or "made"."""
     err = ctypes.create_string_buffer(ERR_BYTES)
     rc = lib().pyvgpu_g_setup_turns(_b(str(p)), gid, mode, int(trust), err, ERR_BYTES)
@@ -85,7 +95,7 @@ def setup_turns(p: Path, gid: int, mode: int, trust: bool) -> str:
     return ("kept", "replaced", "made")[rc]
 
 
-def machine_turns_problem(p: Path, trust: bool) -> str | None:
+def machine_turns_problem(p: str | Path, trust: bool) -> str | None:
     """Why this user cannot use the machine's turn file at ``p`` (made by `pyvgpu setup`), or None."""
     why = ctypes.create_string_buffer(ERR_BYTES)
     if lib().pyvgpu_g_machine_turns_problem(_b(str(p)), int(trust), why, ERR_BYTES):
@@ -93,7 +103,7 @@ def machine_turns_problem(p: Path, trust: bool) -> str | None:
     return None
 
 
-def make_region(p: Path, want: ctypes.Structure, memory: list[int], sm: list[int], mode: int,
+def make_region(p: str | Path, want: ctypes.Structure, memory: list[int], sm: list[int], mode: int,
                 owner: tuple[int, int | None] | None = None) -> bool:
     """Link a complete region into place unless one is there; True if this call made it. ``want`` (a region
     header) holds the group's own fields; the layout's, the owner, the time and the limits are filled in C.
@@ -108,7 +118,7 @@ def make_region(p: Path, want: ctypes.Structure, memory: list[int], sm: list[int
     return rc == 1
 
 
-def check_limits(p: Path, region_address: int, shares: bool, want: list[int], source: str) -> None:
+def check_limits(p: str | Path, region_address: int, shares: bool, want: list[int], source: str) -> None:
     """A process's caps (or shares) against its group's in the region mapped at ``region_address``: raise
     naming ``source`` when they disagree (the group's first limits are followed)."""
     _call("pyvgpu_g_check_limits", _b(str(p)), region_address, int(shares), (ctypes.c_uint64 * MAX_DEVICES)(*want),
@@ -125,19 +135,19 @@ def map_shared(fd: int, size: int, p: str, what: str, fix: str) -> int:
     return addr
 
 
-def turn_path(sched: str, machine: Path, trust: bool) -> tuple[Path, str | None]:
+def turn_path(sched: str, machine: str | Path, trust: bool) -> tuple[str, str | None]:
     """The turn file: ``sched`` (PYVGPU_SCHED) if given, else the machine's (at ``machine``) if usable, else
     this user's; with why the machine's is not used when this user's is chosen."""
     out, why, own = ctypes.create_string_buffer(4096), ctypes.create_string_buffer(ERR_BYTES), ctypes.c_int()
     _call("pyvgpu_g_turn_path", _b(sched), _b(str(machine)), int(trust), out, len(out), ctypes.byref(own), why,
           ERR_BYTES)
-    return Path(out.value.decode("utf-8", "surrogateescape")), (why.value.decode("utf-8", "replace")
-                                                                 if own.value else None)
+    return out.value.decode("utf-8", "surrogateescape"), (why.value.decode("utf-8", "replace")
+                                                          if own.value else None)
 
 
 # ---- a view of a region, its members; a process's wishes against its group's; live changes -------------
 
-def view_region(p: Path, writable: bool, trust: bool, header: ctypes.Structure) -> tuple[int, ctypes.Array]:
+def view_region(p: str | Path, writable: bool, trust: bool, header: ctypes.Structure) -> tuple[int, ctypes.Array]:
     """The region at ``p`` opened and checked as open_region does, and a view of its ``header.size`` bytes:
     writable, the file mapped shared; else a private snapshot. (fd, the view); the view is unmapped when the
     last object that uses its memory goes."""
@@ -150,7 +160,7 @@ def view_region(p: Path, writable: bool, trust: bool, header: ctypes.Structure) 
     return fd, view
 
 
-def watch_region(p: Path) -> int:
+def watch_region(p: str | Path) -> int:
     """The region at ``p``, checked, mapped shared and read-only for good; the address."""
     err = ctypes.create_string_buffer(ERR_BYTES)
     addr = lib().pyvgpu_g_watch_region(_b(str(p)), err, ERR_BYTES)
@@ -169,29 +179,29 @@ def slots_locked(fd: int, first: int, count: int) -> bool:
     return bool(got)
 
 
-def gc_private(directory: Path, min_age_ns: int, trust: bool) -> int:
+def gc_private(directory: str | Path, min_age_ns: int, trust: bool) -> int:
     """Remove the regions in ``directory`` no process holds and older than ``min_age_ns``; how many."""
     return lib().pyvgpu_g_gc_private(_b(str(directory)), min_age_ns, int(trust))
 
 
-def check_devices(p: Path, region_address: int, want: list[int], uuids: bytes, source: str) -> None:
+def check_devices(p: str | Path, region_address: int, want: list[int], uuids: bytes, source: str) -> None:
     """The group's devices against those a process asks for (NVML index | VISIBLE_MIG each, their raw UUIDs)."""
     _call("pyvgpu_g_check_devices", _b(str(p)), region_address, len(want), (ctypes.c_uint32 * MAX_DEVICES)(*want),
           uuids, _b(source))
 
 
-def check_setting(p: Path, region_address: int, which: int, want: int, source: str) -> None:
+def check_setting(p: str | Path, region_address: int, which: int, want: int, source: str) -> None:
     """A group setting (PRIORITY_SETTING, SM_BORROW_SETTING) against what a process asks for."""
     _call("pyvgpu_g_check_setting", _b(str(p)), region_address, which, want, _b(source))
 
 
-def check_bounds(p: Path, region_address: int, physical: list[int]) -> None:
+def check_bounds(p: str | Path, region_address: int, physical: list[int]) -> None:
     """Refuse a region with a cap above its device's memory (``physical``: bytes per device, 0 unknown)."""
     phys = physical[:MAX_DEVICES]
     _call("pyvgpu_g_check_bounds", _b(str(p)), region_address, len(phys), (ctypes.c_uint64 * MAX_DEVICES)(*phys))
 
 
-def check_change(p: Path, region_address: int, shares: bool, spec: tuple[int | None, dict[int, int]],
+def check_change(p: str | Path, region_address: int, shares: bool, spec: tuple[int | None, dict[int, int]],
                  n_devices: int, total: list[int] | None, where: str) -> None:
     """A live change (a --memory or --sm spec: every device's value or None, {device: value}) against the
     group's ``n_devices`` devices and their memory (``total``, None when unknown), before anything changes."""

@@ -13,11 +13,14 @@ has none of the shim's interposition or start-up work, so loading it costs a CLI
 from __future__ import annotations
 
 import ctypes
-import re
+import os
 from collections.abc import Mapping
-from pathlib import Path
 
 from pyvgpu.errors import PyvgpuError
+
+TYPE_CHECKING = False  # not `typing`'s: a plain wrap imports this module, and paths are text on its way
+if TYPE_CHECKING:
+    from pathlib import Path
 
 FILE_NAME = "libpyvgpu_group.so"
 ABI = 2  # pv_group_api.c pyvgpu_g_abi
@@ -86,11 +89,11 @@ _SIGNATURES = {
 }
 
 
-def path() -> Path:
+def path() -> str:
     """The group library of this installation, beside the shim."""
     from pyvgpu.native import shim
 
-    return shim.PACKAGE_DIR / FILE_NAME
+    return os.path.join(shim.PACKAGE, FILE_NAME)
 
 
 def lib() -> ctypes.CDLL:
@@ -99,7 +102,7 @@ def lib() -> ctypes.CDLL:
     if _lib is None:
         p = path()
         try:
-            loaded = ctypes.CDLL(str(p), use_errno=True)
+            loaded = ctypes.CDLL(p, use_errno=True)
         except OSError as e:
             from pyvgpu.native import shim
 
@@ -126,6 +129,7 @@ _CODE_POINT = r"\(U\+([0-9A-F]{4,6})\)"  # compiled at its first use (an error's
 
 def _named(message: str) -> str:
     """C shows a character outside ASCII by its code point; add its Unicode name, which C has no table of."""
+    import re  # here: an error's message only, and a plain wrap imports this module
     import unicodedata
 
     def name(m: re.Match) -> str:
@@ -242,7 +246,11 @@ def env_region(env: Mapping[str, str]) -> Path | None:
     size = lib().pyvgpu_g_env_region(envp(env), out, len(out))
     if size >= len(out):
         raise PyvgpuError(f"the region path in the environment is {size} bytes; give one shorter than {len(out)}")
-    return Path(out.raw[:size].decode("utf-8", "surrogateescape")) if size else None
+    if not size:
+        return None
+    from pathlib import Path  # here: a plain wrap never asks
+
+    return Path(out.raw[:size].decode("utf-8", "surrogateescape"))
 
 
 def read_env(env: Mapping[str, str]) -> dict:

@@ -25,10 +25,13 @@ from __future__ import annotations
 import os
 import pwd
 from collections.abc import Mapping
-from pathlib import Path
 
 from pyvgpu.contract import envspec
 from pyvgpu.native import groupfiles, grouplib
+
+TYPE_CHECKING = False  # not `typing`'s: a plain wrap imports this module, and its paths are text (os.path)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 TRUST_ENV = envspec.TRUST_SHARED.name
 UntrustedFile = groupfiles.UntrustedFile  # a file or directory another user owns or can write, or a link
@@ -47,14 +50,14 @@ def who(uid: int) -> str:
         return f"uid {uid}"
 
 
-def private_dir(path: Path, what: str, fix: str) -> Path:
+def private_dir(path: str | Path, what: str, fix: str) -> str | Path:
     """Make ``path`` a directory that only this user can write, or refuse (UntrustedFile naming ``fix``): made
     0700 when missing, a link or another user's refused, our own with another mode repaired to 0700. Only
     ``path`` itself is created, never its parents."""
     return groupfiles.private_dir(path, what, fix)
 
 
-def open_regular(path: Path, flags: int, what: str, fix: str, mode: int = 0o600) -> int:
+def open_regular(path: str | Path, flags: int, what: str, fix: str, mode: int = 0o600) -> int:
     """Open ``path`` with O_NOFOLLOW and O_NONBLOCK, and check that it is a regular file; returns the fd
     (blocking again). A link at the path is refused, a FIFO or device is refused without blocking on it.
     A file created here is 0600."""

@@ -1,28 +1,52 @@
-"""Where the shim is, and its ctypes interface (shim/src/pv_core.c)."""
+"""Where the shim is, and its ctypes interface (shim/src/pv_core.c).
+
+Every `pyvgpu wrap` imports this, so its paths are text (os.path): importing pathlib would cost a wrap more
+than its own work here (docs/measurements.md). The Path forms stay for everyone else: shim_path(), and the
+constants PACKAGE_DIR, BOOT_DIR and BENCH_BIN, made at their first use by the module's __getattr__."""
 
 from __future__ import annotations
 
 import ctypes
 import os
-from pathlib import Path
 
 from pyvgpu.contract import envspec
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-BOOT_DIR = PACKAGE_DIR / "_boot"
-BENCH_BIN = PACKAGE_DIR / "bin" / "pv_bench"
+TYPE_CHECKING = False  # not `typing`'s: a plain wrap imports this module
+if TYPE_CHECKING:
+    from pathlib import Path
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the installed pyvgpu/, as text
+BOOT = os.path.join(PACKAGE, "_boot")  # the startup hook's directory (put on PYTHONPATH for VPMM)
+_PATHS = {"PACKAGE_DIR": PACKAGE, "BOOT_DIR": BOOT, "BENCH_BIN": os.path.join(PACKAGE, "bin", "pv_bench")}
+
+
+def __getattr__(name: str) -> Path:
+    """PACKAGE_DIR, BOOT_DIR and BENCH_BIN as Paths, made when first asked for (PEP 562)."""
+    if name not in _PATHS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from pathlib import Path
+
+    globals()[name] = value = Path(_PATHS[name])
+    return value
+
+
+def shim_file() -> str:
+    """The libpyvgpu.so of this installation (PYVGPU_SHIM overrides), as text (what a wrap uses)."""
+    return os.environ.get(envspec.SHIM_PATH.name) or os.path.join(PACKAGE, "libpyvgpu.so")
 
 
 def shim_path() -> Path:
     """The libpyvgpu.so of this installation (PYVGPU_SHIM overrides)."""
-    return Path(os.environ.get(envspec.SHIM_PATH.name) or PACKAGE_DIR / "libpyvgpu.so")
+    from pathlib import Path
+
+    return Path(shim_file())
 
 
 def missing_fix() -> str:
     """What to do when the shim is missing: reinstall, or, when pyvgpu is imported from its unbuilt source
     tree (run from the checkout's root, or on PYTHONPATH), use the installed one."""
-    root = PACKAGE_DIR.parent
-    if (root / "pyproject.toml").is_file() and (root / "shim" / "src").is_dir():
+    root = os.path.dirname(PACKAGE)
+    if os.path.isfile(os.path.join(root, "pyproject.toml")) and os.path.isdir(os.path.join(root, "shim", "src")):
         return (f"this pyvgpu is imported from its source tree {root}, which is not built (the current directory "
                 "or PYTHONPATH comes first); install it with `pip install .` and run from another directory "
                 "(e.g. `cd /tmp`; `pytest`, not `python -m pytest`, from the root), or build it in place with "
@@ -69,9 +93,11 @@ def loaded_path() -> Path | None:
     info = _DlInfo()
     if not libc.dladdr(ctypes.cast(lib.pyvgpu_ctx, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
         return None
+    from pathlib import Path
+
     return Path(os.fsdecode(info.dli_fname))
 
 
-def open_shim(path: Path | None = None) -> ctypes.CDLL:
+def open_shim(path: str | os.PathLike | None = None) -> ctypes.CDLL:
     """Load the shim explicitly (tools and tests; a wrapped process uses loaded())."""
-    return _declare(ctypes.CDLL(str(path or shim_path())))
+    return _declare(ctypes.CDLL(os.fspath(path or shim_file())))

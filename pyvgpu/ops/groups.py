@@ -15,7 +15,6 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
@@ -23,6 +22,10 @@ from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
 from pyvgpu.group import region as R
 from pyvgpu.native import grouplib
+
+TYPE_CHECKING = False  # not `typing`'s: a wrap with --group imports this module, and its paths are text
+if TYPE_CHECKING:
+    from pathlib import Path
 
 IDLE_VAR = envspec.GROUP_IDLE_HOURS.name
 
@@ -45,7 +48,7 @@ def members(r: R.Region) -> list[int]:
             if r.slot(i).state != L.SLOT_FREE and R.slot_alive(r, i)]
 
 
-def touch(path: Path) -> None:
+def touch(path: str | Path) -> None:
     """Mark a join as the group's latest use."""
     try:
         os.utime(path)
@@ -64,7 +67,7 @@ def _stale(r: R.Region, env: Mapping[str, str], now_ns: int) -> float | None:
     return idle
 
 
-def expire_if_idle(path: Path, env: Mapping[str, str] = os.environ) -> str | None:
+def expire_if_idle(path: str | Path, env: Mapping[str, str] = os.environ) -> str | None:
     """Remove the named group at ``path`` if it is stale; the note to print, or None."""
     try:
         r = R.open_region(path)
@@ -74,14 +77,14 @@ def expire_if_idle(path: Path, env: Mapping[str, str] = os.environ) -> str | Non
         idle = _stale(r, env, time.time_ns())
         if idle is None:
             return None
-        path.unlink()
+        os.unlink(path)
     finally:
         os.close(r.fd)
     return (f"group {r.name!r} was idle for {idle:.1f} h with no member (more than {IDLE_VAR}="
             f"{idle_hours(env):g}); starting it afresh")
 
 
-def idle_hint(path: Path) -> str:
+def idle_hint(path: str | Path) -> str:
     """For a refusal to join: how to get rid of a group nobody uses."""
     try:
         r = R.open_region(path, writable=False)

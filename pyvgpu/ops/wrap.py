@@ -1,7 +1,8 @@
 """`pyvgpu wrap`: prepare the environment of a vGPU and exec the program.
 
 The program replaces this process (os.execvpe), so it keeps the pid, and
-its exit code and signals reach the caller unchanged.
+its exit code and signals reach the caller unchanged. Paths are text here (os.path), as in every module a
+plain wrap imports: pathlib would cost a wrap more than its own work (pyvgpu/fastwrap.py).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from pyvgpu.contract import envspec
 from pyvgpu.contract.record import record
@@ -20,8 +20,8 @@ from pyvgpu.group import turnfile as sched
 from pyvgpu.group.spec import GroupSpec
 from pyvgpu.host import devices
 from pyvgpu.host.driver import DRIVER_FIX, driver_problem
-from pyvgpu.native import cache, choice
-from pyvgpu.native.shim import BOOT_DIR, shim_path
+from pyvgpu.native import cache, choice, groupfiles
+from pyvgpu.native.shim import BOOT, shim_file
 
 ON_ERROR_CHOICES = ("closed", "open")
 
@@ -130,15 +130,15 @@ def build_env(base: Mapping[str, str], request: WrapRequest) -> dict[str, str]:
 
 def _with_shim(base: Mapping[str, str], request: WrapRequest) -> dict[str, str]:
     """``base`` with the shim preloaded, the callbacks it loads, and the request's shim settings."""
-    shim = shim_path()
-    if not shim.exists():
+    shim = shim_file()
+    if not os.path.exists(shim):
         from pyvgpu.native.shim import missing_fix
 
         raise PyvgpuError(f"the shim {shim} is missing; {missing_fix()}")
     env = dict(base)
     # LD_PRELOAD may be separated by spaces or colons; keep the user's entries after ours.
     user_preload = " ".join(env.get(envspec.LD_PRELOAD.name, "").replace(":", " ").split())
-    env[envspec.LD_PRELOAD.name] = _prepend(str(shim), user_preload, " ")
+    env[envspec.LD_PRELOAD.name] = _prepend(shim, user_preload, " ")
     # The compiled callbacks this pyvgpu chose (the shim would choose alike, except in a source tree
     # edited since its build, whose callbacks only the cache has). A user's own setting wins.
     if not env.get(envspec.CALLBACKS.name):
@@ -150,7 +150,7 @@ def _with_shim(base: Mapping[str, str], request: WrapRequest) -> dict[str, str]:
     if request.allocator is not None:
         env[envspec.ALLOCATOR.name] = request.allocator
     if env.get(envspec.ALLOCATOR.name) == "vpmm":  # the startup hook makes VPMM PyTorch's allocator
-        env[envspec.PYTHONPATH.name] = _prepend(str(BOOT_DIR), env.get(envspec.PYTHONPATH.name), os.pathsep)
+        env[envspec.PYTHONPATH.name] = _prepend(BOOT, env.get(envspec.PYTHONPATH.name), os.pathsep)
     return env
 
 
@@ -268,7 +268,7 @@ def _group_settings(env: Mapping[str, str], request: WrapRequest) -> dict[str, o
     return {"priority": prio, "priority_source": prio_source, "sm_borrow": borrow, "borrow_source": borrow_source}
 
 
-def group_spec(env: dict[str, str], request: WrapRequest) -> tuple[Path, GroupSpec, lim.SmLimits]:
+def group_spec(env: dict[str, str], request: WrapRequest) -> tuple[str, GroupSpec, lim.SmLimits]:
     """The region and the group ``request`` asks for: each option, else its variable in ``env`` (an option
     removes the variables it replaces), the one place the two meet; and, in MPS mode, the shares MPS
     enforces instead (the group then has none of pyvgpu's). Every value is checked here, before the
@@ -285,23 +285,29 @@ def group_spec(env: dict[str, str], request: WrapRequest) -> tuple[Path, GroupSp
     limits, source = _memory_asked(env, request)
     n_physical = check_physical(limits, source, chosen)
     path = _region_path(env, request)
-    spec = GroupSpec(request.group or path.stem, limits, shares, tuple(chosen), n_physical=n_physical,
+    stem = os.path.splitext(os.path.basename(path))[0]
+    spec = GroupSpec(request.group or stem, limits, shares, tuple(chosen), n_physical=n_physical,
                      limits_source=source, sm_source=sm_source, devices_source=f"--devices {request.devices}",
                      **settings)
     return path, spec, mps_shares
 
 
-def _region_path(env: Mapping[str, str], request: WrapRequest) -> Path:
+def _absolute(path: str) -> str:
+    """``path`` made absolute against the current directory, as Path.absolute() does (no `..` resolved)."""
+    return groupfiles.spelt(os.path.join(os.getcwd(), path))
+
+
+def _region_path(env: Mapping[str, str], request: WrapRequest) -> str:
     """--region, else --group's file (expired first if idle too long), else HAMi's
     CUDA_DEVICE_MEMORY_SHARED_CACHE, else a new private region."""
     if request.region_path:
-        path = Path(request.region_path).absolute()
-        if path.is_dir():
+        path = _absolute(request.region_path)
+        if os.path.isdir(path):
             raise PyvgpuError(f"--region {request.region_path} is a directory; give the path of a region file in "
-                              f"it, such as --region {Path(request.region_path) / 'NAME.region'}")
+                              f"it, such as --region {os.path.join(request.region_path, 'NAME.region')}")
         return path
     if request.group:
-        path = region.group_path(request.group)
+        path = region.group_file(request.group)
         from pyvgpu.ops import groups  # a named group's lifecycle: the idle expiry, the join notes
 
         expired = groups.expire_if_idle(path, env)
@@ -309,15 +315,15 @@ def _region_path(env: Mapping[str, str], request: WrapRequest) -> Path:
             print(f"pyvgpu: {expired}", file=sys.stderr)
         return path
     if env.get(envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name):
-        return Path(env[envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name]).absolute()
+        return _absolute(env[envspec.CUDA_DEVICE_MEMORY_SHARED_CACHE.name])
     region.gc_private()
     return region.new_private_path()
 
 
-def join_group(env: dict[str, str], request: WrapRequest) -> Path:
+def join_group(env: dict[str, str], request: WrapRequest) -> str:
     """Create or join the group's region before the program starts; set the env contract for it."""
     path, spec, mps_shares = group_spec(env, request)
-    existed = path.exists()
+    existed = os.path.exists(path)
     r = _create_or_join(path, spec, request.group, existed)
     if request.mode is not None:
         _check_mode(r, spec, request.mode, existed, mps_shares)
@@ -339,11 +345,11 @@ def join_group(env: dict[str, str], request: WrapRequest) -> Path:
     if r.header.mode == mps.MODES.index("mps"):  # every member of an MPS group is a client, --mode or not
         n = r.header.n_visible or spec.n_physical or len(devices.physical_memory() or [])
         mps.apply(env, region.runtime_dir(), limits, r.header.mps_active_threads, n)
-    env[envspec.REGION.name] = str(path)
+    env[envspec.REGION.name] = path
     return path
 
 
-def _create_or_join(path: Path, spec: GroupSpec, group: str | None, existed: bool) -> region.Region:
+def _create_or_join(path: str, spec: GroupSpec, group: str | None, existed: bool) -> region.Region:
     """region.create_or_open, with a named group's lifecycle: the idle hint on a refusal, its use recorded,
     and the notes of joining a group that asks for other limits."""
     try:
