@@ -92,7 +92,7 @@ def test_ctrl_c_before_the_program_starts_prints_no_traceback(env, tmp_path):
     time.sleep(0.2)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 130
+    assert p.returncode == 130, err
     assert err == "pyvgpu: interrupted\n"
 
 
