@@ -80,7 +80,10 @@ def test_ctrl_c_before_the_program_starts_prints_no_traceback(env, tmp_path):
     import time
 
     e = dict(env, XDG_RUNTIME_DIR=str(tmp_path))
+    # Ctrl-C as a terminal delivers it: a test run started in the background (`cmd &` in a script) hands its
+    # children SIGINT ignored, and then the wrap never saw it
     p = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                          "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
                           "from pyvgpu import entry; from pyvgpu.ops import wrap\n"
                           "def slow(*a, **k):\n    time.sleep(60)\n"
                           "wrap.build_env = slow\n"  # stands for a wrap still preparing the vGPU

@@ -201,12 +201,11 @@ def test_two_schedulers_racing_for_one_nodes_lock(ext, kube, api):
         results["p1"] = ext.post("bind", bind_args(p1, "node-a"))
         api.hooks.clear()
         assert results["p2"] == {"Error": ""}
-        assert "locked" in results["p1"]["Error"] or "changed while its lock" in results["p1"]["Error"]
-        assert "kube-scheduler tries again" in results["p1"]["Error"]
-        assert keys.POD_NODE not in api.get_pod("default", "p1")["metadata"]["annotations"]  # nothing half-done
+        # scheduler 1's lock write on its cached copy is refused (the node changed under it); it reads the
+        # node again, takes the lock scheduler 2 released, and decides on the pods listed under it: the other
+        # GPU (6000 of 8192 MiB each: never the same one)
+        assert results["p1"] == {"Error": ""}
         assert keys.NODE_LOCK not in api.get_node("node-a")["metadata"]["annotations"]
-        # kube-scheduler's retry: the loser gets the other GPU (6000 of 8192 MiB each: never the same one)
-        assert ext.post("bind", bind_args(p1, "node-a")) == {"Error": ""}
         g1 = api.get_pod("default", "p1")["metadata"]["annotations"][keys.POD_TO_ALLOCATE].split(",")[0]
         g2 = api.get_pod("default", "p2")["metadata"]["annotations"][keys.POD_TO_ALLOCATE].split(",")[0]
         assert {g1, g2} == {A0, A1}

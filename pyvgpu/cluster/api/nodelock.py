@@ -85,11 +85,15 @@ class NodeLock:
     def acquire(self, node: str, namespace: str, name: str, cached: dict | None = None) -> dict:
         """Take the node's lock for pod namespace/name; returns the node as it was written. Raises LockBusy.
         `cached`: the node as a cache last saw it; when it shows no lock, the lock is written conditionally on
-        its resourceVersion without reading the node first; a node changed since is refused as any change
-        between the read and the write is (the scheduler keeps its cache current with its own writes)."""
+        its resourceVersion without reading the node first. A node changed since (the cache's watch behind
+        another writer) is read and decided again, as without a cached copy: refusing it turned every
+        write the cache had not seen yet into a failed bind."""
         rv = ((cached or {}).get("metadata") or {}).get("resourceVersion")
         if rv and not annotations(cached).get(LOCK_KEY):
-            return self._write(node, {LOCK_KEY: lock_value(namespace, name, time.time())}, rv)
+            try:
+                return self._write(node, {LOCK_KEY: lock_value(namespace, name, time.time())}, rv)
+            except LockBusy:
+                pass  # the cached copy was behind: read the node and decide on it
         n = self.kube.get_node(node)
         meta = n.get("metadata") or {}
         current = annotations(n).get(LOCK_KEY)
