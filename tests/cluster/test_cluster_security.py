@@ -4,10 +4,8 @@ to the scheduler's ports, to bind and to its undo (docs/security.md, the cluster
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import urllib.error
 import urllib.request
@@ -31,16 +29,6 @@ def ext(kube, api):
     e.synced(api)
     yield e
     e.close()
-
-
-@pytest.fixture
-def certs(tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command to make a test certificate")
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
-    return str(cert), str(key)
 
 
 def _post(url: str, body, headers: dict | None = None, timeout: float = 10) -> tuple[int, str]:
@@ -90,8 +78,8 @@ def test_an_exposed_extender_needs_a_token(kube, api, tmp_path):
         srv.stop()
 
 
-def test_the_webhook_port_serves_the_webhook_but_not_the_extender_verbs(kube, api, certs):
-    srv = Server(_scheduler(kube), 0, tls_port=0, cert=certs[0], key=certs[1])
+def test_the_webhook_port_serves_the_webhook_but_not_the_extender_verbs(kube, api, tls_cert):
+    srv = Server(_scheduler(kube), 0, tls_port=0, cert=str(tls_cert[0]), key=str(tls_cert[1]))
     srv.start()
     try:
         p = api.put_pod(pod("victim", [gpu_container()], namespace="other"))
@@ -106,9 +94,9 @@ def test_the_webhook_port_serves_the_webhook_but_not_the_extender_verbs(kube, ap
         srv.stop()
 
 
-def test_one_idle_connection_does_not_block_the_webhook(kube, certs):
+def test_one_idle_connection_does_not_block_the_webhook(kube, tls_cert):
     """Before: the TLS handshake ran in the accept loop, and one silent TCP connection held every other."""
-    srv = Server(_scheduler(kube), 0, tls_port=0, cert=certs[0], key=certs[1])
+    srv = Server(_scheduler(kube), 0, tls_port=0, cert=str(tls_cert[0]), key=str(tls_cert[1]))
     srv.start()
     idle = socket.create_connection(("127.0.0.1", srv.tls_port))
     try:

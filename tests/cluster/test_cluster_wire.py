@@ -270,20 +270,6 @@ def test_a_trickled_answer_ends_at_the_calls_deadline_not_per_read(tmp_path):
         srv.close()
 
 
-@pytest.fixture
-def tls_cert(tmp_path):
-    import shutil
-    import subprocess
-
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command to make a test certificate")
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
-    return cert, key
-
-
 class TlsServer(RawServer):
     def __init__(self, answer, cert, key) -> None:
         import ssl
