@@ -391,6 +391,10 @@ def table(result: dict) -> str:
                      f"longest wait within a share {t['max_wait_ms']:.1f} ms, {t.get('lapses', 0)} waits after a "
                      f"lapse (mean {_mean_ms(t.get('lapse_ns', 0), t.get('lapses', 0))}), {t.get('joins', 0)} after "
                      f"launching outside the turns (mean {_mean_ms(t.get('join_ns', 0), t.get('joins', 0))})")
+        if t.get("stucks") or t.get("catchups") or t.get("unmatched"):
+            lines.append(f"  gang hand-overs ({name}): {t['stucks']} drains waited for a peer (mean "
+                         f"{_mean_ms(t['stuck_ns'], t['stucks'])}), {t['catchups']} launches to catch up, "
+                         f"{t['unmatched']} handed over unmatched")
     return "\n".join(lines)
 
 

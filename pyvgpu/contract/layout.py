@@ -97,6 +97,8 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
                                                 "the debt in ns >> 10 << 32 | when its last wait ended "
                                                 "(CLOCK_MONOTONIC >> 10)"),
             ), size=64, doc="per CUDA device, what a launch under a share reads: one cache line each"),
+            Field("gang_stopped", "u32", doc="gang_epoch + 1 of the gang's turn in which this process stopped "
+                                             "for a hand-over (pyvgpu/jit/compute/gangstop.py)"),
             Field("slot_index", "i32"),
             Field("region_fd", "i32", doc="fd holding this process's slot lock"),
             Field("n_slots", "u32"),
@@ -143,9 +145,9 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
 MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/group/mps.py MODES)
-REGION_VERSION = 12  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
+REGION_VERSION = 13  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
 #                     10: a slot's launches leave out those its sm_launches count; 11: gangs (sm_gang, sm_devs);
-#                     12: a gang's common release (gang_release)
+#                     12: a gang's common release (gang_release); 13: a gang's stops (gang_epoch ... gang_wake)
 VISIBLE_MIG = 1 << 31  # REGION_HEADER.visible[g]: group device g is a MIG instance of that GPU
 VISIBLE_INDEX = VISIBLE_MIG - 1  # the NVML index in REGION_HEADER.visible[g]
 GROUP_NAME_BYTES = 64
@@ -190,6 +192,14 @@ REGION_HEADER = Struct(
         Field("gang_release", "u64", doc="a gang's common release: CLOCK_MONOTONIC ns up to which every rank holds "
                                          "its launches, the latest any of them had to wait for "
                                          "(pyvgpu/jit/compute/gang.py)"),
+        # a gang's hand-overs (pyvgpu/jit/compute/gangstop.py)
+        Field("gang_epoch", "u32", doc="bumped each time a rank of the gang takes the turn afresh"),
+        Field("gang_stop", "u64", doc="(gang_epoch + 1) << 32 | ranks stopped: the gang hands its turn over, every "
+                                      "rank stops at its next launch; another epoch: no stop under way"),
+        Field("gang_draining", "u32", doc="ranks of the gang draining their queues for the stop under way"),
+        Field("gang_stuck_ns", "u64", doc="CLOCK_MONOTONIC when a rank last found its drain waiting for a peer's "
+                                          "kernel: its peers launch until it ends (0: none)"),
+        Field("gang_wake", "u32", doc="bumped when gang_stuck_ns changes; held ranks sleep on it (futex)"),
     ],
     align=64,
     doc="region header",
@@ -280,7 +290,7 @@ SLOT_FREE, SLOT_LIVE = 0, 1
 # an entry whose turn word says which process may launch on it now, so that
 # the GPU never holds two groups' deep queues at once (pyvgpu/jit/compute/turn.py).
 SCHED_MAGIC = int.from_bytes(b"PVTURN01", "little")
-SCHED_VERSION = 5  # 4: the holder's fields in two cache lines; 5: charged_ns, no sleepers count
+SCHED_VERSION = 6  # 4: the holder's fields in two cache lines; 5: charged_ns, no sleepers count; 6: gang stops
 SCHED_ENTRIES = 64  # GPUs (MIG instances count as GPUs: they have UUIDs of their own)
 # Ranks of a launch in the turns, most urgent first (pyvgpu/jit/compute/turn.py): within its share ("due") before
 # best effort (no share, or borrowing beyond it); high priority before low within each.
@@ -333,6 +343,12 @@ SCHED_ENTRY = Struct(
         Field("join_ns", "u64", doc="ns those waits took"),
         Field("charged_ns", "u64", doc="GPU time (ns, scaled) the groups with a share here were charged, added by "
                                        "each group's controller once a period (pyvgpu/jit/compute/controller.py)"),
+        Field("stucks", "u64", doc="drains of a gang's rank that waited for a peer's kernel past their estimate "
+                                   "(pyvgpu/jit/compute/gangstop.py)"),
+        Field("stuck_ns", "u64", doc="ns those drains took"),
+        Field("catchups", "u64", doc="launches a gang's rank made while a peer's drain waited for them"),
+        Field("unmatched", "u64", doc="stuck drains that gave up waiting and handed the turn over (their kernel "
+                                      "then waits beside the next holder)"),
     ],
     align=64,
     doc="one GPU's turn",

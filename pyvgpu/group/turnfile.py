@@ -120,5 +120,7 @@ def entries(p: str | Path) -> list[dict]:
             out.append({"key": e.key, "holder": e.turn >> 32, "handovers": e.handovers, "wait_ns": e.wait_ns,
                         "drains": e.drains, "drain_ns": e.drain_ns, "gaps": e.gaps, "gap_ns": e.gap_ns,
                         "coruns": e.coruns, "preempts": e.preempts, "max_wait_ns": e.max_wait_ns,
-                        "lapses": e.lapses, "lapse_ns": e.lapse_ns, "joins": e.joins, "join_ns": e.join_ns})
+                        "lapses": e.lapses, "lapse_ns": e.lapse_ns, "joins": e.joins, "join_ns": e.join_ns,
+                        "stucks": e.stucks, "stuck_ns": e.stuck_ns, "catchups": e.catchups,
+                        "unmatched": e.unmatched})
     return out

@@ -54,10 +54,12 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
         uint64_t sm_recip;  /* the share it last charged at << 33 | 2^32 // share + 1: the charge's division as a multiply (pyvgpu/jit/compute/limiter.py); 0 = none yet */
         uint64_t turn_waited;  /* its waits for the turn, counted over time (turn.py wait_debt): the debt in ns >> 10 << 32 | when its last wait ended (CLOCK_MONOTONIC >> 10) */
     } dev[16];
+    uint32_t gang_stopped;  /* gang_epoch + 1 of the gang's turn in which this process stopped for a hand-over (pyvgpu/jit/compute/gangstop.py) */
     int32_t slot_index;
     int32_t region_fd;  /* fd holding this process's slot lock */
     uint32_t n_slots;
     uint32_t lock;  /* spinlock serialising pool accounting in this process */
+    uint8_t _pad5[4];
     uint64_t table;  /* address of the pointer table (allocation records) */
     uint64_t table_mask;  /* entries - 1 (a power of two) */
     uint64_t table_maxdisp;  /* longest probe an insert has needed */
@@ -68,9 +70,8 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     int32_t pool_dev[64];
     uint64_t ctx_charged[16];  /* context bytes charged per device (1: measured, none) */
     uint32_t nvml_state;  /* 0 untried, 1 initialised by us, 2 unavailable */
-    uint8_t _pad5[4];
+    uint8_t _pad6[4];
     uint64_t sm_tick_ns;  /* CLOCK_MONOTONIC of the last reclaim by the watcher */
-    uint8_t _pad6[8];
     struct {  /* the cost table (pyvgpu/jit/compute/cost.py): a kernel's key and estimate share a line */
         uint64_t cost_key;  /* kernel key (function and shape, or graph), 0 = free */
         uint64_t cost_ns;  /* its estimated GPU time in ns */
@@ -132,21 +133,22 @@ _Static_assert(offsetof(pv_ctx_t, dev[0].sm_nvml) == 1696, "pv_ctx.sm_nvml");
 _Static_assert(offsetof(pv_ctx_t, dev[0].turn_mine) == 1704, "pv_ctx.turn_mine");
 _Static_assert(offsetof(pv_ctx_t, dev[0].sm_recip) == 1712, "pv_ctx.sm_recip");
 _Static_assert(offsetof(pv_ctx_t, dev[0].turn_waited) == 1720, "pv_ctx.turn_waited");
-_Static_assert(offsetof(pv_ctx_t, slot_index) == 2688, "pv_ctx.slot_index");
-_Static_assert(offsetof(pv_ctx_t, region_fd) == 2692, "pv_ctx.region_fd");
-_Static_assert(offsetof(pv_ctx_t, n_slots) == 2696, "pv_ctx.n_slots");
-_Static_assert(offsetof(pv_ctx_t, lock) == 2700, "pv_ctx.lock");
-_Static_assert(offsetof(pv_ctx_t, table) == 2704, "pv_ctx.table");
-_Static_assert(offsetof(pv_ctx_t, table_mask) == 2712, "pv_ctx.table_mask");
-_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 2720, "pv_ctx.table_maxdisp");
-_Static_assert(offsetof(pv_ctx_t, table_live) == 2728, "pv_ctx.table_live");
-_Static_assert(offsetof(pv_ctx_t, table_full) == 2736, "pv_ctx.table_full");
-_Static_assert(offsetof(pv_ctx_t, pool_handle) == 2744, "pv_ctx.pool_handle");
-_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 3256, "pv_ctx.pool_reserved");
-_Static_assert(offsetof(pv_ctx_t, pool_dev) == 3768, "pv_ctx.pool_dev");
-_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 4024, "pv_ctx.ctx_charged");
-_Static_assert(offsetof(pv_ctx_t, nvml_state) == 4152, "pv_ctx.nvml_state");
-_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 4160, "pv_ctx.sm_tick_ns");
+_Static_assert(offsetof(pv_ctx_t, gang_stopped) == 2688, "pv_ctx.gang_stopped");
+_Static_assert(offsetof(pv_ctx_t, slot_index) == 2692, "pv_ctx.slot_index");
+_Static_assert(offsetof(pv_ctx_t, region_fd) == 2696, "pv_ctx.region_fd");
+_Static_assert(offsetof(pv_ctx_t, n_slots) == 2700, "pv_ctx.n_slots");
+_Static_assert(offsetof(pv_ctx_t, lock) == 2704, "pv_ctx.lock");
+_Static_assert(offsetof(pv_ctx_t, table) == 2712, "pv_ctx.table");
+_Static_assert(offsetof(pv_ctx_t, table_mask) == 2720, "pv_ctx.table_mask");
+_Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 2728, "pv_ctx.table_maxdisp");
+_Static_assert(offsetof(pv_ctx_t, table_live) == 2736, "pv_ctx.table_live");
+_Static_assert(offsetof(pv_ctx_t, table_full) == 2744, "pv_ctx.table_full");
+_Static_assert(offsetof(pv_ctx_t, pool_handle) == 2752, "pv_ctx.pool_handle");
+_Static_assert(offsetof(pv_ctx_t, pool_reserved) == 3264, "pv_ctx.pool_reserved");
+_Static_assert(offsetof(pv_ctx_t, pool_dev) == 3776, "pv_ctx.pool_dev");
+_Static_assert(offsetof(pv_ctx_t, ctx_charged) == 4032, "pv_ctx.ctx_charged");
+_Static_assert(offsetof(pv_ctx_t, nvml_state) == 4160, "pv_ctx.nvml_state");
+_Static_assert(offsetof(pv_ctx_t, sm_tick_ns) == 4168, "pv_ctx.sm_tick_ns");
 _Static_assert(offsetof(pv_ctx_t, cost[0].cost_key) == 4176, "pv_ctx.cost_key");
 _Static_assert(offsetof(pv_ctx_t, cost[0].cost_ns) == 4184, "pv_ctx.cost_ns");
 _Static_assert(offsetof(pv_ctx_t, samp_state) == 69712, "pv_ctx.samp_state");
@@ -168,7 +170,7 @@ _Static_assert(sizeof(pv_ctx_t) == 71360, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 12
+#define PV_REGION_VERSION 13
 #define PV_REGION_DEVICES_OFF 576
 #define PV_REGION_SLOTS_OFF 15936
 #define PV_REGION_SLOT_SIZE 768
@@ -208,7 +210,14 @@ typedef struct __attribute__((aligned(64))) pv_region_header {
     uint32_t turn_gid;  /* the turn id the group's processes share while it is a gang (0: none yet) */
     uint8_t _pad1[4];
     uint64_t gang_release;  /* a gang's common release: CLOCK_MONOTONIC ns up to which every rank holds its launches, the latest any of them had to wait for (pyvgpu/jit/compute/gang.py) */
-    uint8_t _pad2[56];
+    uint32_t gang_epoch;  /* bumped each time a rank of the gang takes the turn afresh */
+    uint8_t _pad2[4];
+    uint64_t gang_stop;  /* (gang_epoch + 1) << 32 | ranks stopped: the gang hands its turn over, every rank stops at its next launch; another epoch: no stop under way */
+    uint32_t gang_draining;  /* ranks of the gang draining their queues for the stop under way */
+    uint8_t _pad3[4];
+    uint64_t gang_stuck_ns;  /* CLOCK_MONOTONIC when a rank last found its drain waiting for a peer's kernel: its peers launch until it ends (0: none) */
+    uint32_t gang_wake;  /* bumped when gang_stuck_ns changes; held ranks sleep on it (futex) */
+    uint8_t _pad4[20];
 } pv_region_header_t;
 _Static_assert(offsetof(pv_region_header_t, magic) == 0, "pv_region_header.magic");
 _Static_assert(offsetof(pv_region_header_t, version) == 8, "pv_region_header.version");
@@ -237,6 +246,11 @@ _Static_assert(offsetof(pv_region_header_t, mps_active_threads) == 492, "pv_regi
 _Static_assert(offsetof(pv_region_header_t, sm_devs) == 496, "pv_region_header.sm_devs");
 _Static_assert(offsetof(pv_region_header_t, turn_gid) == 504, "pv_region_header.turn_gid");
 _Static_assert(offsetof(pv_region_header_t, gang_release) == 512, "pv_region_header.gang_release");
+_Static_assert(offsetof(pv_region_header_t, gang_epoch) == 520, "pv_region_header.gang_epoch");
+_Static_assert(offsetof(pv_region_header_t, gang_stop) == 528, "pv_region_header.gang_stop");
+_Static_assert(offsetof(pv_region_header_t, gang_draining) == 536, "pv_region_header.gang_draining");
+_Static_assert(offsetof(pv_region_header_t, gang_stuck_ns) == 544, "pv_region_header.gang_stuck_ns");
+_Static_assert(offsetof(pv_region_header_t, gang_wake) == 552, "pv_region_header.gang_wake");
 _Static_assert(sizeof(pv_region_header_t) == 576, "sizeof pv_region_header");
 
 /* per-device state of a group */
@@ -292,7 +306,7 @@ _Static_assert(sizeof(pv_region_device_t) == 192, "sizeof pv_region_device");
 
 /* The machine's turn file (pyvgpu/group/turnfile.py). */
 #define PV_SCHED_MAGIC 0x31304e5255545650ULL
-#define PV_SCHED_VERSION 5
+#define PV_SCHED_VERSION 6
 #define PV_SCHED_ENTRIES 64
 #define PV_SCHED_SIZE 16448
 

@@ -32,9 +32,13 @@ from numba import njit
 
 from pyvgpu.contract import abi
 from pyvgpu.contract import layout as L
+from pyvgpu.jit.compute import gang
 from pyvgpu.jit.runtime.context import HELPER, call_real
 from pyvgpu.jit.runtime.fields import CTX
-from pyvgpu.jit.runtime.intrinsics import likely, load_i32, load_u64, stack_u64, yield_cpu
+from pyvgpu.jit.runtime.intrinsics import likely, load_i32, load_u64, monotonic_ns, sleep_ns, stack_u64, yield_cpu
+
+STUCK_NS = 300_000  # a gang rank's drain this long past its queue's estimated end waits for a peer's kernel
+CATCHUP_NS = 5_000_000  # the longest it asks its peers to catch up, per drain (then the turn passes anyway)
 
 
 @njit
@@ -124,18 +128,12 @@ def _drain_unlisted(ctx, stream, cur):
 
 
 @njit
-def drain(ctx, dev, stream):
-    """Wait until the work this process queued on device dev, on every stream it launched on there, is
-    done. Returns the number of streams waited for."""
-    out = stack_u64()
-    if HELPER.cuCtxGetCurrent(ctx, out) != abi.CUDA_SUCCESS or load_u64(out) == 0:
-        return 0
-    cur = load_u64(out)
-    key = stream + np.uint64(1)
+def _record_all(ctx, dev, key, cur):
+    """Under the lock: record an event on each stream of the table on device dev in context cur. Returns
+    (the entries recorded, a bit each; their count; whether the table lists stream ``key - 1``)."""
     listed = False
-    recorded = np.uint64(0)  # a bit per table entry
+    recorded = np.uint64(0)
     n = 0
-    lock(ctx)
     for i in range(L.TURN_STREAMS):
         k = CTX.get_turn_stream(ctx, i)
         if k == 0 or CTX.get_turn_stream_dev(ctx, i) != np.uint64(dev) or CTX.get_turn_stream_ctx(ctx, i) != cur:
@@ -148,6 +146,19 @@ def drain(ctx, dev, stream):
         if _record(ctx, i, s):
             recorded |= np.uint64(1) << np.uint64(i)
             n += 1
+    return recorded, n, listed
+
+
+@njit
+def drain(ctx, dev, stream):
+    """Wait until the work this process queued on device dev, on every stream it launched on there, is
+    done. Returns the number of streams waited for."""
+    out = stack_u64()
+    if HELPER.cuCtxGetCurrent(ctx, out) != abi.CUDA_SUCCESS or load_u64(out) == 0:
+        return 0
+    cur = load_u64(out)
+    lock(ctx)
+    recorded, n, listed = _record_all(ctx, dev, stream + np.uint64(1), cur)
     for i in range(L.TURN_STREAMS):  # under the lock: no event is destroyed while it is waited for
         if recorded & (np.uint64(1) << np.uint64(i)):
             HELPER.cuEventSynchronize(ctx, CTX.get_turn_stream_ev(ctx, i))
@@ -156,6 +167,58 @@ def drain(ctx, dev, stream):
         _drain_unlisted(ctx, stream, cur)
         n += 1
     return n
+
+
+@njit
+def drain_gang(ctx, dev, stream, region, due):
+    """``drain`` for a rank of a gang (pyvgpu/jit/compute/gangstop.py): it looks at its events instead of
+    sleeping on them, and once it runs STUCK_NS past ``due`` (when its queue was estimated to end) it waits
+    for a peer's kernel, and asks the gang's ranks to catch up (``gang.ask``) for up to CATCHUP_NS. Returns
+    (streams waited for, the entries whose work is still not done when it stopped waiting (a bit each:
+    ``wait_left`` waits for them), whether it asked)."""
+    out = stack_u64()
+    if HELPER.cuCtxGetCurrent(ctx, out) != abi.CUDA_SUCCESS or load_u64(out) == 0:
+        return 0, np.uint64(0), False
+    cur = load_u64(out)
+    asked = False
+    renewed = np.int64(0)
+    lock(ctx)
+    recorded, n, listed = _record_all(ctx, dev, stream + np.uint64(1), cur)
+    while recorded != 0:
+        for i in range(L.TURN_STREAMS):
+            b = np.uint64(1) << np.uint64(i)
+            if recorded & b and HELPER.cuEventQuery(ctx, CTX.get_turn_stream_ev(ctx, i)) != abi.CUDA_ERROR_NOT_READY:
+                recorded &= ~b
+        if recorded == 0:
+            break
+        now = monotonic_ns()
+        if now > due + STUCK_NS:
+            if now > due + STUCK_NS + CATCHUP_NS:
+                break
+            if now - renewed >= gang.ASK_RENEW_NS:
+                gang.ask(region, now)
+                renewed = now
+                asked = True
+        if due - now > 100_000:
+            sleep_ns(50_000)  # the queue is estimated to run on: no need to look at once
+        else:
+            yield_cpu()
+    unlock(ctx)
+    if not listed and not _capturing(ctx, stream):
+        _drain_unlisted(ctx, stream, cur)
+        n += 1
+    return n, recorded, asked
+
+
+@njit
+def wait_left(ctx, left):
+    """Wait for the entries a drain stopped waiting for (``drain_gang``), those whose stream still exists."""
+    lock(ctx)
+    for i in range(L.TURN_STREAMS):
+        ev = CTX.get_turn_stream_ev(ctx, i)
+        if left & (np.uint64(1) << np.uint64(i)) and ev != 0:
+            HELPER.cuEventSynchronize(ctx, ev)
+    unlock(ctx)
 
 
 @njit

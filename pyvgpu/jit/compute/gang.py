@@ -27,6 +27,10 @@ that holds publishes its release in ``gang_release`` (the latest any rank asked 
 every rank's launch holds until it, whatever its own budget says (``common_wait``), and a rank that wakes
 before a later published release sleeps on to it (``follow_release``): the ranks leave at one instant.
 No launch counts are compared: ranks of one gang need not launch the same kernels.
+
+Handing the turn over, the ranks must stop at the same collective too (pyvgpu/jit/compute/gangstop.py): a
+rank whose drain waits for a peer's kernel *asks* (``ask``, ``gang_stuck_ns``), and its peers launch while
+``asked``, until it is ``answered``.
 """
 
 from __future__ import annotations
@@ -36,10 +40,12 @@ from numba import njit
 
 from pyvgpu.contract import layout as L
 from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, REGION, SCHED, SLOT
-from pyvgpu.jit.runtime.intrinsics import unlikely
+from pyvgpu.jit.runtime.intrinsics import futex_wake, unlikely
 
 LOW32 = np.uint64(0xFFFFFFFF)
 RELEASE_MAX_NS = 1_000_000_000  # the furthest ahead a release is followed (a forged one is not obeyed)
+ASK_FRESH_NS = 1_000_000  # a request to catch up older than this is not obeyed (its asker died or gave up)
+ASK_RENEW_NS = 250_000  # an asker renews its request this often while it waits
 
 
 @njit(inline="always")
@@ -147,3 +153,31 @@ def join(ctx, region, g):
         gid = HDR.load_turn_gid(region)
         if gid != 0 and CTX.get_turn_id(ctx) != gid:
             CTX.set_turn_id(ctx, gid)
+
+
+@njit(inline="always")
+def asked(region, now):
+    """A rank of the gang waits in its drain for a peer's kernel (``ask``, renewed within ASK_FRESH_NS):
+    its peers launch now, whatever holds them. A request from the future or older than ASK_FRESH_NS is not
+    obeyed: every member can write it, and its asker renews it while it waits."""
+    t = np.int64(HDR.load_gang_stuck_ns(region))
+    return t != 0 and 0 <= now - t <= ASK_FRESH_NS
+
+
+@njit
+def ask(region, now):
+    """This rank's drain waits for a peer's kernel: ask the gang's ranks to launch (renewed while it waits,
+    every ASK_RENEW_NS), and wake those that hold."""
+    first = not asked(region, now)
+    HDR.store_gang_stuck_ns(region, np.uint64(now))
+    if first:
+        HDR.add_gang_wake(region, 1)
+        futex_wake(HDR.gang_wake_at(region))
+
+
+@njit
+def answered(region):
+    """The drain that asked ended: its peers stop again."""
+    HDR.store_gang_stuck_ns(region, 0)
+    HDR.add_gang_wake(region, 1)
+    futex_wake(HDR.gang_wake_at(region))

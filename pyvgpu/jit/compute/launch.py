@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from pyvgpu.contract import abi
-from pyvgpu.jit.compute import cost, gang, limiter, turn
+from pyvgpu.jit.compute import cost, gang, gangstop, limiter, turn
 from pyvgpu.jit.devices.nvml import handle as nvml_handle
 from pyvgpu.jit.runtime import clock
 from pyvgpu.jit.runtime.context import REAL, call_real, current_device, stream_of
@@ -127,7 +127,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
     # the count first: sm_pending is on a line of its own, which 63 launches in 64 leave unread
     if unlikely((n & np.uint64(HARVEST_EVERY - 1)) == 0 and CTX.load_sm_pending(ctx) != 0):
         cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones
-    turn.take(ctx, region, tdev, e, stream, now, c, rank, limit != 0)
+    cu = turn.take(ctx, region, tdev, e, stream, now, c, rank, limit != 0, g)
     s = -1
     if unlikely(cost.new_kernel(ctx, slot) or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
                                                and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
@@ -135,6 +135,8 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         if s >= 0:
             CTX.set_samp_next_ns(ctx, np.uint64(now + SAMPLE_GAP_NS))
     rc = call_real(ctx, idx, args, notfound)
+    if unlikely(cu):
+        gangstop.settle(ctx, region, tdev, stream, e)  # a gang's rank caught up with a peer (gangstop.py)
     if unlikely(s >= 0):
         cost.sample_end(ctx, s, stream, rc)
         if CTX.get_sm_default_cost(ctx) == 0 and turn.takes_turns(ctx, tdev):

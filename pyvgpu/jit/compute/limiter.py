@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from pyvgpu.contract import layout as L
-from pyvgpu.jit.compute import gang, turn
+from pyvgpu.jit.compute import gang, gangstop, turn
 from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, REGION, SLOT
 from pyvgpu.jit.runtime.intrinsics import likely, monotonic_ns, sleep_ns, unlikely
 from pyvgpu.jit.state import events
@@ -162,7 +162,13 @@ def hold(ctx, region, dev, wait, stream, turns, rank, g):
         gang.publish_release(region, start + wait, start)
     if turns and turn.takes_turns(ctx, dev):
         turn.reserve(ctx, dev, rank, start + wait)
-        turn.give(ctx, region, dev, stream, False)
+        turn.give(ctx, region, dev, stream, False, g)
+    now = monotonic_ns()
+    if g != 0 and gangstop.hold_until(region, start + wait):
+        # a peer's drain waits for this rank's kernel (pyvgpu/jit/compute/gangstop.py): it launches now
+        now = monotonic_ns()
+        DEV.add_sm_throttle_ns(REGION.device(region, dev), np.uint64(now - start))
+        return now
     now = monotonic_ns()
     if start + wait > now:
         sleep_ns(start + wait - now)

@@ -73,6 +73,7 @@ from numba import njit
 from pyvgpu.contract import abi
 from pyvgpu.contract import layout as L
 from pyvgpu.jit.compute import drain as D
+from pyvgpu.jit.compute import gangstop
 from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests read them here)
     _NONE,
     BESIDE_DUE_NS,
@@ -94,6 +95,7 @@ from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests
     count_held,
     count_wait,
     device_queue_end,
+    free_turn,
     heal_queue,
     holder,
     lease_for,
@@ -115,7 +117,6 @@ from pyvgpu.jit.runtime.context import HELPER
 from pyvgpu.jit.runtime.fields import CTX, SCHED, SCHED_AT, TURN
 from pyvgpu.jit.runtime.intrinsics import (
     futex_wait,
-    futex_wake,
     likely,
     load_u64,
     monotonic_ns,
@@ -185,27 +186,14 @@ def takes_turns(ctx, dev):
 # --- handing over -----------------------------------------------------------------------
 
 @njit
-def free_turn(e, me):
-    """Mark the turn free (its word keeps this process's id, which leaves the next turn to a waiter) and
-    wake the sleepers. Whether anyone sleeps is read from the want words, which a waiter writes right
-    before each sleep of at most POLL_NS: a count of sleepers leaked whenever a waiter was killed in its
-    sleep."""
-    now = monotonic_ns()
-    TURN.store_freed_ns(e, np.uint64(now))
-    TURN.store_turn(e, np.uint64(me) << np.uint64(32))
-    TURN.add_seq(e, 1)
-    if more_urgent_waits(e, L.N_RANKS, me, now):
-        futex_wake(TURN.seq_at(e))
-
-
-@njit
-def give(ctx, region, dev, stream, force):
+def give(ctx, region, dev, stream, force, g):
     """Hand the turn on dev over if this process holds it.
 
     If another process waits or has reserved the turn soon (or ``force``), first let this process's work
     on dev finish, on every stream (pyvgpu/jit/compute/drain.py), then free the turn: the GPU never runs both. If
     nobody waits, the turn stays this process's until its queued work is estimated to end, with no wait:
-    a process alone on the GPU never drains its queue.
+    a process alone on the GPU never drains its queue. A rank of gang g hands over with its peers
+    (pyvgpu/jit/compute/gangstop.py).
     """
     e = CTX.get_turn_entry(ctx, dev)
     if e <= _NONE:
@@ -217,8 +205,11 @@ def give(ctx, region, dev, stream, force):
     now = monotonic_ns()
     qend = np.int64(CTX.get_turn_qend(ctx, dev))
     count_held(ctx, region, dev, now, qend)
-    if not force and not anyone_waits(e, me, now):
+    if not force and not anyone_waits(e, me, now) and not (g != 0 and gangstop.stopping(region)):
         TURN.cas_turn(e, w, word(me, qend) if qend > now else np.uint64(me) << np.uint64(32))
+        return
+    if g != 0:
+        gangstop.give(ctx, region, dev, stream, e, me, g)
         return
     # Draining, the holder keeps the turn however long its work really takes (the lease follows an
     # estimate); it frees it right after.
@@ -345,11 +336,12 @@ def lapsed(ctx, dev, e, stream):
 
 
 @njit
-def take(ctx, region, dev, e, stream, now, cost, rank, share):
+def take(ctx, region, dev, e, stream, now, cost, rank, share, g):
     """Before a launch of cost ns on dev (turn entry e, from ``entry``) at rank: hold the turn, or go beside
-    its holder, or wait. ``share``: the group has a share on dev (also while it borrows beyond it)."""
+    its holder, or wait. ``share``: the group has a share on dev (also while it borrows beyond it); g: its
+    gang word. True if the launch goes to catch up with a peer of its gang (gangstop.settle follows it)."""
     if unlikely(e <= _NONE):
-        return
+        return False
     if unlikely(CTX.get_turn_out(ctx) != 0):
         join(ctx, dev, e, stream)
         now = monotonic_ns()
@@ -359,9 +351,9 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
     t0 = now
     w = TURN.load_turn(e)
     while likely(holder(w) == me and leased(w, now)):  # the holder's next launch: the usual case
-        if unlikely(must_yield(ctx, e, me, rank, dev, now, cost)):
+        if unlikely(must_yield(ctx, e, me, rank, dev, now, cost) or (g != 0 and gangstop.stopping(region))):
             TURN.add_preempts(e, 1)
-            give(ctx, region, dev, stream, True)
+            give(ctx, region, dev, stream, True, g)
             now = monotonic_ns()
             break
         if unlikely(rank >= L.RANK_HIGH_BEST_EFFORT
@@ -373,14 +365,14 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
                 CTX.set_turn_mine(ctx, dev, 0)
                 free_turn(e, me)
                 give_up(ctx, region, dev, e, rank, t0, now, me)
-                return
+                return False
             sleep_ns(POLL_NS)
             now = monotonic_ns()
             w = TURN.load_turn(e)
             continue
         keep(ctx, region, dev, stream, e, w, me, now, cost, rank)
         count_wait(ctx, region, dev, e, rank, t0, now)
-        return
+        return False
     while True:
         seq = TURN.load_seq(e)
         w = TURN.load_turn(e)
@@ -398,6 +390,8 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
                 heal_queue(e, now)
                 qend = device_queue_end(e, now) + np.int64(cost)
                 if TURN.cas_turn(e, w, word(me, lease_for(qend, now))) == w:
+                    if g != 0:
+                        gangstop.begin(region)  # the gang's next turn: its ranks launch again
                     CTX.set_turn_mine(ctx, dev, 1)
                     TURN.store_rank(e, rank)
                     qend = queue_on_device(e, now, cost)
@@ -420,24 +414,28 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share):
                             TURN.add_gap_ns(e, np.uint64(now - freed))
                     count_wait(ctx, region, dev, e, rank, t0, now)
                     D.note_stream(ctx, dev, stream)
-                    return
+                    return False
                 continue
         elif holder(w) == me:  # another thread of this process holds it, or another rank of its gang
-            # a gang's rank: its slice counts from here (pyvgpu/jit/compute/gang.py)
-            if CTX.get_turn_mine(ctx, dev) == 0:
-                CTX.set_turn_mine(ctx, dev, 1)
-                CTX.set_turn_since(ctx, dev, np.uint64(now))
-            CTX.set_turn_qend(ctx, dev, np.uint64(queue_on_device(e, now, cost)))
-            D.note_stream(ctx, dev, stream)
-            return
+            if g == 0 or not gangstop.stopped(ctx, region):
+                # a gang's rank: its slice counts from here (pyvgpu/jit/compute/gang.py)
+                if CTX.get_turn_mine(ctx, dev) == 0:
+                    CTX.set_turn_mine(ctx, dev, 1)
+                    CTX.set_turn_since(ctx, dev, np.uint64(now))
+                CTX.set_turn_qend(ctx, dev, np.uint64(queue_on_device(e, now, cost)))
+                D.note_stream(ctx, dev, stream)
+                return False
+            if gangstop.catch_up(ctx, region, dev, stream, e, now):  # stopped, and a peer waits for it
+                return True
+            # stopped for its gang's hand-over: it waits for the gang's next turn
         elif corun(ctx, e, w, rank, dev, now, cost):
             TURN.add_coruns(e, 1)
             CTX.set_turn_qend(ctx, dev, np.uint64(queue_on_device(e, now, cost)))
             count_wait(ctx, region, dev, e, rank, t0, now)
-            return
+            return False
         if stalled(ctx, dev, t0, now):  # a holder that does not let go, or forged words: stop taking turns here
             give_up(ctx, region, dev, e, rank, t0, now, holder(w))
-            return
+            return False
         TURN.store_want(e, rank, word(me, now))
         futex_wait(TURN.seq_at(e), seq, POLL_NS)
         now = monotonic_ns()

@@ -14,7 +14,7 @@ from numba import njit
 
 from pyvgpu.contract import layout as L
 from pyvgpu.jit.runtime.fields import CTX, DEV, REGION, SCHED, TURN
-from pyvgpu.jit.runtime.intrinsics import likely, unlikely
+from pyvgpu.jit.runtime.intrinsics import futex_wake, likely, monotonic_ns, unlikely
 
 LEASE_NS = 1_000_000  # a holder's lease outlasts its queued work by this (a dead or idle holder's turn lapses)
 RENEW_NS = 100_000  # the holder renews its lease when it would grow by more than this (the word lags this)
@@ -304,3 +304,23 @@ def queue_on_device(e, now, cost):
 def lease_for(qend, now):
     """A lease that outlasts the queued work: a holder blocked on its own full queue keeps the turn."""
     return min(qend, now + MAX_LEASE_NS) + LEASE_NS
+
+
+@njit
+def freed(e, me):
+    """The turn was just freed by ``me``: note when, and wake the sleepers. Whether anyone sleeps is read
+    from the want words, which a waiter writes right before each sleep of at most POLL_NS: a count of
+    sleepers leaked whenever a waiter was killed in its sleep."""
+    now = monotonic_ns()
+    TURN.store_freed_ns(e, np.uint64(now))
+    TURN.add_seq(e, 1)
+    if more_urgent_waits(e, L.N_RANKS, me, now):
+        futex_wake(TURN.seq_at(e))
+
+
+@njit
+def free_turn(e, me):
+    """Mark the turn free (its word keeps this process's id, which leaves the next turn to a waiter) and
+    wake the sleepers."""
+    TURN.store_turn(e, np.uint64(me) << np.uint64(32))
+    freed(e, me)

@@ -1,0 +1,187 @@
+"""A gang's hand-over: its ranks stop at the same collective, and the turn passes once all have stopped.
+
+A gang's ranks (pyvgpu/jit/compute/gang.py) launch on their own devices, each as fast as its host thread
+goes, and a hand-over stops each rank at its next launch. Stopped one by one, the ranks stop at different
+collectives: a rank that had launched all-reduce n+1 while its peer stopped after n leaves a kernel queued
+that waits inside its GPU for the peer's n+1, which comes only in the gang's next turn. Meanwhile the next
+holder's kernels share that GPU with it, time-sliced, and the next holder's own collectives wait for that
+slowed device: two gangs at 50/50 on two GPUs each got 25-29% (docs/compute.md, "Collectives").
+
+So a gang hands over as one:
+
+* the first rank that hands over marks the gang's turn *stopping* (``gang_stop``, for the gang's current
+  turn, ``gang_epoch``); every other rank hands over at its next launch (turn.take), whatever its own
+  slice or budget says; each drains its own queue under the turn (``gang_draining``), and the turn passes
+  when as many ranks as the gang has devices have stopped, or STOP_WAIT_NS after the last drain ended (a
+  rank that launches no more, or one process driving several devices);
+* a rank's drain that runs past its queue's estimate waits for a peer's kernel (drain.py ``drain_gang``):
+  it *asks* its peers to catch up (gang.py ``ask``). A rank that stopped, or holds for the budget, launches
+  again while asked, one kernel at a time, each waited for; the peer's kernel the asker waits for is one of
+  them, and the asker's drain ends with it. The rank then stops again, and waits up to SETTLE_NS for the
+  asker to say so (``answered``) before its next launch: going on at once, it would queue the next
+  collective before the asker saw its drain end, and stand ahead in its turn;
+* bounded: a drain asks for CATCHUP_NS at most (drain.py), then hands the turn over anyway (``unmatched``)
+  and waits for its kernel as before; a request that its asker stopped renewing is not obeyed.
+
+No kernel names and no launch counts are compared: a rank launches until the asker's wait ends.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from pyvgpu.jit.compute import drain as D
+from pyvgpu.jit.compute import gang
+from pyvgpu.jit.compute.turnword import LOW32, MAX_LEASE_NS, count_held, freed, holder, word
+from pyvgpu.jit.runtime.fields import CTX, HDR, TURN
+from pyvgpu.jit.runtime.intrinsics import futex_wait, monotonic_ns
+
+STOP_WAIT_NS = 300_000  # after the last rank's drain, the turn stays the gang's this long for ranks yet to stop
+SETTLE_NS = 100_000  # after a catch-up kernel ends, the longest a rank waits for its asker's drain to end
+MAX_RANKS = 64  # more ranks draining at once than this: a count written by a member, not believed
+
+
+@njit(inline="always")
+def tag(region):
+    """The gang's current turn, as ``gang_stop`` and ``ctx.gang_stopped`` name it (never 0)."""
+    t = (np.uint64(HDR.load_gang_epoch(region)) + np.uint64(1)) & LOW32
+    return t if t != 0 else np.uint64(1)
+
+
+@njit(inline="always")
+def stopping(region):
+    """A rank of the gang hands the gang's current turn over: every rank stops at its next launch."""
+    return (HDR.load_gang_stop(region) >> np.uint64(32)) == tag(region)
+
+
+@njit(inline="always")
+def stopped(ctx, region):
+    """This process stopped in the gang's current turn: it launches again in the gang's next one."""
+    return np.uint64(CTX.get_gang_stopped(ctx)) == tag(region)
+
+
+@njit
+def begin(region):
+    """A rank of the gang took the turn afresh: no stop under way."""
+    HDR.add_gang_epoch(region, 1)
+    HDR.store_gang_draining(region, 0)
+
+
+@njit
+def _start(ctx, region):
+    t = tag(region)
+    CTX.set_gang_stopped(ctx, np.uint32(t))
+    while True:
+        old = HDR.load_gang_stop(region)
+        if (old >> np.uint64(32)) == t or HDR.cas_gang_stop(region, old, t << np.uint64(32)) == old:
+            break
+    HDR.add_gang_draining(region, 1)
+
+
+@njit
+def _end(region):
+    """This rank's drain ended: (the ranks stopped in this turn, the ranks still draining)."""
+    d = np.uint64(HDR.sub_gang_draining(region, 1))
+    d = d - np.uint64(1) if 0 < d <= MAX_RANKS else np.uint64(0)
+    t = tag(region)
+    while True:
+        old = HDR.load_gang_stop(region)
+        if (old >> np.uint64(32)) != t:
+            return np.uint64(0), d
+        if HDR.cas_gang_stop(region, old, old + np.uint64(1)) == old:
+            return (old & LOW32) + np.uint64(1), d
+
+
+@njit
+def _pass(e, me, until):
+    """Leave the gang's turn to lapse at ``until`` (0: now, waking the waiters), if the gang still holds it."""
+    while True:
+        w = TURN.load_turn(e)
+        if holder(w) != me or (w & LOW32) == 0:
+            return
+        if until == 0:
+            if TURN.cas_turn(e, w, np.uint64(me) << np.uint64(32)) == w:
+                freed(e, me)
+                return
+        elif TURN.cas_turn(e, w, word(me, until)) == w:
+            return
+
+
+@njit
+def give(ctx, region, dev, stream, e, me, g):
+    """turn.give for a rank of gang g once the gang hands over: stop, drain (asking the peers to catch up
+    while the drain waits for one of them), and pass the turn when every rank has stopped."""
+    if stopped(ctx, region):
+        return  # it stopped in this turn already: its catch-up launches drained their own work
+    now = monotonic_ns()
+    while True:  # keep the turn through the drain, however long the work really takes
+        w = TURN.load_turn(e)
+        if holder(w) != me or (w & LOW32) == 0:
+            return  # the turn passed meanwhile
+        if TURN.cas_turn(e, w, word(me, now + MAX_LEASE_NS)) == w:
+            break
+    _start(ctx, region)
+    due = max(now, np.int64(CTX.get_turn_qend(ctx, dev)))
+    n, left, asked = D.drain_gang(ctx, dev, stream, region, due)
+    end = monotonic_ns()
+    if n > 0:
+        TURN.add_drains(e, 1)
+        TURN.add_drain_ns(e, np.uint64(end - now))
+    if asked:
+        TURN.add_stucks(e, 1)
+        TURN.add_stuck_ns(e, np.uint64(end - now))
+        gang.answered(region)
+    count_held(ctx, region, dev, now, end)
+    CTX.set_turn_mine(ctx, dev, 0)
+    stops, draining = _end(region)
+    if left != 0:  # no peer came: hand over, and wait for the kernel as before (it runs beside the next holder)
+        TURN.add_unmatched(e, 1)
+        _pass(e, me, 0)
+        D.wait_left(ctx, left)
+    elif stops >= gang.size(g):
+        _pass(e, me, 0)
+    elif draining == 0:
+        _pass(e, me, end + STOP_WAIT_NS)
+
+
+@njit
+def catch_up(ctx, region, dev, stream, e, now):
+    """Whether this launch goes now to catch up with a peer whose drain waits for it (the gang holds the
+    turn, and the request is fresh); it then skips the turn and its budget's hold, and ``settle`` follows it."""
+    if not gang.asked(region, now) or holder(TURN.load_turn(e)) != CTX.get_turn_id(ctx):
+        return False
+    D.note_stream(ctx, dev, stream)
+    return True
+
+
+@njit
+def settle(ctx, region, dev, stream, e):
+    """After a catch-up launch: wait for this rank's work (the kernel may be the one its peer waits for),
+    then up to SETTLE_NS for the peer's drain to end."""
+    n, left, _ = D.drain_gang(ctx, dev, stream, region, monotonic_ns())
+    if left != 0:
+        D.wait_left(ctx, left)
+    TURN.add_catchups(e, 1)
+    now = monotonic_ns()
+    until = now + SETTLE_NS
+    while now < until:
+        seq = HDR.load_gang_wake(region)
+        if not gang.asked(region, now):
+            return
+        futex_wait(HDR.gang_wake_at(region), seq, until - now)
+        now = monotonic_ns()
+
+
+@njit
+def hold_until(region, until):
+    """A rank's hold for its budget (limiter.hold): sleep until ``until`` (ns), or until a peer asks the
+    gang to catch up (then True)."""
+    while True:
+        now = monotonic_ns()
+        seq = HDR.load_gang_wake(region)
+        if gang.asked(region, now):
+            return True
+        if now >= until:
+            return False
+        futex_wait(HDR.gang_wake_at(region), seq, until - now)
