@@ -78,6 +78,16 @@ def lead(g, dev):
 
 
 @njit(inline="always")
+def queue_cost(g, cost):
+    """What a rank's launch adds to the turn entry's queue: the entry of a gang's lead device stands for the
+    gang's k devices, which run the ranks' kernels side by side, so each of the k ranks adds 1/k of its
+    kernel's time (together one kernel's time per collective, as on each device). Counted whole, the
+    entry's queue ran k times ahead of the devices': a gang's holder yielded for reservations it would not
+    have met, and a neighbour saw a queue too deep to go beside."""
+    return np.uint64(cost) // size(g) if g != 0 else np.uint64(cost)
+
+
+@njit(inline="always")
 def size(g):
     """How many devices share the budget (1 outside a gang)."""
     return np.uint64(g >> np.uint32(8)) if g != 0 else np.uint64(1)

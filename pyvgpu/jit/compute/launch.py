@@ -127,7 +127,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
     # the count first: sm_pending is on a line of its own, which 63 launches in 64 leave unread
     if unlikely((n & np.uint64(HARVEST_EVERY - 1)) == 0 and CTX.load_sm_pending(ctx) != 0):
         cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones
-    cu = turn.take(ctx, region, tdev, e, stream, now, c, rank, limit != 0, g)
+    cu = turn.take(ctx, region, tdev, e, stream, now, gang.queue_cost(g, c), rank, limit != 0, g)
     s = -1
     if unlikely(cost.new_kernel(ctx, slot) or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
                                                and now >= np.int64(CTX.get_samp_next_ns(ctx)))):

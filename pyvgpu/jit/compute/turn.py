@@ -428,7 +428,9 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share, g):
             if gangstop.catch_up(ctx, region, dev, stream, e, now):  # stopped, and a peer waits for it
                 return True
             # stopped for its gang's hand-over: it waits for the gang's next turn
-        elif corun(ctx, e, w, rank, dev, now, cost):
+        elif g == 0 and corun(ctx, e, w, rank, dev, now, cost):
+            # (never a gang's rank: its collective beside another holder would wait inside the GPU for a
+            # peer that waits for the turn, sharing the GPU with the holder's kernels meanwhile)
             TURN.add_coruns(e, 1)
             CTX.set_turn_qend(ctx, dev, np.uint64(queue_on_device(e, now, cost)))
             count_wait(ctx, region, dev, e, rank, t0, now)
