@@ -50,3 +50,23 @@ def test_a_changed_share_is_charged_at_once():
     assert PER_SHARE(ctx, 0, x, 70) == x // 70
     word = ctypes.c_uint64.from_address(ctx + CTX.OFF_sm_recip).value  # device 0's
     assert word >> limiter.RECIP_SHIFT == 70, word
+
+
+@cfunc(types.int64(types.uint64, types.boolean), nopython=True, error_model="numpy")
+def _batch(ctx, gang):
+    return limiter.batch_ns(ctx, gang)
+
+
+BATCH = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_uint64, ctypes.c_bool)(_batch.address)
+
+
+def test_a_gang_runs_a_longer_batch_ahead_of_its_share():
+    """Beside another group a gang hands the turn over once a batch, and each hand-over costs a meeting of
+    its ranks (gangstop.py): its batch is GANG_BATCH_NS at least; a longer one asked for is kept, and a group
+    on one GPU keeps its own."""
+    buf, ctx = _ctx()
+    ctypes.c_uint64.from_address(ctx + CTX.OFF_sm_batch_ns).value = 10_000_000  # PYVGPU_SM_BATCH_MS's default
+    assert BATCH(ctx, False) == 10_000_000
+    assert BATCH(ctx, True) == limiter.GANG_BATCH_NS
+    ctypes.c_uint64.from_address(ctx + CTX.OFF_sm_batch_ns).value = 400_000_000
+    assert BATCH(ctx, True) == 400_000_000

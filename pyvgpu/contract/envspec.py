@@ -86,7 +86,8 @@ SCHED = Var("SCHED", "PYVGPU_SCHED", "path", "the machine's turn file",
 SM_TURN = Var("SM_TURN", "PYVGPU_SM_TURN", "0|1", "1",
               "1: groups with a share take turns on a GPU; 0: they time-slice it", BOTH)
 SM_BATCH_MS = Var("SM_BATCH_MS", "PYVGPU_SM_BATCH_MS", "ms (0-1000)", "10",
-                  "how far a group may run ahead of its share, so that held launches leave together", BOTH)
+                  "how far a group may run ahead of its share, so that held launches leave together (a gang: 100 at "
+                  "least)", BOTH)
 SM_BORROW = Var("SM_BORROW", "PYVGPU_SM_BORROW", "on|off", "off (a cap)",
                 "a new group's borrowing of idle GPU time beyond its share", BOTH)
 CLOCK = Var("CLOCK", "PYVGPU_CLOCK", "auto|tsc|system", "auto", "the clock a launch under a share reads", BOTH)

@@ -107,13 +107,13 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
     slot = cost.cost_slot(ctx, key)
     c = cost.cost_of(ctx, slot)
-    if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, tdev, now)
+    if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, tdev, now, g != 0)
                            and not turn.share_waits(ctx, e, now)):
         rank = limiter.rank(region, True)
         wait, n = limiter.throttle(ctx, region, dev, tdev, gang.size(g), c, limit, now)
         holds = wait > 0
         if unlikely(g != 0):
-            wait, holds = gang.common_wait(region, wait, now, CTX.get_sm_batch_ns(ctx))
+            wait, holds = gang.common_wait(region, wait, now, limiter.batch_ns(ctx, True))
         if unlikely(holds):
             now = limiter.hold(ctx, region, tdev, wait, stream, True, rank, g)
     else:

@@ -31,6 +31,11 @@ from pyvgpu.jit.runtime.intrinsics import likely, monotonic_ns, sleep_ns, unlike
 from pyvgpu.jit.state import events
 
 BURST_NS = 2_000_000  # budget a group may run ahead of its share (absorbs sleep overshoot)
+# A gang's batch, at least (PYVGPU_SM_BATCH_MS may ask for more). Beside another group a gang hands the turn
+# over once a batch, and each hand-over costs it its ranks' drains and their meeting at one collective
+# (pyvgpu/jit/compute/gangstop.py): with the default batch that cost took about half of a gang's share,
+# and a longer batch spreads it (docs/compute.md, "Collectives").
+GANG_BATCH_NS = 100_000_000
 MAX_AHEAD_NS = L.BUDGET_MAX_AHEAD_NS  # the furthest ahead of now a budget is obeyed (see the module's docstring)
 Q16 = 65536  # sm_scale's unit: 1.0
 
@@ -53,13 +58,21 @@ def share(region, dev):
 
 
 @njit(inline="always")
-def spent(ctx, region, dev, now):
+def batch_ns(ctx, gang):
+    """How far past the budget a hold lets the group run (PYVGPU_SM_BATCH_MS), at least GANG_BATCH_NS for
+    a gang's rank (``gang``)."""
+    b = np.int64(CTX.get_sm_batch_ns(ctx))
+    return max(b, np.int64(GANG_BATCH_NS)) if gang else b
+
+
+@njit(inline="always")
+def spent(ctx, region, dev, now, gang):
     """The group's budget on dev is spent: a launch charged now would wait (throttle's test, before the
-    charge)."""
+    charge). ``gang``: the launch is a gang rank's (dev is then the gang's lead device)."""
     tat = np.int64(DEV.load_sm_tat(REGION.device(region, dev)))
     if unlikely(forged(tat, now)):
         return False  # not a budget: the launch goes through throttle, which starts it afresh
-    return tat - now > BURST_NS + np.int64(CTX.get_sm_batch_ns(ctx))
+    return tat - now > BURST_NS + batch_ns(ctx, gang)
 
 
 @njit(inline="always")
@@ -145,7 +158,7 @@ def throttle(ctx, region, dev, lead, k, cost, limit, now):
             break
     n = charge_slot(ctx, dev, cost)
     # from base (now <= base <= now + MAX_AHEAD_NS), not old: a wait that cannot overflow
-    return base - BURST_NS - np.int64(CTX.get_sm_batch_ns(ctx)) - now, n
+    return base - BURST_NS - batch_ns(ctx, k > 1) - now, n
 
 
 @njit
@@ -157,7 +170,7 @@ def hold(ctx, region, dev, wait, stream, turns, rank, g):
     the others get the GPU for the batch, and the holder of then gives it back in time. Time-slicing,
     the GPU switches contexts once per batch instead of once per kernel. Returns the time after it."""
     start = monotonic_ns()
-    wait = min(wait, MAX_AHEAD_NS) + np.int64(CTX.get_sm_batch_ns(ctx))
+    wait = min(wait, MAX_AHEAD_NS) + batch_ns(ctx, g != 0)
     if g != 0:  # a gang's ranks leave together (pyvgpu/jit/compute/gang.py)
         gang.publish_release(region, start + wait, start)
     if turns and turn.takes_turns(ctx, dev):
