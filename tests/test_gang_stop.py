@@ -21,7 +21,6 @@ from pyvgpu.jit.runtime.fields import CTX, HDR, TURN
 
 MS = 1_000_000
 GID = 77
-TWO = (0 + 1) | (2 << 8)  # a gang over devices 0 and 1
 
 
 @cfunc(types.void(types.uint64), nopython=True, error_model="numpy")
@@ -34,20 +33,21 @@ def _state(ctx, region):
     return np.uint64(gangstop.stopping(region)) | np.uint64(gangstop.stopped(ctx, region)) << np.uint64(1)
 
 
-@cfunc(types.void(types.uint64, types.uint64), nopython=True, error_model="numpy")
+@cfunc(types.uint64(types.uint64, types.uint64), nopython=True, error_model="numpy")
 def _start(ctx, region):
-    gangstop._start(ctx, region)
+    return gangstop._start(ctx, region)
 
 
-@cfunc(types.uint64(types.uint64), nopython=True, error_model="numpy")
-def _end(region):
-    stops, draining = gangstop._end(region)
+@cfunc(types.uint64(types.uint64, types.uint64, types.boolean), nopython=True, error_model="numpy")
+def _end(region, ep, stopped_too):
+    stops, draining = gangstop._end(region, ep, stopped_too)
     return stops << np.uint64(32) | draining
 
 
-@cfunc(types.void(types.uint64, types.uint32, types.int64), nopython=True, error_model="numpy")
-def _pass(e, me, until):
-    gangstop._pass(e, me, until)
+@cfunc(types.void(types.uint64, types.uint64, types.uint32, types.uint64, types.int64), nopython=True,
+       error_model="numpy")
+def _pass(region, e, me, ep, until):
+    gangstop._pass(region, e, me, ep, until)
 
 
 @cfunc(types.boolean(types.uint64, types.int64), nopython=True, error_model="numpy")
@@ -73,9 +73,9 @@ def _hold_until(region, until):
 U64 = ctypes.c_uint64
 BEGIN = ctypes.CFUNCTYPE(None, U64)(_begin.address)
 STATE = ctypes.CFUNCTYPE(U64, U64, U64)(_state.address)
-START = ctypes.CFUNCTYPE(None, U64, U64)(_start.address)
-END = ctypes.CFUNCTYPE(U64, U64)(_end.address)
-PASS = ctypes.CFUNCTYPE(None, U64, ctypes.c_uint32, ctypes.c_int64)(_pass.address)
+START = ctypes.CFUNCTYPE(U64, U64, U64)(_start.address)
+_END = ctypes.CFUNCTYPE(U64, U64, U64, ctypes.c_bool)(_end.address)
+PASS = ctypes.CFUNCTYPE(None, U64, U64, ctypes.c_uint32, U64, ctypes.c_int64)(_pass.address)
 ASKED = ctypes.CFUNCTYPE(ctypes.c_bool, U64, ctypes.c_int64)(_asked.address)
 ASK = ctypes.CFUNCTYPE(None, U64, ctypes.c_int64)(_ask.address)
 ANSWERED = ctypes.CFUNCTYPE(None, U64)(_answered.address)
@@ -94,40 +94,69 @@ def _ranks(n: int):
     return keep, keep[0][1], [k[1] for k in keep[1:]]
 
 
-def _end(region: int) -> tuple[int, int]:
-    v = END(region)
+def END(region: int, ep: int, stopped: bool = True) -> tuple[int, int]:  # noqa: N802 - an entry point
+    v = _END(region, ep, stopped)
     return v >> 32, v & 0xFFFFFFFF
+
+
+def _draining(region: int) -> int:
+    return ctypes.c_uint64.from_address(region + HDR.OFF_gang_draining).value
 
 
 def test_a_stop_stops_every_rank_of_the_turn_and_the_next_turn_none():
     keep, region, (a, b) = _ranks(2)
     assert STATE(a, region) == 0  # no stop under way, nobody stopped
-    START(a, region)  # rank a hands over: the gang's turn is stopping, a has stopped, b not yet
+    ep = START(a, region)  # rank a hands over: the gang's turn is stopping, a has stopped, b not yet
     assert STATE(a, region) == 0b11
     assert STATE(b, region) == 0b01
-    START(b, region)
+    assert START(b, region) == ep
     assert STATE(b, region) == 0b11
-    assert _end(region) == (1, 1)  # a's drain ended: one rank stopped, one still draining
-    assert _end(region) == (2, 0)  # b's: both stopped (the gang's two devices): the turn passes
+    assert END(region, ep) == (1, 1)  # a's drain ended: one rank stopped, one still draining
+    assert END(region, ep) == (2, 0)  # b's: both stopped (the gang's two devices): the turn passes
     BEGIN(region)  # a rank takes the gang's next turn
     assert STATE(a, region) == 0 and STATE(b, region) == 0  # both launch again
 
 
 def test_a_drain_that_ends_after_the_next_turn_began_counts_nowhere():
+    """A drain of the old turn's stop leaves the next turn's counts alone: b, draining for the next stop,
+    keeps the turn held (a count that a stale drain took down let the turn lapse under b's drain)."""
     keep, region, (a, b) = _ranks(2)
-    START(a, region)
+    old = START(a, region)
     BEGIN(region)  # the turn lapsed and was taken afresh while a drained
-    assert _end(region) == (0, 0)
     assert STATE(b, region) == 0
-
-
-def test_a_forged_draining_count_is_not_believed():
-    """Every member writes the header: a count of ranks draining past MAX_RANKS would keep the turn held
-    for the drain lease, a second each hand-over; it reads as none draining."""
-    keep, region, (a,) = _ranks(1)
-    ctypes.c_uint32.from_address(region + HDR.OFF_gang_draining).value = 1 << 31
+    assert END(region, old) == (0, 0)
+    new = START(b, region)
+    assert new != old
+    assert _draining(region) == (new << 32 | 1)  # b drains, counted for the new turn only
     START(a, region)
-    assert _end(region) == (1, 0)
+    assert END(region, new) == (1, 1)  # a's: b still drains
+
+
+def test_a_rank_whose_turn_passed_before_its_drain_is_not_counted_as_draining():
+    keep, region, (a,) = _ranks(1)
+    ep = START(a, region)
+    assert END(region, ep, False) == (0, 0)  # it had nothing to drain for: no stop counted
+
+
+def test_forged_counts_are_not_believed():
+    """Every member writes the header: a count of ranks draining past MAX_RANKS would keep the turn held
+    for the drain lease, a second each hand-over, and a stop count at its top would carry into the epoch."""
+    keep, region, (a,) = _ranks(1)
+    ctypes.c_uint64.from_address(region + HDR.OFF_gang_draining).value = 1 << 31
+    ctypes.c_uint64.from_address(region + HDR.OFF_gang_stop).value = 0xFFFFFFFF
+    ep = START(a, region)
+    assert END(region, ep) == (1, 0)
+    ctypes.c_uint64.from_address(region + HDR.OFF_gang_stop).value = (ep << 32) | (1 << 31) | 0x7FFFFFFF
+    assert END(region, ep)[0] == 1  # a stop count past MAX_RANKS reads as none, plus this rank
+
+
+def test_the_epochs_wrap_without_a_rank_staying_stopped():
+    keep, region, (a,) = _ranks(1)
+    ctypes.c_uint32.from_address(region + HDR.OFF_gang_epoch).value = 0xFFFFFFFF
+    START(a, region)
+    assert STATE(a, region) == 0b11
+    BEGIN(region)  # the epoch wraps to 0
+    assert STATE(a, region) == 0
 
 
 def _entry():
@@ -141,21 +170,30 @@ def _turn(e: int) -> int:
 
 def test_the_turn_passes_now_or_lapses_soon_and_only_while_the_gang_holds_it():
     keep, e = _entry()
+    keepr, region, (a, b) = _ranks(2)
     now = time.monotonic_ns()
     lease = (now + 1000 * MS) >> 10 & 0xFFFFFFFF
     ctypes.c_uint64.from_address(e + TURN.OFF_turn).value = GID << 32 | lease
+    ep = START(a, region)
     soon = now + 300_000
-    PASS(e, GID, soon)  # ranks yet to stop: the turn lapses soon
+    PASS(region, e, GID, ep, soon)  # a still drains: the last drainer passes the turn
+    assert _turn(e) == GID << 32 | lease
+    END(region, ep)
+    PASS(region, e, GID, ep, soon)  # ranks yet to stop: the turn lapses soon
     assert _turn(e) == GID << 32 | (soon >> 10 & 0xFFFFFFFF)
     seq = ctypes.c_uint32.from_address(e + TURN.OFF_seq).value
-    PASS(e, GID, 0)  # every rank stopped: free now, waiters woken
+    PASS(region, e, GID, ep, 0)  # every rank stopped: free now, waiters woken
     assert _turn(e) == GID << 32
     assert ctypes.c_uint32.from_address(e + TURN.OFF_seq).value == seq + 1
     other = 5 << 32 | lease
     ctypes.c_uint64.from_address(e + TURN.OFF_turn).value = other  # another group took it meanwhile
-    PASS(e, GID, 0)
-    PASS(e, GID, soon)
+    PASS(region, e, GID, ep, 0)
+    PASS(region, e, GID, ep, soon)
     assert _turn(e) == other  # left alone
+    ctypes.c_uint64.from_address(e + TURN.OFF_turn).value = GID << 32 | lease
+    BEGIN(region)  # the gang's next turn: a late pass of the old one leaves it alone
+    PASS(region, e, GID, ep, soon)
+    assert _turn(e) == GID << 32 | lease
 
 
 def test_a_request_to_catch_up_is_obeyed_while_fresh_only():
@@ -203,5 +241,3 @@ def test_freeing_the_turn_keeps_the_id_and_wakes():
     assert ctypes.c_uint32.from_address(e + TURN.OFF_seq).value == 1
 
 
-def test_gang_size_counts_the_devices():
-    assert gang.size(TWO) == 2  # the stops a hand-over waits for

@@ -97,8 +97,8 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
                                                 "the debt in ns >> 10 << 32 | when its last wait ended "
                                                 "(CLOCK_MONOTONIC >> 10)"),
             ), size=64, doc="per CUDA device, what a launch under a share reads: one cache line each"),
-            Field("gang_stopped", "u32", doc="gang_epoch + 1 of the gang's turn in which this process stopped "
-                                             "for a hand-over (pyvgpu/jit/compute/gangstop.py)"),
+            Field("gang_stopped", "u64", doc="gang_epoch + 1 of the gang's turn in which this process stopped "
+                                             "for a hand-over, 0: none (pyvgpu/jit/compute/gangstop.py)"),
             Field("slot_index", "i32"),
             Field("region_fd", "i32", doc="fd holding this process's slot lock"),
             Field("n_slots", "u32"),
@@ -194,12 +194,13 @@ REGION_HEADER = Struct(
                                          "(pyvgpu/jit/compute/gang.py)"),
         # a gang's hand-overs (pyvgpu/jit/compute/gangstop.py)
         Field("gang_epoch", "u32", doc="bumped each time a rank of the gang takes the turn afresh"),
-        Field("gang_stop", "u64", doc="(gang_epoch + 1) << 32 | ranks stopped: the gang hands its turn over, every "
-                                      "rank stops at its next launch; another epoch: no stop under way"),
-        Field("gang_draining", "u32", doc="ranks of the gang draining their queues for the stop under way"),
+        Field("gang_stop", "u64", doc="gang_epoch << 32 | 1 << 31 | ranks stopped: the gang hands that turn over, "
+                                      "every rank stops at its next launch (another epoch, or the bit clear: none)"),
+        Field("gang_draining", "u64", doc="gang_epoch << 32 | ranks of the gang draining for that turn's stop"),
         Field("gang_stuck_ns", "u64", doc="CLOCK_MONOTONIC when a rank last found its drain waiting for a peer's "
                                           "kernel: its peers launch until it ends (0: none)"),
-        Field("gang_wake", "u32", doc="bumped when gang_stuck_ns changes; held ranks sleep on it (futex)"),
+        Field("gang_wake", "u32", doc="bumped when gang_stuck_ns changes and when a rank caught up; held ranks "
+                                     "sleep on it (futex)"),
     ],
     align=64,
     doc="region header",

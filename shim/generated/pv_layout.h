@@ -54,12 +54,11 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
         uint64_t sm_recip;  /* the share it last charged at << 33 | 2^32 // share + 1: the charge's division as a multiply (pyvgpu/jit/compute/limiter.py); 0 = none yet */
         uint64_t turn_waited;  /* its waits for the turn, counted over time (turn.py wait_debt): the debt in ns >> 10 << 32 | when its last wait ended (CLOCK_MONOTONIC >> 10) */
     } dev[16];
-    uint32_t gang_stopped;  /* gang_epoch + 1 of the gang's turn in which this process stopped for a hand-over (pyvgpu/jit/compute/gangstop.py) */
+    uint64_t gang_stopped;  /* gang_epoch + 1 of the gang's turn in which this process stopped for a hand-over, 0: none (pyvgpu/jit/compute/gangstop.py) */
     int32_t slot_index;
     int32_t region_fd;  /* fd holding this process's slot lock */
     uint32_t n_slots;
     uint32_t lock;  /* spinlock serialising pool accounting in this process */
-    uint8_t _pad5[4];
     uint64_t table;  /* address of the pointer table (allocation records) */
     uint64_t table_mask;  /* entries - 1 (a power of two) */
     uint64_t table_maxdisp;  /* longest probe an insert has needed */
@@ -70,7 +69,7 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     int32_t pool_dev[64];
     uint64_t ctx_charged[16];  /* context bytes charged per device (1: measured, none) */
     uint32_t nvml_state;  /* 0 untried, 1 initialised by us, 2 unavailable */
-    uint8_t _pad6[4];
+    uint8_t _pad5[4];
     uint64_t sm_tick_ns;  /* CLOCK_MONOTONIC of the last reclaim by the watcher */
     struct {  /* the cost table (pyvgpu/jit/compute/cost.py): a kernel's key and estimate share a line */
         uint64_t cost_key;  /* kernel key (function and shape, or graph), 0 = free */
@@ -81,7 +80,7 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t samp_ctx[8];  /* CUcontext the sample's events belong to */
     uint64_t samp_start[8];  /* CUevent before the launch */
     uint64_t samp_end[8];  /* CUevent after the launch */
-    uint8_t _pad7[16];
+    uint8_t _pad6[16];
     struct {  /* the streams a drain waits for; a launch compares its stream with the first ones */
         uint64_t turn_stream;  /* a stream this process launched on under turns, handle + 1 (0 = free) */
         uint64_t turn_stream_dev;  /* the CUDA device it launched on */
@@ -91,11 +90,11 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t drain_ev;  /* CUevent for a stream the table had no room for, before a hand-over */
     uint64_t drain_ctx;  /* CUcontext drain_ev belongs to */
     uint32_t turn_stream_lock;  /* spinlock between a drain and cuStreamDestroy */
-    uint8_t _pad8[4];
+    uint8_t _pad7[4];
     uint64_t turn_streams_lost;  /* launches on streams the table had no room for (not drained) */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad9[28];
+    uint8_t _pad8[28];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
@@ -134,10 +133,10 @@ _Static_assert(offsetof(pv_ctx_t, dev[0].turn_mine) == 1704, "pv_ctx.turn_mine")
 _Static_assert(offsetof(pv_ctx_t, dev[0].sm_recip) == 1712, "pv_ctx.sm_recip");
 _Static_assert(offsetof(pv_ctx_t, dev[0].turn_waited) == 1720, "pv_ctx.turn_waited");
 _Static_assert(offsetof(pv_ctx_t, gang_stopped) == 2688, "pv_ctx.gang_stopped");
-_Static_assert(offsetof(pv_ctx_t, slot_index) == 2692, "pv_ctx.slot_index");
-_Static_assert(offsetof(pv_ctx_t, region_fd) == 2696, "pv_ctx.region_fd");
-_Static_assert(offsetof(pv_ctx_t, n_slots) == 2700, "pv_ctx.n_slots");
-_Static_assert(offsetof(pv_ctx_t, lock) == 2704, "pv_ctx.lock");
+_Static_assert(offsetof(pv_ctx_t, slot_index) == 2696, "pv_ctx.slot_index");
+_Static_assert(offsetof(pv_ctx_t, region_fd) == 2700, "pv_ctx.region_fd");
+_Static_assert(offsetof(pv_ctx_t, n_slots) == 2704, "pv_ctx.n_slots");
+_Static_assert(offsetof(pv_ctx_t, lock) == 2708, "pv_ctx.lock");
 _Static_assert(offsetof(pv_ctx_t, table) == 2712, "pv_ctx.table");
 _Static_assert(offsetof(pv_ctx_t, table_mask) == 2720, "pv_ctx.table_mask");
 _Static_assert(offsetof(pv_ctx_t, table_maxdisp) == 2728, "pv_ctx.table_maxdisp");
@@ -212,12 +211,11 @@ typedef struct __attribute__((aligned(64))) pv_region_header {
     uint64_t gang_release;  /* a gang's common release: CLOCK_MONOTONIC ns up to which every rank holds its launches, the latest any of them had to wait for (pyvgpu/jit/compute/gang.py) */
     uint32_t gang_epoch;  /* bumped each time a rank of the gang takes the turn afresh */
     uint8_t _pad2[4];
-    uint64_t gang_stop;  /* (gang_epoch + 1) << 32 | ranks stopped: the gang hands its turn over, every rank stops at its next launch; another epoch: no stop under way */
-    uint32_t gang_draining;  /* ranks of the gang draining their queues for the stop under way */
-    uint8_t _pad3[4];
+    uint64_t gang_stop;  /* gang_epoch << 32 | 1 << 31 | ranks stopped: the gang hands that turn over, every rank stops at its next launch (another epoch, or the bit clear: none) */
+    uint64_t gang_draining;  /* gang_epoch << 32 | ranks of the gang draining for that turn's stop */
     uint64_t gang_stuck_ns;  /* CLOCK_MONOTONIC when a rank last found its drain waiting for a peer's kernel: its peers launch until it ends (0: none) */
-    uint32_t gang_wake;  /* bumped when gang_stuck_ns changes; held ranks sleep on it (futex) */
-    uint8_t _pad4[20];
+    uint32_t gang_wake;  /* bumped when gang_stuck_ns changes and when a rank caught up; held ranks sleep on it (futex) */
+    uint8_t _pad3[20];
 } pv_region_header_t;
 _Static_assert(offsetof(pv_region_header_t, magic) == 0, "pv_region_header.magic");
 _Static_assert(offsetof(pv_region_header_t, version) == 8, "pv_region_header.version");

@@ -34,7 +34,7 @@ from pyvgpu.contract import abi
 from pyvgpu.contract import layout as L
 from pyvgpu.jit.compute import gang
 from pyvgpu.jit.runtime.context import HELPER, call_real
-from pyvgpu.jit.runtime.fields import CTX
+from pyvgpu.jit.runtime.fields import CTX, HDR
 from pyvgpu.jit.runtime.intrinsics import likely, load_i32, load_u64, monotonic_ns, sleep_ns, stack_u64, yield_cpu
 
 STUCK_NS = 300_000  # a gang rank's drain this long past its queue's estimated end waits for a peer's kernel
@@ -170,18 +170,22 @@ def drain(ctx, dev, stream):
 
 
 @njit
-def drain_gang(ctx, dev, stream, region, due):
+def drain_gang(ctx, dev, stream, region, due, ask):
     """``drain`` for a rank of a gang (pyvgpu/jit/compute/gangstop.py): it looks at its events instead of
     sleeping on them, and once it runs STUCK_NS past ``due`` (when its queue was estimated to end) it waits
-    for a peer's kernel, and asks the gang's ranks to catch up (``gang.ask``) for up to CATCHUP_NS. Returns
-    (streams waited for, the entries whose work is still not done when it stopped waiting (a bit each:
-    ``wait_left`` waits for them), whether it asked)."""
+    for a peer's kernel, and (``ask``) asks the gang's ranks to catch up (``gang.ask``), for up to
+    CATCHUP_NS. Once a rank caught up by a kernel, it withdraws the request and asks again only if it still
+    waits STUCK_NS later. Returns (streams waited for, the entries whose work is still not done when it
+    stopped waiting (a bit each: ``wait_left`` waits for them), whether it asked)."""
     out = stack_u64()
     if HELPER.cuCtxGetCurrent(ctx, out) != abi.CUDA_SUCCESS or load_u64(out) == 0:
         return 0, np.uint64(0), False
     cur = load_u64(out)
     asked = False
+    asking = False
+    seen = np.uint32(0)
     renewed = np.int64(0)
+    t0 = max(due, monotonic_ns())
     lock(ctx)
     recorded, n, listed = _record_all(ctx, dev, stream + np.uint64(1), cur)
     while recorded != 0:
@@ -192,13 +196,18 @@ def drain_gang(ctx, dev, stream, region, due):
         if recorded == 0:
             break
         now = monotonic_ns()
-        if now > due + STUCK_NS:
-            if now > due + STUCK_NS + CATCHUP_NS:
-                break
-            if now - renewed >= gang.ASK_RENEW_NS:
-                gang.ask(region, now)
-                renewed = now
-                asked = True
+        if now > t0 + STUCK_NS + CATCHUP_NS:
+            break
+        if asking and HDR.load_gang_wake(region) != seen:  # a peer caught up by a kernel (or another asked)
+            gang.answered(region)
+            asking = False
+            due = now  # asks again only if its work is still not done STUCK_NS from now
+        if ask and now > due + STUCK_NS and (not asking or now - renewed >= gang.ASK_RENEW_NS):
+            gang.ask(region, now)
+            seen = HDR.load_gang_wake(region)
+            renewed = now
+            asking = True
+            asked = True
         if due - now > 100_000:
             sleep_ns(50_000)  # the queue is estimated to run on: no need to look at once
         else:

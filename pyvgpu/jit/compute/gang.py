@@ -191,3 +191,11 @@ def answered(region):
     HDR.store_gang_stuck_ns(region, 0)
     HDR.add_gang_wake(region, 1)
     futex_wake(HDR.gang_wake_at(region))
+
+
+@njit
+def caught_up(region):
+    """A rank's catch-up launch ended: the asker withdraws its request, and asks again only if its drain
+    still waits (drain.py ``drain_gang``): asked for as long as its whole queue drained, the peers would
+    launch past the kernel it waited for."""
+    HDR.add_gang_wake(region, 1)

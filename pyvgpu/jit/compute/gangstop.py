@@ -33,76 +33,105 @@ from numba import njit
 
 from pyvgpu.jit.compute import drain as D
 from pyvgpu.jit.compute import gang
-from pyvgpu.jit.compute.turnword import LOW32, MAX_LEASE_NS, count_held, freed, holder, word
+from pyvgpu.jit.compute.turnword import LOW32, MAX_LEASE_NS, count_held, holder, wake, word
 from pyvgpu.jit.runtime.fields import CTX, HDR, TURN
 from pyvgpu.jit.runtime.intrinsics import futex_wait, monotonic_ns
 
 STOP_WAIT_NS = 300_000  # after the last rank's drain, the turn stays the gang's this long for ranks yet to stop
 SETTLE_NS = 100_000  # after a catch-up kernel ends, the longest a rank waits for its asker's drain to end
-MAX_RANKS = 64  # more ranks draining at once than this: a count written by a member, not believed
+MAX_DUE_NS = 50_000_000  # a queue estimated to run longer than this is not waited for before asking
+MAX_RANKS = 64  # more ranks stopped or draining than this: a count written by a member, not believed
+STOP_FLAG = np.uint64(1 << 31)
+COUNT = np.uint64((1 << 31) - 1)
 
 
 @njit(inline="always")
-def tag(region):
-    """The gang's current turn, as ``gang_stop`` and ``ctx.gang_stopped`` name it (never 0)."""
-    t = (np.uint64(HDR.load_gang_epoch(region)) + np.uint64(1)) & LOW32
-    return t if t != 0 else np.uint64(1)
+def epoch(region):
+    return np.uint64(HDR.load_gang_epoch(region))
 
 
 @njit(inline="always")
 def stopping(region):
     """A rank of the gang hands the gang's current turn over: every rank stops at its next launch."""
-    return (HDR.load_gang_stop(region) >> np.uint64(32)) == tag(region)
+    v = HDR.load_gang_stop(region)
+    return (v >> np.uint64(32)) == epoch(region) and (v & STOP_FLAG) != 0
 
 
 @njit(inline="always")
 def stopped(ctx, region):
     """This process stopped in the gang's current turn: it launches again in the gang's next one."""
-    return np.uint64(CTX.get_gang_stopped(ctx)) == tag(region)
+    return CTX.get_gang_stopped(ctx) == epoch(region) + np.uint64(1)
 
 
 @njit
 def begin(region):
-    """A rank of the gang took the turn afresh: no stop under way."""
+    """A rank of the gang took the turn afresh: no stop under way (the counts name the old epoch)."""
     HDR.add_gang_epoch(region, 1)
-    HDR.store_gang_draining(region, 0)
+
+
+@njit(inline="always")
+def _count(v, ep):
+    """The count in a gang_stop or gang_draining word for epoch ep: 0 for another epoch or past MAX_RANKS."""
+    n = v & COUNT
+    return n if (v >> np.uint64(32)) == ep and n <= MAX_RANKS else np.uint64(0)
 
 
 @njit
 def _start(ctx, region):
-    t = tag(region)
-    CTX.set_gang_stopped(ctx, np.uint32(t))
+    """This rank stops for the gang's current turn (marking it stopping) and drains."""
+    ep = epoch(region)
+    CTX.set_gang_stopped(ctx, ep + np.uint64(1))
     while True:
         old = HDR.load_gang_stop(region)
-        if (old >> np.uint64(32)) == t or HDR.cas_gang_stop(region, old, t << np.uint64(32)) == old:
+        new = (ep << np.uint64(32)) | STOP_FLAG | _count(old, ep)
+        if old == new or HDR.cas_gang_stop(region, old, new) == old:
             break
-    HDR.add_gang_draining(region, 1)
+    while True:
+        old = HDR.load_gang_draining(region)
+        if HDR.cas_gang_draining(region, old, (ep << np.uint64(32)) | (_count(old, ep) + np.uint64(1))) == old:
+            break
+    return ep
 
 
 @njit
-def _end(region):
-    """This rank's drain ended: (the ranks stopped in this turn, the ranks still draining)."""
-    d = np.uint64(HDR.sub_gang_draining(region, 1))
-    d = d - np.uint64(1) if 0 < d <= MAX_RANKS else np.uint64(0)
-    t = tag(region)
+def _end(region, ep, stopped_too):
+    """This rank's drain for the stop of epoch ep ended (``stopped_too``: it counts as stopped): (the ranks
+    stopped in that turn, the ranks still draining); (0, 0) once the gang's next turn began."""
+    if epoch(region) != ep:
+        return np.uint64(0), np.uint64(0)
+    while True:
+        old = HDR.load_gang_draining(region)
+        if (old >> np.uint64(32)) != ep:
+            return np.uint64(0), np.uint64(0)
+        n = _count(old, ep)
+        d = n - np.uint64(1) if n > 0 else np.uint64(0)
+        if HDR.cas_gang_draining(region, old, (ep << np.uint64(32)) | d) == old:
+            break
     while True:
         old = HDR.load_gang_stop(region)
-        if (old >> np.uint64(32)) != t:
+        if (old >> np.uint64(32)) != ep:
             return np.uint64(0), d
-        if HDR.cas_gang_stop(region, old, old + np.uint64(1)) == old:
-            return (old & LOW32) + np.uint64(1), d
+        n = _count(old, ep) + (np.uint64(1) if stopped_too else np.uint64(0))
+        if n > MAX_RANKS:
+            n = np.uint64(MAX_RANKS)
+        if HDR.cas_gang_stop(region, old, (ep << np.uint64(32)) | STOP_FLAG | n) == old:
+            return n, d
 
 
 @njit
-def _pass(e, me, until):
-    """Leave the gang's turn to lapse at ``until`` (0: now, waking the waiters), if the gang still holds it."""
+def _pass(region, e, me, ep, until):
+    """Leave the gang's turn of epoch ep to lapse at ``until`` (0: now, waking the waiters), if the gang
+    still holds it and no rank drains for it: the last drainer passes it."""
     while True:
         w = TURN.load_turn(e)
-        if holder(w) != me or (w & LOW32) == 0:
+        if holder(w) != me or (w & LOW32) == 0 or epoch(region) != ep:
+            return
+        if _count(HDR.load_gang_draining(region), ep) != 0:
             return
         if until == 0:
+            TURN.store_freed_ns(e, np.uint64(monotonic_ns()))
             if TURN.cas_turn(e, w, np.uint64(me) << np.uint64(32)) == w:
-                freed(e, me)
+                wake(e, me)
                 return
         elif TURN.cas_turn(e, w, word(me, until)) == w:
             return
@@ -115,15 +144,16 @@ def give(ctx, region, dev, stream, e, me, g):
     if stopped(ctx, region):
         return  # it stopped in this turn already: its catch-up launches drained their own work
     now = monotonic_ns()
+    ep = _start(ctx, region)  # counted as draining first: a peer that ends its drain now leaves the turn held
     while True:  # keep the turn through the drain, however long the work really takes
         w = TURN.load_turn(e)
         if holder(w) != me or (w & LOW32) == 0:
-            return  # the turn passed meanwhile
+            _end(region, ep, False)  # the turn passed meanwhile
+            return
         if TURN.cas_turn(e, w, word(me, now + MAX_LEASE_NS)) == w:
             break
-    _start(ctx, region)
-    due = max(now, np.int64(CTX.get_turn_qend(ctx, dev)))
-    n, left, asked = D.drain_gang(ctx, dev, stream, region, due)
+    due = min(max(now, np.int64(CTX.get_turn_qend(ctx, dev))), now + MAX_DUE_NS)
+    n, left, asked = D.drain_gang(ctx, dev, stream, region, due, True)
     end = monotonic_ns()
     if n > 0:
         TURN.add_drains(e, 1)
@@ -134,15 +164,22 @@ def give(ctx, region, dev, stream, e, me, g):
         gang.answered(region)
     count_held(ctx, region, dev, now, end)
     CTX.set_turn_mine(ctx, dev, 0)
-    stops, draining = _end(region)
+    stops, draining = _end(region, ep, True)
     if left != 0:  # no peer came: hand over, and wait for the kernel as before (it runs beside the next holder)
         TURN.add_unmatched(e, 1)
-        _pass(e, me, 0)
+        _pass(region, e, me, ep, 0)
         D.wait_left(ctx, left)
     elif stops >= gang.size(g):
-        _pass(e, me, 0)
+        _pass(region, e, me, ep, 0)
     elif draining == 0:
-        _pass(e, me, end + STOP_WAIT_NS)
+        _pass(region, e, me, ep, end + STOP_WAIT_NS)
+@njit(inline="always")
+def handed(e, t0, now, g):
+    """When this process (or its gang) handed the turn over, as far as the hand-over rule goes: the wait's
+    start, or for a gang's rank the turn's last free (its ranks' drains come between)."""
+    if g == 0:
+        return t0
+    return max(t0, min(np.int64(TURN.load_freed_ns(e)), now))
 
 
 @njit
@@ -159,10 +196,11 @@ def catch_up(ctx, region, dev, stream, e, now):
 def settle(ctx, region, dev, stream, e):
     """After a catch-up launch: wait for this rank's work (the kernel may be the one its peer waits for),
     then up to SETTLE_NS for the peer's drain to end."""
-    n, left, _ = D.drain_gang(ctx, dev, stream, region, monotonic_ns())
-    if left != 0:
-        D.wait_left(ctx, left)
+    # not asking: a kernel of its own that waits for a peer means it went past the asker (the asker's
+    # kernel came earlier in its queue); that one waits for the gang's next turn, as an unmatched one does
+    n, left, _ = D.drain_gang(ctx, dev, stream, region, monotonic_ns(), False)
     TURN.add_catchups(e, 1)
+    gang.caught_up(region)
     now = monotonic_ns()
     until = now + SETTLE_NS
     while now < until:

@@ -191,7 +191,7 @@ def hold(ctx, region, dev, wait, stream, turns, rank, g):
         if later != 0:
             if turns and turn.takes_turns(ctx, dev):
                 turn.reserve(ctx, dev, rank, later)  # the turn it asked for moves with it, not left to lapse
-            sleep_ns(later - now)
+            gangstop.hold_until(region, later)  # asked meanwhile: it goes now
             now = monotonic_ns()
     DEV.add_sm_throttle_ns(REGION.device(region, dev), np.uint64(now - start))
     return now

@@ -385,7 +385,8 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share, g):
             # now, and for a moment to a waiter other than the one who just handed it over.
             yield_to = (more_urgent_waits(e, rank, me, now)
                         or now + np.int64(cost) // 2 > reserved(e, rank, me, now)
-                        or (holder(w) == me and now - t0 < HANDOFF_NS and waits(e, rank, me, now)))
+                        or (holder(w) == me and now - gangstop.handed(e, t0, now, g) < HANDOFF_NS
+                            and waits(e, rank, me, now)))
             if not yield_to:
                 heal_queue(e, now)
                 qend = device_queue_end(e, now) + np.int64(cost)
@@ -417,6 +418,10 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share, g):
                     return False
                 continue
         elif holder(w) == me:  # another thread of this process holds it, or another rank of its gang
+            if g != 0 and gangstop.stopping(region) and not gangstop.stopped(ctx, region):
+                give(ctx, region, dev, stream, True, g)  # its gang hands over: it stops with it
+                now = monotonic_ns()
+                continue
             if g == 0 or not gangstop.stopped(ctx, region):
                 # a gang's rank: its slice counts from here (pyvgpu/jit/compute/gang.py)
                 if CTX.get_turn_mine(ctx, dev) == 0:

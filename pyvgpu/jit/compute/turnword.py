@@ -307,20 +307,19 @@ def lease_for(qend, now):
 
 
 @njit
-def freed(e, me):
-    """The turn was just freed by ``me``: note when, and wake the sleepers. Whether anyone sleeps is read
-    from the want words, which a waiter writes right before each sleep of at most POLL_NS: a count of
-    sleepers leaked whenever a waiter was killed in its sleep."""
-    now = monotonic_ns()
-    TURN.store_freed_ns(e, np.uint64(now))
+def wake(e, me):
+    """The turn was just freed by ``me``: wake the sleepers. Whether anyone sleeps is read from the want
+    words, which a waiter writes right before each sleep of at most POLL_NS: a count of sleepers leaked
+    whenever a waiter was killed in its sleep."""
     TURN.add_seq(e, 1)
-    if more_urgent_waits(e, L.N_RANKS, me, now):
+    if more_urgent_waits(e, L.N_RANKS, me, monotonic_ns()):
         futex_wake(TURN.seq_at(e))
 
 
 @njit
 def free_turn(e, me):
     """Mark the turn free (its word keeps this process's id, which leaves the next turn to a waiter) and
-    wake the sleepers."""
+    wake the sleepers. The time first: a waiter that takes the turn at once reads this free's time."""
+    TURN.store_freed_ns(e, np.uint64(monotonic_ns()))
     TURN.store_turn(e, np.uint64(me) << np.uint64(32))
-    freed(e, me)
+    wake(e, me)
