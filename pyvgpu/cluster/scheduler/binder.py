@@ -1,11 +1,17 @@
 """The extender's bind: lock the node, choose the GPUs on its pods read fresh, annotate the pod, create its
 Binding, unlock (a mixin of pyvgpu.cluster.scheduler.extender.Scheduler, which holds the state it uses).
 
-The pod is the cache's copy when that copy is waiting for a node and has the UID kube-scheduler sent: its
-annotations are then written with a patch conditional on the copy's resourceVersion, so they land only on
-the version the bind decided on, and a pod changed since (409) is bound again on a fresh read. Any
-refusal decided on the cache's copy is checked on a fresh read too. A failed bind answers Error:
-kube-scheduler puts the pod back in its queue and retries it.
+The pod is the cache's copy when that copy is waiting for a node and has the UID kube-scheduler sent, else
+it is read fresh. Either way its annotations are written with a patch conditional on the resourceVersion
+the bind decided on, and the Binding carries the pod's UID and the resourceVersion that write produced:
+kube-apiserver refuses a Binding whose metadata.uid or metadata.resourceVersion is not the pod's with 409
+Conflict (pkg/registry/core/pod/storage/storage.go, BindingREST.Create -> setPodHostAndAnnotations, which
+makes them storage preconditions; kubernetes/kubernetes#105913, since 1.23). So a pod changed between the
+bind's read and its Binding (a user's edit, another scheduler's annotations) is never bound on annotations
+chosen for an older version. A conflict on the cache's copy (409 on either write) binds the pod again, once,
+on a fresh read; a conflict on a fresh read answers Error. Any refusal decided on the cache's copy is
+checked on a fresh read too. A failed bind answers Error: kube-scheduler puts the pod back in its queue and
+retries it, and the pod's GPUs promised in flight are released.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ log = logging.getLogger("pyvgpu.cluster.scheduler")
 
 class _Stale(Exception):
     """The cache's copy of the pod being bound is not current: bind it again on a fresh read."""
+
+
+class _Changed(Exception):
+    """The pod changed since the version the bind decided on (a write conditional on it got 409)."""
 
 
 class Binder:
@@ -65,7 +75,7 @@ class Binder:
         cached = self._cached_pod(ns, name, uid)
         if cached is not None:
             try:
-                return self._bind_pod(cached, ns, name, uid, node, cached["metadata"]["resourceVersion"])
+                return self._bind_pod(cached, ns, name, uid, node, cached=True)
             except _Stale:
                 log.info("the cache's copy of %s was not current; binding it on a fresh read", who)
         try:
@@ -76,14 +86,17 @@ class Binder:
             return "error", f"pyvgpu: {e}"
         except KubeUnreachable as e:
             return "api_unreachable", f"pyvgpu: {e}"
-        if (pod.get("metadata") or {}).get("uid") != uid:
+        meta = pod.get("metadata") or {}
+        if meta.get("uid") != uid:
             return "pod_gone", f"pyvgpu: {who} was deleted and created again (UID {uid} is gone)"
-        return self._bind_pod(pod, ns, name, uid, node, None)
+        if not meta.get("resourceVersion"):  # every write of the bind is conditional on it: none, no bind
+            return "error", f"pyvgpu: the API server sent {who} without metadata.resourceVersion; nothing was changed"
+        return self._bind_pod(pod, ns, name, uid, node, cached=False)
 
     def _cached_pod(self, ns: str, name: str, uid: str) -> dict | None:
         """The cache's copy of a pod waiting for a node, when it can stand for a fresh read: it has the UID
-        kube-scheduler sent and a resourceVersion, on which the bind's one write to the pod is conditional
-        (a pod changed since fails that write with 409, and the bind starts again on a fresh read)."""
+        kube-scheduler sent and a resourceVersion, on which the bind's writes to the pod are conditional
+        (a pod changed since fails one with 409, and the bind starts again on a fresh read)."""
         pod = self.informer.pod(ns, name)
         if pod is None:
             return None
@@ -93,31 +106,36 @@ class Binder:
             return None
         return pod
 
-    def _bind_pod(self, pod: dict, ns: str, name: str, uid: str, node: str, rv: str | None) -> tuple[str, str]:
-        """Bind `pod` (read fresh, or the cache's copy at resourceVersion `rv`: then every refusal, and a pod
-        without GPUs, is confirmed on a fresh read, by _Stale, and the annotations are written only on that
-        version)."""
+    def _bind_pod(self, pod: dict, ns: str, name: str, uid: str, node: str, cached: bool) -> tuple[str, str]:
+        """Bind `pod`, read fresh or the cache's copy (`cached`: then every refusal, a pod without GPUs and a
+        conflict are confirmed on a fresh read, by _Stale). The annotations are written only on the pod's
+        resourceVersion, and the Binding only on the version that write made."""
         who = f"pod {ns}/{name}"
         refused = self._not_ours(pod, who)
         if refused:
-            if rv:
+            if cached:
                 raise _Stale
             return refused
         try:
             req = pod_request(pod, self.cfg)
         except ClusterInputError as e:
-            if rv:
+            if cached:
                 raise _Stale from None
             return "invalid", f"pyvgpu: {e}"
-        if rv and not req.wants_gpus:
+        if cached and not req.wants_gpus:
             raise _Stale  # no annotations to write on the cached version: bound on the pod as it is now
         try:
             if not req.wants_gpus:
-                self.kube.bind(ns, name, uid, node)
+                self.kube.bind(ns, name, uid, node)  # its UID only, as kube-scheduler's own binder sends
                 return "bound", ""
             self._reserve_for_bind(req, node)
             with self._node_lock(node):
-                return self._bind_locked(pod, req, ns, name, uid, node, rv)
+                return self._bind_locked(pod, req, ns, name, uid, node)
+        except _Changed as e:
+            if cached:
+                raise _Stale from None
+            return "conflict", (f"pyvgpu: {who} changed while it was being bound ({e}); it was not bound, and "
+                                "kube-scheduler retries it")
         except LockBusy as e:
             return "lock_busy", f"pyvgpu: {e}"
         except KubeUnreachable as e:
@@ -127,7 +145,7 @@ class Binder:
                 return "pod_gone", f"pyvgpu: {who} was deleted while being bound: {e}"
             return "error", f"pyvgpu: {e}"
 
-    def _bind_locked(self, pod, req, ns, name, uid, node, rv: str | None = None) -> tuple[str, str]:
+    def _bind_locked(self, pod, req, ns, name, uid, node) -> tuple[str, str]:
         who = f"pod {ns}/{name}"
         with self.informer.lock:
             cached = self.informer.nodes.get(node)
@@ -153,19 +171,26 @@ class Binder:
             annos[keys.POD_TIME] = now
             annos[keys.POD_BIND_TIME] = now
             annos[keys.POD_BIND_PHASE] = keys.BIND_ALLOCATING
-            meta = {"annotations": annos}
-            if rv:
-                meta["resourceVersion"] = rv
+            meta = {"annotations": annos, "resourceVersion": pod["metadata"]["resourceVersion"]}
             try:
                 patched = self.kube.patch_pod(ns, name, {"metadata": meta})
             except KubeError as e:
-                if rv and e.conflict:
-                    raise _Stale from None
+                if e.conflict:
+                    raise _Changed("its annotations were not written: the patch conditional on resourceVersion "
+                                   f"{meta['resourceVersion']} got 409") from None
                 raise
+            written = (patched.get("metadata") or {}).get("resourceVersion")
             try:
-                self.kube.bind(ns, name, uid, node)
+                if not written:  # fail closed: a Binding not conditional on it could land on a pod changed since
+                    raise KubeError(f"patch pod {ns}/{name}", 200, "OK", "the answer has no metadata.resourceVersion "
+                                    "to make the Binding conditional on; the pod was not bound")
+                self.kube.bind(ns, name, uid, node, resource_version=written)
             except (KubeError, KubeUnreachable) as e:
-                if not self._undo(ns, name, uid, node, e):
+                # an error answer (4xx) is a Binding refused; without one (or 5xx) it may have landed
+                if not self._undo(ns, name, uid, node, e, isinstance(e, KubeUnreachable) or e.status >= 500):
+                    if isinstance(e, KubeError) and e.conflict:
+                        raise _Changed(f"the Binding conditional on resourceVersion {written}, the one its "
+                                       f"annotations were written at, was refused: {e}") from None
                     raise
             patched.setdefault("spec", {})["nodeName"] = node
             self.informer.assume(patched)
@@ -206,11 +231,12 @@ class Binder:
         if d.node is not None:
             self.inflight.reserve(key, d.node, d.devices, d.init_containers, keep_order=True)
 
-    def _undo(self, ns: str, name: str, uid: str, node: str, why: Exception) -> bool:
+    def _undo(self, ns: str, name: str, uid: str, node: str, why: Exception, may_have_landed: bool) -> bool:
         """The Binding failed after the annotations were written: take them back, so the pod's GPUs do not
         count on the node. The pod is read again first: a Binding whose answer was lost (a timeout) may have
         landed, and a bound pod's annotations are never taken back. True when the pod is bound to `node`
-        (the bind succeeded after all)."""
+        and the Binding `may_have_landed` (the bind succeeded after all); a Binding the API server refused
+        did not bind it (a 409: it was bound by another, or changed since its annotations were written)."""
         if isinstance(why, KubeError) and why.not_found:
             return False
         try:
@@ -222,7 +248,7 @@ class Binder:
             if bound:
                 log.warning("the Binding of pod %s/%s failed (%s) but the pod is bound to %s: its annotations stay",
                             ns, name, why, bound)
-                return bound == node
+                return bound == node and may_have_landed
             self.kube.patch_pod(ns, name, {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {
                 keys.POD_NODE: None, keys.POD_TO_ALLOCATE: None, keys.POD_ALLOCATED: None,
                 keys.POD_MIG_ALLOCATIONS: None, keys.POD_BIND_PHASE: keys.BIND_FAILED}}})
