@@ -32,6 +32,10 @@ from pyvgpu.cluster.scheduler.inflight import kept_promise
 log = logging.getLogger("pyvgpu.cluster.scheduler")
 
 
+# the annotations a bind writes that say which GPUs the pod holds, and when they were chosen
+_WRITTEN = (keys.POD_NODE, keys.POD_TO_ALLOCATE, keys.POD_ALLOCATED, keys.POD_MIG_ALLOCATIONS, keys.POD_BIND_TIME)
+
+
 class _Stale(Exception):
     """The cache's copy of the pod being bound is not current: bind it again on a fresh read."""
 
@@ -187,7 +191,7 @@ class Binder:
                 self.kube.bind(ns, name, uid, node, resource_version=written)
             except (KubeError, KubeUnreachable) as e:
                 # an error answer (4xx) is a Binding refused; without one (or 5xx) it may have landed
-                if not self._undo(ns, name, uid, node, e, isinstance(e, KubeUnreachable) or e.status >= 500):
+                if not self._undo(ns, name, uid, node, e, annos, isinstance(e, KubeUnreachable) or e.status >= 500):
                     if isinstance(e, KubeError) and e.conflict:
                         raise _Changed(f"the Binding conditional on resourceVersion {written}, the one its "
                                        f"annotations were written at, was refused: {e}") from None
@@ -231,10 +235,12 @@ class Binder:
         if d.node is not None:
             self.inflight.reserve(key, d.node, d.devices, d.init_containers, keep_order=True)
 
-    def _undo(self, ns: str, name: str, uid: str, node: str, why: Exception, may_have_landed: bool) -> bool:
-        """The Binding failed after the annotations were written: take them back, so the pod's GPUs do not
-        count on the node. The pod is read again first: a Binding whose answer was lost (a timeout) may have
-        landed, and a bound pod's annotations are never taken back. True when the pod is bound to `node`
+    def _undo(self, ns: str, name: str, uid: str, node: str, why: Exception, wrote: dict,
+              may_have_landed: bool) -> bool:
+        """The Binding failed after the annotations `wrote` were written: take them back, so the pod's GPUs
+        do not count on the node. The pod is read again first: a Binding whose answer was lost (a timeout)
+        may have landed, a bound pod's annotations are never taken back, and annotations another writer has
+        put in their place since are not ours to take back. True when the pod is bound to `node` with ours
         and the Binding `may_have_landed` (the bind succeeded after all); a Binding the API server refused
         did not bind it (a 409: it was bound by another, or changed since its annotations were written)."""
         if isinstance(why, KubeError) and why.not_found:
@@ -244,11 +250,17 @@ class Binder:
             meta = pod.get("metadata") or {}
             if meta.get("uid") != uid:
                 return False
+            have = meta.get("annotations") or {}
+            ours = all(have.get(k) == wrote.get(k) for k in _WRITTEN)
             bound = (pod.get("spec") or {}).get("nodeName")
             if bound:
                 log.warning("the Binding of pod %s/%s failed (%s) but the pod is bound to %s: its annotations stay",
                             ns, name, why, bound)
-                return bound == node and may_have_landed
+                return bound == node and may_have_landed and ours
+            if not ours:
+                log.warning("the Binding of pod %s/%s failed (%s) and another writer has changed its allocation "
+                            "annotations since: they stay as that writer left them", ns, name, why)
+                return False
             self.kube.patch_pod(ns, name, {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {
                 keys.POD_NODE: None, keys.POD_TO_ALLOCATE: None, keys.POD_ALLOCATED: None,
                 keys.POD_MIG_ALLOCATIONS: None, keys.POD_BIND_PHASE: keys.BIND_FAILED}}})
