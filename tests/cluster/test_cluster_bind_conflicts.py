@@ -125,3 +125,18 @@ def test_the_annotation_patch_of_a_pod_read_fresh_is_conditional_on_the_version_
         assert not [pt for path, pt in api.patches if path == POD]
     finally:
         e.close()
+
+
+def test_no_binding_without_the_version_the_annotation_write_made(kube, api):
+    # an answer to the patch that names no resourceVersion: the Binding could not be conditional, so none
+    e, (p,) = _ready(kube, api, pod("p", [gpu_container("main", 1, 1000, 10)]))
+    try:
+        api.hooks.append(lambda m, p_: (200, {"kind": "Pod", "metadata": {"name": "p"}})
+                         if m == "PATCH" and p_ == POD else None)
+        out = e.post("bind", bind_args(p, "node-0"))
+        assert "no metadata.resourceVersion to make the Binding conditional on" in out["Error"]
+        assert not [r for r in api.requests if r == ("POST", POD + "/binding")]
+        assert not api.get_pod("default", "p")["spec"].get("nodeName")
+        assert e.s.inflight.promise(("default", "p")) is None
+    finally:
+        e.close()
