@@ -6,7 +6,7 @@ it is read fresh. Either way its annotations are written with a patch conditiona
 the bind decided on, and the Binding carries the pod's UID and the resourceVersion that write produced:
 kube-apiserver refuses a Binding whose metadata.uid or metadata.resourceVersion is not the pod's with 409
 Conflict (pkg/registry/core/pod/storage/storage.go, BindingREST.Create -> setPodHostAndAnnotations, which
-makes them storage preconditions; kubernetes/kubernetes#105913, since 1.23). So a pod changed between the
+makes them storage preconditions; kubernetes/kubernetes#105913, 2021). So a pod changed between the
 bind's read and its Binding (a user's edit, another scheduler's annotations) is never bound on annotations
 chosen for an older version. A conflict on the cache's copy (409 on either write) binds the pod again, once,
 on a fresh read; a conflict on a fresh read answers Error. Any refusal decided on the cache's copy is
