@@ -385,8 +385,12 @@ def _handler(api: FakeApiServer):
                     return self._send(404, _status(404, "NotFound", f'{kind}s "{name}" not found'))
                 if method == "GET":
                     return self._send(200, copy.deepcopy(obj))
+                # an empty (or absent) resourceVersion is no precondition: kube-apiserver parses "" as 0, and
+                # the generic store's Update writes an object of version 0 unconditionally where the strategy
+                # allows it, as pods' does (apiserver pkg/storage APIObjectVersioner, pkg/registry/generic/
+                # registry/store.go Store.Update)
                 want = ((patch.get("metadata") or {}).get("resourceVersion"))
-                if want is not None and want != obj["metadata"]["resourceVersion"]:
+                if want and want != obj["metadata"]["resourceVersion"]:
                     return self._send(409, _conflict(f"{kind}s", name, "the object has been modified; please apply "
                                                                        "your changes to the latest version and try "
                                                                        "again"))
@@ -405,11 +409,14 @@ def _handler(api: FakeApiServer):
                 obj = api.pods.get((namespace, name))
                 if obj is None:
                     return self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
+                # a failed precondition is the storage's conflict on "pods"; "already assigned" is a plain
+                # error that BindingREST's assignPod wraps as a conflict on "pods/binding"
                 why = precondition_failed(obj, body.get("metadata") or {})
-                if not why and (obj.get("spec") or {}).get("nodeName"):
-                    why = f"pod {name} is already assigned to node \"{obj['spec']['nodeName']}\""
                 if why:
                     return self._send(409, _conflict("pods", name, why))
+                if (obj.get("spec") or {}).get("nodeName"):
+                    why = f"pod {name} is already assigned to node \"{obj['spec']['nodeName']}\""
+                    return self._send(409, _conflict("pods/binding", name, why))
                 target = (body.get("target") or {}).get("name")
                 obj.setdefault("spec", {})["nodeName"] = target
                 api.bindings.append((namespace, name, target))

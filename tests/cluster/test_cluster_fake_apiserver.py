@@ -1,8 +1,9 @@
 """The test API server's preconditions, as kube-apiserver's: a Binding's metadata.uid and
 metadata.resourceVersion, where given, must be the pod's (pkg/registry/core/pod/storage/storage.go,
-BindingREST; checked before the pod's own "already assigned"), and a merge patch carrying
-metadata.resourceVersion applies only to that version. Each failure is 409 with a Status body. Spoken to in
-plain HTTP, so what is checked is the server, not pyvgpu's client."""
+BindingREST; checked before the pod's own "already assigned", which is a conflict on pods/binding), and a
+merge patch carrying a non-empty metadata.resourceVersion applies only to that version (an empty one is
+none). Each failure is 409 with a Status body. Spoken to in plain HTTP, so what is checked is the server,
+not pyvgpu's client."""
 
 from __future__ import annotations
 
@@ -42,11 +43,11 @@ def _patch(api, meta: dict) -> tuple[int, dict]:
     return _call(api, "PATCH", POD, {"metadata": meta}, "application/merge-patch+json")
 
 
-def _conflict(status: int, body: dict, *words: str) -> None:
+def _conflict(status: int, body: dict, *words: str, resource: str = "pods") -> None:
     assert status == 409, body
     assert body["kind"] == "Status" and body["status"] == "Failure" and body["code"] == 409
-    assert body["reason"] == "Conflict" and body["details"] == {"name": "p", "kind": "pods"}
-    assert body["message"].startswith('Operation cannot be fulfilled on pods "p": ')
+    assert body["reason"] == "Conflict" and body["details"] == {"name": "p", "kind": resource}
+    assert body["message"].startswith(f'Operation cannot be fulfilled on {resource} "p": ')
     for w in words:
         assert w in body["message"], body["message"]
 
@@ -84,7 +85,8 @@ def test_a_binding_whose_preconditions_hold_binds_and_one_without_them_too(api):
 def test_a_binding_of_a_bound_pod_is_refused_at_its_current_version_too(api):
     made = api.put_pod(pod("p", [gpu_container()], node_name="n0"))
     status, body = _bind(api, uid=made["metadata"]["uid"], rv=made["metadata"]["resourceVersion"])
-    _conflict(status, body, 'pod p is already assigned to node "n0"')
+    # kube-apiserver's assignPod wraps this plain error as a conflict on the subresource, pods/binding
+    _conflict(status, body, 'pod p is already assigned to node "n0"', resource="pods/binding")
 
 
 def test_a_patch_carrying_a_resource_version_applies_only_to_that_version(api):
@@ -99,3 +101,13 @@ def test_a_patch_carrying_a_resource_version_applies_only_to_that_version(api):
     assert status == 200 and body["metadata"]["annotations"]["a"] == "b"
     assert int(body["metadata"]["resourceVersion"]) > int(now)  # the server's version, not the patch's
     assert _patch(api, {"annotations": {"c": "d"}})[0] == 200  # without one: unconditional
+
+
+def test_a_patch_with_an_empty_resource_version_is_unconditional(api):
+    """kube-apiserver parses an empty resourceVersion as 0, which the generic store takes as no precondition
+    for an object whose strategy allows unconditional updates (pods): only a non-empty, differing one is 409."""
+    made = api.put_pod(pod("p", [gpu_container()]))
+    api.put_pod(made | {"metadata": made["metadata"] | {"labels": {"edited": "yes"}}})  # a newer version
+    status, body = _patch(api, {"resourceVersion": "", "annotations": {"a": "b"}})
+    assert status == 200 and body["metadata"]["annotations"]["a"] == "b", body
+    assert body["metadata"]["resourceVersion"] != ""  # the server's version, not the patch's empty one
