@@ -140,3 +140,62 @@ def test_no_binding_without_the_version_the_annotation_write_made(kube, api):
         assert e.s.inflight.promise(("default", "p")) is None
     finally:
         e.close()
+
+
+def _between_undo_read_and_patch(api, times: int) -> list:
+    """After the bind's Binding, change pod p just before each of the first `times` patches of it (the
+    undo's, conditional on the version its read returned) is served; the returned list counts those patches."""
+    state = {"binding": False}
+    patches: list = []
+
+    def hook(m, p_):
+        if m == "POST" and p_ == POD + "/binding":
+            state["binding"] = True
+        elif m == "PATCH" and p_ == POD and state["binding"]:
+            patches.append(1)
+            if len(patches) <= times:
+                with api.cond:
+                    obj = api.pods[("default", "p")]
+                    obj["metadata"].setdefault("labels", {})["touched"] = str(len(patches))
+                    api._bump("pod", "MODIFIED", obj)
+        return None
+
+    api.hooks.append(hook)
+    return patches
+
+
+def test_an_undo_refused_by_an_unrelated_write_reads_the_pod_again_and_takes_back(kube, api, monkeypatch):
+    e, (p,) = _ready(kube, api, pod("p", [gpu_container("main", 1, 1000, 10)]))
+    try:
+        _fresh_only(e, monkeypatch)
+        _before_first(api, "POST", POD + "/binding", _labelled)  # the Binding is refused
+        undo = _between_undo_read_and_patch(api, times=1)
+        out = e.post("bind", bind_args(p, "node-0"))
+        assert "changed while it was being bound" in out["Error"]
+        annos = _not_bound(api, e)
+        assert len(undo) == 2  # the first undo patch got 409; the second, on a fresh read, landed
+        assert annos[keys.POD_BIND_PHASE] == keys.BIND_FAILED
+        assert keys.POD_NODE not in annos and keys.POD_TO_ALLOCATE not in annos
+        assert api.get_pod("default", "p")["metadata"]["labels"]["touched"] == "1"
+        assert e.s.metrics.undo_failed._value.get() == 0
+    finally:
+        e.close()
+
+
+def test_an_undo_refused_twice_is_logged_and_counted(kube, api, monkeypatch, caplog):
+    e, (p,) = _ready(kube, api, pod("p", [gpu_container("main", 1, 1000, 10)]))
+    try:
+        _fresh_only(e, monkeypatch)
+        _before_first(api, "POST", POD + "/binding", _labelled)
+        undo = _between_undo_read_and_patch(api, times=2)
+        with caplog.at_level("WARNING", logger="pyvgpu.cluster.scheduler"):
+            out = e.post("bind", bind_args(p, "node-0"))
+        assert "changed while it was being bound" in out["Error"]
+        annos = _not_bound(api, e)
+        assert len(undo) == 2  # once again on a fresh read, no more
+        assert annos[keys.POD_NODE] == "node-0" and annos[keys.POD_TO_ALLOCATE]  # left: counted, never under
+        assert e.s.metrics.undo_failed._value.get() == 1
+        said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert any("could not take back" in m and "pod default/p" in m and "409" in m for m in said), said
+    finally:
+        e.close()

@@ -11,7 +11,8 @@ bind's read and its Binding (a user's edit, another scheduler's annotations) is 
 chosen for an older version. A conflict on the cache's copy (409 on either write) binds the pod again, once,
 on a fresh read; a conflict on a fresh read answers Error. Any refusal decided on the cache's copy is
 checked on a fresh read too. A failed bind answers Error: kube-scheduler puts the pod back in its queue and
-retries it, and the pod's GPUs promised in flight are released.
+retries it, and the pod's GPUs promised in flight are released. A Binding whose answer was lost is judged on
+the pod read again: bound to the node by this bind, it is a success (the kubelet may have allocated it already).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ log = logging.getLogger("pyvgpu.cluster.scheduler")
 
 # the annotations a bind writes that say which GPUs the pod holds, and when they were chosen
 _WRITTEN = (keys.POD_NODE, keys.POD_TO_ALLOCATE, keys.POD_ALLOCATED, keys.POD_MIG_ALLOCATIONS, keys.POD_BIND_TIME)
+# those of them the kubelet's Allocate never rewrites (it rewrites POD_TO_ALLOCATE and bind-phase as it hands
+# out the GPUs): on a bound pod they still say whether the bind that bound it was this one
+_KEPT_ONCE_BOUND = (keys.POD_NODE, keys.POD_ALLOCATED, keys.POD_BIND_TIME)
 
 
 class _Stale(Exception):
@@ -189,14 +193,16 @@ class Binder:
                     raise KubeError(f"patch pod {ns}/{name}", 200, "OK", "the answer has no metadata.resourceVersion "
                                     "to make the Binding conditional on; the pod was not bound")
                 self.kube.bind(ns, name, uid, node, resource_version=written)
+                patched.setdefault("spec", {})["nodeName"] = node
             except (KubeError, KubeUnreachable) as e:
                 # an error answer (4xx) is a Binding refused; without one (or 5xx) it may have landed
-                if not self._undo(ns, name, uid, node, e, annos, isinstance(e, KubeUnreachable) or e.status >= 500):
+                landed = self._undo(ns, name, uid, node, e, annos, isinstance(e, KubeUnreachable) or e.status >= 500)
+                if landed is None:
                     if isinstance(e, KubeError) and e.conflict:
                         raise _Changed(f"the Binding conditional on resourceVersion {written}, the one its "
                                        f"annotations were written at, was refused: {e}") from None
                     raise
-            patched.setdefault("spec", {})["nodeName"] = node
+                patched = landed  # as read: the kubelet's Allocate may have written it since
             self.informer.assume(patched)
             self.inflight.release((ns, name))  # the cache counts the written annotations now
             log.info("bound %s to node %s: %s", who, node, annos[keys.POD_TO_ALLOCATE])
@@ -236,35 +242,58 @@ class Binder:
             self.inflight.reserve(key, d.node, d.devices, d.init_containers, keep_order=True)
 
     def _undo(self, ns: str, name: str, uid: str, node: str, why: Exception, wrote: dict,
-              may_have_landed: bool) -> bool:
+              may_have_landed: bool) -> dict | None:
         """The Binding failed after the annotations `wrote` were written: take them back, so the pod's GPUs
-        do not count on the node. The pod is read again first: a Binding whose answer was lost (a timeout)
-        may have landed, a bound pod's annotations are never taken back, and annotations another writer has
-        put in their place since are not ours to take back. True when the pod is bound to `node` with ours
-        and the Binding `may_have_landed` (the bind succeeded after all); a Binding the API server refused
-        did not bind it (a 409: it was bound by another, or changed since its annotations were written)."""
+        do not count on the node. The pod is read again first: a Binding whose answer was lost (a timeout,
+        a 5xx: `may_have_landed`) may have landed, a bound pod's annotations are never taken back, and
+        annotations another writer has put in their place since are not ours to take back. Returns the pod as
+        read when the bind succeeded after all: the Binding may have landed and the pod is bound to `node`
+        by this bind (its POD_NODE, POD_ALLOCATED and bind time are ours; the kubelet's Allocate may already
+        have rewritten the rest). A Binding the API server refused did not bind it (a 409: it was bound by
+        another, or changed since its annotations were written). The take-back is a patch conditional on the
+        version read; a write in between (409) reads the pod again and decides once more, once."""
         if isinstance(why, KubeError) and why.not_found:
-            return False
-        try:
-            pod = self.kube.get_pod(ns, name)
-            meta = pod.get("metadata") or {}
-            if meta.get("uid") != uid:
-                return False
-            have = meta.get("annotations") or {}
-            ours = all(have.get(k) == wrote.get(k) for k in _WRITTEN)
-            bound = (pod.get("spec") or {}).get("nodeName")
-            if bound:
-                log.warning("the Binding of pod %s/%s failed (%s) but the pod is bound to %s: its annotations stay",
-                            ns, name, why, bound)
-                return bound == node and may_have_landed and ours
-            if not ours:
-                log.warning("the Binding of pod %s/%s failed (%s) and another writer has changed its allocation "
-                            "annotations since: they stay as that writer left them", ns, name, why)
-                return False
-            self.kube.patch_pod(ns, name, {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {
-                keys.POD_NODE: None, keys.POD_TO_ALLOCATE: None, keys.POD_ALLOCATED: None,
-                keys.POD_MIG_ALLOCATIONS: None, keys.POD_BIND_PHASE: keys.BIND_FAILED}}})
-        except (KubeError, KubeUnreachable) as e:
-            # left as written: the node over-counts this pod until the annotations are rewritten, never under
-            log.error("could not take back the annotations of pod %s/%s after a failed bind: %s", ns, name, e)
-        return False
+            return None
+        who = f"pod {ns}/{name}"
+        for last in (False, True):
+            try:
+                pod = self.kube.get_pod(ns, name)
+                meta = pod.get("metadata") or {}
+                if meta.get("uid") != uid:
+                    return None
+                have = meta.get("annotations") or {}
+                bound = (pod.get("spec") or {}).get("nodeName")
+                if bound:
+                    if bound == node and may_have_landed and all(have.get(k) == wrote.get(k)
+                                                                 for k in _KEPT_ONCE_BOUND):
+                        log.info("the Binding of %s got no answer (%s) but it landed: the pod is bound to %s",
+                                 who, why, node)
+                        return pod
+                    log.warning("the Binding of %s failed (%s) but the pod is bound to %s: its annotations stay",
+                                who, why, bound)
+                    return None
+                if not all(have.get(k) == wrote.get(k) for k in _WRITTEN):
+                    log.warning("the Binding of %s failed (%s) and another writer has changed its allocation "
+                                "annotations since: they stay as that writer left them", who, why)
+                    return None
+                back = {keys.POD_NODE: None, keys.POD_TO_ALLOCATE: None, keys.POD_ALLOCATED: None,
+                        keys.POD_MIG_ALLOCATIONS: None, keys.POD_BIND_PHASE: keys.BIND_FAILED}
+                self.kube.patch_pod(ns, name, {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                                            "annotations": back}})
+                return None
+            except KubeError as e:
+                if e.conflict and not last:
+                    log.info("%s changed while its annotations were being taken back (%s); reading it again",
+                             who, e)
+                    continue
+                self._undo_failed(who, e)
+            except KubeUnreachable as e:
+                self._undo_failed(who, e)
+            return None
+        return None
+
+    def _undo_failed(self, who: str, e: Exception) -> None:
+        # left as written: the node over-counts this pod until the annotations are rewritten, never under
+        self.metrics.undo_failed.inc()
+        log.warning("could not take back the allocation annotations of %s after a failed bind: %s; they stay, "
+                    "and its node counts its GPUs until they are rewritten", who, e)
