@@ -48,7 +48,7 @@ def _fake_apiserver():
 
 
 def _kind_of_failure(error: str) -> str:
-    for words in ("no longer fits", "lock", "unreachable", "no longer exists", "deleted"):
+    for words in ("no longer fits", "lock", "unreachable", "no longer exists", "deleted", "changed"):
         if words in error:
             return words
     return "other"

@@ -12,8 +12,11 @@
     POST   /api/v1/namespaces/NS/events                                      kept in k8s_events
 
 It keeps objects with resourceVersions, honours metadata.resourceVersion in a patch (409 Conflict on a
-mismatch, as the real one does), refuses a binding of a bound pod, and streams watch events as the real
-one does (chunked JSON lines). Any other request is answered 404 and recorded in `unexpected`, which the
+mismatch, as the real one does), honours a Binding's preconditions as kube-apiserver does (metadata.uid and
+metadata.resourceVersion, where given, must be the pod's, else 409 Conflict: pkg/registry/core/pod/storage/
+storage.go, BindingREST.Create and setPodHostAndAnnotations, checked by storage.Preconditions before the bound
+pod's own checks), refuses a binding of a bound pod, and streams watch events as the real one does (chunked
+JSON lines). Any other request is answered 404 and recorded in `unexpected`, which the
 tests check is empty: the client code under test is the production one, and this is all it uses.
 
 `stop()` closes the listening socket and every open connection (the API server is down);
@@ -27,53 +30,14 @@ import copy
 import json
 import socket
 import threading
-import uuid as uuidlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+# the objects' builders live beside this module; the tests and the live bench take them from here
+from fake_objects import gpu_container, merge_patch, node, pod
 
-def merge_patch(target, patch):
-    """RFC 7386."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge_patch(out.get(k), v)
-    return out
-
-
-def node(name: str, annotations: dict | None = None, allocatable: dict | None = None) -> dict:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "uid": str(uuidlib.uuid4()), "annotations": dict(annotations or {}),
-                         "labels": {"kubernetes.io/hostname": name}},
-            "status": {"allocatable": dict(allocatable or {}), "capacity": dict(allocatable or {})}}
-
-
-def pod(name: str, containers: list[dict], namespace: str = "default", annotations: dict | None = None,
-        node_name: str | None = None, phase: str = "Pending", init_containers: list[dict] | None = None,
-        scheduler: str = "pyvgpu-scheduler", uid: str | None = None) -> dict:
-    spec = {"containers": containers, "schedulerName": scheduler}
-    if init_containers:
-        spec["initContainers"] = init_containers
-    if node_name:
-        spec["nodeName"] = node_name
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuidlib.uuid4()),
-                         "annotations": dict(annotations or {}), "creationTimestamp": "2025-01-01T00:00:00Z"},
-            "spec": spec, "status": {"phase": phase}}
-
-
-def gpu_container(name: str = "main", gpus: int = 1, mem: int | None = None, cores: int | None = None) -> dict:
-    limits = {"nvidia.com/gpu": str(gpus)}
-    if mem is not None:
-        limits["nvidia.com/gpumem"] = str(mem)
-    if cores is not None:
-        limits["nvidia.com/gpucores"] = str(cores)
-    return {"name": name, "image": "busybox", "resources": {"limits": limits}}
+__all__ = ["FakeApiServer", "gpu_container", "merge_patch", "node", "pod", "precondition_failed"]
 
 
 class FakeApiServer:
@@ -258,6 +222,22 @@ def _status(code: int, reason: str, message: str) -> dict:
             "message": message}
 
 
+def _conflict(resource: str, name: str, why: str) -> dict:
+    """A 409's Status as the real one words it (reason Conflict, details.name and details.kind)."""
+    return _status(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": {why}') \
+        | {"details": {"name": name, "kind": resource}}
+
+
+def precondition_failed(obj: dict, meta: dict) -> str:
+    """Why a write whose metadata carries uid / resourceVersion preconditions may not change `obj` ("" when
+    it may): each one given must equal the object's (storage.Preconditions.Check, the UID first)."""
+    for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+        want, have = meta.get(field), obj["metadata"].get(field)
+        if want and want != have:
+            return f"Precondition failed: {label} in precondition: {want}, {label} in object meta: {have}"
+    return ""
+
+
 def _handler(api: FakeApiServer):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -405,12 +385,15 @@ def _handler(api: FakeApiServer):
                     return self._send(404, _status(404, "NotFound", f'{kind}s "{name}" not found'))
                 if method == "GET":
                     return self._send(200, copy.deepcopy(obj))
+                # an empty (or absent) resourceVersion is no precondition: kube-apiserver parses "" as 0, and
+                # the generic store's Update writes an object of version 0 unconditionally where the strategy
+                # allows it, as pods' does (apiserver pkg/storage APIObjectVersioner, pkg/registry/generic/
+                # registry/store.go Store.Update)
                 want = ((patch.get("metadata") or {}).get("resourceVersion"))
-                if want is not None and want != obj["metadata"]["resourceVersion"]:
-                    return self._send(409, _status(409, "Conflict", f'Operation cannot be fulfilled on {kind}s '
-                                                                    f'"{name}": the object has been modified; '
-                                                                    "please apply your changes to the latest "
-                                                                    "version and try again"))
+                if want and want != obj["metadata"]["resourceVersion"]:
+                    return self._send(409, _conflict(f"{kind}s", name, "the object has been modified; please apply "
+                                                                       "your changes to the latest version and try "
+                                                                       "again"))
                 if isinstance(patch.get("metadata"), dict):
                     patch["metadata"].pop("resourceVersion", None)
                 api.patches.append((self.path, copy.deepcopy(patch)))
@@ -426,14 +409,14 @@ def _handler(api: FakeApiServer):
                 obj = api.pods.get((namespace, name))
                 if obj is None:
                     return self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
-                uid = (body.get("metadata") or {}).get("uid")
-                if uid and uid != obj["metadata"]["uid"]:
-                    return self._send(409, _status(409, "Conflict", f"Precondition failed: UID in precondition: "
-                                                                    f"{uid}, UID in object meta: "
-                                                                    f"{obj['metadata']['uid']}"))
+                # a failed precondition is the storage's conflict on "pods"; "already assigned" is a plain
+                # error that BindingREST's assignPod wraps as a conflict on "pods/binding"
+                why = precondition_failed(obj, body.get("metadata") or {})
+                if why:
+                    return self._send(409, _conflict("pods", name, why))
                 if (obj.get("spec") or {}).get("nodeName"):
-                    return self._send(409, _status(409, "Conflict", f"pod {name} is already assigned to node "
-                                                                    f"\"{obj['spec']['nodeName']}\""))
+                    why = f"pod {name} is already assigned to node \"{obj['spec']['nodeName']}\""
+                    return self._send(409, _conflict("pods/binding", name, why))
                 target = (body.get("target") or {}).get("name")
                 obj.setdefault("spec", {})["nodeName"] = target
                 api.bindings.append((namespace, name, target))

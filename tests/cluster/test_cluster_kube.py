@@ -81,3 +81,14 @@ def test_a_closed_pool_is_taken_again(api, kube):
     kube.get_node("n1")
     kube.api.api_client.rest_client.pool_manager.clear()  # closes the pools it holds, ours among them
     assert kube.get_node("n1")["metadata"]["name"] == "n1"
+
+
+def test_a_binding_carries_the_uid_and_resource_version_given_as_preconditions(api, kube):
+    made = api.put_pod(pod("p", [gpu_container()]))
+    uid, rv = made["metadata"]["uid"], made["metadata"]["resourceVersion"]
+    api.put_pod(made | {"metadata": made["metadata"] | {"labels": {"edited": "yes"}}})
+    with pytest.raises(KubeError, match="ResourceVersion in precondition") as e:
+        kube.bind("default", "p", uid, "n1", resource_version=rv)
+    assert e.value.conflict and api.bindings == []
+    kube.bind("default", "p", uid, "n1", resource_version=api.get_pod("default", "p")["metadata"]["resourceVersion"])
+    assert api.bindings == [("default", "p", "n1")]

@@ -164,11 +164,42 @@ def test_a_slow_binding_that_landed_is_not_undone(ext, api):
         return None
 
     api.hooks.append(lands_then_times_out)
-    ext.post("bind", bind_args(p, "node-a"))
+    r = ext.post("bind", bind_args(p, "node-a"))
     api.hooks.clear()
+    assert r == {"Error": ""}  # the pod is bound: the bind answers success
+    assert ext.s.metrics.bind_total.labels("bound")._value.get() == 1
     annos = api.get_pod("default", "slow")["metadata"]["annotations"]
     assert annos.get(keys.POD_NODE) == "node-a" and annos.get(keys.POD_BIND_PHASE) == keys.BIND_ALLOCATING
     assert annos.get(keys.POD_TO_ALLOCATE, "").startswith(A0)
+
+
+def test_a_slow_binding_that_landed_and_was_allocated_is_a_success(ext, api):
+    """As above, and the kubelet's Allocate ran before the undo read the pod: it rewrote POD_TO_ALLOCATE
+    and bind-phase (before: not 'ours' any more, so the bind answered Error and sent a BindingFailed event
+    for a pod bound to the node it chose)."""
+    p = api.put_pod(pod("slow", [gpu_container("main", 1, 1024)]))
+
+    def lands_is_allocated_then_times_out(method, path):
+        if method == "POST" and path.endswith("/binding"):
+            with api.cond:
+                obj = api.pods[("default", "slow")]
+                obj["spec"]["nodeName"] = "node-a"
+                api._bump("pod", "MODIFIED", obj)
+                obj["metadata"]["annotations"].update({keys.POD_TO_ALLOCATE: codec.encode_pod_devices(((),)),
+                                                       keys.POD_BIND_PHASE: keys.BIND_SUCCESS})
+                api._bump("pod", "MODIFIED", obj)
+            return 504, {"kind": "Status", "code": 504, "reason": "Timeout", "message": "the request timed out"}
+        return None
+
+    api.hooks.append(lands_is_allocated_then_times_out)
+    r = ext.post("bind", bind_args(p, "node-a"))
+    api.hooks.clear()
+    assert r == {"Error": ""}
+    assert ext.s.metrics.bind_total.labels("bound")._value.get() == 1
+    got = api.get_pod("default", "slow")
+    annos = got["metadata"]["annotations"]
+    assert got["spec"]["nodeName"] == "node-a" and annos[keys.POD_BIND_PHASE] == keys.BIND_SUCCESS
+    assert annos[keys.POD_NODE] == "node-a" and annos[keys.POD_ALLOCATED].startswith(A0)
 
 
 def test_many_concurrent_clients_are_not_reset(ext):

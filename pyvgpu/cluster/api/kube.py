@@ -185,11 +185,15 @@ class Kube:
                              f"/api/v1/namespaces/{_seg(namespace)}/pods/{_seg(name)}", body=patch,
                              content_type=MERGE_PATCH)
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Create the pod's Binding to `node` (what kube-scheduler does, done here by the extender's bind)."""
+    def bind(self, namespace: str, name: str, uid: str, node: str, resource_version: str | None = None) -> None:
+        """Create the pod's Binding to `node` (what kube-scheduler does, done here by the extender's bind).
+        `uid` and `resource_version`, where given, are preconditions: the API server answers 409 Conflict when
+        the pod's differ (pkg/registry/core/pod/storage/storage.go, BindingREST; kubernetes#105913)."""
         meta = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
+        if resource_version:
+            meta["resourceVersion"] = resource_version
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         self._request(f"bind pod {namespace}/{name} to node {node}", "POST",

@@ -1,11 +1,18 @@
 """The extender's bind: lock the node, choose the GPUs on its pods read fresh, annotate the pod, create its
 Binding, unlock (a mixin of pyvgpu.cluster.scheduler.extender.Scheduler, which holds the state it uses).
 
-The pod is the cache's copy when that copy is waiting for a node and has the UID kube-scheduler sent: its
-annotations are then written with a patch conditional on the copy's resourceVersion, so they land only on
-the version the bind decided on, and a pod changed since (409) is bound again on a fresh read. Any
-refusal decided on the cache's copy is checked on a fresh read too. A failed bind answers Error:
-kube-scheduler puts the pod back in its queue and retries it.
+The pod is the cache's copy when that copy is waiting for a node and has the UID kube-scheduler sent, else
+it is read fresh. Either way its annotations are written with a patch conditional on the resourceVersion
+the bind decided on, and the Binding carries the pod's UID and the resourceVersion that write produced:
+kube-apiserver refuses a Binding whose metadata.uid or metadata.resourceVersion is not the pod's with 409
+Conflict (pkg/registry/core/pod/storage/storage.go, BindingREST.Create -> setPodHostAndAnnotations, which
+makes them storage preconditions; kubernetes/kubernetes#105913, 2021). So a pod changed between the
+bind's read and its Binding (a user's edit, another scheduler's annotations) is never bound on annotations
+chosen for an older version. A conflict on the cache's copy (409 on either write) binds the pod again, once,
+on a fresh read; a conflict on a fresh read answers Error. Any refusal decided on the cache's copy is
+checked on a fresh read too. A failed bind answers Error: kube-scheduler puts the pod back in its queue and
+retries it, and the pod's GPUs promised in flight are released. A Binding whose answer was lost is judged on
+the pod read again: bound to the node by this bind, it is a success (the kubelet may have allocated it already).
 """
 
 from __future__ import annotations
@@ -26,8 +33,19 @@ from pyvgpu.cluster.scheduler.inflight import kept_promise
 log = logging.getLogger("pyvgpu.cluster.scheduler")
 
 
+# the annotations a bind writes that say which GPUs the pod holds, and when they were chosen
+_WRITTEN = (keys.POD_NODE, keys.POD_TO_ALLOCATE, keys.POD_ALLOCATED, keys.POD_MIG_ALLOCATIONS, keys.POD_BIND_TIME)
+# those of them the kubelet's Allocate never rewrites (it rewrites POD_TO_ALLOCATE and bind-phase as it hands
+# out the GPUs): on a bound pod they still say whether the bind that bound it was this one
+_KEPT_ONCE_BOUND = (keys.POD_NODE, keys.POD_ALLOCATED, keys.POD_BIND_TIME)
+
+
 class _Stale(Exception):
     """The cache's copy of the pod being bound is not current: bind it again on a fresh read."""
+
+
+class _Changed(Exception):
+    """The pod changed since the version the bind decided on (a write conditional on it got 409)."""
 
 
 class Binder:
@@ -65,7 +83,7 @@ class Binder:
         cached = self._cached_pod(ns, name, uid)
         if cached is not None:
             try:
-                return self._bind_pod(cached, ns, name, uid, node, cached["metadata"]["resourceVersion"])
+                return self._bind_pod(cached, ns, name, uid, node, cached=True)
             except _Stale:
                 log.info("the cache's copy of %s was not current; binding it on a fresh read", who)
         try:
@@ -76,14 +94,17 @@ class Binder:
             return "error", f"pyvgpu: {e}"
         except KubeUnreachable as e:
             return "api_unreachable", f"pyvgpu: {e}"
-        if (pod.get("metadata") or {}).get("uid") != uid:
+        meta = pod.get("metadata") or {}
+        if meta.get("uid") != uid:
             return "pod_gone", f"pyvgpu: {who} was deleted and created again (UID {uid} is gone)"
-        return self._bind_pod(pod, ns, name, uid, node, None)
+        if not meta.get("resourceVersion"):  # every write of the bind is conditional on it: none, no bind
+            return "error", f"pyvgpu: the API server sent {who} without metadata.resourceVersion; nothing was changed"
+        return self._bind_pod(pod, ns, name, uid, node, cached=False)
 
     def _cached_pod(self, ns: str, name: str, uid: str) -> dict | None:
         """The cache's copy of a pod waiting for a node, when it can stand for a fresh read: it has the UID
-        kube-scheduler sent and a resourceVersion, on which the bind's one write to the pod is conditional
-        (a pod changed since fails that write with 409, and the bind starts again on a fresh read)."""
+        kube-scheduler sent and a resourceVersion, on which the bind's writes to the pod are conditional
+        (a pod changed since fails one with 409, and the bind starts again on a fresh read)."""
         pod = self.informer.pod(ns, name)
         if pod is None:
             return None
@@ -93,31 +114,36 @@ class Binder:
             return None
         return pod
 
-    def _bind_pod(self, pod: dict, ns: str, name: str, uid: str, node: str, rv: str | None) -> tuple[str, str]:
-        """Bind `pod` (read fresh, or the cache's copy at resourceVersion `rv`: then every refusal, and a pod
-        without GPUs, is confirmed on a fresh read, by _Stale, and the annotations are written only on that
-        version)."""
+    def _bind_pod(self, pod: dict, ns: str, name: str, uid: str, node: str, cached: bool) -> tuple[str, str]:
+        """Bind `pod`, read fresh or the cache's copy (`cached`: then every refusal, a pod without GPUs and a
+        conflict are confirmed on a fresh read, by _Stale). The annotations are written only on the pod's
+        resourceVersion, and the Binding only on the version that write made."""
         who = f"pod {ns}/{name}"
         refused = self._not_ours(pod, who)
         if refused:
-            if rv:
+            if cached:
                 raise _Stale
             return refused
         try:
             req = pod_request(pod, self.cfg)
         except ClusterInputError as e:
-            if rv:
+            if cached:
                 raise _Stale from None
             return "invalid", f"pyvgpu: {e}"
-        if rv and not req.wants_gpus:
+        if cached and not req.wants_gpus:
             raise _Stale  # no annotations to write on the cached version: bound on the pod as it is now
         try:
             if not req.wants_gpus:
-                self.kube.bind(ns, name, uid, node)
+                self.kube.bind(ns, name, uid, node)  # its UID only, as kube-scheduler's own binder sends
                 return "bound", ""
             self._reserve_for_bind(req, node)
             with self._node_lock(node):
-                return self._bind_locked(pod, req, ns, name, uid, node, rv)
+                return self._bind_locked(pod, req, ns, name, uid, node)
+        except _Changed as e:
+            if cached:
+                raise _Stale from None
+            return "conflict", (f"pyvgpu: {who} changed while it was being bound ({e}); it was not bound, and "
+                                "kube-scheduler retries it")
         except LockBusy as e:
             return "lock_busy", f"pyvgpu: {e}"
         except KubeUnreachable as e:
@@ -127,7 +153,7 @@ class Binder:
                 return "pod_gone", f"pyvgpu: {who} was deleted while being bound: {e}"
             return "error", f"pyvgpu: {e}"
 
-    def _bind_locked(self, pod, req, ns, name, uid, node, rv: str | None = None) -> tuple[str, str]:
+    def _bind_locked(self, pod, req, ns, name, uid, node) -> tuple[str, str]:
         who = f"pod {ns}/{name}"
         with self.informer.lock:
             cached = self.informer.nodes.get(node)
@@ -153,21 +179,30 @@ class Binder:
             annos[keys.POD_TIME] = now
             annos[keys.POD_BIND_TIME] = now
             annos[keys.POD_BIND_PHASE] = keys.BIND_ALLOCATING
-            meta = {"annotations": annos}
-            if rv:
-                meta["resourceVersion"] = rv
+            meta = {"annotations": annos, "resourceVersion": pod["metadata"]["resourceVersion"]}
             try:
                 patched = self.kube.patch_pod(ns, name, {"metadata": meta})
             except KubeError as e:
-                if rv and e.conflict:
-                    raise _Stale from None
+                if e.conflict:
+                    raise _Changed("its annotations were not written: the patch conditional on resourceVersion "
+                                   f"{meta['resourceVersion']} got 409") from None
                 raise
+            written = (patched.get("metadata") or {}).get("resourceVersion")
             try:
-                self.kube.bind(ns, name, uid, node)
+                if not written:  # fail closed: a Binding not conditional on it could land on a pod changed since
+                    raise KubeError(f"patch pod {ns}/{name}", 200, "OK", "the answer has no metadata.resourceVersion "
+                                    "to make the Binding conditional on; the pod was not bound")
+                self.kube.bind(ns, name, uid, node, resource_version=written)
+                patched.setdefault("spec", {})["nodeName"] = node
             except (KubeError, KubeUnreachable) as e:
-                if not self._undo(ns, name, uid, node, e):
+                # an error answer (4xx) is a Binding refused; without one (or 5xx) it may have landed
+                landed = self._undo(ns, name, uid, node, e, annos, isinstance(e, KubeUnreachable) or e.status >= 500)
+                if landed is None:
+                    if isinstance(e, KubeError) and e.conflict:
+                        raise _Changed(f"the Binding conditional on resourceVersion {written}, the one its "
+                                       f"annotations were written at, was refused: {e}") from None
                     raise
-            patched.setdefault("spec", {})["nodeName"] = node
+                patched = landed  # as read: the kubelet's Allocate may have written it since
             self.informer.assume(patched)
             self.inflight.release((ns, name))  # the cache counts the written annotations now
             log.info("bound %s to node %s: %s", who, node, annos[keys.POD_TO_ALLOCATE])
@@ -206,27 +241,59 @@ class Binder:
         if d.node is not None:
             self.inflight.reserve(key, d.node, d.devices, d.init_containers, keep_order=True)
 
-    def _undo(self, ns: str, name: str, uid: str, node: str, why: Exception) -> bool:
-        """The Binding failed after the annotations were written: take them back, so the pod's GPUs do not
-        count on the node. The pod is read again first: a Binding whose answer was lost (a timeout) may have
-        landed, and a bound pod's annotations are never taken back. True when the pod is bound to `node`
-        (the bind succeeded after all)."""
+    def _undo(self, ns: str, name: str, uid: str, node: str, why: Exception, wrote: dict,
+              may_have_landed: bool) -> dict | None:
+        """The Binding failed after the annotations `wrote` were written: take them back, so the pod's GPUs
+        do not count on the node. The pod is read again first: a Binding whose answer was lost (a timeout,
+        a 5xx: `may_have_landed`) may have landed, a bound pod's annotations are never taken back, and
+        annotations another writer has put in their place since are not ours to take back. Returns the pod as
+        read when the bind succeeded after all: the Binding may have landed and the pod is bound to `node`
+        by this bind (its POD_NODE, POD_ALLOCATED and bind time are ours; the kubelet's Allocate may already
+        have rewritten the rest). A Binding the API server refused did not bind it (a 409: it was bound by
+        another, or changed since its annotations were written). The take-back is a patch conditional on the
+        version read; a write in between (409) reads the pod again and decides once more, once."""
         if isinstance(why, KubeError) and why.not_found:
-            return False
-        try:
-            pod = self.kube.get_pod(ns, name)
-            meta = pod.get("metadata") or {}
-            if meta.get("uid") != uid:
-                return False
-            bound = (pod.get("spec") or {}).get("nodeName")
-            if bound:
-                log.warning("the Binding of pod %s/%s failed (%s) but the pod is bound to %s: its annotations stay",
-                            ns, name, why, bound)
-                return bound == node
-            self.kube.patch_pod(ns, name, {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {
-                keys.POD_NODE: None, keys.POD_TO_ALLOCATE: None, keys.POD_ALLOCATED: None,
-                keys.POD_MIG_ALLOCATIONS: None, keys.POD_BIND_PHASE: keys.BIND_FAILED}}})
-        except (KubeError, KubeUnreachable) as e:
-            # left as written: the node over-counts this pod until the annotations are rewritten, never under
-            log.error("could not take back the annotations of pod %s/%s after a failed bind: %s", ns, name, e)
-        return False
+            return None
+        who = f"pod {ns}/{name}"
+        for last in (False, True):
+            try:
+                pod = self.kube.get_pod(ns, name)
+                meta = pod.get("metadata") or {}
+                if meta.get("uid") != uid:
+                    return None
+                have = meta.get("annotations") or {}
+                bound = (pod.get("spec") or {}).get("nodeName")
+                if bound:
+                    if bound == node and may_have_landed and all(have.get(k) == wrote.get(k)
+                                                                 for k in _KEPT_ONCE_BOUND):
+                        log.info("the Binding of %s got no answer (%s) but it landed: the pod is bound to %s",
+                                 who, why, node)
+                        return pod
+                    log.warning("the Binding of %s failed (%s) but the pod is bound to %s: its annotations stay",
+                                who, why, bound)
+                    return None
+                if not all(have.get(k) == wrote.get(k) for k in _WRITTEN):
+                    log.warning("the Binding of %s failed (%s) and another writer has changed its allocation "
+                                "annotations since: they stay as that writer left them", who, why)
+                    return None
+                back = {keys.POD_NODE: None, keys.POD_TO_ALLOCATE: None, keys.POD_ALLOCATED: None,
+                        keys.POD_MIG_ALLOCATIONS: None, keys.POD_BIND_PHASE: keys.BIND_FAILED}
+                self.kube.patch_pod(ns, name, {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                                            "annotations": back}})
+                return None
+            except KubeError as e:
+                if e.conflict and not last:
+                    log.info("%s changed while its annotations were being taken back (%s); reading it again",
+                             who, e)
+                    continue
+                self._undo_failed(who, e)
+            except KubeUnreachable as e:
+                self._undo_failed(who, e)
+            return None
+        return None
+
+    def _undo_failed(self, who: str, e: Exception) -> None:
+        # left as written: the node over-counts this pod until the annotations are rewritten, never under
+        self.metrics.undo_failed.inc()
+        log.warning("could not take back the allocation annotations of %s after a failed bind: %s; they stay, "
+                    "and its node counts its GPUs until they are rewritten", who, e)

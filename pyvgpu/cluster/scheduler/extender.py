@@ -73,6 +73,9 @@ class Metrics:
                                       "decide, annotate, bind, unlock).", buckets=buckets, registry=self.registry)
         self.bind_total = Counter("pyvgpu_scheduler_bind", "Bind calls by outcome.", ["result"],
                                   registry=self.registry)
+        self.undo_failed = Counter("pyvgpu_scheduler_bind_undo_failed", "Failed binds whose annotations could not "
+                                   "be taken back (the pod's GPUs count on the node until they are rewritten).",
+                                   registry=self.registry)
         self.ready = Gauge("pyvgpu_scheduler_cache_ready", "1 once nodes and pods were listed.",
                            registry=self.registry)
 
