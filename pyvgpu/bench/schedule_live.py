@@ -8,7 +8,8 @@ name, POST /prioritize with the nodes that fit, the best-scored node taken, then
 of `inflight` workers (kube-scheduler binds asynchronously) while the next pod is filtered. A failed bind
 puts the pod back at the end of the queue (kube-scheduler retries it), up to `attempts` times.
 
-Reported: pods bound per second (wall time of the whole run), the failed-bind rate, filter and bind
+Reported: the pods placed before the run and the GPU slots they charge in the extender's cache (each GPU a
+pod takes is one slot), pods bound per second (wall time of the whole run), the failed-bind rate, filter and bind
 latency (p50, p99, as the driver sees them over HTTP), the first filter after the cache is ready, and
 over-committed GPUs: after the run, every pod the API server holds is counted against every GPU, and a GPU
 whose slots, memory or cores are over its registration is one.
@@ -151,6 +152,9 @@ def run_one(n_nodes: int, new_pods: int, inflight: int, seed: int, policy: str, 
                    if not (p.get("spec") or {}).get("nodeName")]
         pending.sort(key=lambda p: int(p["metadata"]["name"].split("-")[1]))
         pods_placed = len(s.informer.pods) - len(pending)
+        # what the placed pods charge in the extender's cache before the run: a pod the cache holds but does
+        # not count (another schedulerName, an annotation it cannot read) would leave its GPUs free
+        slots_charged = sum(d.used for i in s.informer.all_node_infos() for d in i.devices)
         # kube-scheduler is a process of its own: the driver runs in one, so its JSON and HTTP work does
         # not share the extender's interpreter lock (as it did before: docs/cluster.md, "Measured")
         code = "from pyvgpu.bench.schedule_live import drive_main; drive_main()"
@@ -166,7 +170,8 @@ def run_one(n_nodes: int, new_pods: int, inflight: int, seed: int, policy: str, 
         listing = kube.list_pods().get("items") or []
         binds = outcome["bound"] + outcome["failed_binds"]
         return {
-            "nodes": n_nodes, "pods_placed": pods_placed, "new_pods": new_pods, "policy": policy,
+            "nodes": n_nodes, "pods_placed": pods_placed, "slots_charged": slots_charged, "new_pods": new_pods,
+            "policy": policy,
             "inflight": inflight, "cache_ready_s": round(ready_s, 2),
             "first_filter_ms": round((first_filter or 0) * 1000, 1),
             "bound": outcome["bound"], "unschedulable": outcome["unschedulable"], "gave_up": outcome["gave_up"],
@@ -282,15 +287,17 @@ def run(sizes: list[int], new_pods: int, inflight: int = 8, seed: int = 1, polic
 def table(rows: list[dict]) -> str:
     out = ["kube-scheduler-shaped run (nodeCacheCapable; filter, prioritize, then bind with "
            f"{rows[0]['inflight'] if rows else 8} in flight; the test API server):",
-           f"  {'nodes':>6} {'pods':>7} {'new':>5} {'policy':<8} {'bound/s':>8} {'failed binds':>13} "
+           f"  {'nodes':>6} {'pods':>7} {'slots':>7} {'new':>5} {'policy':<8} {'bound/s':>8} {'failed binds':>13} "
            f"{'filter p50/p99 ms':>18} {'bind p50/p99 ms':>16} {'first filter':>13} {'ready s':>8} {'over':>5}"]
     for r in rows:
-        out.append(f"  {r['nodes']:>6} {r['pods_placed']:>7} {r['new_pods']:>5} {r['policy']:<8} "
+        out.append(f"  {r['nodes']:>6} {r['pods_placed']:>7} {r['slots_charged']:>7} {r['new_pods']:>5} "
+                   f"{r['policy']:<8} "
                    f"{r['bound_per_s']:>8} {r['failed_bind_rate'] * 100:>12.2f}% "
                    f"{r['filter_ms']['p50']:>8}/{r['filter_ms']['p99']:<9} {r['bind_ms']['p50']:>7}/"
                    f"{r['bind_ms']['p99']:<8} {r['first_filter_ms']:>10} ms {r['cache_ready_s']:>8} "
                    f"{r['overcommitted_gpus']:>5}")
-    out.append("  (bound/s over the whole run; failed binds: of all bind calls (a failed pod is retried up to "
+    out.append("  (pods: placed before the run; slots: the GPUs they take, as the extender's cache counts them;\n"
+               "   bound/s over the whole run; failed binds: of all bind calls (a failed pod is retried up to "
                "3 times);\n   over: GPUs over their slots, memory or cores after the run; first filter: the "
                "first after the cache is ready)")
     return "\n".join(out)

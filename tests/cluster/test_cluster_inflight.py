@@ -221,6 +221,16 @@ def test_the_kube_scheduler_shaped_bench_runs_and_over_commits_nothing():
 
     r = schedule_live.run_one(4, 12, inflight=3, seed=2, policy="binpack")
     assert r["bound"] + r["unschedulable"] + r["gave_up"] == 12 and r["bound"] > 0
+    # the pods placed before the run count on their nodes in the extender's cache (item 15 measures filter
+    # with them placed): every GPU each takes is charged
+    import random
+
+    from pyvgpu.bench import schedule as sim
+
+    _, placed = sim.make_cluster(4, random.Random(2))
+    assert r["pods_placed"] == len(placed) > 0
+    assert r["slots_charged"] == sum(int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+                                     for p in placed)
     assert r["overcommitted_gpus"] == 0 and set(r["filter_ms"]) == {"p50", "p99"}
     assert "4 " in schedule_live.table([r]).splitlines()[2]
 
