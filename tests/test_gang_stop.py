@@ -35,7 +35,8 @@ def _state(ctx, region):
 
 @cfunc(types.uint64(types.uint64, types.uint64), nopython=True, error_model="numpy")
 def _start(ctx, region):
-    return gangstop._start(ctx, region)
+    ep, counts = gangstop._start(ctx, region)
+    return ep if counts else ep | np.uint64(1 << 63)
 
 
 @cfunc(types.uint64(types.uint64, types.uint64, types.boolean), nopython=True, error_model="numpy")
@@ -60,9 +61,9 @@ def _ask(region, now):
     gang.ask(region, now)
 
 
-@cfunc(types.void(types.uint64), nopython=True, error_model="numpy")
-def _answered(region):
-    gang.answered(region)
+@cfunc(types.void(types.uint64, types.int64), nopython=True, error_model="numpy")
+def _withdraw(region, mine):
+    gang.withdraw(region, mine)
 
 
 @cfunc(types.boolean(types.uint64, types.int64), nopython=True, error_model="numpy")
@@ -78,7 +79,7 @@ _END = ctypes.CFUNCTYPE(U64, U64, U64, ctypes.c_bool)(_end.address)
 PASS = ctypes.CFUNCTYPE(None, U64, U64, ctypes.c_uint32, U64, ctypes.c_int64)(_pass.address)
 ASKED = ctypes.CFUNCTYPE(ctypes.c_bool, U64, ctypes.c_int64)(_asked.address)
 ASK = ctypes.CFUNCTYPE(None, U64, ctypes.c_int64)(_ask.address)
-ANSWERED = ctypes.CFUNCTYPE(None, U64)(_answered.address)
+WITHDRAW = ctypes.CFUNCTYPE(None, U64, ctypes.c_int64)(_withdraw.address)
 HOLD_UNTIL = ctypes.CFUNCTYPE(ctypes.c_bool, U64, ctypes.c_int64)(_hold_until.address)
 
 
@@ -204,7 +205,9 @@ def test_a_request_to_catch_up_is_obeyed_while_fresh_only():
     assert ASKED(region, now) and ASKED(region, now + gang.ASK_FRESH_NS)
     assert not ASKED(region, now + gang.ASK_FRESH_NS + 1)  # its asker stopped renewing it
     assert not ASKED(region, now - 1)  # from the future: written by a member, not obeyed
-    ANSWERED(region)
+    WITHDRAW(region, now + 5)  # not its request: another asker's stays
+    assert ASKED(region, now)
+    WITHDRAW(region, now)
     assert not ASKED(region, now)
 
 
@@ -241,3 +244,13 @@ def test_freeing_the_turn_keeps_the_id_and_wakes():
     assert ctypes.c_uint32.from_address(e + TURN.OFF_seq).value == 1
 
 
+
+
+def test_a_second_thread_of_a_stopped_process_does_not_count_again():
+    """Two threads of one rank both hand over: the process counts once, or the turn would pass before a real
+    peer has stopped, its queue undrained."""
+    keep, region, (a,) = _ranks(1)
+    ep = START(a, region)
+    assert START(a, region) == ep | (1 << 63)  # the second: not counted
+    assert _draining(region) == (ep << 32 | 1)
+    assert END(region, ep) == (1, 0)

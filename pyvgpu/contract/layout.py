@@ -199,8 +199,8 @@ REGION_HEADER = Struct(
         Field("gang_draining", "u64", doc="gang_epoch << 32 | ranks of the gang draining for that turn's stop"),
         Field("gang_stuck_ns", "u64", doc="CLOCK_MONOTONIC when a rank last found its drain waiting for a peer's "
                                           "kernel: its peers launch until it ends (0: none)"),
-        Field("gang_wake", "u32", doc="bumped when gang_stuck_ns changes and when a rank caught up; held ranks "
-                                     "sleep on it (futex)"),
+        Field("gang_wake", "u32", doc="bumped when gang_stuck_ns changes; held ranks sleep on it (futex)"),
+        Field("gang_caught", "u32", doc="bumped when a rank's catch-up launch ended (its asker withdraws)"),
     ],
     align=64,
     doc="region header",

@@ -214,8 +214,9 @@ typedef struct __attribute__((aligned(64))) pv_region_header {
     uint64_t gang_stop;  /* gang_epoch << 32 | 1 << 31 | ranks stopped: the gang hands that turn over, every rank stops at its next launch (another epoch, or the bit clear: none) */
     uint64_t gang_draining;  /* gang_epoch << 32 | ranks of the gang draining for that turn's stop */
     uint64_t gang_stuck_ns;  /* CLOCK_MONOTONIC when a rank last found its drain waiting for a peer's kernel: its peers launch until it ends (0: none) */
-    uint32_t gang_wake;  /* bumped when gang_stuck_ns changes and when a rank caught up; held ranks sleep on it (futex) */
-    uint8_t _pad3[20];
+    uint32_t gang_wake;  /* bumped when gang_stuck_ns changes; held ranks sleep on it (futex) */
+    uint32_t gang_caught;  /* bumped when a rank's catch-up launch ended (its asker withdraws) */
+    uint8_t _pad3[16];
 } pv_region_header_t;
 _Static_assert(offsetof(pv_region_header_t, magic) == 0, "pv_region_header.magic");
 _Static_assert(offsetof(pv_region_header_t, version) == 8, "pv_region_header.version");
@@ -249,6 +250,7 @@ _Static_assert(offsetof(pv_region_header_t, gang_stop) == 528, "pv_region_header
 _Static_assert(offsetof(pv_region_header_t, gang_draining) == 536, "pv_region_header.gang_draining");
 _Static_assert(offsetof(pv_region_header_t, gang_stuck_ns) == 544, "pv_region_header.gang_stuck_ns");
 _Static_assert(offsetof(pv_region_header_t, gang_wake) == 552, "pv_region_header.gang_wake");
+_Static_assert(offsetof(pv_region_header_t, gang_caught) == 556, "pv_region_header.gang_caught");
 _Static_assert(sizeof(pv_region_header_t) == 576, "sizeof pv_region_header");
 
 /* per-device state of a group */

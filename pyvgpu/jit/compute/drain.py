@@ -39,6 +39,7 @@ from pyvgpu.jit.runtime.intrinsics import likely, load_i32, load_u64, monotonic_
 
 STUCK_NS = 300_000  # a gang rank's drain this long past its queue's estimated end waits for a peer's kernel
 CATCHUP_NS = 5_000_000  # the longest it asks its peers to catch up, per drain (then the turn passes anyway)
+REASK_NS = 100_000  # after a peer caught up by a kernel, how long before it asks again if it still waits
 
 
 @njit
@@ -170,22 +171,20 @@ def drain(ctx, dev, stream):
 
 
 @njit
-def drain_gang(ctx, dev, stream, region, due, ask):
+def drain_gang(ctx, dev, stream, region, due, until, ask):
     """``drain`` for a rank of a gang (pyvgpu/jit/compute/gangstop.py): it looks at its events instead of
-    sleeping on them, and once it runs STUCK_NS past ``due`` (when its queue was estimated to end) it waits
-    for a peer's kernel, and (``ask``) asks the gang's ranks to catch up (``gang.ask``), for up to
-    CATCHUP_NS. Once a rank caught up by a kernel, it withdraws the request and asks again only if it still
-    waits STUCK_NS later. Returns (streams waited for, the entries whose work is still not done when it
-    stopped waiting (a bit each: ``wait_left`` waits for them), whether it asked)."""
+    sleeping on them, up to ``until``. Once it runs STUCK_NS past ``due`` (when its queue was estimated to
+    end) it waits for a peer's kernel and (``ask``) asks the gang's ranks to catch up (``gang.ask``); once a
+    rank caught up by a kernel, it withdraws the request and asks again REASK_NS later if it still waits.
+    Returns (streams waited for, the entries whose work was still not done at ``until`` (a bit each:
+    ``wait_left`` waits for them), whether it asked)."""
     out = stack_u64()
     if HELPER.cuCtxGetCurrent(ctx, out) != abi.CUDA_SUCCESS or load_u64(out) == 0:
         return 0, np.uint64(0), False
     cur = load_u64(out)
     asked = False
-    asking = False
+    mine = np.int64(0)  # the time its request carries, while it asks
     seen = np.uint32(0)
-    renewed = np.int64(0)
-    t0 = max(due, monotonic_ns())
     lock(ctx)
     recorded, n, listed = _record_all(ctx, dev, stream + np.uint64(1), cur)
     while recorded != 0:
@@ -196,23 +195,25 @@ def drain_gang(ctx, dev, stream, region, due, ask):
         if recorded == 0:
             break
         now = monotonic_ns()
-        if now > t0 + STUCK_NS + CATCHUP_NS:
+        if now > until:
             break
-        if asking and HDR.load_gang_wake(region) != seen:  # a peer caught up by a kernel (or another asked)
-            gang.answered(region)
-            asking = False
-            due = now  # asks again only if its work is still not done STUCK_NS from now
-        if ask and now > due + STUCK_NS and (not asking or now - renewed >= gang.ASK_RENEW_NS):
+        if mine != 0 and HDR.load_gang_caught(region) != seen:  # a peer caught up by a kernel
+            gang.withdraw(region, mine)
+            mine = np.int64(0)
+            due = now + REASK_NS - STUCK_NS
+        if ask and now > due + STUCK_NS and (mine == 0 or now - mine >= gang.ASK_RENEW_NS):
+            if mine == 0:
+                seen = HDR.load_gang_caught(region)
             gang.ask(region, now)
-            seen = HDR.load_gang_wake(region)
-            renewed = now
-            asking = True
+            mine = now
             asked = True
         if due - now > 100_000:
             sleep_ns(50_000)  # the queue is estimated to run on: no need to look at once
         else:
             yield_cpu()
     unlock(ctx)
+    if mine != 0:
+        gang.withdraw(region, mine)
     if not listed and not _capturing(ctx, stream):
         _drain_unlisted(ctx, stream, cur)
         n += 1

@@ -30,7 +30,7 @@ No launch counts are compared: ranks of one gang need not launch the same kernel
 
 Handing the turn over, the ranks must stop at the same collective too (pyvgpu/jit/compute/gangstop.py): a
 rank whose drain waits for a peer's kernel *asks* (``ask``, ``gang_stuck_ns``), and its peers launch while
-``asked``, until it is ``answered``.
+``asked``, until it withdraws (``withdraw``).
 """
 
 from __future__ import annotations
@@ -186,16 +186,16 @@ def ask(region, now):
 
 
 @njit
-def answered(region):
-    """The drain that asked ended: its peers stop again."""
-    HDR.store_gang_stuck_ns(region, 0)
-    HDR.add_gang_wake(region, 1)
-    futex_wake(HDR.gang_wake_at(region))
+def withdraw(region, mine):
+    """An asker takes back its request (``mine``: the time it last wrote there), not another rank's."""
+    if HDR.cas_gang_stuck_ns(region, np.uint64(mine), 0) == np.uint64(mine):
+        HDR.add_gang_wake(region, 1)
+        futex_wake(HDR.gang_wake_at(region))
 
 
 @njit
 def caught_up(region):
-    """A rank's catch-up launch ended: the asker withdraws its request, and asks again only if its drain
+    """A rank's catch-up launch ended: its asker withdraws the request, and asks again only if its drain
     still waits (drain.py ``drain_gang``): asked for as long as its whole queue drained, the peers would
     launch past the kernel it waited for."""
-    HDR.add_gang_wake(region, 1)
+    HDR.add_gang_caught(region, 1)

@@ -17,9 +17,9 @@ So a gang hands over as one:
 * a rank's drain that runs past its queue's estimate waits for a peer's kernel (drain.py ``drain_gang``):
   it *asks* its peers to catch up (gang.py ``ask``). A rank that stopped, or holds for the budget, launches
   again while asked, one kernel at a time, each waited for; the peer's kernel the asker waits for is one of
-  them, and the asker's drain ends with it. The rank then stops again, and waits up to SETTLE_NS for the
-  asker to say so (``answered``) before its next launch: going on at once, it would queue the next
-  collective before the asker saw its drain end, and stand ahead in its turn;
+  them. After each such kernel the asker withdraws its request (``gang_caught``), and asks again only if
+  it still waits; the rank waits up to SETTLE_NS for that before its next launch: going on at once, it
+  would queue the next collective before the asker saw its drain end, and stand ahead in its turn;
 * bounded: a drain asks for CATCHUP_NS at most (drain.py), then hands the turn over anyway (``unmatched``)
   and waits for its kernel as before; a request that its asker stopped renewing is not obeyed.
 
@@ -78,19 +78,27 @@ def _count(v, ep):
 
 @njit
 def _start(ctx, region):
-    """This rank stops for the gang's current turn (marking it stopping) and drains."""
+    """This rank stops for the gang's current turn (marking it stopping) and counts as draining. Returns
+    (the turn's epoch, whether it counts: not when another thread of the process stopped for it already,
+    or the gang's next turn began meanwhile: looked at before each write, so that a rank that read the
+    epoch and was preempted does not write an old turn's word over the next turn's)."""
     ep = epoch(region)
-    CTX.set_gang_stopped(ctx, ep + np.uint64(1))
+    old = CTX.get_gang_stopped(ctx)
+    if old == ep + np.uint64(1) or CTX.cas_gang_stopped(ctx, old, ep + np.uint64(1)) != old:
+        return ep, False
     while True:
         old = HDR.load_gang_stop(region)
         new = (ep << np.uint64(32)) | STOP_FLAG | _count(old, ep)
+        if epoch(region) != ep:
+            return ep, False
         if old == new or HDR.cas_gang_stop(region, old, new) == old:
             break
     while True:
         old = HDR.load_gang_draining(region)
+        if epoch(region) != ep:
+            return ep, False
         if HDR.cas_gang_draining(region, old, (ep << np.uint64(32)) | (_count(old, ep) + np.uint64(1))) == old:
-            break
-    return ep
+            return ep, True
 
 
 @njit
@@ -129,11 +137,12 @@ def _pass(region, e, me, ep, until):
         if _count(HDR.load_gang_draining(region), ep) != 0:
             return
         if until == 0:
-            TURN.store_freed_ns(e, np.uint64(monotonic_ns()))
             if TURN.cas_turn(e, w, np.uint64(me) << np.uint64(32)) == w:
+                TURN.store_freed_ns(e, np.uint64(monotonic_ns()))
                 wake(e, me)
                 return
         elif TURN.cas_turn(e, w, word(me, until)) == w:
+            TURN.store_freed_ns(e, np.uint64(until))  # when it lapses: the hand-over rule counts from then
             return
 
 
@@ -144,7 +153,9 @@ def give(ctx, region, dev, stream, e, me, g):
     if stopped(ctx, region):
         return  # it stopped in this turn already: its catch-up launches drained their own work
     now = monotonic_ns()
-    ep = _start(ctx, region)  # counted as draining first: a peer that ends its drain now leaves the turn held
+    ep, counts = _start(ctx, region)  # counted as draining first: a peer that ends its drain now leaves it held
+    if not counts:
+        return
     while True:  # keep the turn through the drain, however long the work really takes
         w = TURN.load_turn(e)
         if holder(w) != me or (w & LOW32) == 0:
@@ -153,15 +164,14 @@ def give(ctx, region, dev, stream, e, me, g):
         if TURN.cas_turn(e, w, word(me, now + MAX_LEASE_NS)) == w:
             break
     due = min(max(now, np.int64(CTX.get_turn_qend(ctx, dev))), now + MAX_DUE_NS)
-    n, left, asked = D.drain_gang(ctx, dev, stream, region, due, True)
+    n, left, asked = D.drain_gang(ctx, dev, stream, region, due, due + D.STUCK_NS + D.CATCHUP_NS, True)
     end = monotonic_ns()
     if n > 0:
         TURN.add_drains(e, 1)
         TURN.add_drain_ns(e, np.uint64(end - now))
-    if asked:
+    if asked:  # (its drain withdrew its request)
         TURN.add_stucks(e, 1)
         TURN.add_stuck_ns(e, np.uint64(end - now))
-        gang.answered(region)
     count_held(ctx, region, dev, now, end)
     CTX.set_turn_mine(ctx, dev, 0)
     stops, draining = _end(region, ep, True)
@@ -196,9 +206,11 @@ def catch_up(ctx, region, dev, stream, e, now):
 def settle(ctx, region, dev, stream, e):
     """After a catch-up launch: wait for this rank's work (the kernel may be the one its peer waits for),
     then up to SETTLE_NS for the peer's drain to end."""
-    # not asking: a kernel of its own that waits for a peer means it went past the asker (the asker's
-    # kernel came earlier in its queue); that one waits for the gang's next turn, as an unmatched one does
-    n, left, _ = D.drain_gang(ctx, dev, stream, region, monotonic_ns(), False)
+    # not asking, and not for long: a kernel of its own that waits for a peer means it went past the asker
+    # (the asker's kernel came earlier in its queue); that one waits for the gang's next turn, as an
+    # unmatched one does
+    now = monotonic_ns()
+    n, left, _ = D.drain_gang(ctx, dev, stream, region, now, now + D.STUCK_NS, False)
     TURN.add_catchups(e, 1)
     gang.caught_up(region)
     now = monotonic_ns()

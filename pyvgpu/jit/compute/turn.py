@@ -390,9 +390,9 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share, g):
             if not yield_to:
                 heal_queue(e, now)
                 qend = device_queue_end(e, now) + np.int64(cost)
+                if g != 0:  # first: a late pass of the old turn must not touch the one taken next
+                    gangstop.begin(region)  # the gang's next turn: its ranks launch again
                 if TURN.cas_turn(e, w, word(me, lease_for(qend, now))) == w:
-                    if g != 0:
-                        gangstop.begin(region)  # the gang's next turn: its ranks launch again
                     CTX.set_turn_mine(ctx, dev, 1)
                     TURN.store_rank(e, rank)
                     qend = queue_on_device(e, now, cost)
