@@ -222,6 +222,39 @@ def test_high_priority_is_never_held_below_its_share(env, tmp_path):
     assert 25 <= share_b <= 45, (share_a, share_b)
 
 
+def test_a_high_priority_group_without_a_share_comes_before_a_low_priority_share(env, tmp_path):
+    """`--priority high` without a share (a service asked to come first) beside a low-priority group with a
+    share: the high one is never best effort, so it takes the GPU whenever it launches. It ranked best effort
+    before, below the low group's due launches, and got what the --sm 50 share left (47%; now 98%)."""
+    e = sim_env(env, tmp_path, "hi")
+    a = Load(e, tmp_path, "a", ["--priority", "high"], seconds=6)
+    b = Load(e, tmp_path, "b", ["--sm", "50", "--priority", "low"], seconds=6)
+    a.wait()
+    b.wait()
+    share_a, share_b = gpu_share(tmp_path, "hi", a), gpu_share(tmp_path, "hi", b)
+    assert share_a >= 75, (share_a, share_b)
+
+
+def test_a_high_priority_request_waits_little_for_a_low_priority_holder(env, tmp_path):
+    """A high-priority service (--sm 30, which it never reaches) launches a small kernel every 3 ms (its
+    lease lapses in between, so each launch finds a low-priority training loop holding the turn) beside
+    that loop (--sm 90, kernels of 1 ms), whose queue ran up to its budget's batch ahead. While the service
+    launches there, the holder keeps its queue under HIGH_QUEUE_NS, so each of the service's launches waits
+    for a short drain: the service keeps most of the rate a control alone gets (0.73; 0.28 with the full
+    queue drained). The loop is held below its 90 (73%): after each of the service's kernels the GPU idles
+    for the service's lease (LEASE_NS), which the high-priority holder keeps to itself."""
+    e = sim_env(env, tmp_path, "svc")
+    svc = ["--sm", "30", "--priority", "high"]
+    a = Load(e, tmp_path, "a", svc, seconds=6, iters=SMALL, gap_us=3000)
+    b = Load(e, tmp_path, "b", ["--sm", "90", "--priority", "low"], seconds=6, iters="10000")
+    c = Load(sim_env(env, tmp_path, "ctl"), tmp_path, "c", svc, seconds=6, iters=SMALL, gap_us=3000)
+    ra, rc = a.rate(2), c.rate(2)
+    b.wait()
+    assert ra >= 0.5 * rc, (ra, rc)
+    share_b = gpu_share(tmp_path, "svc", b)
+    assert share_b >= 60, share_b
+
+
 def test_a_borrowing_group_uses_idle_time_and_gives_it_back(env, tmp_path):
     """--sm 30 --sm-borrow alone borrows the idle GPU. A neighbour with a share joins: its launches wait
     for the turn less than 100 ms (the turns' own accounting of the longest wait within a share), and it

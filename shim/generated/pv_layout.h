@@ -306,9 +306,9 @@ _Static_assert(sizeof(pv_region_device_t) == 192, "sizeof pv_region_device");
 
 /* The machine's turn file (pyvgpu/group/turnfile.py). */
 #define PV_SCHED_MAGIC 0x31304e5255545650ULL
-#define PV_SCHED_VERSION 6
+#define PV_SCHED_VERSION 7
 #define PV_SCHED_ENTRIES 64
-#define PV_SCHED_SIZE 16448
+#define PV_SCHED_SIZE 20544
 
 /* turn file header */
 typedef struct __attribute__((aligned(64))) pv_sched_header {

@@ -39,14 +39,16 @@ less urgent rank than the holder's goes beside it while the GPU's queue with
 its kernel ends within BESIDE_DUE_NS, and never beside a high-priority holder.
 
 Ranks (pyvgpu.contract.layout.RANK_*): a launch within its group's share is *due*; a
-launch of a group without a share, or borrowing beyond its share
+launch of a low-priority group without a share, or borrowing beyond its share
 (``--sm-borrow``), is *best effort*; a high-priority group ranks before a low
-one within each. The holder hands the turn over, after draining its work
-(pyvgpu/jit/compute/drain.py) so that the GPU never holds both queues:
+one within each, and one without a share is due (it asked to come first and
+has no share to be held to). The holder hands the turn over, after draining
+its work (pyvgpu/jit/compute/drain.py) so that the GPU never holds both queues:
 
-* at once, to a waiter of a more urgent rank (a best-effort holder also keeps
-  its queue under BEST_EFFORT_QUEUE_NS while a group with a share takes
-  turns here, so that hand-over is quick);
+* at once, to a waiter of a more urgent rank (``queue_cap`` keeps that quick: a
+  best-effort holder queues at most BEST_EFFORT_QUEUE_NS while a group with a
+  share takes turns here, a low-priority one at most HIGH_QUEUE_NS while a
+  high-priority group launches here);
 * before a *reservation* of its rank or a more urgent one would start: a
   group whose budget ran out says when it is free again (``resv``), and the
   holder stops queueing work that would run past that moment;
@@ -102,7 +104,9 @@ from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests
     leased,
     machine_active,
     mark_active,
+    mark_high,
     more_urgent_waits,
+    queue_cap,
     queue_on_device,
     reserved,
     share_waits,
@@ -348,6 +352,8 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share, g):
     me = CTX.get_turn_id(ctx)
     if share:
         mark_active(ctx, e, now)
+    if rank % 2 == 0:
+        mark_high(e, now)
     t0 = now
     w = TURN.load_turn(e)
     while likely(holder(w) == me and leased(w, now)):  # the holder's next launch: the usual case
@@ -356,11 +362,10 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share, g):
             give(ctx, region, dev, stream, True, g)
             now = monotonic_ns()
             break
-        if unlikely(rank >= L.RANK_HIGH_BEST_EFFORT
-                    and np.int64(CTX.get_turn_qend(ctx, dev)) > now + BEST_EFFORT_QUEUE_NS
-                    and np.int64(TURN.load_active(e)) > now):
-            # a best-effort holder beside groups with a share: its queue stays short, so that it can hand
-            # over quickly when one of them comes back
+        cap = queue_cap(e, rank, now)
+        if unlikely(cap != 0 and np.int64(CTX.get_turn_qend(ctx, dev)) > now + cap):
+            # a best-effort holder beside groups with a share, or a low-priority one beside a high-priority
+            # group: its queue stays short, so that it can hand over quickly when one of them comes back
             if unlikely(stalled(ctx, dev, t0, now)):
                 CTX.set_turn_mine(ctx, dev, 0)
                 free_turn(e, me)
