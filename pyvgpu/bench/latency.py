@@ -6,8 +6,10 @@ scenario:
 
 * ``solo``: the service alone and the training loop alone, without pyvgpu (the references);
 * ``sliced``: both side by side without pyvgpu (the GPU's own time slicing);
-* ``pyvgpu``: the service wrapped with ``--priority high``, the training loop with ``--priority low`` and
-  a share (``--train-sm``, borrowing idle time unless ``--sm-cap``), taking turns;
+* ``pyvgpu``: the service wrapped with ``--priority high`` and a share (``--service-sm``: within it, it
+  comes before every low-priority launch; without a share it would be best effort, after the training
+  loop's share), the training loop with ``--priority low`` and a share (``--train-sm``, borrowing idle time
+  unless ``--sm-cap``), taking turns;
 * ``mps``: both wrapped with ``--mode mps`` (NVIDIA MPS runs them side by side, no share).
 
 The goals (issue 27, item 6): the stacked service's p99 latency within 1.5 x its solo p99, and the training
@@ -97,7 +99,7 @@ def judge(result: dict) -> None:
 
 
 def run(seconds: float = 30.0, rate: float = 4.0, tokens: int = 16, train_sm: int = 50, borrow: bool = True,
-        scenarios: tuple[str, ...] = SCENARIOS, seed: int = 0) -> dict:
+        scenarios: tuple[str, ...] = SCENARIOS, seed: int = 0, service_sm: int = 50) -> dict:
     if seconds < 5:
         raise PyvgpuError(f"--seconds {seconds}: give 5 or more (the first tenth of the requests is left out)")
     if rate <= 0:
@@ -105,6 +107,7 @@ def run(seconds: float = 30.0, rate: float = 4.0, tokens: int = 16, train_sm: in
     if tokens < 1:
         raise PyvgpuError(f"--tokens {tokens}: give 1 or more new tokens a request")
     parse_percent(str(train_sm), "--train-sm")
+    parse_percent(str(service_sm), "--service-sm")
     for s in scenarios:
         if s not in SCENARIOS:
             raise PyvgpuError(f"--scenarios: {s!r} is not one of {', '.join(SCENARIOS)}")
@@ -114,7 +117,7 @@ def run(seconds: float = 30.0, rate: float = 4.0, tokens: int = 16, train_sm: in
     train = [sys.executable, "-m", "pyvgpu.bench.sm_worker", str(seconds + 20), "mlp"]  # outlasts the service
     limit = seconds * 4 + 180
     result: dict = {"bench": "latency", "machine": machine(), "seconds": seconds, "rate": rate, "tokens": tokens,
-                    "train_sm": train_sm, "borrow": borrow, "seed": seed, "scenarios": {},
+                    "train_sm": train_sm, "service_sm": service_sm, "borrow": borrow, "seed": seed, "scenarios": {},
                     "goals": {"p99_ratio": P99_GOAL, "train_of_idle": IDLE_GOAL}}
     util = UtilSampler()
     try:
@@ -126,7 +129,7 @@ def run(seconds: float = 30.0, rate: float = 4.0, tokens: int = 16, train_sm: in
             result["solo"] = {"service": ref, "service_busy_nvml": None if busy is None else busy / 100}
             result["solo"]["train_steps_per_s"] = _Run(train, raw, None).finish(limit, util)["kernels_per_s"]
             for name in scenarios:
-                env_s, env_t, path_t, turns = _pair_env(name, raw, tmp, train_sm, borrow)
+                env_s, env_t, path_t, turns = _pair_env(name, raw, tmp, train_sm, borrow, service_sm)
                 t = _Run(train, env_t, path_t)
                 s = _Service(service, env_s)
                 got = s.finish(limit)
@@ -140,8 +143,8 @@ def run(seconds: float = 30.0, rate: float = 4.0, tokens: int = 16, train_sm: in
     return result
 
 
-def _pair_env(name: str, raw: dict[str, str], tmp: Path, train_sm: int,
-              borrow: bool) -> tuple[dict[str, str], dict[str, str], Path | None, Path | None]:
+def _pair_env(name: str, raw: dict[str, str], tmp: Path, train_sm: int, borrow: bool,
+              service_sm: int) -> tuple[dict[str, str], dict[str, str], Path | None, Path | None]:
     """(service env, training env, the training group's region, the scenario's turn file)."""
     if name == "sliced":
         return raw, raw, None, None
@@ -151,7 +154,7 @@ def _pair_env(name: str, raw: dict[str, str], tmp: Path, train_sm: int,
         e_s, _ = _wrapped(env, None, tmp, "mps-service", mode="mps")
         e_t, p_t = _wrapped(env, None, tmp, "mps-train", mode="mps")
         return e_s, e_t, p_t, None
-    e_s, _ = _wrapped(env, None, tmp, "service", priority="high")
+    e_s, _ = _wrapped(env, service_sm, tmp, "service", priority="high")
     e_t, p_t = _wrapped(env, train_sm, tmp, "train", priority="low", sm_borrow=borrow)
     return e_s, e_t, p_t, turns
 
@@ -171,6 +174,7 @@ def table(result: dict) -> str:
         lines.append(f"  {name:<8} {s['service']['p50_ms']:>8.1f} {s['service']['p99_ms']:>8.1f} "
                      f"{s['p99_ratio']:>8.2f}x {s['train_steps_per_s']:>8.1f} {100 * s['train_of_solo']:>7.0f}% "
                      f"{idle}  {ok}")
-    lines.append(f"  pyvgpu: the service --priority high, the training --priority low --sm {result['train_sm']}"
+    lines.append(f"  pyvgpu: the service --priority high --sm {result.get('service_sm', 50)}, the training "
+                 f"--priority low --sm {result['train_sm']}"
                  + (" --sm-borrow" if result["borrow"] else " --sm-cap") + "; mps: both --mode mps")
     return "\n".join(lines)

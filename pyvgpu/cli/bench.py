@@ -155,6 +155,8 @@ def bench_latency(
                                         help="New tokens a request generates.")] = 16,
     train_sm: Annotated[int, typer.Option("--train-sm", min=1, max=99, metavar="PCT",
                                           help="The training loop's share in the pyvgpu scenario.")] = 50,
+    service_sm: Annotated[int, typer.Option("--service-sm", min=1, max=99, metavar="PCT",
+                                            help="The service's share in the pyvgpu scenario.")] = 50,
     borrow: Annotated[bool, typer.Option("--sm-borrow/--sm-cap",
                                          help="Let the training loop use idle GPU time beyond its share, or "
                                               "cap it there.")] = True,
@@ -172,7 +174,7 @@ def bench_latency(
 
     names = tuple(n.strip() for n in scenarios.split(",") if n.strip())
     result = bench.run(seconds=seconds, rate=rate, tokens=tokens, train_sm=train_sm, borrow=borrow,
-                       scenarios=names, seed=seed)
+                       scenarios=names, seed=seed, service_sm=service_sm)
     emit(result, bench.table(result), as_json, output)
 
 

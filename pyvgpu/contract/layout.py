@@ -292,11 +292,10 @@ SLOT_FREE, SLOT_LIVE = 0, 1
 # the GPU never holds two groups' deep queues at once (pyvgpu/jit/compute/turn.py).
 SCHED_MAGIC = int.from_bytes(b"PVTURN01", "little")
 SCHED_VERSION = 7  # 4: the holder's fields in two cache lines; 5: charged_ns, no sleepers count; 6: gang stops;
-# 7: high (a high-priority group launches here)
+# 7: high (a high-priority group launches within its share here)
 SCHED_ENTRIES = 64  # GPUs (MIG instances count as GPUs: they have UUIDs of their own)
 # Ranks of a launch in the turns, most urgent first (pyvgpu/jit/compute/turn.py): within its share ("due") before
-# best effort (borrowing beyond its share, or a low-priority group without one); high priority before low within
-# each. A high-priority group without a share is due: it has no share to be held to. Even ranks are high.
+# best effort (no share, or borrowing beyond it); high priority before low within each. Even ranks are high.
 RANK_HIGH_DUE, RANK_DUE, RANK_HIGH_BEST_EFFORT, RANK_BEST_EFFORT = range(4)
 N_RANKS = 4
 SCHED_HEADER = Struct(
@@ -322,8 +321,8 @@ SCHED_ENTRY = Struct(
         Field("qend", "u64", doc="CLOCK_MONOTONIC ns when the work queued on this GPU under turns, every "
                                  "process's together, is estimated to end (0: none yet)"),
         Field("active", "u64", doc="CLOCK_MONOTONIC ns until which a group with a share takes turns on this GPU"),
-        Field("high", "u64", doc="CLOCK_MONOTONIC ns until which a high-priority group launches on this GPU: "
-                                 "until then a low-priority holder keeps its queue short"),
+        Field("high", "u64", doc="CLOCK_MONOTONIC ns until which a high-priority group launches within its share "
+                                 "on this GPU: until then a low-priority holder keeps its queue short"),
         Field("want", "u64", N_RANKS, doc="per rank, the latest waiter: id << 32 | when it last looked"),
         Field("rank", "u32", doc="the holder's rank when it took the turn"),
         Field("resv", "u64", N_RANKS, doc="per rank, the latest reservation: id << 32 | when its budget is free "

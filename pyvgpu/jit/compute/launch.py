@@ -120,7 +120,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         # best effort: no share here, or a share spent while the group may borrow idle time and nobody
         # with a share waits. No budget is charged (the group is not in debt when it stops borrowing), but
         # its GPU time counts in the group's accounting.
-        rank = limiter.rank(region, False) if limit != 0 else limiter.rank_unshared(region)
+        rank = limiter.rank(region, False)
         n = limiter.charge_slot(ctx, dev, c)
         if limit != 0:
             DEV.add_sm_borrow_ns(REGION.device(region, dev), c)

@@ -97,13 +97,6 @@ def rank(region, due):
     return (0 if due else 2) + (1 if low else 0)
 
 
-@njit(inline="always")
-def rank_unshared(region):
-    """The turn rank of a launch of a group without a share on the device: best effort, unless the group is
-    of high priority, which ranks first (a service asked to come first must not wait behind a low-priority
-    group's share; it has no share to be held to)."""
-    return L.RANK_HIGH_DUE if HDR.get_priority(region) == L.PRIORITY_HIGH else L.RANK_BEST_EFFORT
-
 
 @njit(inline="always")
 def charge_slot(ctx, dev, cost):

@@ -39,16 +39,17 @@ less urgent rank than the holder's goes beside it while the GPU's queue with
 its kernel ends within BESIDE_DUE_NS, and never beside a high-priority holder.
 
 Ranks (pyvgpu.contract.layout.RANK_*): a launch within its group's share is *due*; a
-launch of a low-priority group without a share, or borrowing beyond its share
+launch of a group without a share, or borrowing beyond its share
 (``--sm-borrow``), is *best effort*; a high-priority group ranks before a low
-one within each, and one without a share is due (it asked to come first and
-has no share to be held to). The holder hands the turn over, after draining
-its work (pyvgpu/jit/compute/drain.py) so that the GPU never holds both queues:
+one within each. (A high-priority group without a share stays best effort: ranked
+before the shares it would starve them, and they would leave the turns once
+their wait debt ran out.) The holder hands the turn over, after draining its
+work (pyvgpu/jit/compute/drain.py) so that the GPU never holds both queues:
 
 * at once, to a waiter of a more urgent rank (``queue_cap`` keeps that quick: a
   best-effort holder queues at most BEST_EFFORT_QUEUE_NS while a group with a
   share takes turns here, a low-priority one at most HIGH_QUEUE_NS while a
-  high-priority group launches here);
+  high-priority group launches within its share here);
 * before a *reservation* of its rank or a more urgent one would start: a
   group whose budget ran out says when it is free again (``resv``), and the
   holder stops queueing work that would run past that moment;
@@ -352,7 +353,7 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share, g):
     me = CTX.get_turn_id(ctx)
     if share:
         mark_active(ctx, e, now)
-    if rank % 2 == 0:
+    if rank == L.RANK_HIGH_DUE:
         mark_high(e, now)
     t0 = now
     w = TURN.load_turn(e)

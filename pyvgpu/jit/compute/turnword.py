@@ -24,8 +24,8 @@ MIN_TURN_NS = 2_000_000  # a holder with a short queue keeps the turn this long 
 CORUN_NS = 500_000  # a launch goes beside the holder while both queues are shorter than this
 BESIDE_DUE_NS = 100_000  # a best-effort launch goes beside a due holder while the GPU's queue ends within this
 BEST_EFFORT_QUEUE_NS = 2_000_000  # the most a best-effort holder queues while a group with a share takes turns
-# the most a low-priority holder queues while a high-priority group launches on its GPU: what a request of
-# that group waits for when it finds the turn held (its drain)
+# the most a low-priority holder queues while a high-priority group launches within its share on its GPU: what
+# a request of that group waits for when it finds the turn held (its drain)
 HIGH_QUEUE_NS = 1_000_000
 WANT_FRESH_NS = 1_000_000  # a waiter looks at least this often (its `want` mark is this fresh)
 RESERVE_NS = 2_000_000_000  # a reservation further ahead than this is ignored
@@ -224,8 +224,8 @@ def mark_active(ctx, e, now):
 
 @njit(inline="always")
 def mark_high(e, now):
-    """A high-priority group launches on this GPU: low-priority holders keep their queues short for
-    ACTIVE_NS (``queue_cap``)."""
+    """A high-priority group launches within its share on this GPU: low-priority holders keep their queues
+    short for ACTIVE_NS (``queue_cap``)."""
     until = np.uint64(now + ACTIVE_NS)
     h = TURN.load_high(e)
     if unlikely(h + np.uint64(ACTIVE_NS // 4) < until or h > until + np.uint64(LEASE_NS)):  # late, or forged ahead
@@ -236,8 +236,8 @@ def mark_high(e, now):
 def queue_cap(e, rank, now):
     """The most a holder of rank may queue on entry e's GPU now (ns ahead of now), 0 for no bound: a
     best-effort holder while a group with a share takes turns there, so that it hands over quickly; a
-    low-priority one while a high-priority group launches there, so that the high one's requests wait
-    for little. The marks are believed only as far ahead as anyone writes them."""
+    low-priority one while a high-priority group launches within its share there, so that the high one's
+    requests wait for little. The marks are believed only as far ahead as anyone writes them."""
     cap = np.int64(0)
     if rank % 2 == 1 and trusted_until(np.int64(TURN.load_high(e)), now, ACTIVE_NS):
         cap = np.int64(HIGH_QUEUE_NS)
