@@ -98,6 +98,20 @@ def test_equal_gpus_fall_to_the_higher_numa_then_the_last_listed(policy):
     assert chosen(d) == ["GPU-2", "GPU-1"]
 
 
+@pytest.mark.parametrize("policy", [keys.BINPACK, keys.SPREAD])
+def test_equal_gpus_fall_to_the_higher_numa_before_the_last_listed(policy):
+    # HAMi#1806: Less breaks equal scores by NUMA (the lower NUMA sorts first, and Fit walks from the end), so
+    # the higher NUMA node wins even where its GPUs are listed first; among them, the last listed
+    first_listed_high = [gpu("GPU-0", 0, numa=1), gpu("GPU-1", 1, numa=1), gpu("GPU-2", 2, numa=0),
+                         gpu("GPU-3", 3, numa=0)]
+    d = decide(nodelist(node("n1", first_listed_high)), [], pod(containers=[ctr(gpus=1, mem=1000, cores=10)],
+                                                                annotations={keys.GPU_POLICY: policy}))
+    assert chosen(d) == ["GPU-1"]
+    d = decide(nodelist(node("n1", first_listed_high)), [], pod(containers=[ctr(gpus=2, mem=1000, cores=10)],
+                                                                annotations={keys.GPU_POLICY: policy}))
+    assert chosen(d) == ["GPU-1", "GPU-0"]
+
+
 def test_numa_bind_spread_tries_the_highest_numa_first_binpack_the_lowest():
     spread = pod(containers=[ctr(gpus=2, mem=1000, cores=10)], annotations={keys.NUMA_BIND: "true"})
     d = decide(nodelist(node("n1", FOUR)), [], spread)
