@@ -312,6 +312,25 @@ def test_namespace_quota_limits_gpu_memory_and_cores():
     assert decide(nodes, used, ask, quotas=both).node is None
 
 
+@pytest.mark.parametrize("policy", [keys.BINPACK, keys.SPREAD])
+def test_namespace_quota_is_checked_per_candidate_gpu(policy):
+    # HAMi's Fit calls fitQuota for each candidate GPU with the memory the share comes to on that GPU, and
+    # skips one that would take the namespace over its quota: 50% of the 80 GiB GPU (40960 MiB) is over a
+    # 30000 MiB quota, 50% of the 40 GiB one (20480 MiB) is within it
+    nodes = nodelist(node("n1", [gpu("GPU-small", 0, mem=40960), gpu("GPU-big", 1, mem=81920)]))
+    ask = pod(containers=[ctr(gpus=1, pct=50, cores=10)], namespace="team", annotations={keys.GPU_POLICY: policy})
+    d = decide(nodes, [], ask, quotas=_quota("team", mem=30000))
+    assert d.node == "n1" and chosen(d) == ["GPU-small"]
+    assert d.placements[0][0].usedmem == 20480
+    d = decide(nodes, [], ask, quotas=_quota("team", mem=20000))  # neither GPU keeps within it
+    assert d.node is None and "allows 20000 MiB of GPU memory" in d.nodes[0].reason
+    # an init container's GPU and the app's on one GPU count once (the peak), as HAMi collapses them
+    both = pod(containers=[ctr(gpus=1, pct=50, cores=10)], init=[ctr("init", gpus=1, pct=50, cores=10)],
+               namespace="team", annotations={keys.GPU_POLICY: policy})
+    d = decide(nodes, [], both, quotas=_quota("team", mem=30000))
+    assert d.node == "n1" and chosen(d) == ["GPU-small", "GPU-small"]
+
+
 def test_filter_verdicts_are_remembered_per_usage_and_forgotten_when_it_changes(monkeypatch):
     from pyvgpu.cluster.core import decide as decide_mod
     from pyvgpu.cluster.core.decide import decide_on

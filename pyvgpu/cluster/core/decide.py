@@ -235,8 +235,9 @@ QUOTA_TRIES = 32  # ranked nodes whose placement is checked against the quota be
 def _within_quota(ranked: list[NodeResult], by_name: dict[str, NodeInfo], req: PodRequest, cfg: ClusterConfig,
                   quota: QuotaView):
     """The ranked nodes minus those where the pod's placement takes the namespace over its quota, the refused
-    ones, and the first node's placement. A pod whose use does not depend on the node (MiB asked, no init
-    container asks GPUs) is refused everywhere or nowhere; otherwise the first QUOTA_TRIES nodes are
+    ones, and the first node's placement. A node whose first placement goes over is searched again for one
+    within the quota (HAMi's Fit skips a GPU that would go over and tries the next). A pod whose use does not
+    depend on the node (MiB asked, no init container asks GPUs) is refused everywhere or nowhere; otherwise the first QUOTA_TRIES nodes are
     checked one by one and the rest are kept (bind checks the node it gets again)."""
     gpu = [c for c in req.containers if c.nums > 0]
     fixed = all(c.memreq > 0 and not c.init for c in gpu)
@@ -246,6 +247,10 @@ def _within_quota(ranked: list[NodeResult], by_name: dict[str, NodeInfo], req: P
         why = quota.reason(use_of_placements(placed.placements, sum(1 for c in req.containers if c.init)))
         if why is None:
             return ranked[i:], over, placed
+        if not fixed:  # as HAMi checks the quota per candidate GPU: other GPUs of the node may keep within it
+            placed = plan(by_name[r.name], req, cfg, quota=quota)
+            if placed.fits:
+                return ranked[i:], over, placed
         over.append(NodeResult(r.name, False, r.score, why))
         if fixed:
             over += [NodeResult(x.name, False, x.score, why) for x in ranked[i + 1:]]
