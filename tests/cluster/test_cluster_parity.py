@@ -331,6 +331,39 @@ def test_namespace_quota_is_checked_per_candidate_gpu(policy):
     assert d.node == "n1" and chosen(d) == ["GPU-small", "GPU-small"]
 
 
+def test_the_webhook_refuses_a_pod_over_its_namespaces_quota():
+    # HAMi v2.10 pkg/scheduler/webhook.go fitResourceQuota: MiB asked times GPUs (a share of memory counts 0)
+    # and cores times GPUs, summed over the app containers or the largest init container's if more, plus what
+    # the namespace holds, against the quota; the pod is denied at admission
+    from pyvgpu.cluster.core.quota import Quotas
+    from pyvgpu.cluster.scheduler.webhook import review
+
+    q = Quotas()
+    q.set_quota(_quota("team", mem=10000, cores=150)["items"][0], ("team", "gpu"))
+    q.set_pod(("team", "held"), (4000, 50))
+
+    def admit(containers, init=None, ns="team"):
+        p = pod(containers=containers, init=init, namespace=ns)
+        del p["metadata"]["name"]  # a pod being created may have only generateName
+        p["metadata"]["generateName"] = "job-"
+        body = {"request": {"uid": "u", "namespace": ns, "operation": "CREATE", "object": p}}
+        return review(body, ClusterConfig(), "pyvgpu-scheduler", quotas=q)["response"]
+
+    assert admit([ctr(gpus=2, mem=3000, cores=20)])["allowed"] is True  # 4000 + 6000 MiB, 50 + 40 cores
+    r = admit([ctr(gpus=2, mem=3001, cores=20)])
+    assert r["allowed"] is False and r["status"]["message"].startswith(
+        "namespace team's ResourceQuota allows 10000 MiB of GPU memory; its pods use 4000 and this pod asks 6002")
+    assert admit([ctr(gpus=1, mem=1000, cores=60), ctr("b", gpus=1, mem=1000, cores=41)])["allowed"] is False
+    assert admit([ctr(gpus=1, pct=90, cores=10)])["allowed"] is True  # a share of memory counts 0
+    assert admit([ctr(gpus=1)])["allowed"] is True  # 100 cores by default: 150 in all
+    assert admit([ctr(gpus=2)])["allowed"] is False  # 200 cores
+    # init containers run one at a time: the largest, or the app containers' sum if more
+    init = [ctr("i1", gpus=1, mem=5000, cores=10), ctr("i2", gpus=1, mem=5000, cores=10)]
+    assert admit([ctr(gpus=1, mem=1000, cores=10)], init=init)["allowed"] is True
+    assert admit([ctr(gpus=1, mem=1000, cores=10)], init=[ctr("i", gpus=1, mem=6001, cores=10)])["allowed"] is False
+    assert admit([ctr(gpus=1, mem=9000, cores=10)], ns="elsewhere")["allowed"] is True  # no quota there
+
+
 def test_filter_verdicts_are_remembered_per_usage_and_forgotten_when_it_changes(monkeypatch):
     from pyvgpu.cluster.core import decide as decide_mod
     from pyvgpu.cluster.core.decide import decide_on

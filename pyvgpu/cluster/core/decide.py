@@ -237,8 +237,8 @@ def _within_quota(ranked: list[NodeResult], by_name: dict[str, NodeInfo], req: P
     """The ranked nodes minus those where the pod's placement takes the namespace over its quota, the refused
     ones, and the first node's placement. A node whose first placement goes over is searched again for one
     within the quota (HAMi's Fit skips a GPU that would go over and tries the next). A pod whose use does not
-    depend on the node (MiB asked, no init container asks GPUs) is refused everywhere or nowhere; otherwise the first QUOTA_TRIES nodes are
-    checked one by one and the rest are kept (bind checks the node it gets again)."""
+    depend on the node (MiB asked, no init container asks GPUs) is refused everywhere or nowhere; otherwise the
+    first QUOTA_TRIES nodes are checked one by one and the rest are kept (bind checks the node it gets again)."""
     gpu = [c for c in req.containers if c.nums > 0]
     fixed = all(c.memreq > 0 and not c.init for c in gpu)
     over: list[NodeResult] = []
