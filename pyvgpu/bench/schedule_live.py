@@ -33,10 +33,12 @@ from pyvgpu.errors import PyvgpuError
 
 
 def _fake_apiserver():
-    """The test API server module from a checkout: the working directory's, else the one beside the package."""
+    """The test API server module from a checkout: the working directory's (or a directory above it, so that
+    pytest run from tests/ finds it too), else the one beside the package."""
     import pyvgpu
 
-    for root in (Path.cwd(), Path(pyvgpu.__file__).resolve().parents[1]):
+    cwd = Path.cwd()
+    for root in (cwd, *cwd.parents, Path(pyvgpu.__file__).resolve().parents[1]):
         d = root / "tests" / "cluster"
         if (d / "fake_apiserver.py").is_file():
             if str(d) not in sys.path:

@@ -161,9 +161,15 @@ def explain(
     quotas: Annotated[Path | None, typer.Option("--quotas", metavar="FILE",
                                                 help="Namespace GPU quotas: `kubectl get resourcequotas -A -o json` "
                                                      "output.")] = None,
+    now: Annotated[str | None, typer.Option("--now", metavar="TIME",
+                                            help="Judge node liveness (the handshake) at this time, RFC 3339 such as "
+                                                 "2026-11-26T20:00:00Z (UTC without an offset); default: now.")] = None,
 ) -> None:
     """Where would the scheduler put POD, and why not elsewhere? Prints the decision, the annotations it would
     write, and per node: fits or not, its score, and which container, GPU and limit refused it.
+
+    A node whose agent has not answered the scheduler's handshake for 60 s and lists no allocatable GPUs fits
+    nothing, as in the running scheduler; --now fixes the time it is judged at.
 
     Exits 0 for valid input, whether or not a node fits; 2 with a message naming the field for invalid input.
 
@@ -182,11 +188,13 @@ def explain(
         docs = {}
         for option, path in (("--nodes", nodes), ("--pods", pods), ("--pod", pod), ("--quotas", quotas)):
             docs[option] = _load(path, option) if path is not None else None
+        at = _liveness_time(now)
         the_pod = docs["--pod"]
         if isinstance(the_pod, dict) and isinstance(the_pod.get("items"), list) and len(the_pod["items"]) == 1:
             the_pod = the_pod["items"][0]
         try:
-            decision = decide(docs["--nodes"], docs["--pods"], the_pod, cfg, quotas=docs["--quotas"])
+            decision = decide(docs["--nodes"], docs["--pods"], the_pod, cfg, quotas=docs["--quotas"],
+                              dead=_dead_nodes(docs["--nodes"], at, cfg))
         except ClusterInputError as e:
             # Name the file the field is in: the lists' errors start with NodeList / PodList.
             option, path = (("--nodes", nodes) if e.field.startswith("NodeList") else
@@ -197,6 +205,39 @@ def explain(
         typer.echo(f"pyvgpu: {e}", err=True)
         raise typer.Exit(2) from None
     typer.echo(json.dumps(render.to_json(decision), indent=1) if as_json else render.to_text(decision))
+
+
+def _liveness_time(now: str | None) -> float:
+    """--now as seconds since the epoch (the current time when not given)."""
+    import time
+    from datetime import datetime, timezone
+
+    from pyvgpu.cluster.core.errors import ClusterInputError
+
+    if now is None:
+        return time.time()
+    try:
+        at = datetime.fromisoformat(now.strip())
+    except ValueError:
+        raise ClusterInputError(f"--now {now}", "not an RFC 3339 time; write one such as 2026-11-26T20:00:00Z") \
+            from None
+    return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _dead_nodes(nodes, at: float, cfg) -> dict[str, str]:
+    """The nodes the running scheduler takes for gone at `at` (pyvgpu.cluster.scheduler.liveness)."""
+    from pyvgpu.cluster.core.usage import items
+    from pyvgpu.cluster.scheduler.liveness import dead
+
+    out = {}
+    for n in items(nodes, "Node"):
+        try:
+            why = dead(n, at, resource=cfg.resources.count)
+            if why:
+                out[str((n.get("metadata") or {}).get("name") or "")] = why
+        except (AttributeError, TypeError):  # a malformed node: the decision names its field
+            continue
+    return out
 
 
 def _node_options(node_name: str | None, **kw):

@@ -66,6 +66,31 @@ def test_no_node_fits_still_exits_0(tmp_path):
     assert r.exit_code == 0 and "no node fits; the pod stays Pending" in r.output
 
 
+def test_a_node_whose_agent_stopped_answering_fits_nothing_as_in_the_scheduler(tmp_path):
+    # issue 30, item 9 (HAMi CheckHealth): a handshake still Requesting 60 s after it was asked, on a node that
+    # lists no allocatable GPUs, is a dead agent; explain judges it as the scheduler does, at --now or now
+    from pyvgpu.cluster.core import keys
+
+    stale = node("gone", [gpu("GPU-g")], annotations={keys.NODE_HANDSHAKE: "Requesting_2020-01-01 20:00:00"})
+    args = files(tmp_path, nodelist(stale, node("ok", [gpu("GPU-o", mem=1000)])), podlist(),
+                 pod(containers=[ctr(mem=2000)]))
+    r = explain(*args, "--now", "2020-01-01T20:01:01Z", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["node"] is None
+    gone = next(n for n in out["nodes"] if n["name"] == "gone")
+    assert gone["fits"] is False and "has not answered the handshake" in gone["reason"] and "61 s" in gone["reason"]
+    r = explain(*args, "--now", "2020-01-01T20:00:59")  # within the 60 s (a time without an offset is UTC)
+    assert r.exit_code == 0 and "decision: gone" in r.output
+    r = explain(*args, "--now", "2020-01-01T21:00:30+01:00")  # 20:00:30 UTC
+    assert "decision: gone" in r.output
+    r = explain(*args)  # judged now: years after the request
+    assert "has not answered the handshake" in r.output and "decision: gone" not in r.output
+    r = explain(*args, "--now", "tomorrow")
+    assert r.exit_code == 2
+    assert "--now tomorrow: not an RFC 3339 time; write one such as 2026-11-26T20:00:00Z" in r.output
+
+
 def test_yaml_pod_and_policy_options(tmp_path):
     nodes = nodelist(node("n1", [gpu("GPU-1")]), node("n2", [gpu("GPU-2")]))
     pods = podlist(pod("old", node_name="n1", allocated="GPU-1,NVIDIA,1000,10:;"))

@@ -108,6 +108,12 @@ def test_namespace_quota_from_a_watched_resourcequota(kube, api):
             assert time.monotonic() < deadline, "the quota was not seen"
             time.sleep(0.05)
         assert "ResourceQuota allows 5000 MiB" in r["FailedNodes"]["node-a"]
+        # the webhook refuses such a pod at admission (HAMi's fitResourceQuota), from the same cache
+        new = pod("new", [gpu_container("main", 1, 3000, 10)], namespace="team")
+        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {"uid": "u1", "namespace": "team", "operation": "CREATE", "object": new}}
+        out = e.post("webhook", body)["response"]
+        assert out["allowed"] is False and "ResourceQuota allows 5000 MiB" in out["status"]["message"]
         api.delete_pod("team", "held")  # the namespace's use drops as the pod goes
         e.synced(api)
         assert e.post("filter", {"Pod": ask, "Nodes": None, "NodeNames": ["node-a"]})["NodeNames"] == ["node-a"]

@@ -98,6 +98,20 @@ def test_equal_gpus_fall_to_the_higher_numa_then_the_last_listed(policy):
     assert chosen(d) == ["GPU-2", "GPU-1"]
 
 
+@pytest.mark.parametrize("policy", [keys.BINPACK, keys.SPREAD])
+def test_equal_gpus_fall_to_the_higher_numa_before_the_last_listed(policy):
+    # HAMi#1806: Less breaks equal scores by NUMA (the lower NUMA sorts first, and Fit walks from the end), so
+    # the higher NUMA node wins even where its GPUs are listed first; among them, the last listed
+    first_listed_high = [gpu("GPU-0", 0, numa=1), gpu("GPU-1", 1, numa=1), gpu("GPU-2", 2, numa=0),
+                         gpu("GPU-3", 3, numa=0)]
+    d = decide(nodelist(node("n1", first_listed_high)), [], pod(containers=[ctr(gpus=1, mem=1000, cores=10)],
+                                                                annotations={keys.GPU_POLICY: policy}))
+    assert chosen(d) == ["GPU-1"]
+    d = decide(nodelist(node("n1", first_listed_high)), [], pod(containers=[ctr(gpus=2, mem=1000, cores=10)],
+                                                                annotations={keys.GPU_POLICY: policy}))
+    assert chosen(d) == ["GPU-1", "GPU-0"]
+
+
 def test_numa_bind_spread_tries_the_highest_numa_first_binpack_the_lowest():
     spread = pod(containers=[ctr(gpus=2, mem=1000, cores=10)], annotations={keys.NUMA_BIND: "true"})
     d = decide(nodelist(node("n1", FOUR)), [], spread)
@@ -296,6 +310,58 @@ def test_namespace_quota_limits_gpu_memory_and_cores():
     both = _quota("team", mem=100000)
     both["items"] += _quota("team", mem=9000, name="small")["items"]
     assert decide(nodes, used, ask, quotas=both).node is None
+
+
+@pytest.mark.parametrize("policy", [keys.BINPACK, keys.SPREAD])
+def test_namespace_quota_is_checked_per_candidate_gpu(policy):
+    # HAMi's Fit calls fitQuota for each candidate GPU with the memory the share comes to on that GPU, and
+    # skips one that would take the namespace over its quota: 50% of the 80 GiB GPU (40960 MiB) is over a
+    # 30000 MiB quota, 50% of the 40 GiB one (20480 MiB) is within it
+    nodes = nodelist(node("n1", [gpu("GPU-small", 0, mem=40960), gpu("GPU-big", 1, mem=81920)]))
+    ask = pod(containers=[ctr(gpus=1, pct=50, cores=10)], namespace="team", annotations={keys.GPU_POLICY: policy})
+    d = decide(nodes, [], ask, quotas=_quota("team", mem=30000))
+    assert d.node == "n1" and chosen(d) == ["GPU-small"]
+    assert d.placements[0][0].usedmem == 20480
+    d = decide(nodes, [], ask, quotas=_quota("team", mem=20000))  # neither GPU keeps within it
+    assert d.node is None and "allows 20000 MiB of GPU memory" in d.nodes[0].reason
+    # an init container's GPU and the app's on one GPU count once (the peak), as HAMi collapses them
+    both = pod(containers=[ctr(gpus=1, pct=50, cores=10)], init=[ctr("init", gpus=1, pct=50, cores=10)],
+               namespace="team", annotations={keys.GPU_POLICY: policy})
+    d = decide(nodes, [], both, quotas=_quota("team", mem=30000))
+    assert d.node == "n1" and chosen(d) == ["GPU-small", "GPU-small"]
+
+
+def test_the_webhook_refuses_a_pod_over_its_namespaces_quota():
+    # HAMi v2.10 pkg/scheduler/webhook.go fitResourceQuota: MiB asked times GPUs (a share of memory counts 0)
+    # and cores times GPUs, summed over the app containers or the largest init container's if more, plus what
+    # the namespace holds, against the quota; the pod is denied at admission
+    from pyvgpu.cluster.core.quota import Quotas
+    from pyvgpu.cluster.scheduler.webhook import review
+
+    q = Quotas()
+    q.set_quota(_quota("team", mem=10000, cores=150)["items"][0], ("team", "gpu"))
+    q.set_pod(("team", "held"), (4000, 50))
+
+    def admit(containers, init=None, ns="team"):
+        p = pod(containers=containers, init=init, namespace=ns)
+        del p["metadata"]["name"]  # a pod being created may have only generateName
+        p["metadata"]["generateName"] = "job-"
+        body = {"request": {"uid": "u", "namespace": ns, "operation": "CREATE", "object": p}}
+        return review(body, ClusterConfig(), "pyvgpu-scheduler", quotas=q)["response"]
+
+    assert admit([ctr(gpus=2, mem=3000, cores=20)])["allowed"] is True  # 4000 + 6000 MiB, 50 + 40 cores
+    r = admit([ctr(gpus=2, mem=3001, cores=20)])
+    assert r["allowed"] is False and r["status"]["message"].startswith(
+        "namespace team's ResourceQuota allows 10000 MiB of GPU memory; its pods use 4000 and this pod asks 6002")
+    assert admit([ctr(gpus=1, mem=1000, cores=60), ctr("b", gpus=1, mem=1000, cores=41)])["allowed"] is False
+    assert admit([ctr(gpus=1, pct=90, cores=10)])["allowed"] is True  # a share of memory counts 0
+    assert admit([ctr(gpus=1)])["allowed"] is True  # 100 cores by default: 150 in all
+    assert admit([ctr(gpus=2)])["allowed"] is False  # 200 cores
+    # init containers run one at a time: the largest, or the app containers' sum if more
+    init = [ctr("i1", gpus=1, mem=5000, cores=10), ctr("i2", gpus=1, mem=5000, cores=10)]
+    assert admit([ctr(gpus=1, mem=1000, cores=10)], init=init)["allowed"] is True
+    assert admit([ctr(gpus=1, mem=1000, cores=10)], init=[ctr("i", gpus=1, mem=6001, cores=10)])["allowed"] is False
+    assert admit([ctr(gpus=1, mem=9000, cores=10)], ns="elsewhere")["allowed"] is True  # no quota there
 
 
 def test_filter_verdicts_are_remembered_per_usage_and_forgotten_when_it_changes(monkeypatch):

@@ -11,6 +11,7 @@ kube-scheduler's own scoring nothing to weigh: HAMi#2264). Nothing here reads a 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from operator import attrgetter
 from typing import Any
 
@@ -28,13 +29,16 @@ from pyvgpu.cluster.core.score import node_score
 from pyvgpu.cluster.core.usage import node_infos
 
 
-def decide(nodes: Any, pods: Any, pod: dict, config: ClusterConfig | None = None, quotas: Any = None) -> Decision:
+def decide(nodes: Any, pods: Any, pod: dict, config: ClusterConfig | None = None, quotas: Any = None,
+           dead: Mapping[str, str] | None = None) -> Decision:
     """Decide where `pod` goes, from Kubernetes objects as dicts.
 
     nodes: a NodeList (`kubectl get nodes -o json`), a list of Nodes or one Node.
     pods:  a PodList (`kubectl get pods -A -o json`) or a list of Pods: their usage counts.
     pod:   the Pod to place. Its own entry in `pods`, if any, does not count against it.
     quotas: a ResourceQuotaList (`kubectl get resourcequotas -A -o json`), or None.
+    dead:  node name -> why its agent is taken for gone (the scheduler's liveness verdicts): such a node fits
+           nothing, with that reason, as in the running scheduler.
     Raises ClusterInputError (naming the field) for an invalid pod or list; a node with a broken
     registration is a node that does not fit, with the reason.
     """
@@ -45,7 +49,10 @@ def decide(nodes: Any, pods: Any, pod: dict, config: ClusterConfig | None = None
         from pyvgpu.cluster.core.quota import view_of
 
         quota = view_of(quotas, pods, req.namespace, cfg, exclude=(req.namespace, req.name))
-    return decide_on(node_infos(nodes, pods, cfg, exclude=(req.namespace, req.name)), req, cfg, quota=quota)
+    infos = node_infos(nodes, pods, cfg, exclude=(req.namespace, req.name))
+    if dead:
+        infos = [NodeInfo(i.name, error=dead[i.name]) if i.name in dead and not i.error else i for i in infos]
+    return decide_on(infos, req, cfg, quota=quota)
 
 
 def decide_on(nodes: list[NodeInfo], req: PodRequest, config: ClusterConfig | None = None,
@@ -235,9 +242,10 @@ QUOTA_TRIES = 32  # ranked nodes whose placement is checked against the quota be
 def _within_quota(ranked: list[NodeResult], by_name: dict[str, NodeInfo], req: PodRequest, cfg: ClusterConfig,
                   quota: QuotaView):
     """The ranked nodes minus those where the pod's placement takes the namespace over its quota, the refused
-    ones, and the first node's placement. A pod whose use does not depend on the node (MiB asked, no init
-    container asks GPUs) is refused everywhere or nowhere; otherwise the first QUOTA_TRIES nodes are
-    checked one by one and the rest are kept (bind checks the node it gets again)."""
+    ones, and the first node's placement. A node whose first placement goes over is searched again for one
+    within the quota (HAMi's Fit skips a GPU that would go over and tries the next). A pod whose use does not
+    depend on the node (MiB asked, no init container asks GPUs) is refused everywhere or nowhere; otherwise the
+    first QUOTA_TRIES nodes are checked one by one and the rest are kept (bind checks the node it gets again)."""
     gpu = [c for c in req.containers if c.nums > 0]
     fixed = all(c.memreq > 0 and not c.init for c in gpu)
     over: list[NodeResult] = []
@@ -246,6 +254,10 @@ def _within_quota(ranked: list[NodeResult], by_name: dict[str, NodeInfo], req: P
         why = quota.reason(use_of_placements(placed.placements, sum(1 for c in req.containers if c.init)))
         if why is None:
             return ranked[i:], over, placed
+        if not fixed:  # as HAMi checks the quota per candidate GPU: other GPUs of the node may keep within it
+            placed = plan(by_name[r.name], req, cfg, quota=quota)
+            if placed.fits:
+                return ranked[i:], over, placed
         over.append(NodeResult(r.name, False, r.score, why))
         if fixed:
             over += [NodeResult(x.name, False, x.score, why) for x in ranked[i + 1:]]

@@ -34,6 +34,7 @@ from pyvgpu.cluster.core.fit import (
 )
 from pyvgpu.cluster.core.model import ContainerRequest, DeviceUsage, NodeInfo, Placement, PodDevices, PodRequest
 from pyvgpu.cluster.core.policy import multisets, numa_groups, order_devices, sets
+from pyvgpu.cluster.core.quota import QuotaView, use_of_placements
 from pyvgpu.cluster.core.score import device_score
 
 Candidate = tuple[float, DeviceUsage, int]  # (device score, GPU, MiB this container takes on it)
@@ -144,22 +145,35 @@ def _restore(devs: list[DeviceUsage], state: tuple) -> None:
         d.used, d.usedmem, d.usedcores, d.mig_geometry, d.mig_used, d.slices_used = used, mem, cores, g, migs, slices
 
 
-def plan(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = None) -> NodePlan:
-    """Place every container of `req` on `node` (which is not changed), or say why not."""
+def plan(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = None,
+         quota: QuotaView | None = None) -> NodePlan:
+    """Place every container of `req` on `node` (which is not changed), or say why not.
+
+    With `quota` (the pod's namespace's), a choice of GPUs is taken only while the pod's GPUs so far stay
+    within it, as HAMi's Fit checks the quota on each candidate GPU (fitQuota) and goes on to the next: a pod
+    asking a share of memory may then get a smaller GPU that keeps it within the quota."""
     cfg = cfg or ClusterConfig()
     if node.error:
         return NodePlan(False, reason=node.error)
     devs = [d.copy() for d in node.devices]
     statics = [static_reason(d, req) for d in devs]
     out: list[tuple[Placement, ...]] = [() for _ in req.containers]
+    n_init = sum(1 for c in req.containers if c.init)
+
+    def within() -> bool:  # the pod's use only grows as containers are added, so a partial plan over it is pruned
+        return quota is None or quota.reason(use_of_placements(tuple(out), n_init)) is None
+
     base = _state(devs)
     for i, ctr in enumerate(req.containers):
         if ctr.init and ctr.nums > 0:
-            first = next(_options(_candidates(devs, statics, ctr, req), ctr, req, node), None)
-            if first is None:
+            for option in _options(_candidates(devs, statics, ctr, req), ctr, req, node):
+                out[i] = tuple(_take(d, ctr, mem) for _, d, mem in option)
+                _restore(devs, base)
+                if within():
+                    break
+                out[i] = ()
+            else:
                 return NodePlan(False, reason=why_not(node, req, cfg))
-            out[i] = tuple(_take(d, ctr, mem) for _, d, mem in first)
-            _restore(devs, base)
     apps = [i for i, c in enumerate(req.containers) if not c.init and c.nums > 0]
     if len(apps) > 1 and sum(req.containers[i].nums for i in apps) > _room_bound(
             devs, statics, [req.containers[i] for i in apps]):
@@ -186,9 +200,10 @@ def plan(node: NodeInfo, req: PodRequest, cfg: ClusterConfig | None = None) -> N
             if tries > cfg.search_budget or work > MIG_SEARCH_WORK:
                 raise _Exhausted
             out[apps[k]] = tuple(_take(d, ctr, mem) for _, d, mem in option)
-            if place(k + 1):
+            if within() and place(k + 1):
                 return True
             _restore(devs, state)
+        out[apps[k]] = ()
         failed.add(key)
         return False
 

@@ -278,4 +278,4 @@ class Scheduler(Binder):
     # -- webhook -------------------------------------------------------------------------------------------
 
     def admit(self, body: dict) -> dict:
-        return webhook.review(body, self.cfg, self.name, self.annotation_writers)
+        return webhook.review(body, self.cfg, self.name, self.annotation_writers, self.informer.quotas)

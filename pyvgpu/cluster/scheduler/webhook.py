@@ -9,7 +9,11 @@ pkg/device/nvidia/device.go MutateAdmission):
 * `spec.schedulerName` becomes the scheduler's name, unless the pod names another scheduler than the
   default one (then it is left alone);
 * a privileged container that asks GPUs is refused: it would see every GPU of the node;
-* a pod that asks GPUs and already names a node is refused: no scheduler would run for it.
+* a pod that asks GPUs and already names a node is refused: no scheduler would run for it;
+* a pod whose GPU request alone takes its namespace over a ResourceQuota's GPU limit is refused (HAMi v2.10
+  `fitResourceQuota`): the MiB asked (a share of memory counts 0, since the GPU is not known yet) and the
+  cores, times the GPUs, summed over the app containers, or the largest init container's if more; what the
+  namespace's pods already hold counts too (the scheduler's quota cache, pyvgpu.cluster.core.quota).
 Pods that ask no GPU are admitted unchanged.
 
 The allocation annotations (ALLOCATION_KEYS: which node and GPUs a pod holds, its bind phase) are what
@@ -26,6 +30,9 @@ from typing import Any
 
 from pyvgpu.cluster.core import keys
 from pyvgpu.cluster.core.config import ClusterConfig
+from pyvgpu.cluster.core.errors import ClusterInputError
+from pyvgpu.cluster.core.quota import Quotas
+from pyvgpu.cluster.core.request import pod_request
 
 DEFAULT_SCHEDULER = "default-scheduler"
 ALLOCATION_KEYS = (keys.POD_NODE, keys.POD_TIME, keys.POD_TO_ALLOCATE, keys.POD_ALLOCATED, keys.POD_BIND_PHASE,
@@ -100,6 +107,32 @@ def mutate(pod: dict, cfg: ClusterConfig, scheduler_name: str) -> tuple[bool, st
     return True, "", ops
 
 
+def quota_refusal(pod: dict, namespace: str, cfg: ClusterConfig, quotas: Quotas | None) -> str | None:
+    """Why the pod's GPU request takes its namespace over its quota, or None (no quota, within it, or a request
+    that cannot be read: the scheduler refuses that one with the field named)."""
+    if quotas is None:
+        return None
+    view = quotas.view(namespace)
+    if view is None:
+        return None
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    named = {**pod, "metadata": {**meta, "name": meta.get("name") or meta.get("generateName") or "new"}}
+    try:  # a pod being created may have only generateName; the name matters nothing here
+        req = pod_request(named, cfg)
+    except ClusterInputError:
+        return None
+    app = [0, 0]
+    init = [0, 0]
+    for c in req.containers:
+        mem, cores = c.memreq * c.nums, c.coresreq * c.nums
+        if c.init:
+            init = [max(init[0], mem), max(init[1], cores)]
+        else:
+            app = [app[0] + mem, app[1] + cores]
+    why = view.reason((max(app[0], init[0]), max(app[1], init[1])))
+    return f"{why}: ask less, or raise the quota" if why else None
+
+
 def _check_shape(pod: dict) -> None:
     """ValueError (a 400) for a pod whose spec or containers are not objects: the API server never sends one."""
     spec = pod.get("spec")
@@ -121,8 +154,10 @@ def _check_shape(pod: dict) -> None:
                 raise ValueError(f"spec.{part}[{i}].resources: expected limits and requests as objects")
 
 
-def review(body: dict, cfg: ClusterConfig, scheduler_name: str, writers: frozenset[str] = frozenset()) -> dict:
-    """An AdmissionReview answer for an AdmissionReview request. Raises ValueError for a malformed one."""
+def review(body: dict, cfg: ClusterConfig, scheduler_name: str, writers: frozenset[str] = frozenset(),
+           quotas: Quotas | None = None) -> dict:
+    """An AdmissionReview answer for an AdmissionReview request. Raises ValueError for a malformed one.
+    `quotas`: the namespaces' GPU limits and use (the scheduler's cache); None checks no quota."""
     if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
         raise ValueError("expected an AdmissionReview with a request")
     req = body["request"]
@@ -140,6 +175,11 @@ def review(body: dict, cfg: ClusterConfig, scheduler_name: str, writers: frozens
         resp["status"] = {"code": 403, "reason": "Forbidden", "message": forged}
     elif is_pod and req.get("operation", "CREATE") == "CREATE":
         allowed, message, ops = mutate(pod, cfg, scheduler_name)
+        if allowed:  # HAMi checks every pod it admits, whichever scheduler it names
+            namespace = str(req.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default")
+            over = quota_refusal(pod, namespace, cfg, quotas)
+            if over:
+                allowed, message, ops = False, over, []
         resp["allowed"] = allowed
         if not allowed:
             resp["status"] = {"code": 403, "reason": "Forbidden", "message": message}
