@@ -83,6 +83,7 @@ from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests
     BEST_EFFORT_QUEUE_NS,
     CORUN_NS,
     HANDOFF_NS,
+    HIGH_QUEUE_NS,
     LEASE_NS,
     LOW32,
     MAX_LEASE_NS,
@@ -363,8 +364,12 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share, g):
             give(ctx, region, dev, stream, True, g)
             now = monotonic_ns()
             break
-        cap = queue_cap(e, rank, now)
-        if unlikely(cap != 0 and np.int64(CTX.get_turn_qend(ctx, dev)) > now + cap):
+        capped = False
+        qown = np.int64(CTX.get_turn_qend(ctx, dev))
+        if unlikely(qown > now + HIGH_QUEUE_NS):  # no cap is shorter: a short queue reads no shared mark
+            cap = queue_cap(e, rank, now)
+            capped = cap != 0 and qown > now + cap
+        if unlikely(capped):
             # a best-effort holder beside groups with a share, or a low-priority one beside a high-priority
             # group: its queue stays short, so that it can hand over quickly when one of them comes back
             if unlikely(stalled(ctx, dev, t0, now)):

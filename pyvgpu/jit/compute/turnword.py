@@ -26,7 +26,7 @@ BESIDE_DUE_NS = 100_000  # a best-effort launch goes beside a due holder while t
 BEST_EFFORT_QUEUE_NS = 2_000_000  # the most a best-effort holder queues while a group with a share takes turns
 # the most a low-priority holder queues while a high-priority group launches within its share on its GPU: what
 # a request of that group waits for when it finds the turn held (its drain)
-HIGH_QUEUE_NS = 1_000_000
+HIGH_QUEUE_NS = 1_000_000  # the shortest cap (turn.take reads no mark while its queue is shorter)
 WANT_FRESH_NS = 1_000_000  # a waiter looks at least this often (its `want` mark is this fresh)
 RESERVE_NS = 2_000_000_000  # a reservation further ahead than this is ignored
 POLL_NS = 20_000  # a waiter's longest sleep between looks (plus the timer slack)
