@@ -1,4 +1,5 @@
-"""Compute shares on a real GPU: the spin load at 30% alone, and a torch run through every launch path."""
+"""Compute shares on a real GPU: the spin load at 30% alone, a torch run through every launch path, and (2 GPUs)
+two all-reduce gangs at 30/70."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import PYVGPU, clean_env, run
 
 
@@ -26,3 +28,28 @@ def test_torch_under_a_share_still_computes_the_same(tmp_path):
     limited = run([*PYVGPU, "wrap", "--sm", "50", "--", sys.executable, str(script)], env=env, timeout=600)
     assert raw.returncode == 0 and limited.returncode == 0, limited.stderr
     assert raw.stdout.strip().splitlines()[-1] == limited.stdout.strip().splitlines()[-1]
+
+
+def _gpus() -> int:
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    return len([x for x in subprocess.run([smi, "-L"], capture_output=True, text=True).stdout.splitlines() if x])
+
+
+@pytest.mark.xfail(reason="issue 27: on 2 x H200 at bc64d46 a load of this pair did not finish within 144 s; "
+                          "cause not found (docs/compute.md, 'Collectives')", strict=False)
+def test_two_allreduce_gangs_at_30_and_70_finish_and_both_progress():
+    """Item 1 of issue 27: a gang pair with unequal shares never hangs (each run is 6 s; the bench gives a load
+    144 s before it calls it hung) and each group gets some of its share."""
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    from pyvgpu.bench import sm
+
+    result = sm.run(targets="", seconds=6, workload="allreduce", pair="30,70", png=None)
+    got = {r["target"]: r["achieved"] for r in result["runs"] if r["kind"] == "pair"}
+    print(got)
+    assert got[30] > 10 and got[70] > 30, got
