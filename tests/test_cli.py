@@ -150,7 +150,8 @@ def test_help_has_one_grammar(env):
     p = run([*PYVGPU, "--help"], env=env)
     assert "--install-completion" in p.stdout
     for cmd in (["wrap"], ["status"], ["top"], ["exporter"], ["warmup"], ["doctor"], ["limits", "set"],
-                ["bench", "overhead"], ["bench", "startup"], ["bench", "sm"], ["bench", "matrix"], ["bench", "vpmm"], ["bench", "schedule"],
+                ["bench", "overhead"], ["bench", "startup"], ["bench", "sm"], ["bench", "matrix"], ["bench", "vpmm"],
+                ["bench", "schedule"],
                 ["group", "ls"], ["group", "rm"]):
         p = run([*PYVGPU, *cmd, "--help"], env=env)
         assert p.returncode == 0, p.stderr
