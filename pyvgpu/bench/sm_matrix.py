@@ -68,7 +68,7 @@ def run(workloads: list[str], out_dir: Path, seconds: float = 8.0, mps: bool = F
 
         bench = sm.run
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    written, failed = [], []
     for w in workloads:
         for name, kw in SCENARIOS + (MPS_SCENARIOS if mps else ()):
             path = out_dir / f"{w}-{name}.json"
@@ -76,12 +76,20 @@ def run(workloads: list[str], out_dir: Path, seconds: float = 8.0, mps: bool = F
                 say(f"{path}: done before, skipped")
                 continue
             say(f"bench sm --workload {w} ({name}) ...")
-            result = bench(workload=w, seconds=seconds, png=None, **kw)
+            try:
+                result = bench(workload=w, seconds=seconds, png=None, **kw)
+            except PyvgpuError as e:  # one load that cannot run (no PyTorch, no MPS) leaves the others their turn
+                say(f"{path.name}: failed: {e}")
+                failed.append(f"{w}-{name} ({e})")
+                continue
             tmp = path.with_suffix(".part")
             tmp.write_text(json.dumps(result, indent=1))
             tmp.replace(path)  # whole or absent: a cut-off write leaves no half file for --skip-done
             written.append(path)
             say(f"{path}: written")
+    if failed:
+        raise PyvgpuError(f"{len(failed)} scenario(s) failed: {'; '.join(failed)}; the others are in {out_dir} "
+                          "(fix the cause, then run again with --skip-done)")
     return written
 
 
@@ -236,7 +244,7 @@ def plot(results: list[dict], png: Path) -> None:
     fig, axes = plt.subplots(nrows, ncols, figsize=(6 * ncols, 4 * nrows), squeeze=False)
     for ax, (w, c) in zip(axes.flat, m.items(), strict=False):
         bars: list[tuple[str, float, float | None, str]] = []  # label, achieved, target, colour
-        bars += [(f"{t}", r["achieved"], t, colours["alone"]) for t, r in sorted(c["alone"].items())]
+        bars += [(f"A{t}", r["achieved"], t, colours["alone"]) for t, r in sorted(c["alone"].items())]
         for key in PAIRS:
             for way in WAYS:
                 bars += [(f"{way[0].upper()}{r['target']}", r["achieved"], r["target"], colours[way])
@@ -257,7 +265,7 @@ def plot(results: list[dict], png: Path) -> None:
         ax.axis("off")
     handles = [plt.Rectangle((0, 0), 1, 1, color=v) for v in colours.values()]
     fig.legend(handles + [plt.Line2D([], [], color="k", marker="_", ls="", ms=14, mew=2)],
-               ["alone (30/50/70)", "pair taking turns (T)", "pair time-sliced (S)", "pair under MPS (M)",
+               ["alone (A)", "pair taking turns (T)", "pair time-sliced (S)", "pair under MPS (M)",
                 "50 beside unlimited (N50, Nu)", "target"], loc="lower center", ncol=6, fontsize=8)
     fig.suptitle(_title(results), fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.96))

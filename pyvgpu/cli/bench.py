@@ -173,6 +173,7 @@ def bench_matrix(
     and time-sliced, and beside an unlimited neighbour, as one markdown table (DIR/matrix.md) and one PNG
     (needs matplotlib: pip install 'pyvgpu[bench]')."""
     from pyvgpu.bench import sm_matrix as matrix
+    from pyvgpu.errors import PyvgpuError
 
     dir_ = from_dir or output_dir
     if dir_ is None:
@@ -180,12 +181,18 @@ def bench_matrix(
     png_path = None if not png else Path(png) if "/" in png else dir_ / png
     if png_path is not None:
         matrix.need_matplotlib()
+    failed = None
     if from_dir is None and not render_only:
         names = matrix.pick_workloads(workloads, matrix.gpu_count())
-        matrix.run(names, dir_, seconds=seconds, mps=mps, skip_done=skip_done,
-                   say=lambda line: typer.echo(line, err=True))
+        try:
+            matrix.run(names, dir_, seconds=seconds, mps=mps, skip_done=skip_done,
+                       say=lambda line: typer.echo(line, err=True))
+        except PyvgpuError as e:  # render what the other scenarios measured, then fail
+            failed = e
     result = matrix.render_dir(dir_, commit or matrix.read_commit(Path.cwd()), png_path)
     emit(result, result["table"], as_json, None)
+    if failed is not None:
+        raise failed
 
 
 @bench_app.command("latency")
