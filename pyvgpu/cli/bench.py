@@ -189,7 +189,12 @@ def bench_matrix(
                        say=lambda line: typer.echo(line, err=True))
         except PyvgpuError as e:  # render what the other scenarios measured, then fail
             failed = e
-    result = matrix.render_dir(dir_, commit or matrix.read_commit(Path.cwd()), png_path)
+    try:
+        result = matrix.render_dir(dir_, commit or matrix.read_commit(Path.cwd()), png_path)
+    except PyvgpuError:
+        if failed is not None:  # nothing ran at all: the runs' failure is the one to tell
+            raise failed from None
+        raise
     emit(result, result["table"], as_json, None)
     if failed is not None:
         raise failed
