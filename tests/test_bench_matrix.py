@@ -169,3 +169,15 @@ def test_cli_errors_name_the_input_and_the_fix(tmp_path, args, message):
     (tmp_path / "empty").mkdir()
     p = cli(*[str(tmp_path / "empty") if a == "EMPTY" else a for a in args], cwd=tmp_path)
     assert p.returncode == 2 and message in p.stderr, p.stderr
+
+
+def test_every_scenario_binds_to_bench_sm_run():
+    """The arguments each scenario passes are bench sm's own (a renamed one would fail on the GPU only)."""
+    import inspect
+
+    from pyvgpu.bench import sm
+
+    sig = inspect.signature(sm.run)
+    for _, kw in matrix.SCENARIOS + matrix.MPS_SCENARIOS:
+        sig.bind(workload="spin", seconds=8.0, png=None, **kw)
+        assert not (kw.get("mode") == "mps" and kw.get("sliced"))  # sm.run refuses --sliced with --mode mps
