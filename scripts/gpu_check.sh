@@ -15,6 +15,10 @@
 #             high against low priority (60/60 and 50/50, spin)
 #   workloads bench sm on decode, the MLP beside an unlimited neighbour, and (2 GPUs) all-reduce and
 #             tensor-parallel decode: alone, pairs taking turns and time-sliced, beside an unlimited neighbour
+#   matrix    bench matrix: the workload matrix (issue 27 item 7) into $W/matrix (--skip-done: a second call
+#             goes on where one ran out of time), matrix.md into the summary, matrix.png beside it
+#             (MATRIX_WORKLOADS: comma-separated workloads, default by GPU count; MATRIX_MPS=1 adds MPS pairs;
+#             MATRIX_SECONDS: seconds a run, default 8)
 #   latency   bench latency: a decode service (--priority high) beside a training loop, p50/p99 alone and
 #             stacked under pyvgpu, time slicing and MPS (LAT_SECONDS, default 30 a scenario)
 #   mps       bench sm under --mode mps (MPS alone), the memory view and OOM under MPS with and without pyvgpu
@@ -114,6 +118,15 @@ for part in $PARTS; do
     else
       say "(one GPU: the all-reduce and tensor-parallel rows need two)"
     fi ;;
+  matrix)
+    say "## The workload matrix (issue 27 item 7)"
+    mkdir -p "$W/matrix"; [ -f "$ROOT/.commit" ] && cp "$ROOT/.commit" "$W/.commit"
+    $PY -m pyvgpu bench matrix --output-dir "$W/matrix" --skip-done --seconds "${MATRIX_SECONDS:-8}" \
+      ${MATRIX_WORKLOADS:+--workloads "$MATRIX_WORKLOADS"} ${MATRIX_MPS:+--mps} --png "" > "$W/matrix/run.log" 2>&1
+    tail -3 "$W/matrix/run.log" | block
+    $PY -m pyvgpu bench matrix --from "$W/matrix" --png "$(png matrix/matrix.png)" > /dev/null 2>> "$W/matrix/run.log"
+    cat "$W/matrix/matrix.md" >> "$S" 2>/dev/null || say "(no matrix.md: see matrix/run.log in raw.tgz)"
+    pack ;;
   latency)
     say "## A decode service beside a training loop, by latency (issue 27, item 6)"
     timeout 560 $PY -m pyvgpu bench latency --seconds "${LAT_SECONDS:-30}" --output "$W/latency.json" 2>&1 |
@@ -174,7 +187,7 @@ for part in $PARTS; do
     $PY -m pyvgpu bench startup --runs 5 --output "$W/startup.json" 2>&1 | tail -10 | block; pack ;;
   none) ;;  # install and warm up only (for the probes in scripts/probe)
   *)
-    say "unknown part: $part (tests, compute, scenarios, workloads, mps, vpmm, startup)" ;;
+    say "unknown part: $part (tests, compute, scenarios, workloads, matrix, mps, vpmm, startup)" ;;
   esac
 done
 cp "$S" "$W/"; pack

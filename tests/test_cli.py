@@ -150,7 +150,8 @@ def test_help_has_one_grammar(env):
     p = run([*PYVGPU, "--help"], env=env)
     assert "--install-completion" in p.stdout
     for cmd in (["wrap"], ["status"], ["top"], ["exporter"], ["warmup"], ["doctor"], ["limits", "set"],
-                ["bench", "overhead"], ["bench", "startup"], ["bench", "sm"], ["bench", "vpmm"], ["bench", "schedule"],
+                ["bench", "overhead"], ["bench", "startup"], ["bench", "sm"], ["bench", "matrix"], ["bench", "vpmm"],
+                ["bench", "schedule"],
                 ["group", "ls"], ["group", "rm"]):
         p = run([*PYVGPU, *cmd, "--help"], env=env)
         assert p.returncode == 0, p.stderr
@@ -219,7 +220,7 @@ def test_every_option_is_annotated_with_its_true_type():
 
 
 # Options that name a file or directory; --png takes '' for "no plot" (scripts/gpu_check.sh), which a Path cannot.
-NOT_A_PATH = {(("bench", "sm"), "png")}
+NOT_A_PATH = {(("bench", "sm"), "png"), (("bench", "matrix"), "png")}  # '' means no plot
 
 
 def test_every_option_that_names_a_file_is_a_path():

@@ -145,6 +145,61 @@ def bench_sm(
     emit(result, bench.table(result), as_json, output)
 
 
+@bench_app.command("matrix")
+def bench_matrix(
+    workloads: Annotated[str | None, typer.Option("--workloads", metavar="NAME,...",
+                                                  help="Workloads of bench sm to run (default spin,matmul,mlp,"
+                                                       "decode, plus allreduce,tp-decode on 2+ GPUs).")] = None,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", metavar="DIR",
+                                                    help="Where each scenario's JSON and the matrix go.")] = None,
+    seconds: Annotated[float, typer.Option("--seconds", min=2.0, metavar="SECONDS",
+                                           help="Length of each run; the first third is warm-up.")] = 8.0,
+    mps: Annotated[bool, typer.Option("--mps", help="Also run both pairs under NVIDIA MPS.")] = False,
+    skip_done: Annotated[bool, typer.Option("--skip-done", help="Skip scenarios whose JSON is already in "
+                                                                "DIR.")] = False,
+    render_only: Annotated[bool, typer.Option("--render-only", help="Run nothing: render the JSONs in "
+                                                                    "--output-dir.")] = False,
+    from_dir: Annotated[Path | None, typer.Option("--from", metavar="DIR",
+                                                  help="Run nothing: render the JSONs in DIR.")] = None,
+    png: Annotated[str, typer.Option("--png", metavar="PATH",
+                                     help="Where to write the plot (default DIR/matrix.png; '' for none).")]
+    = "matrix.png",
+    commit: Annotated[str | None, typer.Option("--commit", metavar="REV",
+                                               help="The commit named in the header (default: ./.commit).")]
+    = None,
+    as_json: AsJson = False,
+) -> None:
+    """The workload matrix (issue 27): each workload alone at 30/50/70, as 50/50 and 30/70 pairs taking turns
+    and time-sliced, and beside an unlimited neighbour, as one markdown table (DIR/matrix.md) and one PNG
+    (needs matplotlib: pip install 'pyvgpu[bench]')."""
+    from pyvgpu.bench import sm_matrix as matrix
+    from pyvgpu.errors import PyvgpuError
+
+    dir_ = from_dir or output_dir
+    if dir_ is None:
+        raise fail("give --output-dir DIR (where the runs go) or --from DIR (to render earlier runs)")
+    png_path = None if not png else Path(png) if "/" in png else dir_ / png
+    if png_path is not None:
+        matrix.need_matplotlib()
+    failed = None
+    if from_dir is None and not render_only:
+        names = matrix.pick_workloads(workloads, matrix.gpu_count())
+        try:
+            matrix.run(names, dir_, seconds=seconds, mps=mps, skip_done=skip_done,
+                       say=lambda line: typer.echo(line, err=True))
+        except PyvgpuError as e:  # render what the other scenarios measured, then fail
+            failed = e
+    try:
+        result = matrix.render_dir(dir_, commit or matrix.read_commit(Path.cwd()), png_path)
+    except PyvgpuError:
+        if failed is not None:  # nothing ran at all: the runs' failure is the one to tell
+            raise failed from None
+        raise
+    emit(result, result["table"], as_json, None)
+    if failed is not None:
+        raise failed
+
+
 @bench_app.command("latency")
 def bench_latency(
     seconds: Annotated[float, typer.Option("--seconds", min=5.0, metavar="SECONDS",

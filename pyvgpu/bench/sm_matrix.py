@@ -1,0 +1,293 @@
+"""`pyvgpu bench matrix`: the workload matrix of issue 27 (item 7) as one markdown table and one PNG.
+
+Each workload runs through `bench sm` (pyvgpu.bench.sm.run, in this process) in a few scenarios; each
+scenario's full result goes to ``DIR/<workload>-<scenario>.json`` as soon as it finishes, so a run cut short
+keeps what it did and ``--skip-done`` goes on from there. Rendering reads the JSONs back and places each
+run by what it is (its kind, target and mode), not by its file name: any `bench sm` JSON in the folder
+fills the cells it measured, and a cell nothing measured stays '-'.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from pyvgpu.errors import PyvgpuError
+
+DEFAULT_WORKLOADS = ("spin", "matmul", "mlp", "decode")
+TWO_GPU_WORKLOADS = ("allreduce", "tp-decode")
+ALONE = (30, 50, 70)
+MISS_POINTS = 5.0  # a share this far from its target is flagged in the notes (bench sm's goal)
+BETTER_POINTS = 2.0  # a pair's summed throughput shares this much higher elsewhere is "better" (not noise)
+# (file name part, bench sm arguments)
+SCENARIOS: tuple[tuple[str, dict], ...] = (
+    ("main", {"targets": "30,50,70", "pair": "50,50", "sliced": True, "neighbour": "unlimited",
+              "neighbour_share": 50}),
+    ("3070", {"targets": "", "pair": "30,70", "sliced": True}),
+)
+MPS_SCENARIOS: tuple[tuple[str, dict], ...] = (
+    ("mps-5050", {"targets": "", "pair": "50,50", "mode": "mps"}),
+    ("mps-3070", {"targets": "", "pair": "30,70", "mode": "mps"}),
+)
+PAIRS = ("50/50", "30/70")
+WAYS = ("turns", "sliced", "mps")
+
+
+def gpu_count() -> int:
+    """GPUs NVML sees (0 without NVML)."""
+    from pyvgpu.host import devices
+
+    gpus = devices.machine()
+    return 0 if gpus is None else len(gpus)
+
+
+def pick_workloads(text: str | None, gpus: int) -> list[str]:
+    """The workloads to run: ``text`` (comma-separated), or the default for a machine of ``gpus`` GPUs."""
+    from pyvgpu.bench.sm import WORKLOADS
+
+    if text is None:
+        return list(DEFAULT_WORKLOADS) + (list(TWO_GPU_WORKLOADS) if gpus >= 2 else [])
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise PyvgpuError(f"--workloads {text!r} names no workload: give some of {', '.join(WORKLOADS)}")
+    for n in names:
+        if n not in WORKLOADS:
+            raise PyvgpuError(f"--workloads: {n!r} is not one of {', '.join(WORKLOADS)}")
+        if n in TWO_GPU_WORKLOADS and gpus < 2:
+            raise PyvgpuError(f"--workloads: {n!r} needs 2 GPUs and this machine has {gpus}: leave it out or "
+                              "run on a machine with two")
+    return names
+
+
+def run(workloads: list[str], out_dir: Path, seconds: float = 8.0, mps: bool = False, skip_done: bool = False,
+        bench: Callable[..., dict] | None = None, say: Callable[[str], None] = print) -> list[Path]:
+    """Run every workload's scenarios, each written to ``out_dir`` when it finishes; the files written."""
+    if bench is None:
+        from pyvgpu.bench import sm
+
+        bench = sm.run
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written, failed = [], []
+    for w in workloads:
+        for name, kw in SCENARIOS + (MPS_SCENARIOS if mps else ()):
+            path = out_dir / f"{w}-{name}.json"
+            if skip_done and path.exists():
+                say(f"{path}: done before, skipped")
+                continue
+            say(f"bench sm --workload {w} ({name}) ...")
+            try:
+                result = bench(workload=w, seconds=seconds, png=None, **kw)
+            except PyvgpuError as e:  # one load that cannot run (no PyTorch, no MPS) leaves the others their turn
+                say(f"{path.name}: failed: {e}")
+                failed.append(f"{w}-{name} ({e})")
+                continue
+            tmp = path.with_suffix(".part")
+            tmp.write_text(json.dumps(result, indent=1))
+            tmp.replace(path)  # whole or absent: a cut-off write leaves no half file for --skip-done
+            written.append(path)
+            say(f"{path}: written")
+    if failed:
+        raise PyvgpuError(f"{len(failed)} scenario(s) failed: {'; '.join(failed)}; the others are in {out_dir} "
+                          "(fix the cause, then run again with --skip-done)")
+    return written
+
+
+def load(dir_: Path) -> list[dict]:
+    """Every `bench sm` result in ``dir_`` (name order)."""
+    if not dir_.is_dir():
+        raise PyvgpuError(f"--from {dir_}: not a folder; give the --output-dir of `pyvgpu bench matrix`")
+    out = []
+    for p in sorted(dir_.glob("*.json")):
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            raise PyvgpuError(f"{p}: not readable JSON ({e}); remove it or run that scenario again") from None
+        if isinstance(d, dict) and d.get("bench") == "sm" and isinstance(d.get("runs"), list):
+            out.append(d)
+    if not out:
+        raise PyvgpuError(f"--from {dir_}: holds no `bench sm` JSON; run `pyvgpu bench matrix --output-dir "
+                          f"{dir_}` first")
+    return out
+
+
+def _pair_key(runs: list[dict]) -> str | None:
+    ts = sorted(r["target"] for r in runs)
+    key = f"{ts[0]}/{ts[1]}" if len(ts) == 2 else None
+    return key if key in PAIRS else None
+
+
+def collect(results: list[dict]) -> dict:
+    """The matrix's cells by workload: what each scenario measured (later files win a cell measured twice)."""
+    m: dict[str, dict] = {}
+    for res in results:
+        cells = m.setdefault(res["workload"], {"alone": {}, "pairs": {}, "neighbour": None})
+        mps = res.get("mode") == "mps"
+        runs = res["runs"]
+        if not mps:
+            for r in runs:
+                if r["kind"] == "single" and r["target"] is not None:
+                    cells["alone"][r["target"]] = r
+        for kind, way in (("pair", "mps" if mps else "turns"), ("pair-sliced", "sliced")):
+            rs = sorted((r for r in runs if r["kind"] == kind), key=lambda r: r["target"])
+            key = _pair_key(rs) if len(rs) == 2 else None
+            if key and not (mps and kind == "pair-sliced"):
+                cells["pairs"][(key, way)] = rs
+        a = [r for r in runs if r["kind"] == "neighbour"]
+        b = [r for r in runs if r["kind"] == "neighbour-unlimited"]
+        if a and b and not mps:
+            cells["neighbour"] = (a[0], b[0])
+    return m
+
+
+def _f(x: float | None) -> str:
+    return f"{x:.1f}" if isinstance(x, int | float) else "-"
+
+
+def _alone_cell(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    return f"{_f(r['achieved'])} (t {_f(r.get('time_share_nvml'))}/{_f(r.get('time_share_charged'))})"
+
+
+def _pair_cell(rs: list[dict] | None, way: str) -> str:
+    if rs is None:
+        return "-"
+    cell = " / ".join(_f(r["achieved"]) for r in rs)
+    if way == "turns":  # charged time per group; NVML sees only the device as a whole
+        cell += " (c " + "/".join(_f(r.get("time_share_charged")) for r in rs) + ")"
+    return cell
+
+
+def _notes(cells: dict) -> list[str]:
+    notes = []
+    for t, r in sorted(cells["alone"].items()):
+        if abs(r["achieved"] - t) > MISS_POINTS:
+            notes.append(f"alone {t} misses by {r['achieved'] - t:+.1f}")
+    for key in PAIRS:
+        turns = cells["pairs"].get((key, "turns"))
+        for i, r in enumerate(turns or []):
+            if abs(r["achieved"] - r["target"]) > MISS_POINTS:
+                notes.append(f"{key} turns: group {i + 1} ({r['target']}) misses by "
+                             f"{r['achieved'] - r['target']:+.1f}")
+        if turns is None:
+            continue
+        base = sum(r["achieved"] for r in turns)
+        for way, name in (("sliced", "time slicing"), ("mps", "MPS")):
+            other = cells["pairs"].get((key, way))
+            if other is not None and sum(r["achieved"] for r in other) > base + BETTER_POINTS:
+                notes.append(f"{name} does better at {key} (sum {sum(r['achieved'] for r in other):.1f} against "
+                             f"{base:.1f} taking turns)")
+    return notes
+
+
+def _title(results: list[dict]) -> str:
+    machines = sorted({r["machine"].get("gpu", "?") for r in results})
+    secs = sorted({r["seconds"] for r in results})
+    return f"Workload matrix on {'; '.join(machines)}, {' / '.join(f'{s:g}' for s in secs)} s a run"
+
+
+def _header(results: list[dict], commit: str) -> str:
+    return (f"{_title(results)}, commit {commit}. Shares in % of the workload's unlimited throughput; "
+            "(t NVML/charged): time share by NVML and by the turns' charged GPU time; (c a/b): each group's "
+            "charged time share.")
+
+
+def render(results: list[dict], commit: str = "unknown", mps: bool | None = None) -> str:
+    """The matrix as one markdown table (a header line, then the table)."""
+    m = collect(results)
+    if mps is None:
+        mps = any(way == "mps" for c in m.values() for (_, way) in c["pairs"])
+    ways = WAYS if mps else WAYS[:2]
+    cols = [f"alone {t}" for t in ALONE]
+    cols += [f"{key} {'taking turns' if w == 'turns' else 'time-sliced' if w == 'sliced' else 'MPS'}"
+             for key in PAIRS for w in ways]
+    cols += ["50 beside an unlimited neighbour", "notes"]
+    lines = [_header(results, commit), "", "| workload | " + " | ".join(cols) + " |",
+             "| --- " * (len(cols) + 1) + "|"]
+    from pyvgpu.bench.sm import WORKLOADS
+
+    for w in sorted(m, key=lambda w: WORKLOADS.index(w) if w in WORKLOADS else len(WORKLOADS)):
+        c = m[w]
+        row = [_alone_cell(c["alone"].get(t)) for t in ALONE]
+        row += [_pair_cell(c["pairs"].get((key, way)), way) for key in PAIRS for way in ways]
+        n = c["neighbour"]
+        row.append(f"{_f(n[0]['achieved'])}, neighbour {_f(n[1]['achieved'])}" if n else "-")
+        row.append("; ".join(_notes(c)) or "-")
+        lines.append(f"| {w} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def need_matplotlib() -> None:
+    """Fail before any run when the PNG cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PyvgpuError("the matrix PNG needs matplotlib: pip install 'pyvgpu[bench]' (or pass --png '' to "
+                          "skip it)") from None
+
+
+def plot(results: list[dict], png: Path) -> None:
+    """One figure, a panel per workload: achieved share per run (bars) against its target (black ticks)."""
+    need_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = collect(results)
+    colours = {"alone": "tab:blue", "turns": "tab:orange", "sliced": "tab:green", "mps": "tab:purple",
+               "neighbour": "tab:red"}
+    n = len(m)
+    ncols = min(n, 3)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6 * ncols, 4 * nrows), squeeze=False)
+    for ax, (w, c) in zip(axes.flat, m.items(), strict=False):
+        bars: list[tuple[str, float, float | None, str]] = []  # label, achieved, target, colour
+        bars += [(f"A{t}", r["achieved"], t, colours["alone"]) for t, r in sorted(c["alone"].items())]
+        for key in PAIRS:
+            for way in WAYS:
+                bars += [(f"{way[0].upper()}{r['target']}", r["achieved"], r["target"], colours[way])
+                         for r in c["pairs"].get((key, way)) or []]
+        if c["neighbour"]:
+            a, b = c["neighbour"]
+            bars += [("N50", a["achieved"], 50, colours["neighbour"]),
+                     ("Nu", b["achieved"], None, colours["neighbour"])]
+        xs = range(len(bars))
+        ax.bar(xs, [b[1] for b in bars], color=[b[3] for b in bars])
+        ax.plot([x for x, b in zip(xs, bars, strict=True) if b[2] is not None],
+                [b[2] for b in bars if b[2] is not None], "k_", ms=14, mew=2)
+        ax.set_xticks(list(xs), [b[0] for b in bars], fontsize=7)
+        ax.set_ylim(0, 110)
+        ax.set_title(w)
+        ax.set_ylabel("% of unlimited throughput")
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=v) for v in colours.values()]
+    fig.legend(handles + [plt.Line2D([], [], color="k", marker="_", ls="", ms=14, mew=2)],
+               ["alone (A)", "pair taking turns (T)", "pair time-sliced (S)", "pair under MPS (M)",
+                "50 beside unlimited (N50, Nu)", "target"], loc="lower center", ncol=6, fontsize=8)
+    fig.suptitle(_title(results), fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.96))
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def read_commit(cwd: Path) -> str:
+    """The tree's commit from a ``.commit`` file in ``cwd`` (never git: a tarball has none), or 'unknown'."""
+    try:
+        text = (cwd / ".commit").read_text().strip()
+    except OSError:
+        return "unknown"
+    return text.split()[0][:40] if text else "unknown"
+
+
+def render_dir(dir_: Path, commit: str, png: Path | None) -> dict:
+    """Write DIR/matrix.md (and the PNG) from the JSONs in ``dir_``; the matrix as a dict."""
+    results = load(dir_)
+    if png is not None:
+        plot(results, png)
+    md = render(results, commit)
+    (dir_ / "matrix.md").write_text(md + "\n")
+    return {"bench": "matrix", "commit": commit, "table": md, "markdown": str(dir_ / "matrix.md"),
+            "png": None if png is None else str(png), "files": len(results)}

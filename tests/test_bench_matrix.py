@@ -1,0 +1,183 @@
+"""`pyvgpu bench matrix`: the workload matrix rendered from bench sm JSONs (CPU only: no run needs a GPU).
+
+The fixtures in tests/data/matrix are real `bench sm` results (two H100s), with their long curve and
+controller arrays dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyvgpu.bench import sm_matrix as matrix
+from pyvgpu.errors import PyvgpuError
+
+DATA = Path(__file__).parent / "data" / "matrix"
+PYVGPU = [sys.executable, "-m", "pyvgpu"]
+
+
+def rows(md: str) -> dict[str, dict[str, str]]:
+    """The table's cells by workload and column name."""
+    lines = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    out = {}
+    for ln in lines[1:]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        out[cells[0]] = dict(zip(head, cells, strict=True))
+    return out
+
+
+@pytest.fixture
+def results() -> list[dict]:
+    return matrix.load(DATA)
+
+
+def test_cells_come_from_the_runs_they_name(results):
+    t = rows(matrix.render(results, "abc123"))
+    ar = t["allreduce"]
+    assert ar["alone 30"] == "31.2 (t 67.8/30.2)"  # throughput (t NVML / charged)
+    assert ar["alone 50"] == "51.8 (t 70.9/49.9)"
+    assert ar["50/50 taking turns"] == "27.7 / 25.1 (c 26.4/25.1)"
+    assert ar["50 beside an unlimited neighbour"] == "28.1, neighbour 16.8"
+    d = t["decode"]
+    assert d["30/70 taking turns"] == "52.8 / 39.8 (c 21.5/10.6)"
+    assert d["30/70 time-sliced"] == "81.0 / 50.0"
+    assert t["tp-decode"]["50/50 time-sliced"] == "22.9 / 1.5"
+
+
+def test_what_no_run_measured_is_a_dash(results):
+    t = rows(matrix.render(results))
+    assert t["allreduce"]["alone 70"] == "-"  # its alone run went to 90, not 70
+    assert t["allreduce"]["30/70 taking turns"] == "-"
+    assert t["decode"]["alone 30"] == "-" and t["decode"]["50 beside an unlimited neighbour"] == "-"
+    assert "MPS" not in matrix.render(results).split("\n")[2]  # no MPS run, no MPS columns
+
+
+def test_the_header_names_machine_seconds_and_commit(results):
+    head = matrix.render(results, "abc123").splitlines()[0]
+    assert "NVIDIA H100 80GB HBM3" in head and "8 s a run" in head and "commit abc123" in head
+
+
+def test_notes_flag_a_miss_and_where_time_slicing_does_better(results):
+    t = rows(matrix.render(results))
+    notes = t["decode"]["notes"]
+    assert "30/70 turns: group 2 (70) misses by -30.2" in notes
+    assert "time slicing does better at 30/70 (sum 130.9 against 92.6 taking turns)" in notes
+    assert "alone 50 misses by +26.3" in t["tp-decode"]["notes"]
+    # allreduce: alone within 5 points, and no time-sliced 50/50 run to compare with
+    ar = t["allreduce"]["notes"]
+    assert "alone" not in ar and "does better" not in ar
+
+
+def test_a_pair_within_its_target_and_ahead_of_time_slicing_has_no_note():
+    res = json.loads((DATA / "decode-3070.json").read_text())
+    for r in res["runs"]:
+        r["achieved"] = {("pair", 30): 31.0, ("pair", 70): 68.0, ("pair-sliced", 30): 30.0,
+                         ("pair-sliced", 70): 69.0}[(r["kind"], r["target"])]
+    assert rows(matrix.render([res]))["decode"]["notes"] == "-"
+
+
+def test_mps_pairs_get_columns_and_a_note_where_mps_does_better():
+    base = json.loads((DATA / "decode-3070.json").read_text())
+    mps = json.loads(json.dumps(base))
+    mps["mode"] = "mps"
+    mps["runs"] = [dict(r, achieved=r["achieved"] + 20) for r in mps["runs"] if r["kind"] == "pair"]
+    t = rows(matrix.render([base, mps]))
+    assert t["decode"]["30/70 MPS"] == "72.8 / 59.8"
+    assert t["decode"]["50/50 MPS"] == "-"
+    assert "MPS does better at 30/70 (sum 132.6 against 92.6 taking turns)" in t["decode"]["notes"]
+
+
+def test_run_writes_each_scenario_as_it_finishes_and_skip_done_skips_it(tmp_path):
+    calls, cut = [], [3]  # the third call runs out of time
+
+    def fake_bench(**kw):
+        calls.append(kw)
+        if len(calls) == cut[0]:
+            raise PyvgpuError("out of time")
+        return {"bench": "sm", "workload": kw["workload"], "runs": [], "machine": {"gpu": "x"}, "seconds": 8}
+
+    with pytest.raises(PyvgpuError, match=r"1 scenario\(s\) failed: mlp-main \(out of time\).*--skip-done"):
+        matrix.run(["spin", "mlp"], tmp_path, mps=False, bench=fake_bench, say=lambda s: None)
+    # the failed one leaves no file; the scenarios after it still ran
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp-3070.json", "spin-3070.json", "spin-main.json"]
+    assert calls[0] == {"workload": "spin", "seconds": 8.0, "png": None, **dict(matrix.SCENARIOS)["main"]}
+    calls.clear()
+    cut[0] = 0
+    matrix.run(["spin", "mlp"], tmp_path, skip_done=True, mps=True, bench=fake_bench, say=lambda s: None)
+    assert [(c["workload"], c.get("mode", "hami-core"), c["pair"]) for c in calls] == [
+        ("spin", "mps", "50,50"), ("spin", "mps", "30,70"), ("mlp", "hami-core", "50,50"),
+        ("mlp", "mps", "50,50"), ("mlp", "mps", "30,70")]
+    assert not any(c.get("sliced") for c in calls if c.get("mode") == "mps")  # bench sm refuses that mix
+
+
+def test_workloads_default_by_gpu_count_and_refuse_bad_names():
+    assert matrix.pick_workloads(None, 1) == ["spin", "matmul", "mlp", "decode"]
+    assert matrix.pick_workloads(None, 2)[-2:] == ["allreduce", "tp-decode"]
+    assert matrix.pick_workloads("decode, allreduce", 2) == ["decode", "allreduce"]
+    with pytest.raises(PyvgpuError, match=r"--workloads: 'dekode' is not one of spin, graph"):
+        matrix.pick_workloads("dekode", 2)
+    with pytest.raises(PyvgpuError, match=r"'allreduce' needs 2 GPUs and this machine has 1: leave it out"):
+        matrix.pick_workloads("mlp,allreduce", 1)
+
+
+def test_commit_comes_from_a_commit_file_never_git(tmp_path):
+    assert matrix.read_commit(tmp_path) == "unknown"
+    (tmp_path / ".commit").write_text("53b6aee\n")
+    assert matrix.read_commit(tmp_path) == "53b6aee"
+
+
+def test_the_png_without_matplotlib_names_the_fix(results, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(PyvgpuError, match=r"pip install 'pyvgpu\[bench\]' \(or pass --png ''"):
+        matrix.plot(results, tmp_path / "m.png")
+
+
+def test_the_png_is_drawn(results, tmp_path):
+    pytest.importorskip("matplotlib")
+    matrix.plot(results, tmp_path / "m.png")
+    assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*PYVGPU, "bench", "matrix", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_renders_a_folder_into_matrix_md(tmp_path):
+    d = tmp_path / "runs"
+    shutil.copytree(DATA, d)
+    (tmp_path / ".commit").write_text("feed123\n")
+    p = cli("--from", str(d), "--png", "", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    md = (d / "matrix.md").read_text()
+    assert "commit feed123" in md and md.strip() == p.stdout.strip()
+    assert rows(md)["allreduce"]["alone 30"] == "31.2 (t 67.8/30.2)"
+    assert not (d / "matrix.png").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--from", "EMPTY", "--png", ""], "holds no `bench sm` JSON; run `pyvgpu bench matrix --output-dir"),
+    (["--png", ""], "give --output-dir DIR (where the runs go) or --from DIR"),
+    (["--output-dir", "EMPTY", "--workloads", "dekode", "--png", ""], "--workloads: 'dekode' is not one of"),
+])
+def test_cli_errors_name_the_input_and_the_fix(tmp_path, args, message):
+    (tmp_path / "empty").mkdir()
+    p = cli(*[str(tmp_path / "empty") if a == "EMPTY" else a for a in args], cwd=tmp_path)
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+
+
+def test_every_scenario_binds_to_bench_sm_run():
+    """The arguments each scenario passes are bench sm's own (a renamed one would fail on the GPU only)."""
+    import inspect
+
+    from pyvgpu.bench import sm
+
+    sig = inspect.signature(sm.run)
+    for _, kw in matrix.SCENARIOS + matrix.MPS_SCENARIOS:
+        sig.bind(workload="spin", seconds=8.0, png=None, **kw)
+        assert not (kw.get("mode") == "mps" and kw.get("sliced"))  # sm.run refuses --sliced with --mode mps
