@@ -205,7 +205,9 @@ def _notes(cells: dict) -> list[str]:
 def _title(results: list[dict]) -> str:
     machines = sorted({r["machine"].get("gpu", "?") for r in results})
     secs = sorted({r["seconds"] for r in results})
-    return f"Workload matrix on {'; '.join(machines)}, {' / '.join(f'{s:g}' for s in secs)} s a run"
+    two = [w for w in TWO_GPU_WORKLOADS if any(r["workload"] == w for r in results)]
+    where = f" ({' and '.join(two)} on two of them)" if two else ""  # the JSON names one GPU, not how many
+    return f"Workload matrix on {'; '.join(machines)}{where}, {' / '.join(f'{s:g}' for s in secs)} s a run"
 
 
 def _header(results: list[dict], commit: str) -> str:
