@@ -61,7 +61,7 @@ def test_what_no_run_measured_is_a_dash(results):
 
 def test_the_header_names_machine_seconds_and_commit(results):
     head = matrix.render(results, "abc123").splitlines()[0]
-    assert "NVIDIA H100 80GB HBM3 (allreduce and tp-decode on two of them)" in head
+    assert "NVIDIA H100 80GB HBM3, 580.159.04 (allreduce and tp-decode on two of them)" in head
     assert "8 s a run" in head and "commit abc123" in head
     assert "two of them" not in matrix.render(matrix.load(H200)).splitlines()[0]  # one GPU's workloads only
 
