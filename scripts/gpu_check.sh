@@ -16,7 +16,8 @@
 #   workloads bench sm on decode, the MLP beside an unlimited neighbour, and (2 GPUs) all-reduce and
 #             tensor-parallel decode: alone, pairs taking turns and time-sliced, beside an unlimited neighbour
 #   matrix    bench matrix: the workload matrix (issue 27 item 7) into $W/matrix (--skip-done: a second call
-#             goes on where one ran out of time), matrix.md into the summary, matrix.png beside it
+#             goes on where one ran out of time), matrix.md into the summary, matrix.png beside it;
+#             MATRIX_SECONDS, MATRIX_WORKLOADS, MATRIX_MPS=1 and MATRIX_ARGS (more options) tune it
 #             (MATRIX_WORKLOADS: comma-separated workloads, default by GPU count; MATRIX_MPS=1 adds MPS pairs;
 #             MATRIX_SECONDS: seconds a run, default 8)
 #   latency   bench latency: a decode service (--priority high) beside a training loop, p50/p99 alone and
@@ -120,9 +121,11 @@ for part in $PARTS; do
     fi ;;
   matrix)
     say "## The workload matrix (issue 27 item 7)"
-    mkdir -p "$W/matrix"; [ -f "$ROOT/.commit" ] && cp "$ROOT/.commit" "$W/.commit"
+    mkdir -p "$W/matrix"; [ -f "$ROOT/.commit" ] && cp "$ROOT/.commit" "$W/matrix/.commit"
+    # shellcheck disable=SC2086  # MATRIX_ARGS: more bench matrix options, split on spaces
     $PY -m pyvgpu bench matrix --output-dir "$W/matrix" --skip-done --seconds "${MATRIX_SECONDS:-8}" \
-      ${MATRIX_WORKLOADS:+--workloads "$MATRIX_WORKLOADS"} ${MATRIX_MPS:+--mps} --png "" > "$W/matrix/run.log" 2>&1
+      ${MATRIX_WORKLOADS:+--workloads "$MATRIX_WORKLOADS"} ${MATRIX_MPS:+--mps} ${MATRIX_ARGS:-} --png "" \
+      > "$W/matrix/run.log" 2>&1
     tail -3 "$W/matrix/run.log" | block
     $PY -m pyvgpu bench matrix --from "$W/matrix" --png "$(png matrix/matrix.png)" > /dev/null 2>> "$W/matrix/run.log"
     cat "$W/matrix/matrix.md" >> "$S" 2>/dev/null || say "(no matrix.md: see matrix/run.log in raw.tgz)"

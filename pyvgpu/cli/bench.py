@@ -165,7 +165,7 @@ def bench_matrix(
                                      help="Where to write the plot (default DIR/matrix.png; '' for none).")]
     = "matrix.png",
     commit: Annotated[str | None, typer.Option("--commit", metavar="REV",
-                                               help="The commit named in the header (default: ./.commit).")]
+                                               help="The commit in the header (default: .commit in DIR or here).")]
     = None,
     as_json: AsJson = False,
 ) -> None:
@@ -190,7 +190,7 @@ def bench_matrix(
         except PyvgpuError as e:  # render what the other scenarios measured, then fail
             failed = e
     try:
-        result = matrix.render_dir(dir_, commit or matrix.read_commit(Path.cwd()), png_path)
+        result = matrix.render_dir(dir_, commit or matrix.read_commit(dir_, Path.cwd()), png_path)
     except PyvgpuError:
         if failed is not None:  # nothing ran at all: the runs' failure is the one to tell
             raise failed from None
