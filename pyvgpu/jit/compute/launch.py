@@ -16,8 +16,8 @@ cooperative launch) ends in :func:`launch`:
    groups' deep queues at once. A launch without a share takes part too
    while a group with a share takes turns on the machine, best effort;
 4. time one launch in SAMPLE_EVERY, at most one per SAMPLE_GAP_NS (and every new kernel's first) with
-   events; under turns the process's very first timed launch is waited for, so that its later launches
-   have a cost;
+   events, and a launch held for the budget once the last timing is STALE_SAMPLE_NS old; under turns the
+   process's very first timed launch is waited for, so that its later launches have a cost;
 5. call the driver.
 
 With no limit in force, and no group with a share taking turns on the
@@ -42,6 +42,8 @@ from pyvgpu.jit.runtime.intrinsics import load_i32, monotonic_ns, stack_u64, unl
 SAMPLE_EVERY = 256  # time one launch in this many (a power of two); a new kernel's first launch always
 SAMPLE_GAP_NS = 4_000_000  # and at most one each this long: a timing costs ~5 driver calls (docs/compute.md,
 #                           "What a launch under a share costs"), too many at hundreds of thousands of launches a second
+STALE_SAMPLE_NS = 100_000_000  # a launch held for the budget is timed once the last timing is this old: a first
+#                                timing that caught a peer's wait would else be charged for minutes (see launch)
 HARVEST_EVERY = 64  # look for finished timings every this many launches (a power of two)
 OUTSIDE = np.uint64(0xFFFFFFFFFFFFFFFF)  # turn_out when a launch went outside the turns on an unknown device
 
@@ -107,6 +109,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
     slot = cost.cost_slot(ctx, key)
     c = cost.cost_of(ctx, slot)
+    stale = False
     if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, tdev, now, g != 0)
                            and not turn.share_waits(ctx, e, now)):
         rank = limiter.rank(region, True)
@@ -116,6 +119,11 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
             wait, holds = gang.common_wait(region, wait, now, limiter.batch_ns(ctx, True))
         if unlikely(holds):
             now = limiter.hold(ctx, region, tdev, wait, stream, True, rank, g)
+            # An estimate that charges too much makes launches rare, and rare launches are rarely timed
+            # (one in SAMPLE_EVERY): a collective's first timing that caught a wait for a late peer would
+            # hold the group at a sliver of its share for minutes. A held launch is timed again once the
+            # last timing is STALE_SAMPLE_NS old: only while held, at most ten a second.
+            stale = now >= np.int64(CTX.get_samp_next_ns(ctx)) + STALE_SAMPLE_NS
     else:
         # best effort: no share here, or a share spent while the group may borrow idle time and nobody
         # with a share waits. No budget is charged (the group is not in debt when it stops borrowing), but
@@ -125,11 +133,11 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         if limit != 0:
             DEV.add_sm_borrow_ns(REGION.device(region, dev), c)
     # the count first: sm_pending is on a line of its own, which 63 launches in 64 leave unread
-    if unlikely((n & np.uint64(HARVEST_EVERY - 1)) == 0 and CTX.load_sm_pending(ctx) != 0):
+    if unlikely(((n & np.uint64(HARVEST_EVERY - 1)) == 0 or stale) and CTX.load_sm_pending(ctx) != 0):
         cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones
     cu = turn.take(ctx, region, tdev, e, stream, now, gang.queue_cost(g, c), rank, limit != 0, g)
     s = -1
-    if unlikely(cost.new_kernel(ctx, slot) or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
+    if unlikely(cost.new_kernel(ctx, slot) or stale or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
                                                and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
         s = cost.sample_begin(ctx, key, stream)
         if s >= 0:
