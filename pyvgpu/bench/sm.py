@@ -119,7 +119,14 @@ class _Run:
             out, err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise PyvgpuError("a bench load did not finish in time") from None
+            try:  # what it said before it stopped: a hang is diagnosed from it (its ranks may hold the pipes)
+                out, err = self.proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                out = err = ""
+            last = (out or "").strip().splitlines()[-1:]
+            raise PyvgpuError(f"bench load {' '.join(self.proc.args)} did not finish in {timeout:.0f} s"
+                              f"{'; its last progress line: ' + last[0] if last else ''}"
+                              f"{'; its errors: ' + err.strip()[-2000:] if err and err.strip() else ''}") from None
         self._sampler.join(timeout=1)
         if self.proc.returncode != 0:
             raise PyvgpuError(f"bench load {' '.join(self.proc.args)} failed ({self.proc.returncode}): "
