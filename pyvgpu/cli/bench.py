@@ -154,7 +154,7 @@ def bench_matrix(
                                                     help="Where each scenario's JSON and the matrix go.")] = None,
     seconds: Annotated[float, typer.Option("--seconds", min=2.0, metavar="SECONDS",
                                            help="Length of each run; the first third is warm-up.")] = 8.0,
-    mps: Annotated[bool, typer.Option("--mps", help="Also run both pairs under NVIDIA MPS.")] = False,
+    mps: Annotated[bool, typer.Option("--mps", help="Also run the 50/50 pair under NVIDIA MPS.")] = False,
     skip_done: Annotated[bool, typer.Option("--skip-done", help="Skip scenarios whose JSON is already in "
                                                                 "DIR.")] = False,
     render_only: Annotated[bool, typer.Option("--render-only", help="Run nothing: render the JSONs in "
