@@ -13,13 +13,14 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from pyvgpu.bench.sm import DRIFT_WARN, GOAL_POINTS
 from pyvgpu.errors import PyvgpuError
 
 DEFAULT_WORKLOADS = ("spin", "matmul", "mlp", "decode")
 TWO_GPU_WORKLOADS = ("allreduce", "tp-decode")
 ALONE = (30, 50, 70)
-MISS_POINTS = 5.0  # a share this far from its target is flagged in the notes (bench sm's goal)
-DRIFT_NOTE = 0.05  # the raw rate's change between the first and the last baseline worth a note
+MISS_POINTS = GOAL_POINTS  # a share this far from its target is flagged in the notes (bench sm's goal)
+DRIFT_NOTE = DRIFT_WARN  # the raw rate's change between the first and the last baseline worth a note (bench sm's)
 LAUNCH_BOUND_NVML = 50.0  # unlimited, a workload keeping the GPU busy less than this is bound by its launches
 BETTER_POINTS = 2.0  # a pair's summed throughput shares this much higher elsewhere is "better" (not noise)
 # (file name part, bench sm arguments)

@@ -30,25 +30,15 @@ def test_torch_under_a_share_still_computes_the_same(tmp_path):
     assert raw.stdout.strip().splitlines()[-1] == limited.stdout.strip().splitlines()[-1]
 
 
-def _gpus() -> int:
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return 0
-    return len([x for x in subprocess.run([smi, "-L"], capture_output=True, text=True).stdout.splitlines() if x])
-
-
 @pytest.mark.xfail(reason="issue 27: on 2 x H200 at bc64d46 a load of this pair did not finish within 144 s; "
                           "cause not found (docs/compute.md, 'Collectives')", strict=False)
 def test_two_allreduce_gangs_at_30_and_70_finish_and_both_progress():
     """Item 1 of issue 27: a gang pair with unequal shares never hangs (each run is 6 s; the bench gives a load
     144 s before it calls it hung) and each group gets some of its share."""
-    if _gpus() < 2:
-        pytest.skip("needs 2 GPUs")
-    from pyvgpu.bench import sm
+    from pyvgpu.bench import sm, sm_matrix
 
+    if sm_matrix.gpu_count() < 2:
+        pytest.skip("needs 2 GPUs")
     result = sm.run(targets="", seconds=6, workload="allreduce", pair="30,70", png=None)
     got = {r["target"]: r["achieved"] for r in result["runs"] if r["kind"] == "pair"}
     print(got)
