@@ -1,7 +1,10 @@
 """NVML's device utilization, sampled while a bench run goes (the time share NVML sees).
 
-NVML reports the percent of its last sample period during which the device ran a kernel, for the device
-as a whole: with one group on it, that group's time share; with several, their sum.
+NVML keeps a sample every 200 ms or so (driver 580), each the percent of the time before it during which the
+device ran a kernel, for the device as a whole: with one group on it, that group's time share; with several,
+their sum. They are read with nvmlDeviceGetSamples, as the controller reads them
+(pyvgpu/jit/compute/busy.py): one nvmlDeviceGetUtilizationRates reading answers a window short against a
+share's bursts (docs/compute.md, "Reading NVML"), and is only the fallback for a driver without samples.
 """
 
 from __future__ import annotations
@@ -13,6 +16,13 @@ import time
 
 class _Utilization(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class _Sample(ctypes.Structure):
+    _fields_ = [("ts", ctypes.c_ulonglong), ("value", ctypes.c_ulonglong)]
+
+
+_GPU_UTILIZATION_SAMPLES, _UNSIGNED_INT, _NOT_FOUND = 1, 1, 6  # nvmlSamplingType_t, nvmlValueType_t, nvmlReturn_t
 
 
 class UtilSampler:
@@ -36,12 +46,35 @@ class UtilSampler:
             h = ctypes.c_void_p()
             if nv.nvmlDeviceGetHandleByIndex_v2(self._index, ctypes.byref(h)) != 0:
                 return
-            u = _Utilization()
-            while not self._stop.wait(self._period):
-                if nv.nvmlDeviceGetUtilizationRates(h, ctypes.byref(u)) == 0:
-                    self.samples.append((time.monotonic(), float(u.gpu)))
+            if not self._samples(nv, h):
+                u = _Utilization()
+                while not self._stop.wait(self._period):
+                    if nv.nvmlDeviceGetUtilizationRates(h, ctypes.byref(u)) == 0:
+                        self.samples.append((time.monotonic(), float(u.gpu)))
         finally:
             nv.nvmlShutdown()
+
+    def _samples(self, nv: ctypes.CDLL, h: ctypes.c_void_p) -> bool:
+        """Read NVML's samples until stopped (each at its own time); False if the driver keeps none."""
+        last = int(time.time() * 1e6)
+        buf = (_Sample * 64)()
+        kind, n = ctypes.c_int(), ctypes.c_uint()
+        try:
+            get = nv.nvmlDeviceGetSamples
+        except AttributeError:
+            return False
+        while not self._stop.wait(self._period):
+            n.value = len(buf)
+            rc = get(h, _GPU_UTILIZATION_SAMPLES, ctypes.c_ulonglong(last), ctypes.byref(kind), ctypes.byref(n), buf)
+            if rc == _NOT_FOUND:
+                continue  # none newer yet
+            if rc != 0 or kind.value != _UNSIGNED_INT:
+                return bool(self.samples)  # a driver without samples falls back; a later error stops
+            offset = time.time() - time.monotonic()
+            for i in range(n.value):
+                self.samples.append((buf[i].ts / 1e6 - offset, float(min(100, buf[i].value & 0xFFFFFFFF))))
+                last = max(last, buf[i].ts)
+        return True
 
     def stop(self) -> None:
         self._stop.set()

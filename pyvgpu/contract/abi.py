@@ -86,6 +86,13 @@ NVML_MEMORY_V2 = Struct("nvmlMemory_v2_t", [
     Field("used", "u64"),
 ])
 NVML_UTILIZATION = Struct("nvmlUtilization_t", [Field("gpu", "u32"), Field("memory", "u32")], align=4)
+# nvmlDeviceGetSamples: timeStamp in CLOCK_REALTIME microseconds (read on driver 580); the value an nvmlValue_t
+# union, whose member nvmlValueType_t names
+NVML_SAMPLE = Struct("nvmlSample_t", [Field("timeStamp", "u64"), Field("sampleValue", "u64")])
+NVML_GPU_UTILIZATION_SAMPLES = 1  # nvmlSamplingType_t
+# nvmlValueType_t: the integer kinds (utilization samples come as UNSIGNED_INT); DOUBLE (0) is not read
+NVML_VALUE_TYPE_UNSIGNED_INT, NVML_VALUE_TYPE_UNSIGNED_LONG = 1, 2
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, NVML_VALUE_TYPE_SIGNED_LONG_LONG, NVML_VALUE_TYPE_SIGNED_INT = 3, 4, 5
 # The process list entries: usedGpuMemory sits at offset 8 in every version.
 NVML_PROCESS_INFO_V1 = Struct("nvmlProcessInfo_v1_t", [Field("pid", "u32"), Field("usedGpuMemory", "u64")])
 NVML_PROCESS_INFO = Struct("nvmlProcessInfo_t", [

@@ -331,6 +331,10 @@ HELPERS: tuple[Helper, ...] = (
                                                       P("nvmlUtilization_t *", "utilization")]),
     _helper("nvmlDeviceGetComputeRunningProcesses_v3", "nvml",
             [P("nvmlDevice_t", "device"), P("unsigned int *", "infoCount"), P("nvmlProcessInfo_t *", "infos")]),
+    _helper("nvmlDeviceGetSamples", "nvml",
+            [P("nvmlDevice_t", "device"), P("nvmlSamplingType_t", "type"), P("unsigned long long", "lastSeenTimeStamp"),
+             P("nvmlValueType_t *", "sampleValType"), P("unsigned int *", "sampleCount"),
+             P("nvmlSample_t *", "samples")]),
     # devices: the check at cuInit (pyvgpu/jit/devices/visible.py)
     _helper("cuDeviceGetUuid_v2", "cuda", [P("CUuuid *", "uuid"), P("CUdevice", "dev")]),
 )

@@ -30,6 +30,7 @@ GPA_VERSION_NOT_SUFFICIENT = abi.CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
 SCALAR_TYPES: dict[str, str] = {
     "CUresult": "int32",
     "nvmlReturn_t": "int32",
+    "nvmlSamplingType_t": "int32",
     "int32_t": "int32",
     "uint32_t": "uint32",
     "int64_t": "int64",

@@ -1737,6 +1737,7 @@ const pv_helper_info_t pv_helper_infos[PV_N_HELPERS] = {
     {"cuEventSynchronize", PV_LIB_CUDA},
     {"nvmlDeviceGetUtilizationRates", PV_LIB_NVML},
     {"nvmlDeviceGetComputeRunningProcesses_v3", PV_LIB_NVML},
+    {"nvmlDeviceGetSamples", PV_LIB_NVML},
     {"cuDeviceGetUuid_v2", PV_LIB_CUDA},
 };
 

@@ -6,8 +6,8 @@
 
 #define PV_N_ENTRIES 77
 #define PV_N_HOOKS 50
-#define PV_N_HELPERS 22
-#define PV_TABLE_HASH "36dbfdea8f78c1f8"
+#define PV_N_HELPERS 23
+#define PV_TABLE_HASH "4ddf063536562ff0"
 
 /* One entry per exported ABI symbol (variant). */
 enum pv_entry {

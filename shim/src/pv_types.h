@@ -39,6 +39,9 @@ typedef struct nvmlMemory_v2_st nvmlMemory_v2_t;
 typedef struct nvmlProcessInfo_st nvmlProcessInfo_t;
 typedef struct nvmlProcessInfo_v1_st nvmlProcessInfo_v1_t;
 typedef struct nvmlUtilization_st nvmlUtilization_t;
+typedef int nvmlSamplingType_t;
+typedef int nvmlValueType_t;
+typedef struct nvmlSample_st nvmlSample_t;
 typedef struct nvmlProcessDetailList_st nvmlProcessDetailList_t;
 
 #include "../generated/pv_abi.h"

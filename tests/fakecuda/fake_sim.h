@@ -200,22 +200,30 @@ SIM_FN void sim_enqueue(struct sim *s, int dev, uint64_t d, uint64_t *start, uin
     sim_enqueue_ranks(s, dev, d, 1, start, end);
 }
 
-/* Percent of the last SIM_WINDOW_NS during which dev ran a kernel, rounded. */
-SIM_FN unsigned sim_utilization(struct sim *s, int dev) {
+/* Nanoseconds of [lo, hi) during which dev ran a kernel. */
+SIM_FN uint64_t sim_busy_between(struct sim *s, int dev, uint64_t lo, uint64_t hi) {
     struct sim_dev *x = &s->dev[dev % SIM_DEVS];
-    uint64_t now = sim_now(), lo = now > SIM_WINDOW_NS ? now - SIM_WINDOW_NS : 0, busy = 0;
+    uint64_t busy = 0;
     for (int i = 0; i < SIM_RING; i++) {
         uint64_t a = __atomic_load_n(&x->ring[i].start, __ATOMIC_RELAXED);
         uint64_t b = __atomic_load_n(&x->ring[i].end, __ATOMIC_ACQUIRE);
         if (a < lo)
             a = lo;
-        if (b > now)
-            b = now;
+        if (b > hi)
+            b = hi;
         if (b > a)
             busy += b - a;
     }
-    unsigned u = (unsigned)((busy * 100 + SIM_WINDOW_NS / 2) / SIM_WINDOW_NS);
-    return u > 100 ? 100 : u;
+    return busy > hi - lo ? hi - lo : busy;
+}
+
+/* Percent of the last window_ns (0: SIM_WINDOW_NS) during which dev ran a kernel, rounded. */
+SIM_FN unsigned sim_utilization(struct sim *s, int dev, uint64_t window_ns) {
+    if (window_ns == 0)
+        window_ns = SIM_WINDOW_NS;
+    uint64_t now = sim_now(), lo = now > window_ns ? now - window_ns : 0;
+    uint64_t busy = sim_busy_between(s, dev, lo, now);
+    return (unsigned)((busy * 100 + window_ns / 2) / window_ns);
 }
 
 SIM_FN void sim_register(struct sim *s, int dev) {

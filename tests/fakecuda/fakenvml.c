@@ -24,6 +24,11 @@
  * for its instances), and the GPU's own memory info is the aggregate. Not
  * documented, so answered as NOT_SUPPORTED: nvmlDeviceGetIndex of a MIG
  * handle (pyvgpu must not rely on it).
+ * Utilization: nvmlDeviceGetUtilizationRates is the busy share of the last
+ * 300 ms of the simulated GPU (FAKENVML_UTIL_WINDOW_MS sets a shorter window,
+ * as short as the real one's is against a share's bursts);
+ * nvmlDeviceGetSamples keeps a sample every 200 ms, as driver 580 does
+ * (FAKENVML_NO_SAMPLES=1: a driver without them).
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -81,6 +86,13 @@ __attribute__((constructor)) static void config(void) {
         g_migdev[k] = (struct fake_nvml_dev){g_mig[k].gpu, g_ndev + k, k + 1};
     const char *u = getenv("FAKENVML_USED");
     g_used = u ? parse_size(u) : 0;
+}
+
+/* FAKENVML_UTIL_WINDOW_MS: nvmlDeviceGetUtilizationRates's window (default SIM_WINDOW_NS): the real one's is
+ * short against a share's bursts (docs/compute.md), so one reading swings between idle and busy. */
+static uint64_t util_window_ns(void) {
+    const char *w = getenv("FAKENVML_UTIL_WINDOW_MS");
+    return w && *w ? strtoull(w, NULL, 10) * 1000000ULL : 0;
 }
 
 static int g_lost[MAX_DEV];
@@ -305,9 +317,55 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizatio
     if ((no && *no == '1') || d->mig || mig_mode(d->index))
         return NVML_ERROR_NOT_SUPPORTED; /* NVML documents no utilization in MIG mode */
     struct sim *s = sim();
-    u->gpu = s ? sim_utilization(s, d->index) : 0;
+    u->gpu = s ? sim_utilization(s, d->index, util_window_ns()) : 0;
     u->memory = 0;
     return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned long long timeStamp; /* CLOCK_REALTIME, microseconds (as the real one: seen on driver 580) */
+    unsigned long long value;     /* nvmlValue_t; utilization samples are NVML_VALUE_TYPE_UNSIGNED_INT */
+} nvmlSample_t;
+#define NVML_GPU_UTILIZATION_SAMPLES 1
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
+#define SAMPLE_NS 200000000ULL /* the real driver's spacing of utilization samples (H100, driver 580) */
+#define SAMPLE_HISTORY 10      /* samples kept (the simulated ring holds a few seconds of kernels) */
+
+/* nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES): a sample every SAMPLE_NS of CLOCK_MONOTONIC, each the
+ * busy percent of the SAMPLE_NS before it, those newer than lastSeen (realtime us), oldest first; samples
+ * NULL: *count gets how many there are. FAKENVML_NO_SAMPLES=1: NOT_SUPPORTED (drivers without them). */
+EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t d, int type, unsigned long long lastSeen, int *valType,
+                                         unsigned int *count, nvmlSample_t *samples) {
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(d) || !count || !valType)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const char *no = getenv("FAKENVML_NO_SAMPLES"), *nu = getenv("FAKENVML_NO_UTILIZATION");
+    if ((no && *no == '1') || (nu && *nu == '1') || type != NVML_GPU_UTILIZATION_SAMPLES || d->mig ||
+        mig_mode(d->index))
+        return NVML_ERROR_NOT_SUPPORTED;
+    struct sim *s = sim();
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    uint64_t now = sim_now(), rt_ns = (uint64_t)rt.tv_sec * 1000000000ULL + (uint64_t)rt.tv_nsec;
+    uint64_t last = now / SAMPLE_NS * SAMPLE_NS; /* the newest sample's time */
+    unsigned n = 0, cap = samples ? *count : 0;
+    *valType = NVML_VALUE_TYPE_UNSIGNED_INT;
+    for (int k = SAMPLE_HISTORY - 1; k >= 0; k--) {
+        uint64_t t = last - (uint64_t)k * SAMPLE_NS;
+        if (t < SAMPLE_NS || (rt_ns - (now - t)) / 1000 <= lastSeen)
+            continue;
+        if (samples) {
+            if (n == cap)
+                break;
+            uint64_t busy = s ? sim_busy_between(s, d->index, t - SAMPLE_NS, t) : 0;
+            samples[n].timeStamp = (rt_ns - (now - t)) / 1000;
+            samples[n].value = (busy * 100 + SAMPLE_NS / 2) / SAMPLE_NS;
+        }
+        n++;
+    }
+    *count = n;
+    return n ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
 }
 
 typedef struct {

@@ -3,7 +3,7 @@
 Runs on the shim's watcher thread (``control``, from the svc_tick service), with
 no GIL and no call into the CUDA driver. Every CONTROL_PERIOD_NS one process of
 the group takes the step for each limited device (a lease in the region). It
-reads the device's utilization from NVML and, while the group is the only one
+reads the device's busy time over the period from NVML's samples (busy.py) and, while the group is the only one
 on the device, corrects ``sm_scale`` by sqrt(measured / charged): a damped
 multiplicative step that converges geometrically without overshoot, and makes
 the GPU time the group is charged the time the GPU was busy (under a saturated
@@ -24,12 +24,12 @@ from numba import njit
 
 from pyvgpu.contract import abi
 from pyvgpu.contract import layout as L
-from pyvgpu.jit.compute import gang
+from pyvgpu.jit.compute import busy, gang
 from pyvgpu.jit.compute.limiter import Q16
 from pyvgpu.jit.devices.nvml import NO_HANDLE
 from pyvgpu.jit.runtime.context import HELPER
-from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, NVML_UTILIZATION, REGION, SLOT, TURN
-from pyvgpu.jit.runtime.intrinsics import load_u32, monotonic_ns, stack_buffer, stack_u64
+from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, REGION, SLOT, TURN
+from pyvgpu.jit.runtime.intrinsics import load_u32, monotonic_ns, stack_u64
 from pyvgpu.jit.state.quota import used_index
 
 CONTROL_PERIOD_NS = 500_000_000
@@ -78,12 +78,11 @@ def group_cost(ctx, region, dev):
 def step(ctx, region, dev, handle, limit, period):
     """One controller step for the group on dev (this process holds the lease)."""
     d = REGION.device(region, dev)
-    util = stack_buffer(8)  # nvmlUtilization_t
-    if HELPER.nvmlDeviceGetUtilizationRates(ctx, handle, util) != abi.NVML_SUCCESS:
+    u = busy.period_busy(ctx, handle, period)  # NVML's samples over the period, not one window (busy.py)
+    if u == busy.NO_READING:
         DEV.store_sm_state(d, L.SM_STATE_NO_MEASUREMENT)
         return
-    u = NVML_UTILIZATION.get_gpu(util)
-    DEV.store_sm_util(d, u * 100)
+    DEV.store_sm_util(d, np.uint32(u * 100.0 + 0.5))
     scale = np.float64(DEV.load_sm_scale(d))
     if scale == 0:
         scale = np.float64(Q16)
