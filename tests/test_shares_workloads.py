@@ -48,3 +48,17 @@ def test_an_overcharged_pair_is_not_held_below_what_the_gpu_has(env, tmp_path):
         held = d.sm_throttle_ns / 10e9
         assert (d.sm_scale or 65536) / 65536 < 0.5, d.sm_scale  # the scale came down from 1
         assert held < 0.15, held  # held back for the budget a small part of the run
+
+
+def test_a_pair_charged_twice_its_busy_time_comes_down(env, tmp_path):
+    """Timings that read 2x the kernels (FAKECUDA_EVENT_SCALE=2): the pair is charged about twice what the
+    GPU was busy. Judged one period at a time the charges had to be 2.5 x NVML's busy time to come down (the
+    groups' unaligned periods); an MLP pair on an H100 charged 2 x stayed held at one group's budget (27.6%
+    of its speed, time-sliced 105%). Over a window of four periods, 4/3 x is enough."""
+    e = sim_env(env, tmp_path, "oc2", FAKECUDA_EVENT_SCALE="2")
+    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=GAP_US)
+    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=GAP_US)
+    a.wait(), b.wait()
+    for load in (a, b):
+        d = region.open_region(load.region_path, writable=False).device(0)
+        assert (d.sm_scale or 65536) / 65536 < 0.85, d.sm_scale  # the scale came down from 1

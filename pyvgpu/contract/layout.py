@@ -145,9 +145,10 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
 MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/group/mps.py MODES)
-REGION_VERSION = 13  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
+REGION_VERSION = 14  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
 #                     10: a slot's launches leave out those its sm_launches count; 11: gangs (sm_gang, sm_devs);
-#                     12: a gang's common release (gang_release); 13: a gang's stops (gang_epoch ... gang_wake)
+#                     12: a gang's common release (gang_release); 13: a gang's stops (gang_epoch ... gang_wake);
+#                     14: the controller judges charges beside others over a window too (sm_win_*)
 VISIBLE_MIG = 1 << 31  # REGION_HEADER.visible[g]: group device g is a MIG instance of that GPU
 VISIBLE_INDEX = VISIBLE_MIG - 1  # the NVML index in REGION_HEADER.visible[g]
 GROUP_NAME_BYTES = 64
@@ -232,6 +233,8 @@ REGION_DEVICE = Struct(
                                           "a process whose variables still name it follows the group's limit"),
         Field("sm_limit_created", "u32", doc="the compute share the group was created with, likewise"),
         Field("sm_dev_mark", "u64", doc="controller: the GPU's turn entry charged_ns at its last step"),
+        Field("sm_win_mark", "u64", doc="controller: the GPU's turn entry charged_ns at its window's start"),
+        Field("sm_win_ns", "u64", doc="controller: CLOCK_MONOTONIC of its window's start"),
     ],
     align=64,
     doc="per-device state of a group",

@@ -169,7 +169,7 @@ _Static_assert(sizeof(pv_ctx_t) == 71360, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 13
+#define PV_REGION_VERSION 14
 #define PV_REGION_DEVICES_OFF 576
 #define PV_REGION_SLOTS_OFF 15936
 #define PV_REGION_SLOT_SIZE 768
@@ -278,7 +278,9 @@ typedef struct __attribute__((aligned(64))) pv_region_device {
     uint32_t sm_limit_created;  /* the compute share the group was created with, likewise */
     uint8_t _pad0[4];
     uint64_t sm_dev_mark;  /* controller: the GPU's turn entry charged_ns at its last step */
-    uint8_t _pad1[32];
+    uint64_t sm_win_mark;  /* controller: the GPU's turn entry charged_ns at its window's start */
+    uint64_t sm_win_ns;  /* controller: CLOCK_MONOTONIC of its window's start */
+    uint8_t _pad1[16];
 } pv_region_device_t;
 _Static_assert(offsetof(pv_region_device_t, limit) == 0, "pv_region_device.limit");
 _Static_assert(offsetof(pv_region_device_t, used) == 8, "pv_region_device.used");
@@ -302,6 +304,8 @@ _Static_assert(offsetof(pv_region_device_t, sm_borrow_mark) == 128, "pv_region_d
 _Static_assert(offsetof(pv_region_device_t, limit_created) == 136, "pv_region_device.limit_created");
 _Static_assert(offsetof(pv_region_device_t, sm_limit_created) == 144, "pv_region_device.sm_limit_created");
 _Static_assert(offsetof(pv_region_device_t, sm_dev_mark) == 152, "pv_region_device.sm_dev_mark");
+_Static_assert(offsetof(pv_region_device_t, sm_win_mark) == 160, "pv_region_device.sm_win_mark");
+_Static_assert(offsetof(pv_region_device_t, sm_win_ns) == 168, "pv_region_device.sm_win_ns");
 _Static_assert(sizeof(pv_region_device_t) == 192, "sizeof pv_region_device");
 
 /* The machine's turn file (pyvgpu/group/turnfile.py). */

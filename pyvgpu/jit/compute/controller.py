@@ -40,6 +40,10 @@ DEAD_BAND = 1.0  # points: NVML reads whole percents, so a smaller gap is no err
 # alone and not saturated) brings the scale down: timings that hold launch gaps read several times a kernel
 # (docs/compute.md), while the groups' periods, which do not line up, can count one group's charge twice
 OVERCHARGED = 0.4
+# Beside others, over a window of four periods (device_charged), NVML's busy time below this part of every
+# group's charge brings the scale down too
+HOLD_WINDOW_NS = 2_000_000_000
+HOLD_OVERCHARGED = 0.75
 SATURATED = 0.9  # the part of its share a group must have been charged for its own reading to count either way
 
 
@@ -75,7 +79,7 @@ def group_cost(ctx, region, dev):
 
 
 @njit
-def step(ctx, region, dev, handle, limit, period):
+def step(ctx, region, dev, handle, limit, now_ns, period):
     """One controller step for the group on dev (this process holds the lease)."""
     d = REGION.device(region, dev)
     u = busy.period_busy(ctx, handle, period)  # NVML's samples over the period, not one window (busy.py)
@@ -105,7 +109,7 @@ def step(ctx, region, dev, handle, limit, period):
                    * 1e4)
     DEV.store_sm_group_util(d, np.uint32(mine))
     DEV.add_sm_steps(d, 1)
-    everyone = device_charged(ctx, d, dev, charged * scale / Q16, period)
+    everyone, over_window, window = device_charged(ctx, d, dev, charged * scale / Q16, now_ns, period)
     if borrowed:
         DEV.store_sm_state(d, L.SM_STATE_BORROWING)
         return
@@ -118,6 +122,12 @@ def step(ctx, region, dev, handle, limit, period):
         # events), so the charges come down; they go back up only as far as the kernels' own timings, never
         # above (an unshared neighbour's time is in NVML's figure).
         ratio = holding_ratio(np.float64(u), everyone, scale)
+        if ratio == 0.0 and window != 0:
+            # less clearly over, over a window (device_charged), against NVML's busy time in the same window
+            busy_window = busy.period_busy(ctx, handle, window)
+            if busy_window != busy.NO_READING and over_window >= MIN_CHARGED and \
+                    busy_window < over_window * HOLD_OVERCHARGED:
+                ratio = busy_window / over_window
         if ratio != 0.0:
             scale_by(d, scale, ratio)
         return
@@ -136,18 +146,33 @@ def step(ctx, region, dev, handle, limit, period):
 
 
 @njit
-def device_charged(ctx, d, dev, charged_ns, period):
+def device_charged(ctx, d, dev, charged_ns, now, period):
     """Add the group's charge of this period (ns, scaled) to its GPU's turn entry, where every group with a
     share adds its own, and return what all of them were charged in about this period, in percent of the
-    device's time (0 without a turn entry)."""
+    device's time (0 without a turn entry); and, once a window (HOLD_WINDOW_NS) has passed since the last,
+    what they were charged over it, and its length (else 0.0, 0).
+
+    The groups' periods do not line up, so one period of another group's can land twice or not at all in
+    one of ours: a period's figure is judged only on a clear over-charge (OVERCHARGED), and a window of four
+    periods, off by a quarter of another group's charge, more closely (HOLD_OVERCHARGED): an MLP pair on an
+    H100 charged twice its busy time stayed held at one group's budget under the period's rule alone."""
     e = CTX.get_turn_entry(ctx, dev)
     if e <= np.uint64(1):
-        return 0.0
+        return 0.0, 0.0, np.uint64(0)
     total = TURN.add_charged_ns(e, np.uint64(charged_ns)) + np.uint64(charged_ns)
     mark = DEV.xchg_sm_dev_mark(d, total)
-    if mark == 0 or total < mark:
-        return 0.0
-    return np.float64(total - mark) * 100.0 / max(np.float64(period), 1.0)
+    one = 0.0
+    if mark != 0 and total >= mark:
+        one = np.float64(total - mark) * 100.0 / max(np.float64(period), 1.0)
+    start = DEV.load_sm_win_ns(d)
+    if start != 0 and start <= now and now - start < np.uint64(HOLD_WINDOW_NS):
+        return one, 0.0, np.uint64(0)
+    win_mark = DEV.xchg_sm_win_mark(d, total)
+    DEV.store_sm_win_ns(d, now)
+    if start == 0 or start > now or win_mark == 0 or total < win_mark:
+        return one, 0.0, np.uint64(0)
+    span = now - start
+    return one, np.float64(total - win_mark) * 100.0 / max(np.float64(span), 1.0), span
 
 
 @njit
@@ -196,4 +221,4 @@ def control(ctx):
             continue  # another process of the group took this step
         if last == 0:
             continue  # the first period: NVML's window still holds the time before the program ran
-        step(ctx, region, dev, h, limit, now - last)
+        step(ctx, region, dev, h, limit, now, now - last)
