@@ -21,10 +21,11 @@ from pyvgpu.contract import layout as L
 from pyvgpu.jit.compute.streams import running_context
 from pyvgpu.jit.runtime.context import HELPER
 from pyvgpu.jit.runtime.fields import CTX
-from pyvgpu.jit.runtime.intrinsics import likely, load_f32, load_u64, stack_u64
+from pyvgpu.jit.runtime.intrinsics import likely, load_f32, load_u64, monotonic_ns, sleep_ns, stack_u64
 
 SAMPLE_FREE, SAMPLE_RECORDING, SAMPLE_IN_FLIGHT = 0, 1, 2
 PROBES = 16  # cost slots a key may sit away from its home
+WAIT_MAX_NS = 1_000_000_000  # the longest a launch waits for its own timed kernel (``wait_for``)
 
 
 @njit(inline="always")
@@ -141,10 +142,28 @@ def sample_end(ctx, i, stream, rc):
 
 @njit
 def wait_for(ctx, i):
-    """Wait until sample i's launch has run, then fold it in (with any other finished timing)."""
-    if CTX.load_samp_state(ctx, i) == SAMPLE_IN_FLIGHT:
-        HELPER.cuEventSynchronize(ctx, CTX.get_samp_end(ctx, i))
-        harvest(ctx)
+    """Wait until sample i's launch has run, then fold it in (with any other finished timing); WAIT_MAX_NS at
+    most. A collective's kernel waits inside the GPU for its peers, and a peer held for its budget or the
+    turn comes seconds later: past the bound the sample is given up (its timing would charge that wait to
+    every later launch), and the launch goes on without it."""
+    if CTX.load_samp_state(ctx, i) != SAMPLE_IN_FLIGHT:
+        return
+    end = CTX.get_samp_end(ctx, i)
+    until = monotonic_ns() + WAIT_MAX_NS
+    while HELPER.cuEventQuery(ctx, end) == abi.CUDA_ERROR_NOT_READY:
+        if monotonic_ns() > until:
+            give_up(ctx, i)
+            return
+        sleep_ns(20_000)
+    harvest(ctx)
+
+
+@njit
+def give_up(ctx, i):
+    """Drop sample i, still in flight, unread (unless harvest took it meanwhile)."""
+    if CTX.cas_samp_state(ctx, i, SAMPLE_IN_FLIGHT, SAMPLE_RECORDING) == SAMPLE_IN_FLIGHT:
+        CTX.add_sm_pending(ctx, np.uint32(0xFFFFFFFF))  # -1
+        CTX.store_samp_state(ctx, i, SAMPLE_FREE)
 
 
 @njit

@@ -23,6 +23,11 @@ Rules that keep it safe:
 * The per-thread default stream of another thread cannot be named from this
   one (its handle means the caller's own); work there is drained when that
   thread hands over.
+* No drain waits longer than DRAIN_MAX_NS (the drain's lease): it looks at
+  its events (cuEventQuery) rather than sleeping in cuEventSynchronize. A
+  collective's kernel waits inside the GPU for its peers, and a peer held
+  for its budget or for the turn may come seconds later; past the bound the
+  work runs on beside the next holder, as it does when a lease lapses.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from numba import njit
 from pyvgpu.contract import abi
 from pyvgpu.contract import layout as L
 from pyvgpu.jit.compute import gang
+from pyvgpu.jit.compute.turnword import MAX_LEASE_NS
 from pyvgpu.jit.runtime.context import HELPER, call_real
 from pyvgpu.jit.runtime.fields import CTX, HDR
 from pyvgpu.jit.runtime.intrinsics import likely, load_i32, load_u64, monotonic_ns, sleep_ns, stack_u64, yield_cpu
@@ -40,6 +46,9 @@ from pyvgpu.jit.runtime.intrinsics import likely, load_i32, load_u64, monotonic_
 STUCK_NS = 300_000  # a gang rank's drain this long past its queue's estimated end waits for a peer's kernel
 CATCHUP_NS = 5_000_000  # the longest it asks its peers to catch up, per drain (then the turn passes anyway)
 REASK_NS = 100_000  # after a peer caught up by a kernel, how long before it asks again if it still waits
+DRAIN_MAX_NS = MAX_LEASE_NS  # the longest any drain waits: as long as the drain's lease holds the turn
+LONG_NS = 1_000_000  # a wait this long past its queue's estimated end looks at its events 20 times a millisecond
+UNLISTED = L.TURN_STREAMS  # the bit of a drain's unlisted stream (``_record_unlisted``), after the table's
 
 
 @njit
@@ -110,8 +119,9 @@ def _record(ctx, i, stream):
 
 
 @njit
-def _drain_unlisted(ctx, stream, cur):
-    """The launching stream when the table had no room for it: one event of its own."""
+def _record_unlisted(ctx, stream, cur):
+    """The launching stream when the table had no room for it: one event of its own (``UNLISTED``); True
+    if recorded."""
     ev = CTX.get_drain_ev(ctx)
     if ev != 0 and CTX.get_drain_ctx(ctx) != cur:
         HELPER.cuEventDestroy_v2(ctx, ev)
@@ -120,12 +130,17 @@ def _drain_unlisted(ctx, stream, cur):
     if ev == 0:
         out = stack_u64()
         if HELPER.cuEventCreate(ctx, out, abi.CU_EVENT_DISABLE_TIMING) != abi.CUDA_SUCCESS:
-            return
+            return False
         ev = load_u64(out)
         CTX.set_drain_ev(ctx, ev)
         CTX.set_drain_ctx(ctx, cur)
-    if HELPER.cuEventRecord(ctx, ev, stream) == abi.CUDA_SUCCESS:
-        HELPER.cuEventSynchronize(ctx, ev)
+    return HELPER.cuEventRecord(ctx, ev, stream) == abi.CUDA_SUCCESS
+
+
+@njit(inline="always")
+def _event(ctx, i):
+    """The event of entry i of a drain's bits: the table's, or the unlisted stream's (``UNLISTED``)."""
+    return CTX.get_drain_ev(ctx) if i == UNLISTED else CTX.get_turn_stream_ev(ctx, i)
 
 
 @njit
@@ -153,45 +168,28 @@ def _record_all(ctx, dev, key, cur):
 @njit
 def drain(ctx, dev, stream):
     """Wait until the work this process queued on device dev, on every stream it launched on there, is
-    done. Returns the number of streams waited for."""
-    out = stack_u64()
-    if HELPER.cuCtxGetCurrent(ctx, out) != abi.CUDA_SUCCESS or load_u64(out) == 0:
-        return 0
-    cur = load_u64(out)
-    lock(ctx)
-    recorded, n, listed = _record_all(ctx, dev, stream + np.uint64(1), cur)
-    for i in range(L.TURN_STREAMS):  # under the lock: no event is destroyed while it is waited for
-        if recorded & (np.uint64(1) << np.uint64(i)):
-            HELPER.cuEventSynchronize(ctx, CTX.get_turn_stream_ev(ctx, i))
-    unlock(ctx)
-    if not listed and not _capturing(ctx, stream):
-        _drain_unlisted(ctx, stream, cur)
-        n += 1
+    done, or DRAIN_MAX_NS at most (then its work runs on beside the next holder, as under a lapsed lease).
+    Returns the number of streams waited for."""
+    now = monotonic_ns()
+    n, _, _ = drain_gang(ctx, dev, stream, np.uint64(0), now, now + DRAIN_MAX_NS, False)
     return n
 
 
 @njit
-def drain_gang(ctx, dev, stream, region, due, until, ask):
-    """``drain`` for a rank of a gang (pyvgpu/jit/compute/gangstop.py): it looks at its events instead of
-    sleeping on them, up to ``until``. Once it runs STUCK_NS past ``due`` (when its queue was estimated to
-    end) it waits for a peer's kernel and (``ask``) asks the gang's ranks to catch up (``gang.ask``); once a
-    rank caught up by a kernel, it withdraws the request and asks again REASK_NS later if it still waits.
-    Returns (streams waited for, the entries whose work was still not done at ``until`` (a bit each:
-    ``wait_left`` waits for them), whether it asked)."""
-    out = stack_u64()
-    if HELPER.cuCtxGetCurrent(ctx, out) != abi.CUDA_SUCCESS or load_u64(out) == 0:
-        return 0, np.uint64(0), False
-    cur = load_u64(out)
+def _wait(ctx, recorded, region, due, until, ask):
+    """Under the lock (no event is destroyed while it is waited for): look at the events of ``recorded`` (a
+    bit each, ``_event``) until all are done or ``until`` passed, asking the gang's ranks to catch up as
+    ``drain_gang`` says. Returns (the entries still not done, whether it asked)."""
     asked = False
     mine = np.int64(0)  # the time its request carries, while it asks
     seen = np.uint32(0)
-    lock(ctx)
-    recorded, n, listed = _record_all(ctx, dev, stream + np.uint64(1), cur)
     while recorded != 0:
-        for i in range(L.TURN_STREAMS):
+        for i in range(UNLISTED + 1):
             b = np.uint64(1) << np.uint64(i)
-            if recorded & b and HELPER.cuEventQuery(ctx, CTX.get_turn_stream_ev(ctx, i)) != abi.CUDA_ERROR_NOT_READY:
-                recorded &= ~b
+            if recorded & b:
+                ev = _event(ctx, i)
+                if ev == 0 or HELPER.cuEventQuery(ctx, ev) != abi.CUDA_ERROR_NOT_READY:  # 0: its stream is gone
+                    recorded &= ~b
         if recorded == 0:
             break
         now = monotonic_ns()
@@ -207,27 +205,45 @@ def drain_gang(ctx, dev, stream, region, due, until, ask):
             gang.ask(region, now)
             mine = now
             asked = True
-        if due - now > 100_000:
-            sleep_ns(50_000)  # the queue is estimated to run on: no need to look at once
+        if due - now > 100_000 or now - due > LONG_NS:
+            sleep_ns(50_000)  # the queue is estimated to run on, or the wait is long already: no need to look at once
         else:
             yield_cpu()
-    unlock(ctx)
     if mine != 0:
         gang.withdraw(region, mine)
-    if not listed and not _capturing(ctx, stream):
-        _drain_unlisted(ctx, stream, cur)
+    return recorded, asked
+
+
+@njit
+def drain_gang(ctx, dev, stream, region, due, until, ask):
+    """``drain`` for a rank of a gang (pyvgpu/jit/compute/gangstop.py): it looks at its events instead of
+    sleeping on them, up to ``until``. Once it runs STUCK_NS past ``due`` (when its queue was estimated to
+    end) it waits for a peer's kernel and (``ask``) asks the gang's ranks to catch up (``gang.ask``); once a
+    rank caught up by a kernel, it withdraws the request and asks again REASK_NS later if it still waits.
+    Returns (streams waited for, the entries whose work was still not done at ``until`` (a bit each:
+    ``wait_left`` waits for them), whether it asked)."""
+    out = stack_u64()
+    if HELPER.cuCtxGetCurrent(ctx, out) != abi.CUDA_SUCCESS or load_u64(out) == 0:
+        return 0, np.uint64(0), False
+    cur = load_u64(out)
+    lock(ctx)
+    recorded, n, listed = _record_all(ctx, dev, stream + np.uint64(1), cur)
+    if not listed and not _capturing(ctx, stream) and _record_unlisted(ctx, stream, cur):
+        recorded |= np.uint64(1) << np.uint64(UNLISTED)
         n += 1
-    return n, recorded, asked
+    left, asked = _wait(ctx, recorded, region, due, until, ask)
+    unlock(ctx)
+    return n, left, asked
 
 
 @njit
 def wait_left(ctx, left):
-    """Wait for the entries a drain stopped waiting for (``drain_gang``), those whose stream still exists."""
+    """Wait for the entries a drain stopped waiting for (``drain_gang``), those whose stream still exists,
+    DRAIN_MAX_NS at most: its peer's kernel may come only in the gang's next turn, after the peer's hold
+    for its budget (then this rank's kernel runs on beside the next holder, as an unmatched one did)."""
     lock(ctx)
-    for i in range(L.TURN_STREAMS):
-        ev = CTX.get_turn_stream_ev(ctx, i)
-        if left & (np.uint64(1) << np.uint64(i)) and ev != 0:
-            HELPER.cuEventSynchronize(ctx, ev)
+    now = monotonic_ns()
+    _wait(ctx, left, np.uint64(0), now, now + DRAIN_MAX_NS, False)
     unlock(ctx)
 
 

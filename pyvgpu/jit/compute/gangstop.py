@@ -21,7 +21,8 @@ So a gang hands over as one:
   it still waits; the rank waits up to SETTLE_NS for that before its next launch: going on at once, it
   would queue the next collective before the asker saw its drain end, and stand ahead in its turn;
 * bounded: a drain asks for CATCHUP_NS at most (drain.py), then hands the turn over anyway (``unmatched``)
-  and waits for its kernel as before; a request that its asker stopped renewing is not obeyed.
+  and waits for its kernel DRAIN_MAX_NS at most (``wait_left``: the peer may come only after its hold for
+  its budget); a request that its asker stopped renewing is not obeyed.
 
 No kernel names and no launch counts are compared: a rank launches until the asker's wait ends.
 """
@@ -175,7 +176,7 @@ def give(ctx, region, dev, stream, e, me, g):
     count_held(ctx, region, dev, now, end)
     CTX.set_turn_mine(ctx, dev, 0)
     stops, draining = _end(region, ep, True)
-    if left != 0:  # no peer came: hand over, and wait for the kernel as before (it runs beside the next holder)
+    if left != 0:  # no peer came: hand over, and wait a while for the kernel (it runs beside the next holder)
         TURN.add_unmatched(e, 1)
         _pass(region, e, me, ep, 0)
         D.wait_left(ctx, left)

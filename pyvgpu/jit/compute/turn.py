@@ -218,7 +218,8 @@ def give(ctx, region, dev, stream, force, g):
         gangstop.give(ctx, region, dev, stream, e, me, g)
         return
     # Draining, the holder keeps the turn however long its work really takes (the lease follows an
-    # estimate); it frees it right after.
+    # estimate), up to the lease's MAX_LEASE_NS, which is also the drain's bound (drain.DRAIN_MAX_NS: a
+    # kernel may wait inside the GPU for a peer held elsewhere); it frees it right after, drained or not.
     if TURN.cas_turn(e, w, word(me, now + MAX_LEASE_NS)) != w:
         return
     if D.drain(ctx, dev, stream) > 0:
@@ -333,7 +334,8 @@ def lapsed(ctx, dev, e, stream):
     launched nothing for a while, or its queue ran longer than estimated), so it had no drain. Its own
     work is let finish before it launches again. A lease that lapsed under real work would otherwise
     leave both queues on the GPU, time-sliced, with every estimate short, and lapse again: a --sm 50
-    spin group beside an unlimited one was held below its share that way, with no drain."""
+    spin group beside an unlimited one was held below its share that way, with no drain. Bounded as every
+    drain is (drain.DRAIN_MAX_NS): a gang's collective may wait for a peer that waits for the turn."""
     CTX.set_turn_mine(ctx, dev, 0)
     ns = finish_own(ctx, dev, stream)
     if ns > 0:
