@@ -53,7 +53,7 @@ def main():
             time.sleep(0.5)
     g = [Load(dict(e, FAKECUDA_SIM_COMM="0"), out, f"g{r}", ["--sm", "50"], seconds, region_path=greg, device=r)
          for r in (0, 1)]
-    n = [Load(dict(e, FAKECUDA_SIM_COMM="1"), out, f"n{r}", [], seconds, region_path=nreg, device=r)
+    n = [Load(dict(e, FAKECUDA_SIM_COMM=os.environ.get("NB_COMM", "1")), out, f"n{r}", [], seconds, region_path=nreg, device=r)
          for r in (0, 1)]
     t = threading.Thread(target=sample, daemon=True)
     t.start()
@@ -73,6 +73,14 @@ def main():
         print("entry", i, hex(ent["key"]), {k: ent[k] for k in ("handovers", "coruns", "preempts", "drains", "lapses",
                                                         "joins", "gaps", "stucks", "catchups", "unmatched")})
     print("shares % (g0 g1 n0 n1):", sh)
+    for name, p in (("gang", greg), ("neighbour", nreg)):
+        r = region.open_region(p, writable=False)
+        for d in range(2):
+            x = r.device(d)
+            print(f"{name} dev{d}: throttle_ms={x.sm_throttle_ns / 1e6:.0f} turn_ms={x.sm_turn_ns / 1e6:.0f} "
+                  f"turn_wait_ms={x.sm_turn_wait_ns / 1e6:.0f} scale={x.sm_scale}")
+        print(f"{name} events:", [(ev.get("kind"), ev.get("device")) for ev in r.events()][-8:])
+        os.close(r.fd)
 
 
 main()
