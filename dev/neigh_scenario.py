@@ -11,10 +11,10 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path[:0] = [str(TESTS), str(TESTS / "fakecuda")]
-from build import build  # noqa: E402
 from helpers import clean_env  # noqa: E402
 from simgpu import UNLIMITED, Load, sim_env  # noqa: E402
 
+from build import build  # noqa: E402
 from pyvgpu.errors import PyvgpuError  # noqa: E402
 from pyvgpu.group import region  # noqa: E402
 from pyvgpu.group import turnfile as sched  # noqa: E402
@@ -27,7 +27,8 @@ def hdr(path):
     except (PyvgpuError, OSError):
         return None
     h = r.header
-    slots = [(i, r.slot(i).launches, [r.slot(i).dev[d].sm_launches for d in range(2)])
+    slots = [(i, r.slot(i).launches, [r.slot(i).dev[d].sm_launches for d in range(2)],
+              [r.slot(i).dev[d].sm_cost_ns // max(1, r.slot(i).dev[d].sm_launches) // 1000 for d in range(2)])
              for i in range(8) if r.slot(i).state == 1]
     out = (h.sm_any, hex(h.sm_gang), h.sm_devs, h.turn_gid, slots)
     os.close(r.fd)
@@ -53,7 +54,8 @@ def main():
             time.sleep(0.5)
     g = [Load(dict(e, FAKECUDA_SIM_COMM="0"), out, f"g{r}", ["--sm", "50"], seconds, region_path=greg, device=r)
          for r in (0, 1)]
-    n = [Load(dict(e, FAKECUDA_SIM_COMM=os.environ.get("NB_COMM", "1")), out, f"n{r}", [], seconds, region_path=nreg, device=r)
+    comm = os.environ.get("NB_COMM", "1")  # NB_COMM=0: both groups in one communicator (the fake before)
+    n = [Load(dict(e, FAKECUDA_SIM_COMM=comm), out, f"n{r}", [], seconds, region_path=nreg, device=r)
          for r in (0, 1)]
     t = threading.Thread(target=sample, daemon=True)
     t.start()
@@ -65,7 +67,8 @@ def main():
     start = max(x.points[0][0] for x in loads) + int(1.0 * 1e9)
     end = min(x.points[-1][0] for x in loads)
     sh = [round(100 * x.rate_between(start, end) / UNLIMITED, 1) for x in loads]
-    print("samples (t, neighbour (sm_any, sm_gang, sm_devs, turn_gid, slots' sm_launches), gang (same)):")
+    print("samples (t, neighbour (sm_any, sm_gang, sm_devs, turn_gid, slots (i, launches, sm_launches per dev, "
+          "mean charged cost us per dev)), gang (same)):")
     t0 = samples[0][0]
     for ts, a, b in samples:
         print(f"  {ts - t0:5.1f} N={a} G={b}")
