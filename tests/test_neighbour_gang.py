@@ -1,7 +1,7 @@
 """A group without a share whose two ranks run collectives beside a gang with one (docs/compute.md,
 "Launch-bound loads, collectives and neighbours without a share"): it forms a gang too, so that its rank on
 the second GPU takes turns with its peer on the lead GPU's entry instead of running its collective beside
-the share's turn (branch s8-neigh, an experiment). Each group's collectives are matched within the group
+the share's turn (best effort). Each group's collectives are matched within the group
 (FAKECUDA_SIM_COMM), as NCCL's communicators are."""
 
 from __future__ import annotations
