@@ -13,6 +13,8 @@
  * share one simulated GPU; without it each process has its own.
  * FAKECUDA_SIM_COLLECTIVE=N makes every kernel a rank of a collective over
  * devices 0..N-1 (struct sim_coll below): it waits on the GPU for its peers.
+ * FAKECUDA_SIM_COMM=C (0..SIM_COMMS-1, default 0) puts a process's collectives in communicator C: two
+ * groups' all-reduces on the same GPUs are matched each within its own group, as NCCL's are.
  * Devices here are always physical indexes (NVML's), never CUDA ordinals,
  * which CUDA_VISIBLE_DEVICES may reorder. */
 #ifndef FAKE_SIM_H
@@ -56,6 +58,7 @@ struct sim_proc {
  * starts, the last SIM_COLL_RING of them. */
 #define SIM_COLL_RING 8
 #define SIM_COLL_TIMEOUT_NS 500000000ULL /* a rank that never comes: the others go on alone */
+#define SIM_COMMS 4 /* communicators (FAKECUDA_SIM_COMM) */
 struct sim_coll {
     uint64_t seq[SIM_DEVS];
     uint64_t st[SIM_DEVS][SIM_COLL_RING];
@@ -65,7 +68,7 @@ struct sim {
     uint64_t switch_ns[SIM_DEVS]; /* time added by FAKECUDA_SIM_SWITCH_PCT, per device (tests read it) */
     struct sim_proc procs[SIM_PROCS];
     struct sim_dev dev[SIM_DEVS];
-    struct sim_coll coll; /* last: the tests read the fields above at fixed offsets */
+    struct sim_coll coll[SIM_COMMS]; /* last: the tests read the fields above at fixed offsets */
 };
 
 SIM_FN uint64_t sim_now(void) {
@@ -143,7 +146,14 @@ SIM_FN uint64_t sim_queue_ns(void) {
 /* A collective's rendezvous (FAKECUDA_SIM_COLLECTIVE=ranks): this device's kernel started at st; the time
  * the last rank's matching kernel starts (waiting, on the host, for the ranks that have not queued theirs). */
 SIM_FN uint64_t sim_rendezvous(struct sim *s, int dev, int ranks, uint64_t st) {
-    struct sim_coll *c = &s->coll;
+    static int comm = -1;
+    if (comm < 0) {
+        const char *v = getenv("FAKECUDA_SIM_COMM");
+        comm = v && *v ? atoi(v) : 0;
+        if (comm < 0 || comm >= SIM_COMMS)
+            comm = 0;
+    }
+    struct sim_coll *c = &s->coll[comm];
     int me = dev % SIM_DEVS;
     uint64_t n = __atomic_load_n(&c->seq[me], __ATOMIC_ACQUIRE) + 1;
     __atomic_store_n(&c->st[me][n % SIM_COLL_RING], st, __ATOMIC_RELAXED);

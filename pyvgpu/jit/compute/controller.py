@@ -202,11 +202,14 @@ def scale_by(d, scale, ratio):
 
 @njit
 def control(ctx):
-    """The watcher's compute work: a controller step for each limited device this process launches on."""
+    """The watcher's compute work: the group's gang (with a share or without), and a controller step for each
+    limited device this process launches on."""
     region = CTX.get_region(ctx)
-    if region == 0 or HDR.get_sm_any(region) == 0:
+    if region == 0:
         return
-    gang.update(ctx, region)
+    gang.update(ctx, region)  # a group without a share forms a gang too (gang.py): before the test below
+    if HDR.get_sm_any(region) == 0:
+        return
     now = np.uint64(monotonic_ns())
     for dev in range(L.MAX_DEVICES):
         d = REGION.device(region, dev)

@@ -15,9 +15,12 @@ meet instead of waiting for each other, and two gangs on the same GPUs hand the 
 
 The watcher of every process (10 Hz, ``update``) works out which devices the group's live processes
 launched on under a share (``sm_devs``) and publishes the gang in one word (``sm_gang``) that a launch
-reads beside ``sm_any``. Limits: a process without a share beside a gang takes turns only on the gang's
-lowest device (on the others it time-slices with the gang); a gang forms within a watcher tick of its
-ranks' first launches, so their first ~100 ms are throttled one device at a time.
+reads beside ``sm_any``. A group without a share that launches on several devices is a gang too (best
+effort): where a group with a share takes turns on its lowest device, its ranks take them there together,
+so that a rank on another device does not run its collective beside a gang's turn, waiting inside the GPU
+for a peer that waits for the turn. Limits: a rank without a share whose gang's lowest device takes no
+turns takes them on its own device; a gang forms within a watcher tick of its ranks' first launches, so
+their first ~100 ms are throttled one device at a time.
 
 Held together, the ranks must also leave together. One budget is drawn on in arrival order, so the rank
 whose matching launch comes second sees the budget one charge further ahead and would hold that much
@@ -95,15 +98,17 @@ def size(g):
 
 @njit
 def update(ctx, region):
-    """The watcher's step: the devices the group's live processes launched on under a share, and the gang
-    word and shared turn id they make. Every process does it; they all write the same answer."""
+    """The watcher's step: the devices the group's live processes launched on under a share (a group without
+    a share: those it launched on while turns were taken on the machine), and the gang word and shared turn
+    id they make. Every process does it; they all write the same answer."""
     devs = np.uint64(0)
+    unshared = HDR.get_sm_any(region) == 0  # a group without a share anywhere: every device it launched on
     for i in range(CTX.get_n_slots(ctx)):
         s = REGION.slot(region, i)
         if SLOT.load_state(s) != L.SLOT_LIVE:
             continue
         for d in range(L.MAX_DEVICES):
-            if SLOT.load_sm_launches(s, d) != 0 and DEV.get_sm_limit(REGION.device(region, d)) != 0:
+            if SLOT.load_sm_launches(s, d) != 0 and (unshared or DEV.get_sm_limit(REGION.device(region, d)) != 0):
                 devs |= np.uint64(1) << np.uint64(d)
     if HDR.load_sm_devs(region) != devs:
         HDR.store_sm_devs(region, devs)

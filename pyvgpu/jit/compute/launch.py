@@ -96,13 +96,23 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         count_launch(ctx)
         return call_real(ctx, idx, args, notfound)
     limit = limiter.share(region, dev) if limited else np.uint32(0)
-    g = gang.checked(HDR.get_sm_gang(region)) if limit != 0 else np.uint32(0)  # on sm_any's line
+    unshared = HDR.get_sm_any(region) == 0  # on sm_gang's line
+    # a gang under a share, or a gang without one anywhere (gang.py); a group with shares elsewhere only
+    g = gang.checked(HDR.get_sm_gang(region)) if limit != 0 or unshared else np.uint32(0)
     tdev = gang.lead(g, dev)  # whose budget and turn: dev's, or the gang's lead device's
-    gang.join(ctx, region, g)
     now = clock.now(ctx)  # the TSC, anchored to CLOCK_MONOTONIC about once a millisecond (clock.py)
     e = turn.entry(ctx, tdev)  # the device's turn entry (a load, once known): looked up here only
+    if limit == 0 and g != 0 and tdev != dev and not turn.active_on(e, now):
+        g = np.uint32(0)  # a gang without a share, whose lead device takes no turns: its own device's
+        tdev = dev
+        e = turn.entry(ctx, dev)
+    gang.join(ctx, region, g)
     if limit == 0 and not turn.active_on(e, now):  # no group with a share takes turns here
-        count_launch(ctx)
+        slot = CTX.get_slot(ctx)
+        if unshared and slot != 0 and SLOT.load_sm_launches(slot, dev) == 0:
+            SLOT.add_sm_launches(slot, dev, 1)  # counted on dev, once: where it launched, for its gang (gang.update)
+        else:
+            count_launch(ctx)
         CTX.set_turn_out(ctx, CTX.get_turn_out(ctx) | (np.uint64(1) << np.uint64(dev)))
         return call_real(ctx, idx, args, notfound)
     if unlikely(limit != 0 and CTX.get_sm_nvml(ctx, dev) == 0):
