@@ -352,8 +352,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t d, int type, unsigned long
     unsigned n = 0, cap = samples ? *count : 0;
     *valType = NVML_VALUE_TYPE_UNSIGNED_INT;
     for (int k = SAMPLE_HISTORY - 1; k >= 0; k--) {
+        if ((uint64_t)k * SAMPLE_NS + SAMPLE_NS > last)
+            continue; /* before the clock's start: no sample */
         uint64_t t = last - (uint64_t)k * SAMPLE_NS;
-        if (t < SAMPLE_NS || (rt_ns - (now - t)) / 1000 <= lastSeen)
+        if ((rt_ns - (now - t)) / 1000 <= lastSeen)
             continue;
         if (samples) {
             if (n == cap)

@@ -19,8 +19,9 @@ from pyvgpu.jit.runtime.context import HELPER
 from pyvgpu.jit.runtime.fields import NVML_SAMPLE, NVML_UTILIZATION
 from pyvgpu.jit.runtime.intrinsics import load_u32, realtime_ns, stack_buffer, stack_u64, store_u32
 
-MAX_SAMPLES = 16  # the buffer (16-byte samples on the watcher's stack); a period holds 2 or 3 of them
-LOOKBACK_MAX_NS = 2_000_000_000  # a late step reads the last 2 s, not the oldest samples of a longer gap
+MAX_SAMPLES = 32  # the buffer (16-byte samples on the watcher's stack); a period holds 2 or 3 of them, and
+# the controller's window (controller.HOLD_WINDOW_NS, at most LOOKBACK_MAX_NS) up to 20 at 200 ms
+LOOKBACK_MAX_NS = 4_000_000_000  # a late step reads the last 4 s, not the oldest samples of a longer gap
 NO_READING = -1.0
 
 
@@ -62,7 +63,7 @@ def period_busy(ctx, handle, period):
     kind = stack_u64()
     count = stack_u64()
     store_u32(count, MAX_SAMPLES)
-    buf = stack_buffer(256)  # MAX_SAMPLES nvmlSample_t
+    buf = stack_buffer(512)  # MAX_SAMPLES nvmlSample_t
     rc = HELPER.nvmlDeviceGetSamples(ctx, handle, np.int32(abi.NVML_GPU_UTILIZATION_SAMPLES),
                                      now_us - back_us, kind, count, buf)
     if rc == abi.NVML_SUCCESS:

@@ -122,7 +122,8 @@ def step(ctx, region, dev, handle, limit, now_ns, period):
         # events), so the charges come down; they go back up only as far as the kernels' own timings, never
         # above (an unshared neighbour's time is in NVML's figure).
         ratio = holding_ratio(np.float64(u), everyone, scale)
-        if ratio == 0.0 and window != 0:
+        if ratio == 0.0 and window != 0 and window <= np.uint64(busy.LOOKBACK_MAX_NS):
+            # (a longer window, after steps were missed, would compare charges with a shorter look at NVML)
             # less clearly over, over a window (device_charged), against NVML's busy time in the same window
             busy_window = busy.period_busy(ctx, handle, window)
             if busy_window != busy.NO_READING and over_window >= MIN_CHARGED and \
