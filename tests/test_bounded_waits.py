@@ -21,6 +21,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from helpers import PYVGPU
 from simgpu import _PROC, _PROCS_OFF, SIM_DEVS, SIM_PROCS, Load, sim_env
@@ -55,12 +56,13 @@ sys.stdin.readline()  # until the test ends
 class Host:
     """HOST on one device (optionally under `pyvgpu wrap`): it launches one kernel each time it is told."""
 
-    def __init__(self, env: dict, device: int, iters: int, launches: int, wrap: list[str] | None):
+    def __init__(self, env: dict, device: int, iters: int, launches: int, wrap: list[str] | None, cwd: Path):
         cmd = [sys.executable, "-c", HOST, str(device), str(iters), str(launches)]
         if wrap is not None:
             cmd = [*PYVGPU, "wrap", *wrap, "--", *cmd]
+        # cwd: never the repository root, whose unbuilt source tree `python -c` would import first
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, cwd=str(cwd))
         assert self._line(120) == "ready", self._fail()
 
     def _line(self, timeout: float) -> str:
@@ -109,9 +111,9 @@ def _peer_behind_long_work(env, tmp, name: str, region) -> list[Host]:
     launch sits in the fake's full queue meanwhile): rank 0's matching kernel will wait LONG_S on device 0."""
     plain = dict(env)
     plain.pop("FAKECUDA_SIM_COLLECTIVE")
-    x = Host(plain, 1, LONG_S * 10_000_000, 1, None)
+    x = Host(plain, 1, LONG_S * 10_000_000, 1, None, tmp)
     x.go()
-    peer = Host(env, 1, 2000, 1, ["--region", str(region), "--sm", "50"])
+    peer = Host(env, 1, 2000, 1, ["--region", str(region), "--sm", "50"], tmp)
     peer.go()
     deadline = time.monotonic() + 60
     while _queued(tmp, name, peer.proc.pid, 1) < 1:  # its collective is in the simulation's rendezvous
@@ -128,7 +130,7 @@ def test_a_first_timed_launch_does_not_wait_out_a_late_peer(env, tmp_path):
     region = tmp_path / "first.region"
     hosts = _peer_behind_long_work(e, tmp_path, "first", region)
     try:
-        rank0 = Host(e, 0, 2000, 1, ["--region", str(region), "--sm", "50"])
+        rank0 = Host(e, 0, 2000, 1, ["--region", str(region), "--sm", "50"], tmp_path)
         hosts.append(rank0)
         took = rank0.launch(timeout=3 * BOUND_S)
         assert took < BOUND_S, took
@@ -145,7 +147,7 @@ def test_joining_the_turns_does_not_wait_out_a_late_peer(env, tmp_path):
     hosts = _peer_behind_long_work(e, tmp_path, "join", tmp_path / "peer.region")
     share = None
     try:
-        rank0 = Host(e, 0, 2000, 2, ["--region", str(tmp_path / "rank0.region"), "--memory", "1G"])
+        rank0 = Host(e, 0, 2000, 2, ["--region", str(tmp_path / "rank0.region"), "--memory", "1G"], tmp_path)
         hosts.append(rank0)
         assert rank0.launch(timeout=3 * BOUND_S) < BOUND_S  # outside the turns: nobody waits for it
         # a group with a share on device 0's turn entry (the same turn file), on a simulated GPU of its own
