@@ -33,18 +33,23 @@ def test_a_neighbour_without_a_share_fills_what_a_launch_bound_share_leaves(env,
     assert rb >= NEIGHBOUR_KEEPS * rd, (ra / rc, rb / rd)  # and the neighbour is not starved (0.12 before)
 
 
+def overcharged_pair(env, tmp_path, name: str, event_scale: str) -> list:
+    """Two launch-bound groups at --sm 50 for 10 s whose timings read ``event_scale`` x their kernels; their
+    regions' device 0 at the end."""
+    e = sim_env(env, tmp_path, name, FAKECUDA_EVENT_SCALE=event_scale)
+    loads = [Load(e, tmp_path, x, ["--sm", "50"], seconds=10, iters=SMALL, gap_us=GAP_US) for x in ("a", "b")]
+    for load in loads:
+        load.wait()
+    return [region.open_region(load.region_path, writable=False).device(0) for load in loads]
+
+
 def test_an_overcharged_pair_is_not_held_below_what_the_gpu_has(env, tmp_path):
     """Two launch-bound groups at --sm 50 whose timings read 10x their kernels (as a decode loop's timings
     hold the host's launch gaps): each was charged more than its share while the GPU was mostly idle, and
     the limiter held both back (a third of the run, the scale at 1). The controllers now add their charges
     to the GPU's turn entry and bring the scales down while the groups together were charged more than the
     GPU was busy."""
-    e = sim_env(env, tmp_path, "oc", FAKECUDA_EVENT_SCALE="10")
-    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=GAP_US)
-    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=GAP_US)
-    a.wait(), b.wait()
-    for load in (a, b):
-        d = region.open_region(load.region_path, writable=False).device(0)
+    for d in overcharged_pair(env, tmp_path, "oc", "10"):
         held = d.sm_throttle_ns / 10e9
         assert (d.sm_scale or 65536) / 65536 < 0.5, d.sm_scale  # the scale came down from 1
         assert held < 0.15, held  # held back for the budget a small part of the run
@@ -55,10 +60,5 @@ def test_a_pair_charged_twice_its_busy_time_comes_down(env, tmp_path):
     GPU was busy. Judged one period at a time the charges had to be 2.5 x NVML's busy time to come down (the
     groups' unaligned periods); an MLP pair on an H100 charged 2 x stayed held at one group's budget (27.6%
     of its speed, time-sliced 105%). Over a window of four periods, 4/3 x is enough."""
-    e = sim_env(env, tmp_path, "oc2", FAKECUDA_EVENT_SCALE="2")
-    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=GAP_US)
-    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=GAP_US)
-    a.wait(), b.wait()
-    for load in (a, b):
-        d = region.open_region(load.region_path, writable=False).device(0)
+    for d in overcharged_pair(env, tmp_path, "oc2", "2"):
         assert (d.sm_scale or 65536) / 65536 < 0.85, d.sm_scale  # the scale came down from 1
