@@ -227,3 +227,15 @@ def test_commit_from_the_folder_first(tmp_path):
     p = cli("--from", str(d), "--png", "", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[0].endswith("commit aaa111.")
+
+
+def test_the_neighbour_is_judged_against_the_same_two_time_sliced():
+    """`bench sm --sliced --neighbour unlimited` runs the neighbour pair once more time-sliced; the cell then
+    says what the two made together against it (issue 27 item 4: 0.90 or more)."""
+    res = [r for r in matrix.load(H200) if r["workload"] == "mlp"]
+    main = next(r for r in res if any(x["kind"] == "neighbour" for x in r["runs"]))
+    for kind, achieved in (("neighbour-sliced", 90.0), ("neighbour-sliced-unlimited", 110.0)):
+        base = next(x for x in main["runs"] if x["kind"] == kind.replace("-sliced", ""))
+        main["runs"].append({**base, "kind": kind, "achieved": achieved})
+    cell = rows(matrix.render(res))["mlp"]["50 beside an unlimited neighbour"]
+    assert cell == "132.1, neighbour 94.0 (1.13 x time-sliced: 90.0, 110.0)"  # (132.1 + 94.0) / 200

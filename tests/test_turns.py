@@ -310,10 +310,12 @@ def test_bench_sm_runs_its_scenarios_on_the_fake(env, tmp_path):
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     kinds = [x["kind"] for x in r["runs"]]
-    assert kinds == ["single", "pair", "pair", "pair-sliced", "pair-sliced", "neighbour", "neighbour-unlimited"]
+    assert kinds == ["single", "pair", "pair", "pair-sliced", "pair-sliced", "neighbour", "neighbour-unlimited",
+                     "neighbour-sliced", "neighbour-sliced-unlimited"]  # --sliced: the neighbour pair too
     for x in r["runs"]:
         assert x["achieved"] > 0 and x["time_share_nvml"] is not None, x
     turns = {x["kind"]: x for x in r["runs"] if x["kind"].startswith("neighbour")}
+    assert not r["scenarios"].get("neighbour-sliced")  # time-sliced: no turn counters
     assert abs(turns["neighbour"]["time_share_charged"] - 50) < 15, turns["neighbour"]
     assert turns["neighbour-unlimited"]["time_share_turns"] > 5, turns["neighbour-unlimited"]
     assert r["scenarios"]["pair"]["handovers"] > 0 and r["scenarios"]["neighbour"]["handovers"] > 0

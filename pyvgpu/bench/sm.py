@@ -4,7 +4,8 @@ A load runs unlimited (raw, no pyvgpu), then alone under each target share,
 then in scenarios of two groups at once:
 
 * ``pair``: two groups with shares (``--pair 30,70``), taking turns; with
-  ``--sliced`` once more time-sliced (PYVGPU_SM_TURN=0), to compare;
+  ``--sliced`` once more time-sliced (PYVGPU_SM_TURN=0), to compare (the
+  neighbour scenario too);
   ``--priorities high,low`` gives the two groups priorities;
 * ``neighbour``: a group with a share (``--neighbour-share``) beside a wrapped
   group without one (``--neighbour unlimited``);
@@ -269,14 +270,15 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                 for s, p, run_ in runs:
                     record(kind, s, run_.finish(limit, util), priority=p)
                 result["scenarios"][kind] = _turn_stats(Path(env0[envspec.SCHED.name]))
-            if neighbour == "unlimited":
-                env0 = scenario("neighbour")
-                env, path = _wrapped(env0, neighbour_share, tmp, "neighbour-share")
-                env_n, path_n = _wrapped(env0, None, tmp, "neighbour-unlimited")
+            neighbours = [("neighbour", False)] + ([("neighbour-sliced", True)] if sliced else [])
+            for kind, sl in neighbours if neighbour == "unlimited" else []:
+                env0 = scenario(kind, sl)
+                env, path = _wrapped(env0, neighbour_share, tmp, f"{kind}-share")
+                env_n, path_n = _wrapped(env0, None, tmp, f"{kind}-unlimited")
                 a, b = _Run(cmd, env, path), _Run(cmd, env_n, path_n)
-                record("neighbour", neighbour_share, a.finish(limit, util))
-                record("neighbour-unlimited", None, b.finish(limit, util))
-                result["scenarios"]["neighbour"] = _turn_stats(Path(env0[envspec.SCHED.name]))
+                record(kind, neighbour_share, a.finish(limit, util))
+                record(f"{kind}-unlimited", None, b.finish(limit, util))
+                result["scenarios"][kind] = _turn_stats(Path(env0[envspec.SCHED.name]))
             if burst:
                 result["burst"] = _burst(workload, iters, scenario("burst"), tmp, burst_share, seconds, limit, util)
                 result["scenarios"]["burst"] = _turn_stats(tmp / "burst.turns")

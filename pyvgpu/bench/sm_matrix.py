@@ -133,7 +133,8 @@ def collect(results: list[dict]) -> dict:
     """The matrix's cells by workload: what each scenario measured (later files win a cell measured twice)."""
     m: dict[str, dict] = {}
     for res in results:
-        cells = m.setdefault(res["workload"], {"alone": {}, "pairs": {}, "neighbour": None, "drift": {},
+        cells = m.setdefault(res["workload"], {"alone": {}, "pairs": {}, "neighbour": None, "neighbour_sliced": None,
+                                               "drift": {},
                                                "unlimited_nvml": None})
         mps = res.get("mode") == "mps"
         if isinstance(res.get("baseline_drift"), int | float):
@@ -151,10 +152,11 @@ def collect(results: list[dict]) -> dict:
             key = _pair_key(rs) if len(rs) == 2 else None
             if key and not (mps and kind == "pair-sliced"):
                 cells["pairs"][(key, way)] = rs
-        a = [r for r in runs if r["kind"] == "neighbour"]
-        b = [r for r in runs if r["kind"] == "neighbour-unlimited"]
-        if a and b and not mps:
-            cells["neighbour"] = (a[0], b[0])
+        for kind, cell in (("neighbour", "neighbour"), ("neighbour-sliced", "neighbour_sliced")):
+            a = [r for r in runs if r["kind"] == kind]
+            b = [r for r in runs if r["kind"] == f"{kind}-unlimited"]
+            if a and b and not mps:
+                cells[cell] = (a[0], b[0])
     return m
 
 
@@ -174,6 +176,19 @@ def _pair_cell(rs: list[dict] | None, way: str) -> str:
     cell = " / ".join(_f(r["achieved"]) for r in rs)
     if way == "turns":  # charged time per group; NVML sees only the device as a whole
         cell += " (c " + "/".join(_f(r.get("time_share_charged")) for r in rs) + ")"
+    return cell
+
+
+def _neighbour_cell(n: tuple | None, sliced: tuple | None) -> str:
+    """`share, neighbour`, and with a time-sliced run of the same two, what they made together against it
+    (issue 27 item 4 asks 0.90 or more)."""
+    if n is None:
+        return "-"
+    cell = f"{_f(n[0]['achieved'])}, neighbour {_f(n[1]['achieved'])}"
+    together = sum(r["achieved"] for r in sliced) if sliced else 0.0
+    if together > 0:
+        cell += f" ({sum(r['achieved'] for r in n) / together:.2f} x time-sliced: {_f(sliced[0]['achieved'])}, " \
+                f"{_f(sliced[1]['achieved'])})"
     return cell
 
 
@@ -217,7 +232,8 @@ def _header(results: list[dict], commit: str) -> str:
 
 LEGEND = ("Cells: throughput in % of the workload's unlimited throughput. Alone: `share (NVML/charged)`, the "
           "time share NVML saw and the turns' charged GPU time. Pairs: `group 1 / group 2`, taking turns with "
-          "`(c a/b)` each group's charged time share. Neighbour: `share, neighbour`. '-': not measured.")
+          "`(c a/b)` each group's charged time share. Neighbour: `share, neighbour` (together against the same two "
+          "time-sliced). '-': not measured.")
 
 
 def _ordered(m: dict) -> list[str]:
@@ -245,8 +261,7 @@ def render(results: list[dict], commit: str = "unknown", mps: bool | None = None
         c = m[w]
         row = [_alone_cell(c["alone"].get(t)) for t in ALONE]
         row += [_pair_cell(c["pairs"].get((key, way)), way) for key, way in cells_]
-        n = c["neighbour"]
-        row.append(f"{_f(n[0]['achieved'])}, neighbour {_f(n[1]['achieved'])}" if n else "-")
+        row.append(_neighbour_cell(c["neighbour"], c["neighbour_sliced"]))
         row.append("; ".join(_notes(c)) or "-")
         lines.append(f"| {w} | " + " | ".join(row) + " |")
     return "\n".join(lines)

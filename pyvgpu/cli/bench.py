@@ -107,8 +107,8 @@ def bench_sm(
                                                 "GPUs).")] = SmWorkload.spin,
     pair: Annotated[str, typer.Option("--pair", metavar="PCT,PCT",
                                       help="Shares of the two groups run at once ('' to skip).")] = "30,70",
-    sliced: Annotated[bool, typer.Option("--sliced", help="Run the pair once more time-sliced, to "
-                                                          "compare.")] = False,
+    sliced: Annotated[bool, typer.Option("--sliced", help="Run the pair and the neighbour once more "
+                                                          "time-sliced, to compare.")] = False,
     priorities: Annotated[PriorityPair | None, typer.Option("--priorities", metavar="PRIO,PRIO",
                                                             parser=priority_pair,
                                                             help="Priorities of the pair's two groups, e.g. "
