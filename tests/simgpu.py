@@ -33,6 +33,12 @@ _PROC = struct.Struct(f"<iI{SIM_DEVS}Q{SIM_DEVS}Q{SIM_DEVS}Q")
 _PROCS_OFF = 8 + 8 * SIM_DEVS
 
 
+def _head(tmp: Path, name: str) -> bytes:
+    """The simulation file's fields before its kernel rings (which hold tens of MiB)."""
+    with open(tmp / f"{name}.sim", "rb") as f:
+        return f.read(_PROCS_OFF + SIM_PROCS * _PROC.size)
+
+
 class Load:
     """pv_bench sm under `pyvgpu wrap` (or raw, with wrap_opts=None), with its region sampled ten times a
     second."""
@@ -114,15 +120,22 @@ def sim_env(env, tmp: Path, name: str, **extra: str) -> dict:
 
 def sim_switch_ns(tmp: Path, name: str) -> int:
     """Time the simulated GPU added for time slicing two processes' work (struct sim.switch_ns[0])."""
-    return struct.unpack_from("<Q", (tmp / f"{name}.sim").read_bytes(), 8)[0]
+    return struct.unpack_from("<Q", _head(tmp, name), 8)[0]
 
 
 def sim_busy(tmp: Path, name: str) -> dict[int, tuple[int, int]]:
     """pid -> (GPU ns its kernels took on device 0, kernels it queued there), as the simulation counted."""
-    data = (tmp / f"{name}.sim").read_bytes()
+    data = _head(tmp, name)
     out = {}
     for i in range(SIM_PROCS):
         pid, _mask, *rest = _PROC.unpack_from(data, _PROCS_OFF + i * _PROC.size)
         if pid:
             out[pid] = (rest[SIM_DEVS], rest[2 * SIM_DEVS])
     return out
+
+
+def gpu_share(tmp: Path, name: str, load: Load) -> float:
+    """The share of its run's wall time the simulated GPU spent on load's kernels (%)."""
+    busy, _ = sim_busy(tmp, name)[load.pid]
+    t0, t1 = load.points[0][0], load.points[-1][0]
+    return 100 * busy / (t1 - t0)

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from helpers import PYVGPU, run
-from simgpu import Load, sim_busy, sim_env, sim_switch_ns
+from simgpu import Load, gpu_share, sim_busy, sim_env, sim_switch_ns
 
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits, region
@@ -24,13 +24,6 @@ from pyvgpu.native import grouplib
 
 SMALL = "200"  # a 20 us kernel: with a host gap (and a sync per step of 4), a launch-bound training step
 GAP_US = 50
-
-
-def gpu_share(tmp, name, load: Load) -> float:
-    """The share of its run's wall time the simulated GPU spent on load's kernels (%)."""
-    busy, _ = sim_busy(tmp, name)[load.pid]
-    t0, t1 = load.points[0][0], load.points[-1][0]
-    return 100 * busy / (t1 - t0)
 
 
 def test_a_launch_bound_pair_runs_beside_each_other(env, tmp_path):

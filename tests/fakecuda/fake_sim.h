@@ -28,7 +28,9 @@
 #include <unistd.h>
 
 #define SIM_DEVS 16 /* physical devices (MAX_DEV of fake_devices.h) */
-#define SIM_RING 16384
+#define SIM_RING 262144 /* kernels kept per device: NVML's samples look back 2 s, which a load of 10 us kernels
+                          * fills with 200000 (a ring of 16384 lost all but the last 0.3 s of them, and NVML
+                          * read such a load a fraction of its busy time) */
 #define SIM_PROCS 64
 #define SIM_QUEUE_NS_DEFAULT 20000000ULL /* FAKECUDA_SIM_QUEUE_MS overrides */
 #define SIM_WINDOW_NS 300000000ULL /* NVML utilization: busy share of the last 300 ms */
@@ -210,10 +212,13 @@ SIM_FN void sim_enqueue(struct sim *s, int dev, uint64_t d, uint64_t *start, uin
     sim_enqueue_ranks(s, dev, d, 1, start, end);
 }
 
-/* Nanoseconds of [lo, hi) during which dev ran a kernel. */
-SIM_FN uint64_t sim_busy_between(struct sim *s, int dev, uint64_t lo, uint64_t hi) {
+/* Nanoseconds during which dev ran a kernel in each of n windows of width ns, the first starting at lo, into
+ * busy[0..n): one pass over the ring, however many windows (NVML's samples ask for ten). */
+SIM_FN void sim_busy_windows(struct sim *s, int dev, uint64_t lo, uint64_t width, int n, uint64_t *busy) {
     struct sim_dev *x = &s->dev[dev % SIM_DEVS];
-    uint64_t busy = 0;
+    uint64_t hi = lo + width * (uint64_t)n;
+    for (int k = 0; k < n; k++)
+        busy[k] = 0;
     for (int i = 0; i < SIM_RING; i++) {
         uint64_t a = __atomic_load_n(&x->ring[i].start, __ATOMIC_RELAXED);
         uint64_t b = __atomic_load_n(&x->ring[i].end, __ATOMIC_ACQUIRE);
@@ -221,10 +226,25 @@ SIM_FN uint64_t sim_busy_between(struct sim *s, int dev, uint64_t lo, uint64_t h
             a = lo;
         if (b > hi)
             b = hi;
-        if (b > a)
-            busy += b - a;
+        while (b > a) { /* a kernel across a window's end counts in both */
+            int k = (int)((a - lo) / width);
+            uint64_t e = lo + width * (uint64_t)(k + 1);
+            uint64_t t = b < e ? b : e;
+            busy[k] += t - a;
+            a = t;
+        }
     }
-    return busy > hi - lo ? hi - lo : busy;
+    for (int k = 0; k < n; k++)
+        if (busy[k] > width)
+            busy[k] = width;
+}
+
+/* Nanoseconds of [lo, hi) during which dev ran a kernel. */
+SIM_FN uint64_t sim_busy_between(struct sim *s, int dev, uint64_t lo, uint64_t hi) {
+    uint64_t busy = 0;
+    if (hi > lo)
+        sim_busy_windows(s, dev, lo, hi - lo, 1, &busy);
+    return busy;
 }
 
 /* Percent of the last window_ns (0: SIM_WINDOW_NS) during which dev ran a kernel, rounded. */

@@ -329,7 +329,7 @@ typedef struct {
 #define NVML_GPU_UTILIZATION_SAMPLES 1
 #define NVML_VALUE_TYPE_UNSIGNED_INT 1
 #define SAMPLE_NS 200000000ULL /* the real driver's spacing of utilization samples (H100, driver 580) */
-#define SAMPLE_HISTORY 10      /* samples kept (the simulated ring holds a few seconds of kernels) */
+#define SAMPLE_HISTORY 10      /* samples kept (the simulated ring holds them: SIM_RING) */
 
 /* nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES): a sample every SAMPLE_NS of CLOCK_MONOTONIC, each the
  * busy percent of the SAMPLE_NS before it, those newer than lastSeen (realtime us), oldest first; samples
@@ -351,6 +351,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t d, int type, unsigned long
     uint64_t last = now / SAMPLE_NS * SAMPLE_NS; /* the newest sample's time */
     unsigned n = 0, cap = samples ? *count : 0;
     *valType = NVML_VALUE_TYPE_UNSIGNED_INT;
+    uint64_t busy[SAMPLE_HISTORY] = {0}; /* busy[j]: the window [first + j samples, first + j + 1 samples) */
+    uint64_t first = last >= SAMPLE_HISTORY * SAMPLE_NS ? last - SAMPLE_HISTORY * SAMPLE_NS : 0;
+    if (samples && s && last >= SAMPLE_NS)
+        sim_busy_windows(s, d->index, first, SAMPLE_NS, SAMPLE_HISTORY, busy);
     for (int k = SAMPLE_HISTORY - 1; k >= 0; k--) {
         if ((uint64_t)k * SAMPLE_NS + SAMPLE_NS > last)
             continue; /* before the clock's start: no sample */
@@ -360,9 +364,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t d, int type, unsigned long
         if (samples) {
             if (n == cap)
                 break;
-            uint64_t busy = s ? sim_busy_between(s, d->index, t - SAMPLE_NS, t) : 0;
+            uint64_t b = busy[(t - SAMPLE_NS - first) / SAMPLE_NS];
             samples[n].timeStamp = (rt_ns - (now - t)) / 1000;
-            samples[n].value = (busy * 100 + SAMPLE_NS / 2) / SAMPLE_NS;
+            samples[n].value = (b * 100 + SAMPLE_NS / 2) / SAMPLE_NS;
         }
         n++;
     }
