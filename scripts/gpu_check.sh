@@ -27,6 +27,8 @@
 #             the loop tests, bench vpmm --workload all, a soak (SOAK_SECONDS)
 #   vpmm      bench vpmm (mapped/live, ops/s against expandable_segments and the default allocator)
 #   startup   bench startup (time to the first CUDA call, raw and wrapped)
+#   timing    scripts/probe/timing_probe.py: a small kernel's timing on an idle stream and behind queued work,
+#             alone and beside a launch-bound loop (TIMING_SECONDS a case, default 5)
 #   none      install and warm up only
 # WARMUP=1: use host-tuned callbacks (pyvgpu warmup) instead of the packaged portable ones. No matplotlib: no PNGs.
 set -u
@@ -188,9 +190,12 @@ for part in $PARTS; do
   startup)
     say "## Start-up"
     $PY -m pyvgpu bench startup --runs 5 --output "$W/startup.json" 2>&1 | tail -10 | block; pack ;;
+  timing)
+    say "## What a timed launch reads (scripts/probe/timing_probe.py)"
+    $PY "$ROOT/scripts/probe/timing_probe.py" "${TIMING_SECONDS:-5}" 2>&1 | tail -12 | block ;;
   none) ;;  # install and warm up only (for the probes in scripts/probe)
   *)
-    say "unknown part: $part (tests, compute, scenarios, workloads, matrix, mps, vpmm, startup)" ;;
+    say "unknown part: $part (tests, compute, scenarios, workloads, matrix, latency, mps, vpmm-loops, vpmm, startup, timing, none)" ;;
   esac
 done
 cp "$S" "$W/"; pack
