@@ -134,8 +134,7 @@ def collect(results: list[dict]) -> dict:
     m: dict[str, dict] = {}
     for res in results:
         cells = m.setdefault(res["workload"], {"alone": {}, "pairs": {}, "neighbour": None, "neighbour_sliced": None,
-                                               "drift": {},
-                                               "unlimited_nvml": None})
+                                               "drift": {}, "unlimited_nvml": None})
         mps = res.get("mode") == "mps"
         if isinstance(res.get("baseline_drift"), int | float):
             cells["drift"][_scenario_name(res)] = res["baseline_drift"]
