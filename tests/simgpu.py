@@ -123,14 +123,14 @@ def sim_switch_ns(tmp: Path, name: str) -> int:
     return struct.unpack_from("<Q", _head(tmp, name), 8)[0]
 
 
-def sim_busy(tmp: Path, name: str) -> dict[int, tuple[int, int]]:
-    """pid -> (GPU ns its kernels took on device 0, kernels it queued there), as the simulation counted."""
+def sim_busy(tmp: Path, name: str, dev: int = 0) -> dict[int, tuple[int, int]]:
+    """pid -> (GPU ns its kernels took on device dev, kernels it queued there), as the simulation counted."""
     data = _head(tmp, name)
     out = {}
     for i in range(SIM_PROCS):
         pid, _mask, *rest = _PROC.unpack_from(data, _PROCS_OFF + i * _PROC.size)
         if pid:
-            out[pid] = (rest[SIM_DEVS], rest[2 * SIM_DEVS])
+            out[pid] = (rest[SIM_DEVS + dev], rest[2 * SIM_DEVS + dev])
     return out
 
 

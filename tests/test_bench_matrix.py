@@ -239,3 +239,17 @@ def test_the_neighbour_is_judged_against_the_same_two_time_sliced():
         main["runs"].append({**base, "kind": kind, "achieved": achieved})
     cell = rows(matrix.render(res))["mlp"]["50 beside an unlimited neighbour"]
     assert cell == "132.1, neighbour 94.0 (1.13 x time-sliced: 90.0, 110.0)"  # (132.1 + 94.0) / 200
+
+
+def test_a_later_neighbour_run_is_not_judged_against_an_earlier_time_sliced_one():
+    """Later files win a cell: a neighbour run without its time-sliced pair replaces both, so the cell never
+    divides one run's pair by another run's time-sliced one."""
+    res = [r for r in matrix.load(H200) if r["workload"] == "mlp"]
+    main = next(r for r in res if any(x["kind"] == "neighbour" for x in r["runs"]))
+    later = json.loads(json.dumps(main))
+    for kind, achieved in (("neighbour-sliced", 90.0), ("neighbour-sliced-unlimited", 110.0)):
+        base = next(x for x in main["runs"] if x["kind"] == kind.replace("-sliced", ""))
+        main["runs"].append({**base, "kind": kind, "achieved": achieved})
+    next(x for x in later["runs"] if x["kind"] == "neighbour")["achieved"] = 50.0
+    cell = rows(matrix.render([*res, later]))["mlp"]["50 beside an unlimited neighbour"]
+    assert cell == "50.0, neighbour 94.0", cell

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from helpers import PYVGPU
-from simgpu import _PROC, _PROCS_OFF, SIM_DEVS, SIM_PROCS, Load, sim_env
+from simgpu import Load, sim_busy, sim_env
 
 from pyvgpu.group import turnfile as sched
 
@@ -98,12 +98,7 @@ class Host:
 
 def _queued(tmp, name: str, pid: int, dev: int) -> int:
     """Kernels the simulation counted for pid on dev (struct sim_proc.kernels)."""
-    data = (tmp / f"{name}.sim").read_bytes()
-    for i in range(SIM_PROCS):
-        p, _mask, *rest = _PROC.unpack_from(data, _PROCS_OFF + i * _PROC.size)
-        if p == pid:
-            return rest[2 * SIM_DEVS + dev]
-    return 0
+    return sim_busy(tmp, name, dev).get(pid, (0, 0))[1]
 
 
 def _peer_behind_long_work(env, tmp, name: str, region) -> list[Host]:

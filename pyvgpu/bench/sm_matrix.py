@@ -151,11 +151,13 @@ def collect(results: list[dict]) -> dict:
             key = _pair_key(rs) if len(rs) == 2 else None
             if key and not (mps and kind == "pair-sliced"):
                 cells["pairs"][(key, way)] = rs
-        for kind, cell in (("neighbour", "neighbour"), ("neighbour-sliced", "neighbour_sliced")):
+        pairs = {}
+        for kind in ("neighbour", "neighbour-sliced"):
             a = [r for r in runs if r["kind"] == kind]
             b = [r for r in runs if r["kind"] == f"{kind}-unlimited"]
-            if a and b and not mps:
-                cells[cell] = (a[0], b[0])
+            pairs[kind] = (a[0], b[0]) if a and b else None
+        if pairs["neighbour"] and not mps:  # both from one result: a later file's runs never meet an earlier's
+            cells["neighbour"], cells["neighbour_sliced"] = pairs["neighbour"], pairs["neighbour-sliced"]
     return m
 
 

@@ -29,7 +29,7 @@
 
 #define SIM_DEVS 16 /* physical devices (MAX_DEV of fake_devices.h) */
 #define SIM_RING 262144 /* kernels kept per device: NVML's samples look back 2 s, which a load of 10 us kernels
-                          * fills with 200000 (a ring of 16384 lost all but the last 0.3 s of them, and NVML
+                          * fills with 200000 (a ring of 16384 lost all but the last 0.16 s of them, and NVML
                           * read such a load a fraction of its busy time) */
 #define SIM_PROCS 64
 #define SIM_QUEUE_NS_DEFAULT 20000000ULL /* FAKECUDA_SIM_QUEUE_MS overrides */
