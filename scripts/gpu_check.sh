@@ -29,6 +29,8 @@
 #   startup   bench startup (time to the first CUDA call, raw and wrapped)
 #   timing    scripts/probe/timing_probe.py: a small kernel's timing on an idle stream and behind queued work,
 #             alone and beside a launch-bound loop (TIMING_SECONDS a case, default 5)
+#   nvml-process scripts/probe/nvml_process_probe.py: NVML's per-process utilization beside each process's own
+#             GPU time (a duty-cycled matmul at 20% and 50% beside a small-matmul loop)
 #   none      install and warm up only
 # WARMUP=1: use host-tuned callbacks (pyvgpu warmup) instead of the packaged portable ones. No matplotlib: no PNGs.
 set -u
@@ -193,9 +195,14 @@ for part in $PARTS; do
   timing)
     say "## What a timed launch reads (scripts/probe/timing_probe.py)"
     $PY "$ROOT/scripts/probe/timing_probe.py" "${TIMING_SECONDS:-5}" 2>&1 | tail -12 | block ;;
+  nvml-process)
+    say "## NVML's per-process utilization against each process's own GPU time (scripts/probe/nvml_process_probe.py)"
+    for duty in 0.2 0.5; do
+      $PY "$ROOT/scripts/probe/nvml_process_probe.py" 14 "$duty" 2>&1 | tail -4 | block
+    done ;;
   none) ;;  # install and warm up only (for the probes in scripts/probe)
   *)
-    say "unknown part: $part (tests, compute, scenarios, workloads, matrix, latency, mps, vpmm-loops, vpmm, startup, timing, none)" ;;
+    say "unknown part: $part (tests, compute, scenarios, workloads, matrix, latency, mps, vpmm-loops, vpmm, startup, timing, nvml-process, none)" ;;
   esac
 done
 cp "$S" "$W/"; pack

@@ -54,6 +54,7 @@ class Member:
 def main(out: Path, seconds: float = 60.0) -> None:
     sys.path.insert(0, str(ROOT / "tests" / "fakecuda"))
     from build import build
+
     from pyvgpu.native.shim import BENCH_BIN
 
     tmp = Path(tempfile.mkdtemp(prefix="pyvgpu-dashboard-"))
