@@ -19,7 +19,7 @@
 #             goes on where one ran out of time), matrix.md into the summary, matrix.png beside it;
 #             MATRIX_SECONDS, MATRIX_WORKLOADS, MATRIX_MPS=1 and MATRIX_ARGS (more options) tune it
 #             (MATRIX_WORKLOADS: comma-separated workloads, default by GPU count; MATRIX_MPS=1 adds MPS pairs;
-#             MATRIX_SECONDS: seconds a run, default 8)
+#             MATRIX_SECONDS: seconds a run, default 8; MATRIX_REPEAT=N runs every scenario N times)
 #   latency   bench latency: a decode service (--priority high) beside a training loop, p50/p99 alone and
 #             stacked under pyvgpu, time slicing and MPS (LAT_SECONDS, default 30 a scenario)
 #   mps       bench sm under --mode mps (MPS alone), the memory view and OOM under MPS with and without pyvgpu
@@ -128,7 +128,7 @@ for part in $PARTS; do
     mkdir -p "$W/matrix"; [ -f "$ROOT/.commit" ] && cp "$ROOT/.commit" "$W/matrix/.commit"
     # shellcheck disable=SC2086  # MATRIX_ARGS: more bench matrix options, split on spaces
     $PY -m pyvgpu bench matrix --output-dir "$W/matrix" --skip-done --seconds "${MATRIX_SECONDS:-8}" \
-      ${MATRIX_WORKLOADS:+--workloads "$MATRIX_WORKLOADS"} ${MATRIX_MPS:+--mps} ${MATRIX_ARGS:-} --png "" \
+      ${MATRIX_WORKLOADS:+--workloads "$MATRIX_WORKLOADS"} ${MATRIX_MPS:+--mps} ${MATRIX_REPEAT:+--repeat "$MATRIX_REPEAT"} ${MATRIX_ARGS:-} --png "" \
       > "$W/matrix/run.log" 2>&1
     tail -3 "$W/matrix/run.log" | block
     $PY -m pyvgpu bench matrix --from "$W/matrix" --png "$(png matrix/matrix.png)" > /dev/null 2>> "$W/matrix/run.log"

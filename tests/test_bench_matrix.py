@@ -242,8 +242,8 @@ def test_the_neighbour_is_judged_against_the_same_two_time_sliced():
 
 
 def test_a_later_neighbour_run_is_not_judged_against_an_earlier_time_sliced_one():
-    """Later files win a cell: a neighbour run without its time-sliced pair replaces both, so the cell never
-    divides one run's pair by another run's time-sliced one."""
+    """Each result's neighbour pair is judged against its own time-sliced run: the median run here has none,
+    so the cell gives no ratio, never one run's pair over another run's time-sliced one."""
     res = [r for r in matrix.load(H200) if r["workload"] == "mlp"]
     main = next(r for r in res if any(x["kind"] == "neighbour" for x in r["runs"]))
     later = json.loads(json.dumps(main))
@@ -252,4 +252,81 @@ def test_a_later_neighbour_run_is_not_judged_against_an_earlier_time_sliced_one(
         main["runs"].append({**base, "kind": kind, "achieved": achieved})
     next(x for x in later["runs"] if x["kind"] == "neighbour")["achieved"] = 50.0
     cell = rows(matrix.render([*res, later]))["mlp"]["50 beside an unlimited neighbour"]
-    assert cell == "50.0, neighbour 94.0", cell
+    assert cell == "50.0, neighbour 94.0 [2 runs, together: 144.0-226.1]", cell
+
+
+def _scaled(res: dict, by: float) -> dict:
+    """A copy of a result whose runs made ``by`` times the throughput (charged figures kept)."""
+    out = json.loads(json.dumps(res))
+    for r in out["runs"]:
+        r["achieved"] = round(r["achieved"] * by, 3)
+    return out
+
+
+def test_a_cell_measured_several_times_shows_its_median_run_and_the_spread():
+    """A launch-bound load's cells moved 0.7-1.3 x between two runs of one tree: repeats show the median run
+    whole (its own charged figures) and the spread of what the pair made together."""
+    base = json.loads((DATA / "decode-3070.json").read_text())
+    low, high = _scaled(base, 0.5), _scaled(base, 1.5)
+    for r in high["runs"]:
+        r["time_share_charged"] = 99.0  # the highest run's own figure must not leak into the median's cell
+    t = rows(matrix.render([high, base, low]))["decode"]
+    assert t["30/70 taking turns"] == "52.8 / 39.8 (c 21.5/10.6) [3 runs, together: 46.3-138.9]"
+    assert t["30/70 time-sliced"] == "81.0 / 50.0 [3 runs, together: 65.5-196.4]"
+    assert rows(matrix.render([base]))["decode"]["30/70 taking turns"] == "52.8 / 39.8 (c 21.5/10.6)"  # once: as before
+    # an even count gives the lower middle: a share is never reported above what half its runs got
+    assert rows(matrix.render([high, low]))["decode"]["30/70 time-sliced"].startswith("40.5 / 25.0 [2 runs")
+
+
+def test_repeated_alone_runs_and_neighbour_ratios_show_their_spread():
+    res = [r for r in matrix.load(H200) if r["workload"] == "mlp"]
+    main = next(r for r in res if any(x["kind"] == "neighbour" for x in r["runs"]))
+    for kind, achieved in (("neighbour-sliced", 90.0), ("neighbour-sliced-unlimited", 110.0)):
+        base = next(x for x in main["runs"] if x["kind"] == kind.replace("-sliced", ""))
+        main["runs"].append({**base, "kind": kind, "achieved": achieved})
+    again = _scaled(main, 0.5)
+    t = rows(matrix.render([main, again]))["mlp"]
+    # the lower middle of two: the second run, judged against its own time-sliced pair (45 + 55)
+    assert t["50 beside an unlimited neighbour"] == ("66.0, neighbour 47.0 (1.13 x time-sliced: 45.0, 55.0) "
+                                                     "[2 runs, together: 113.0-226.1] [2 ratios: 1.13-1.13 x]")
+    alone = t["alone 50"]
+    assert alone.endswith("]") and "[2 runs: " in alone, alone
+
+
+def test_notes_read_the_median_run():
+    """A miss alone is noted from the median run, not from whichever file came last."""
+    base = json.loads((DATA / "tp-decode-main.json").read_text())
+    near = json.loads(json.dumps(base))
+    for r in near["runs"]:
+        if r["kind"] == "single":
+            r["achieved"] = float(r["target"])
+    notes = rows(matrix.render([base, near, json.loads(json.dumps(near))]))["tp-decode"]["notes"]
+    assert "misses its share" not in notes, notes
+    assert "misses its share" in rows(matrix.render([near, base, base]))["tp-decode"]["notes"]
+
+
+def test_run_repeats_every_scenario_round_by_round(tmp_path):
+    calls = []
+
+    def fake_bench(**kw):
+        calls.append((kw["workload"], kw["pair"]))
+        return {"bench": "sm", "workload": kw["workload"], "runs": [], "machine": {"gpu": "x"}, "seconds": 8}
+
+    matrix.run(["spin", "mlp"], tmp_path, repeat=2, bench=fake_bench, say=lambda s: None)
+    # every scenario once before any twice: a call cut short keeps a whole first round
+    assert calls == [("spin", "50,50"), ("spin", "30,70"), ("mlp", "50,50"), ("mlp", "30,70")] * 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "mlp-3070-r2.json", "mlp-3070.json", "mlp-main-r2.json", "mlp-main.json",
+        "spin-3070-r2.json", "spin-3070.json", "spin-main-r2.json", "spin-main.json"]
+    calls.clear()
+    (tmp_path / "mlp-main-r2.json").unlink()
+    matrix.run(["spin", "mlp"], tmp_path, repeat=2, skip_done=True, bench=fake_bench, say=lambda s: None)
+    assert calls == [("mlp", "50,50")]
+    with pytest.raises(PyvgpuError, match=r"--repeat 0: give 1 to 10"):
+        matrix.run(["spin"], tmp_path, repeat=0, bench=fake_bench)
+
+
+def test_cli_refuses_a_repeat_out_of_range(tmp_path):
+    p = subprocess.run([*PYVGPU, "bench", "matrix", "--output-dir", str(tmp_path), "--repeat", "11"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "--repeat" in p.stderr and "10" in p.stderr, p.stderr

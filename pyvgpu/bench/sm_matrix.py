@@ -2,9 +2,12 @@
 
 Each workload runs through `bench sm` (pyvgpu.bench.sm.run, in this process) in a few scenarios; each
 scenario's full result goes to ``DIR/<workload>-<scenario>.json`` as soon as it finishes, so a run cut short
-keeps what it did and ``--skip-done`` goes on from there. Rendering reads the JSONs back and places each
+keeps what it did and ``--skip-done`` goes on from there; ``--repeat N`` runs every scenario N times
+(``DIR/<workload>-<scenario>-r<k>.json`` from the second on). Rendering reads the JSONs back and places each
 run by what it is (its kind, target and mode), not by its file name: any `bench sm` JSON in the folder
-fills the cells it measured, and a cell nothing measured stays '-'.
+fills the cells it measured, and a cell nothing measured stays '-'. A cell measured several times shows its
+median run (by throughput; the lower middle of an even count), whole, and the spread of all: a launch-bound
+load's cells moved 0.7-1.3 x between two 6 s runs of one tree (docs/compute.md), which one run cannot show.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ MISS_POINTS = GOAL_POINTS  # a share this far from its target is flagged in the 
 DRIFT_NOTE = DRIFT_WARN  # the raw rate's change between the first and the last baseline worth a note (bench sm's)
 LAUNCH_BOUND_NVML = 50.0  # unlimited, a workload keeping the GPU busy less than this is bound by its launches
 BETTER_POINTS = 2.0  # a pair's summed throughput shares this much higher elsewhere is "better" (not noise)
+MAX_REPEAT = 10
 # (file name part, bench sm arguments)
 SCENARIOS: tuple[tuple[str, dict], ...] = (
     ("main", {"targets": "30,50,70", "pair": "50,50", "sliced": True, "neighbour": "unlimited",
@@ -63,32 +67,37 @@ def pick_workloads(text: str | None, gpus: int) -> list[str]:
 
 
 def run(workloads: list[str], out_dir: Path, seconds: float = 8.0, mps: bool = False, skip_done: bool = False,
-        bench: Callable[..., dict] | None = None, say: Callable[[str], None] = print) -> list[Path]:
-    """Run every workload's scenarios, each written to ``out_dir`` when it finishes; the files written."""
+        bench: Callable[..., dict] | None = None, say: Callable[[str], None] = print, repeat: int = 1) -> list[Path]:
+    """Run every workload's scenarios ``repeat`` times (each round whole before the next, so a call cut short
+    has every scenario once before any twice), each written to ``out_dir`` when it finishes; the files
+    written."""
+    if not 1 <= repeat <= MAX_REPEAT:
+        raise PyvgpuError(f"--repeat {repeat}: give 1 to {MAX_REPEAT} runs a scenario")
     if bench is None:
         from pyvgpu.bench import sm
 
         bench = sm.run
     out_dir.mkdir(parents=True, exist_ok=True)
     written, failed = [], []
-    for w in workloads:
-        for name, kw in SCENARIOS + (MPS_SCENARIOS if mps else ()):
-            path = out_dir / f"{w}-{name}.json"
-            if skip_done and path.exists():
-                say(f"{path}: done before, skipped")
-                continue
-            say(f"bench sm --workload {w} ({name}) ...")
-            try:
-                result = bench(workload=w, seconds=seconds, png=None, **kw)
-            except PyvgpuError as e:  # one load that cannot run (no PyTorch, no MPS) leaves the others their turn
-                say(f"{path.name}: failed: {e}")
-                failed.append(f"{w}-{name} ({e})")
-                continue
-            tmp = path.with_suffix(".part")
-            tmp.write_text(json.dumps(result, indent=1))
-            tmp.replace(path)  # whole or absent: a cut-off write leaves no half file for --skip-done
-            written.append(path)
-            say(f"{path}: written")
+    rounds = [(k, w, name, kw) for k in range(1, repeat + 1) for w in workloads
+              for name, kw in SCENARIOS + (MPS_SCENARIOS if mps else ())]
+    for k, w, name, kw in rounds:
+        path = out_dir / (f"{w}-{name}.json" if k == 1 else f"{w}-{name}-r{k}.json")
+        if skip_done and path.exists():
+            say(f"{path}: done before, skipped")
+            continue
+        say(f"bench sm --workload {w} ({name}{f', run {k} of {repeat}' if repeat > 1 else ''}) ...")
+        try:
+            result = bench(workload=w, seconds=seconds, png=None, **kw)
+        except PyvgpuError as e:  # one load that cannot run (no PyTorch, no MPS) leaves the others their turn
+            say(f"{path.name}: failed: {e}")
+            failed.append(f"{path.stem} ({e})")
+            continue
+        tmp = path.with_suffix(".part")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(path)  # whole or absent: a cut-off write leaves no half file for --skip-done
+        written.append(path)
+        say(f"{path}: written")
     if failed:
         raise PyvgpuError(f"{len(failed)} scenario(s) failed: {'; '.join(failed)}; the others are in {out_dir} "
                           "(fix the cause, then run again with --skip-done)")
@@ -130,14 +139,16 @@ def _scenario_name(res: dict) -> str:
 
 
 def collect(results: list[dict]) -> dict:
-    """The matrix's cells by workload: what each scenario measured (later files win a cell measured twice)."""
+    """The matrix's cells by workload, each the list of what every result measured there (in file order)."""
     m: dict[str, dict] = {}
     for res in results:
-        cells = m.setdefault(res["workload"], {"alone": {}, "pairs": {}, "neighbour": None, "neighbour_sliced": None,
-                                               "drift": {}, "unlimited_nvml": None})
+        cells = m.setdefault(res["workload"], {"alone": {}, "pairs": {}, "neighbours": [], "drift": {},
+                                               "unlimited_nvml": None})
         mps = res.get("mode") == "mps"
-        if isinstance(res.get("baseline_drift"), int | float):
-            cells["drift"][_scenario_name(res)] = res["baseline_drift"]
+        if isinstance(res.get("baseline_drift"), int | float):  # the largest of a scenario's repeats
+            name, d = _scenario_name(res), res["baseline_drift"]
+            if abs(d) >= abs(cells["drift"].get(name, 0.0)):
+                cells["drift"][name] = d
         nvml = res.get("unlimited_time_share_nvml")
         if isinstance(nvml, int | float) and not mps:  # MPS's own server changes what NVML sees
             cells["unlimited_nvml"] = nvml if cells["unlimited_nvml"] is None else max(cells["unlimited_nvml"], nvml)
@@ -145,55 +156,96 @@ def collect(results: list[dict]) -> dict:
         if not mps:
             for r in runs:
                 if r["kind"] == "single" and r["target"] is not None:
-                    cells["alone"][r["target"]] = r
+                    cells["alone"].setdefault(r["target"], []).append(r)
         for kind, way in (("pair", "mps" if mps else "turns"), ("pair-sliced", "sliced")):
             rs = sorted((r for r in runs if r["kind"] == kind), key=lambda r: r["target"])
             key = _pair_key(rs) if len(rs) == 2 else None
             if key and not (mps and kind == "pair-sliced"):
-                cells["pairs"][(key, way)] = rs
+                cells["pairs"].setdefault((key, way), []).append(rs)
         pairs = {}
         for kind in ("neighbour", "neighbour-sliced"):
             a = [r for r in runs if r["kind"] == kind]
             b = [r for r in runs if r["kind"] == f"{kind}-unlimited"]
             pairs[kind] = (a[0], b[0]) if a and b else None
-        if pairs["neighbour"] and not mps:  # both from one result: a later file's runs never meet an earlier's
-            cells["neighbour"], cells["neighbour_sliced"] = pairs["neighbour"], pairs["neighbour-sliced"]
+        if pairs["neighbour"] and not mps:  # both from one result: one run's pair never meets another's
+            cells["neighbours"].append((pairs["neighbour"], pairs["neighbour-sliced"]))
     return m
+
+
+def _middle(items: list, key: Callable) -> tuple:
+    """The median item by ``key`` (the lower middle of an even count), and the lowest and highest key."""
+    s = sorted(items, key=key)
+    return s[(len(s) - 1) // 2], key(s[0]), key(s[-1])
+
+
+def _together(rs) -> float:
+    return sum(r["achieved"] for r in rs)
+
+
+def _ratio(item: tuple) -> float | None:
+    """What a neighbour pair made together against the same two time-sliced (None without that run)."""
+    n, sliced = item
+    base = _together(sliced) if sliced else 0.0
+    return _together(n) / base if base > 0 else None
+
+
+def medians(cells: dict) -> dict:
+    """A workload's cells with one run each: the median run of a cell measured several times, whole (its
+    charged and NVML figures are that run's own), so the notes and the plot read one run per cell."""
+    out = dict(cells)
+    out["alone"] = {t: _middle(rs, lambda r: r["achieved"])[0] for t, rs in cells["alone"].items()}
+    out["pairs"] = {k: _middle(v, _together)[0] for k, v in cells["pairs"].items()}
+    out["neighbour"], out["neighbour_sliced"] = (
+        _middle(cells["neighbours"], lambda x: _together(x[0]))[0] if cells["neighbours"] else (None, None))
+    return out
+
+
+def _spread(n: int, lo: float, hi: float, what: str = "") -> str:
+    return f" [{n} runs{what}: {lo:.1f}-{hi:.1f}]" if n > 1 else ""
 
 
 def _f(x: float | None) -> str:
     return f"{x:.1f}" if isinstance(x, int | float) else "-"
 
 
-def _alone_cell(r: dict | None) -> str:
-    if r is None:
+def _alone_cell(runs: list[dict] | None) -> str:
+    if not runs:
         return "-"
-    return f"{_f(r['achieved'])} ({_f(r.get('time_share_nvml'))}/{_f(r.get('time_share_charged'))})"
+    r, lo, hi = _middle(runs, lambda r: r["achieved"])
+    return f"{_f(r['achieved'])} ({_f(r.get('time_share_nvml'))}/{_f(r.get('time_share_charged'))})" + \
+        _spread(len(runs), lo, hi)
 
 
-def _pair_cell(rs: list[dict] | None, way: str) -> str:
-    if rs is None:
+def _pair_cell(runs: list[list[dict]] | None, way: str) -> str:
+    if not runs:
         return "-"
+    rs, lo, hi = _middle(runs, _together)
     cell = " / ".join(_f(r["achieved"]) for r in rs)
     if way == "turns":  # charged time per group; NVML sees only the device as a whole
         cell += " (c " + "/".join(_f(r.get("time_share_charged")) for r in rs) + ")"
-    return cell
+    return cell + _spread(len(runs), lo, hi, ", together")
 
 
-def _neighbour_cell(n: tuple | None, sliced: tuple | None) -> str:
+def _neighbour_cell(items: list[tuple]) -> str:
     """`share, neighbour`, and with a time-sliced run of the same two, what they made together against it
-    (issue 27 item 4 asks 0.90 or more)."""
-    if n is None:
+    (issue 27 item 4 asks 0.90 or more); measured several times, the median run by what the two made, and
+    the spread of that and of the ratio."""
+    if not items:
         return "-"
+    (n, sliced), lo, hi = _middle(items, lambda x: _together(x[0]))
     cell = f"{_f(n[0]['achieved'])}, neighbour {_f(n[1]['achieved'])}"
-    together = sum(r["achieved"] for r in sliced) if sliced else 0.0
-    if together > 0:
-        cell += f" ({sum(r['achieved'] for r in n) / together:.2f} x time-sliced: {_f(sliced[0]['achieved'])}, " \
-                f"{_f(sliced[1]['achieved'])})"
+    ratio = _ratio((n, sliced))
+    if ratio is not None:
+        cell += f" ({ratio:.2f} x time-sliced: {_f(sliced[0]['achieved'])}, {_f(sliced[1]['achieved'])})"
+    cell += _spread(len(items), lo, hi, ", together")
+    ratios = sorted(r for r in map(_ratio, items) if r is not None)
+    if len(ratios) > 1:
+        cell += f" [{len(ratios)} ratios: {ratios[0]:.2f}-{ratios[-1]:.2f} x]"
     return cell
 
 
 def _notes(cells: dict) -> list[str]:
+    """A workload's notes, from its cells' median runs (``medians``)."""
     notes = []
     nvml = cells["unlimited_nvml"]
     if nvml is not None and nvml < LAUNCH_BOUND_NVML:
@@ -234,7 +286,8 @@ def _header(results: list[dict], commit: str) -> str:
 LEGEND = ("Cells: throughput in % of the workload's unlimited throughput. Alone: `share (NVML/charged)`, the "
           "time share NVML saw and the turns' charged GPU time. Pairs: `group 1 / group 2`, taking turns with "
           "`(c a/b)` each group's charged time share. Neighbour: `share, neighbour` (together against the same two "
-          "time-sliced). '-': not measured.")
+          "time-sliced). A cell measured several times: its median run, then `[n runs: lowest-highest]` (pairs "
+          "and neighbours: of the two together). '-': not measured.")
 
 
 def _ordered(m: dict) -> list[str]:
@@ -262,8 +315,8 @@ def render(results: list[dict], commit: str = "unknown", mps: bool | None = None
         c = m[w]
         row = [_alone_cell(c["alone"].get(t)) for t in ALONE]
         row += [_pair_cell(c["pairs"].get((key, way)), way) for key, way in cells_]
-        row.append(_neighbour_cell(c["neighbour"], c["neighbour_sliced"]))
-        row.append("; ".join(_notes(c)) or "-")
+        row.append(_neighbour_cell(c["neighbours"]))
+        row.append("; ".join(_notes(medians(c))) or "-")
         lines.append(f"| {w} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -293,7 +346,7 @@ def plot(results: list[dict], png: Path, commit: str = "unknown") -> None:
     nrows = -(-n // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(6 * ncols, 4 * nrows), squeeze=False)
     for ax, w in zip(axes.flat, _ordered(m), strict=False):
-        c = m[w]
+        c = medians(m[w])  # a cell measured several times: its median run
         bars: list[tuple[str, float, float | None, str]] = []  # label, achieved, target, colour
         bars += [(f"A{t}", r["achieved"], t, colours["alone"]) for t, r in sorted(c["alone"].items())]
         for key in PAIRS:

@@ -155,6 +155,9 @@ def bench_matrix(
     seconds: Annotated[float, typer.Option("--seconds", min=2.0, metavar="SECONDS",
                                            help="Length of each run; the first third is warm-up.")] = 8.0,
     mps: Annotated[bool, typer.Option("--mps", help="Also run the 50/50 pair under NVIDIA MPS.")] = False,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, max=10, metavar="N",
+                                        help="Run every scenario N times; a cell shows its median run and the "
+                                             "spread.")] = 1,
     skip_done: Annotated[bool, typer.Option("--skip-done", help="Skip scenarios whose JSON is already in "
                                                                 "DIR.")] = False,
     render_only: Annotated[bool, typer.Option("--render-only", help="Run nothing: render the JSONs in "
@@ -185,7 +188,7 @@ def bench_matrix(
     if from_dir is None and not render_only:
         names = matrix.pick_workloads(workloads, matrix.gpu_count())
         try:
-            matrix.run(names, dir_, seconds=seconds, mps=mps, skip_done=skip_done,
+            matrix.run(names, dir_, seconds=seconds, mps=mps, skip_done=skip_done, repeat=repeat,
                        say=lambda line: typer.echo(line, err=True))
         except PyvgpuError as e:  # render what the other scenarios measured, then fail
             failed = e
