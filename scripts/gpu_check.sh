@@ -15,8 +15,9 @@
 #             high against low priority (60/60 and 50/50, spin)
 #   workloads bench sm on decode, the MLP beside an unlimited neighbour, and (2 GPUs) all-reduce and
 #             tensor-parallel decode: alone, pairs taking turns and time-sliced, beside an unlimited neighbour
-#   matrix    bench matrix: the workload matrix (issue 27 item 7) into $W/matrix (--skip-done: a second call
-#             goes on where one ran out of time), matrix.md into the summary, matrix.png beside it;
+#   matrix    bench matrix: the workload matrix (issue 27 item 7) into MATRIX_DIR (/tmp/pyvgpu-matrix: a second
+#             call on a machine still warm goes on where one ran out of time; a fresh machine starts over),
+#             cut at MATRIX_TIMEOUT s (500) to leave time to pack; matrix.md into the summary, matrix.png beside it;
 #             MATRIX_SECONDS, MATRIX_WORKLOADS, MATRIX_MPS=1 and MATRIX_ARGS (more options) tune it
 #             (MATRIX_WORKLOADS: comma-separated workloads, default by GPU count; MATRIX_MPS=1 adds MPS pairs;
 #             MATRIX_SECONDS: seconds a run, default 8; MATRIX_REPEAT=N runs every scenario N times)
@@ -125,12 +126,17 @@ for part in $PARTS; do
     fi ;;
   matrix)
     say "## The workload matrix (issue 27 item 7)"
-    mkdir -p "$W/matrix"; [ -f "$ROOT/.commit" ] && cp "$ROOT/.commit" "$W/matrix/.commit"
+    # Outside $W, so that a second call on a machine still warm goes on from the first (--skip-done); the
+    # timeout leaves the call time to render and pack what the scenarios that finished measured.
+    M=${MATRIX_DIR:-/tmp/pyvgpu-matrix}
+    mkdir -p "$M"; [ -f "$ROOT/.commit" ] && cp "$ROOT/.commit" "$M/.commit"
     # shellcheck disable=SC2086  # MATRIX_ARGS: more bench matrix options, split on spaces
-    $PY -m pyvgpu bench matrix --output-dir "$W/matrix" --skip-done --seconds "${MATRIX_SECONDS:-8}" \
-      ${MATRIX_WORKLOADS:+--workloads "$MATRIX_WORKLOADS"} ${MATRIX_MPS:+--mps} ${MATRIX_REPEAT:+--repeat "$MATRIX_REPEAT"} ${MATRIX_ARGS:-} --png "" \
-      > "$W/matrix/run.log" 2>&1
-    tail -3 "$W/matrix/run.log" | block
+    timeout "${MATRIX_TIMEOUT:-500}" $PY -m pyvgpu bench matrix --output-dir "$M" --skip-done \
+      --seconds "${MATRIX_SECONDS:-8}" ${MATRIX_WORKLOADS:+--workloads "$MATRIX_WORKLOADS"} ${MATRIX_MPS:+--mps} \
+      ${MATRIX_REPEAT:+--repeat "$MATRIX_REPEAT"} ${MATRIX_ARGS:-} --png "" >> "$M/run.log" 2>&1
+    echo "bench matrix: exit $? (124: cut by MATRIX_TIMEOUT; call again on the warm machine to go on)" >> "$M/run.log"
+    tail -3 "$M/run.log" | block
+    rm -rf "$W/matrix"; cp -r "$M" "$W/matrix"
     $PY -m pyvgpu bench matrix --from "$W/matrix" --png "$(png matrix/matrix.png)" > /dev/null 2>> "$W/matrix/run.log"
     cat "$W/matrix/matrix.md" >> "$S" 2>/dev/null || say "(no matrix.md: see matrix/run.log in raw.tgz)"
     pack ;;
