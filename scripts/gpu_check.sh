@@ -83,10 +83,12 @@ cat "$S"
 # The packaged callbacks (portable x86-64, compiled by the package build) are what users get: they are
 # measured. WARMUP=1 compiles the host-tuned ones into the cache first (then used instead).
 echo "pyvgpu $HOW: $((T1 - T0)) s" | block
+# From here on the installed pyvgpu, not the tree's: `python -m` puts the working folder first on sys.path,
+# and the tree holds no shim when the carried wheel was installed
+cd "$W"
 if [ -n "${WARMUP:-}" ]; then
   /usr/bin/time -f "warmup (host-tuned compile) %e s" $PY -m pyvgpu warmup 2>&1 | tail -1 | block
 fi
-cd "$W"  # from here on the installed pyvgpu, not the tree's
 
 for part in $PARTS; do
   case $part in
@@ -141,14 +143,18 @@ for part in $PARTS; do
     # Outside $W, so that a second call on a machine still warm goes on from the first (--skip-done); the
     # timeout leaves the call time to render and pack what the scenarios that finished measured.
     M=${MATRIX_DIR:-/tmp/pyvgpu-matrix}
-    mkdir -p "$M"; [ -f "$ROOT/.commit" ] && cp "$ROOT/.commit" "$M/.commit"
+    TREE=$(cd "$ROOT" && $PY scripts/build_wheel.py --digest)
+    if [ -d "$M" ] && [ "$(cat "$M/.tree" 2>/dev/null)" != "$TREE" ]; then
+      rm -rf "$M"  # another tree's runs: never resumed under this tree's name
+    fi
+    mkdir -p "$M"; echo "$TREE" > "$M/.tree"; [ -f "$ROOT/.commit" ] && cp "$ROOT/.commit" "$M/.commit"
     # shellcheck disable=SC2086  # MATRIX_ARGS: more bench matrix options, split on spaces
     timeout "${MATRIX_TIMEOUT:-500}" $PY -m pyvgpu bench matrix --output-dir "$M" --skip-done \
       --seconds "${MATRIX_SECONDS:-8}" ${MATRIX_WORKLOADS:+--workloads "$MATRIX_WORKLOADS"} ${MATRIX_MPS:+--mps} \
       ${MATRIX_REPEAT:+--repeat "$MATRIX_REPEAT"} ${MATRIX_ARGS:-} --png "" >> "$M/run.log" 2>&1
     echo "bench matrix: exit $? (124: cut by MATRIX_TIMEOUT; call again on the warm machine to go on)" >> "$M/run.log"
     tail -3 "$M/run.log" | block
-    rm -rf "$W/matrix"; cp -r "$M" "$W/matrix"
+    [ "$M" -ef "$W/matrix" ] || { rm -rf "$W/matrix"; cp -r "$M" "$W/matrix"; }
     $PY -m pyvgpu bench matrix --from "$W/matrix" --png "$(png matrix/matrix.png)" > /dev/null 2>> "$W/matrix/run.log"
     cat "$W/matrix/matrix.md" >> "$S" 2>/dev/null || say "(no matrix.md: see matrix/run.log in raw.tgz)"
     pack ;;
@@ -216,8 +222,9 @@ for part in $PARTS; do
   nvml-process)
     say "## NVML's per-process utilization against each process's own GPU time (scripts/probe/nvml_process_probe.py)"
     for duty in 0.2 0.5; do
-      $PY "$ROOT/scripts/probe/nvml_process_probe.py" 14 "$duty" 2>&1 | tail -4 | block
-    done ;;
+      $PY "$ROOT/scripts/probe/nvml_process_probe.py" 14 "$duty" > "$W/nvml-process-$duty.log" 2>&1
+      tail -4 "$W/nvml-process-$duty.log" | block
+    done; pack ;;
   none) ;;  # install and warm up only (for the probes in scripts/probe)
   *)
     say "unknown part: $part (tests, compute, scenarios, workloads, matrix, latency, mps, vpmm-loops, vpmm, startup, timing, nvml-process, none)" ;;

@@ -46,7 +46,7 @@ def test_a_renamed_source_changes_the_digest(tmp_path):
 
 @pytest.mark.parametrize("rel", ["pyvgpu/libpyvgpu.so", "pyvgpu/libpyvgpu_callbacks.so", "pyvgpu/bin/pv_bench",
                                  "pyvgpu/__pycache__/x.cpython-311.pyc", "pyvgpu.egg-info/PKG-INFO",
-                                 "shim/pv.o", "docs/notes.md", "tests/test_x.py"])
+                                 "shim/pv.o", "README.md", "tests/test_x.py"])
 def test_what_a_build_leaves_or_the_wheel_does_not_hold_leaves_it(tmp_path, rel):
     root = _tree(tmp_path)
     before = build_wheel.source_digest(root)

@@ -7,7 +7,8 @@ keeps what it did and ``--skip-done`` goes on from there; ``--repeat N`` runs ev
 run by what it is (its kind, target and mode), not by its file name: any `bench sm` JSON in the folder
 fills the cells it measured, and a cell nothing measured stays '-'. A cell measured several times shows its
 median run (by throughput; the lower middle of an even count), whole, and the spread of all: a launch-bound
-load's cells moved 0.7-1.3 x between two 6 s runs of one tree (docs/compute.md), which one run cannot show.
+load's neighbour cell read 0.71 and 1.27 x time-sliced in two 6 s runs of one tree (docs/compute.md), which
+one run cannot show.
 """
 
 from __future__ import annotations
@@ -78,11 +79,13 @@ def run(workloads: list[str], out_dir: Path, seconds: float = 8.0, mps: bool = F
 
         bench = sm.run
     out_dir.mkdir(parents=True, exist_ok=True)
-    written, failed = [], []
+    written, failed, gave_up = [], [], set()
     rounds = [(k, w, name, kw) for k in range(1, repeat + 1) for w in workloads
               for name, kw in SCENARIOS + (MPS_SCENARIOS if mps else ())]
     for k, w, name, kw in rounds:
         path = out_dir / (f"{w}-{name}.json" if k == 1 else f"{w}-{name}-r{k}.json")
+        if (w, name) in gave_up:
+            continue  # it failed in an earlier round: its cause (no PyTorch, no MPS) has not gone away
         if skip_done and path.exists():
             say(f"{path}: done before, skipped")
             continue
@@ -92,6 +95,7 @@ def run(workloads: list[str], out_dir: Path, seconds: float = 8.0, mps: bool = F
         except PyvgpuError as e:  # one load that cannot run (no PyTorch, no MPS) leaves the others their turn
             say(f"{path.name}: failed: {e}")
             failed.append(f"{path.stem} ({e})")
+            gave_up.add((w, name))
             continue
         tmp = path.with_suffix(".part")
         tmp.write_text(json.dumps(result, indent=1))
@@ -245,7 +249,8 @@ def _neighbour_cell(items: list[tuple]) -> str:
 
 
 def _notes(cells: dict) -> list[str]:
-    """A workload's notes, from its cells' median runs (``medians``)."""
+    """A workload's notes, from its cells' median runs (``medians``); the drift note gives the largest drift
+    of a scenario's repeats (a warning is about the worst run)."""
     notes = []
     nvml = cells["unlimited_nvml"]
     if nvml is not None and nvml < LAUNCH_BOUND_NVML:

@@ -84,7 +84,8 @@ def main() -> None:
         time.sleep(1.0)
         n = ctypes.c_uint(0)
         rc = nvml.nvmlDeviceGetProcessUtilization(h, None, ctypes.byref(n), ctypes.c_ulonglong(last))
-        buf = (Sample * max(n.value, 1))()
+        n.value += 8  # slack: a process that appears between the two calls would else lose the window
+        buf = (Sample * n.value)()
         rc = nvml.nvmlDeviceGetProcessUtilization(h, buf, ctypes.byref(n), ctypes.c_ulonglong(last))
         got: dict[str, list[int]] = {}
         if rc == 0:
