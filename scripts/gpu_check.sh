@@ -7,6 +7,9 @@
 #
 # Carry .wheels (the dependencies, and this tree's wheel from `python scripts/build_wheel.py --for-device
 # .wheels`: then the install takes seconds, not the ~90 s of a build; a wheel of other sources is not used).
+# The dependencies, for the device's Python (3.12) too, since it has no network:
+#   pip download -d .wheels prometheus-client rich typer pyyaml
+#   pip download -d .wheels --python-version 3.12 --only-binary=:all: prometheus-client rich typer pyyaml
 #
 # Parts:
 #   tests     every GPU test (pytest -m gpu tests/gpu)
