@@ -34,8 +34,8 @@
 #             the loop tests, bench vpmm --workload all, a soak (SOAK_SECONDS)
 #   vpmm      bench vpmm (mapped/live, ops/s against expandable_segments and the default allocator)
 #   startup   bench startup (time to the first CUDA call, raw and wrapped)
-#   timing    scripts/probe/timing_probe.py: a small kernel's timing on an idle stream and behind queued work,
-#             alone and beside a launch-bound loop (TIMING_SECONDS a case, default 5)
+#   timing    scripts/probe/timing_probe.py: a small matmul's and a spin kernel's timing on an idle stream and
+#             behind queued work, alone and beside a launch-bound loop (TIMING_SECONDS a case, default 5)
 #   nvml-process scripts/probe/nvml_process_probe.py: NVML's per-process utilization beside each process's own
 #             GPU time (a duty-cycled matmul at 20% and 50% beside a small-matmul loop)
 #   none      install and warm up only
@@ -221,7 +221,8 @@ for part in $PARTS; do
     $PY -m pyvgpu bench startup --runs 5 --output "$W/startup.json" 2>&1 | tail -10 | block; pack ;;
   timing)
     say "## What a timed launch reads (scripts/probe/timing_probe.py)"
-    $PY "$ROOT/scripts/probe/timing_probe.py" "${TIMING_SECONDS:-5}" 2>&1 | tail -12 | block ;;
+    $PY "$ROOT/scripts/probe/timing_probe.py" "${TIMING_SECONDS:-5}" > "$W/timing.log" 2>&1
+    tail -14 "$W/timing.log" | block; pack ;;
   nvml-process)
     say "## NVML's per-process utilization against each process's own GPU time (scripts/probe/nvml_process_probe.py)"
     for duty in 0.2 0.5; do

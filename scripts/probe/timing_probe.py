@@ -6,7 +6,10 @@ even submitted, so its timing may hold the host's launch time, and, with another
 GPU, that process's time slice. The MLP 30/70 pair on two H100s charged its 30 group about four times
 its kernels' time (docs/compute.md, "The workload matrix"). This probe measures the physics without pyvgpu:
 a small kernel timed on an idle stream and behind queued work of its own, alone and beside a second
-process launching small kernels, against the same kernel's time in a batch of 200.
+process launching small kernels, against the same kernel's time in a batch of 200. The matmul's host path
+(cuBLAS, ~200 us on an H100 host) hides anything shorter in its idle timing, so a spin kernel
+(``torch.cuda._sleep``, one launch: a host gap of a few us, as pyvgpu's start event before cuLaunchKernel)
+is timed the same two ways: what a context switch to the other process adds shows there.
 
     python scripts/probe/timing_probe.py [SECONDS_PER_CASE]     (needs torch and a GPU)
 """
@@ -34,7 +37,8 @@ def cases(torch, seconds: float) -> dict[str, list[float]]:
     w = torch.randn(1024, 1024, device="cuda")
     big = torch.randn(4096, 4096, device="cuda")
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out: dict[str, list[float]] = {"idle": [], "idle_host_gap": [], "queued": []}
+    out: dict[str, list[float]] = {"idle": [], "idle_host_gap": [], "queued": [], "spin_idle": [],
+                                   "spin_idle_host_gap": [], "spin_queued": []}
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         torch.cuda.synchronize()
@@ -53,7 +57,38 @@ def cases(torch, seconds: float) -> dict[str, list[float]]:
         e.record()
         e.synchronize()
         out["queued"].append(s.elapsed_time(e) * 1000)
+        torch.cuda.synchronize()
+        s.record()
+        h = time.perf_counter()
+        torch.cuda._sleep(SPIN_CYCLES)
+        gap = time.perf_counter() - h
+        e.record()
+        e.synchronize()
+        out["spin_idle"].append(s.elapsed_time(e) * 1000)
+        out["spin_idle_host_gap"].append(gap * 1e6)
+        for _ in range(8):
+            big @ big
+        s.record()
+        torch.cuda._sleep(SPIN_CYCLES)
+        e.record()
+        e.synchronize()
+        out["spin_queued"].append(s.elapsed_time(e) * 1000)
     return out
+
+
+SPIN_CYCLES = 30_000  # torch.cuda._sleep's spin: tens of us
+
+
+def spin_batch_us(torch) -> float:
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(20):
+        torch.cuda._sleep(SPIN_CYCLES)
+    s.record()
+    for _ in range(200):
+        torch.cuda._sleep(SPIN_CYCLES)
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) * 1000 / 200
 
 
 def batch_us(torch) -> float:
@@ -70,11 +105,12 @@ def batch_us(torch) -> float:
     return s.elapsed_time(e) * 1000 / 200
 
 
-def report(name: str, out: dict[str, list[float]], kernel: float) -> None:
+def report(name: str, out: dict[str, list[float]], kernel: float, spin: float) -> None:
     for k, v in out.items():
         v = sorted(v)
         p10, med, p90 = v[len(v) // 10], statistics.median(v), v[9 * len(v) // 10]
-        ratio = "" if k.endswith("gap") else f"  median {med / kernel:.2f} x the kernel"
+        ref = spin if k.startswith("spin") else kernel
+        ratio = "" if k.endswith("gap") else f"  median {med / ref:.2f} x the kernel"
         print(f"{name:<16} {k:<14} n={len(v):<5} p10 {p10:8.1f}  median {med:8.1f}  p90 {p90:8.1f} us{ratio}")
 
 
@@ -82,10 +118,10 @@ def main() -> None:
     import torch
 
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
-    kernel = batch_us(torch)
+    kernel, spin = batch_us(torch), spin_batch_us(torch)
     print(f"{torch.cuda.get_device_name()}: the kernel (256x1024 @ 1024x1024, fp32) takes {kernel:.1f} us in a "
-          "batch of 200")
-    report("alone", cases(torch, seconds), kernel)
+          f"batch of 200, the spin kernel {spin:.1f} us")
+    report("alone", cases(torch, seconds), kernel, spin)
     nb = subprocess.Popen([sys.executable, "-c", NEIGHBOUR, str(seconds + 10)])
     try:
         time.sleep(5)  # the neighbour's CUDA start-up
@@ -94,7 +130,7 @@ def main() -> None:
         out = cases(torch, seconds)
         if nb.poll() is not None:
             raise SystemExit(f"the neighbour loop exited ({nb.returncode}) during the second case")
-        report("beside a loop", out, kernel)
+        report("beside a loop", out, kernel, spin)
     finally:
         nb.kill()
         nb.wait()
