@@ -59,9 +59,14 @@ def test_a_pair_charged_twice_its_busy_time_comes_down(env, tmp_path):
     """Timings that read 2x the kernels (FAKECUDA_EVENT_SCALE=2): the pair is charged about twice what the
     GPU was busy. Judged one period at a time the charges had to be 2.5 x NVML's busy time to come down (the
     groups' unaligned periods); an MLP pair on an H100 charged 2 x stayed held at one group's budget (27.6%
-    of its speed, time-sliced 105%). Over a window of four periods, 4/3 x is enough."""
-    for d in overcharged_pair(env, tmp_path, "oc2", "2"):
-        assert (d.sm_scale or 65536) / 65536 < 0.85, d.sm_scale  # the scale came down from 1
+    of its speed, time-sliced 105%). Over a window of four periods, 4/3 x is enough.
+
+    One window's step takes a scale from 1 to 0.87 at most, and the next ones further (0.58-0.72 here); on a
+    busy machine a group's later windows may come too late to be judged (a window longer than NVML's
+    look-back is skipped), so one scale stopped at 0.88 in a CI run: each must have come down, and one far."""
+    scales = [(d.sm_scale or 65536) / 65536 for d in overcharged_pair(env, tmp_path, "oc2", "2")]
+    assert max(scales) < 0.95, scales  # every scale came down from 1 (before the window rule both stayed)
+    assert min(scales) < 0.8, scales
 
 
 def test_a_share_of_small_kernels_holds_alone(env, tmp_path):
