@@ -37,42 +37,29 @@ def cases(torch, seconds: float) -> dict[str, list[float]]:
     w = torch.randn(1024, 1024, device="cuda")
     big = torch.randn(4096, 4096, device="cuda")
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out: dict[str, list[float]] = {"idle": [], "idle_host_gap": [], "queued": [], "spin_idle": [],
-                                   "spin_idle_host_gap": [], "spin_queued": []}
+    kernels = {"": lambda: x @ w, "spin_": lambda: torch.cuda._sleep(SPIN_CYCLES)}
+    out: dict[str, list[float]] = {f"{k}{case}": [] for k in kernels for case in ("idle", "idle_host_gap", "queued")}
+
+    def timed(launch) -> tuple[float, float]:
+        """(the launch's timing, the host's time from the start event's record to the launch's return), us."""
+        s.record()
+        h = time.perf_counter()
+        launch()
+        gap = time.perf_counter() - h
+        e.record()
+        e.synchronize()
+        return s.elapsed_time(e) * 1000, gap * 1e6
+
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        torch.cuda.synchronize()
-        s.record()
-        h = time.perf_counter()
-        x @ w
-        gap = time.perf_counter() - h
-        e.record()
-        e.synchronize()
-        out["idle"].append(s.elapsed_time(e) * 1000)
-        out["idle_host_gap"].append(gap * 1e6)
-        for _ in range(8):
-            big @ big  # this process's own work ahead of the timed kernel (fp32 4096^3: ms each)
-        s.record()
-        x @ w
-        e.record()
-        e.synchronize()
-        out["queued"].append(s.elapsed_time(e) * 1000)
-        torch.cuda.synchronize()
-        s.record()
-        h = time.perf_counter()
-        torch.cuda._sleep(SPIN_CYCLES)
-        gap = time.perf_counter() - h
-        e.record()
-        e.synchronize()
-        out["spin_idle"].append(s.elapsed_time(e) * 1000)
-        out["spin_idle_host_gap"].append(gap * 1e6)
-        for _ in range(8):
-            big @ big
-        s.record()
-        torch.cuda._sleep(SPIN_CYCLES)
-        e.record()
-        e.synchronize()
-        out["spin_queued"].append(s.elapsed_time(e) * 1000)
+        for k, launch in kernels.items():
+            torch.cuda.synchronize()
+            us, gap = timed(launch)
+            out[f"{k}idle"].append(us)
+            out[f"{k}idle_host_gap"].append(gap)
+            for _ in range(8):
+                big @ big  # this process's own work ahead of the timed kernel (fp32 4096^3: ms each)
+            out[f"{k}queued"].append(timed(launch)[0])
     return out
 
 
