@@ -205,3 +205,15 @@ def test_utilization_reports_the_groups_share(env3, fake, tmp_path):
         for p in (other, mine):
             p.kill()
             p.wait(60)
+
+
+@pytest.mark.parametrize("visible, index", [(None, 0), ("1,0", 1), (uuid(2), 2)])
+def test_the_benchs_nvml_sampler_reads_the_first_visible_device(env3, visible, index):
+    """`bench sm` reads NVML's utilization of its loads' device 0: under CUDA_VISIBLE_DEVICES=1 that is GPU 1."""
+    env = {k: v for k, v in env3.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    p = run([sys.executable, "-c", "from pyvgpu.bench.gpu_util import first_visible; print(first_visible())"],
+            env=env)
+    assert p.returncode == 0, p.stderr
+    assert int(p.stdout) == index

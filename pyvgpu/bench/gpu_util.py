@@ -5,13 +5,19 @@ device ran a kernel, for the device as a whole: with one group on it, that group
 their sum. They are read with nvmlDeviceGetSamples, as the controller reads them
 (pyvgpu/jit/compute/busy.py): one nvmlDeviceGetUtilizationRates reading answers a window short against a
 share's bursts (docs/compute.md, "Reading NVML"), and is only the fallback for a driver without samples.
+The device is the loads' device 0: the first of CUDA_VISIBLE_DEVICES, where it is set (a run on GPU 1 read
+GPU 0's samples before).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
+from collections.abc import Mapping
+
+from pyvgpu.contract import envspec
 
 
 class _Utilization(ctypes.Structure):
@@ -25,13 +31,25 @@ class _Sample(ctypes.Structure):
 _GPU_UTILIZATION_SAMPLES, _UNSIGNED_INT, _NOT_FOUND = 1, 1, 6  # nvmlSamplingType_t, nvmlValueType_t, nvmlReturn_t
 
 
-class UtilSampler:
-    """Samples device ``index``'s utilization every ``period`` s on a thread; empty where NVML fails."""
+def first_visible(env: Mapping[str, str] = os.environ) -> int:
+    """NVML's index of the GPU a load sees as CUDA device 0: the first entry of CUDA_VISIBLE_DEVICES (an index,
+    taken as NVML's as `wrap --devices` takes it, or a UUID), 0 where it is unset. A MIG instance: its GPU."""
+    first = env.get(envspec.CUDA_VISIBLE_DEVICES.name, "").split(",")[0].strip()
+    if not first:
+        return 0
+    from pyvgpu.host import devices
 
-    def __init__(self, index: int = 0, period: float = 0.1) -> None:
+    return devices.select(first, env)[0].index
+
+
+class UtilSampler:
+    """Samples NVML device ``index``'s utilization (default: ``first_visible()``) every ``period`` s on a
+    thread; empty where NVML fails."""
+
+    def __init__(self, index: int | None = None, period: float = 0.1) -> None:
         self.samples: list[tuple[float, float]] = []  # (CLOCK_MONOTONIC s, percent)
         self._stop = threading.Event()
-        self._index, self._period = index, period
+        self._index, self._period = first_visible() if index is None else index, period
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
