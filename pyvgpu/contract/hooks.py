@@ -327,6 +327,12 @@ HELPERS: tuple[Helper, ...] = (
     _helper("cuEventDestroy_v2", "cuda", [P("CUevent", "hEvent")]),
     _helper("cuStreamIsCapturing", "cuda", [P("CUstream", "hStream"), P("CUstreamCaptureStatus *", "status")]),
     _helper("cuEventSynchronize", "cuda", [P("CUevent", "hEvent")]),
+    # a timed launch's gate: its start event and kernel reach the GPU together (cost.py, "gate")
+    _helper("cuMemHostAlloc", "cuda", [P("void **", "pp"), P("size_t", "bytesize"), P("unsigned int", "Flags")]),
+    _helper("cuMemHostGetDevicePointer_v2", "cuda", [P("CUdeviceptr *", "pdptr"), P("void *", "p"),
+                                                     P("unsigned int", "Flags")]),
+    _helper("cuStreamWaitValue32_v2", "cuda", [P("CUstream", "stream"), P("CUdeviceptr", "addr"),
+                                               P("uint32_t", "value"), P("unsigned int", "flags")]),
     _helper("nvmlDeviceGetUtilizationRates", "nvml", [P("nvmlDevice_t", "device"),
                                                       P("nvmlUtilization_t *", "utilization")]),
     _helper("nvmlDeviceGetComputeRunningProcesses_v3", "nvml",

@@ -30,7 +30,7 @@ KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX012", "little")  # 12: turn_waited (11: count_calls, 10: the launch clock's line)
+CTX_MAGIC = int.from_bytes(b"PVCTX013", "little")  # 13: the timing gate (12: turn_waited, 11: count_calls)
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -124,6 +124,10 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
             Field("samp_ctx", "u64", SAMPLES, doc="CUcontext the sample's events belong to"),
             Field("samp_start", "u64", SAMPLES, doc="CUevent before the launch"),
             Field("samp_end", "u64", SAMPLES, doc="CUevent after the launch"),
+            Field("samp_gate", "u32", SAMPLES, doc="the value the sample's gate word was last opened to"),
+            Field("gate_host", "u64", doc="host address of the pinned gate words (one per sample), "
+                                          "0 = not made yet, 1 = being made or unavailable"),
+            Field("gate_dptr", "u64", doc="their device address"),
             # the device turn (pyvgpu/jit/compute/turn.py, drain.py)
             Record("stream", TURN_STREAMS, (
                 Field("turn_stream", "u64", doc="a stream this process launched on under turns, handle + 1 (0 = free)"),

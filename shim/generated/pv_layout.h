@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3231305854435650ULL
+#define PV_CTX_MAGIC 0x3331305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/contract/layout.py) */
 typedef struct __attribute__((aligned(64))) pv_ctx {
@@ -16,8 +16,8 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
         uint64_t real;  /* the real driver function, 0 if the driver lacks it */
         uint64_t calls;  /* calls, counted by the callbacks while count_calls is set */
     } entry[77];
-    uint64_t helper[23];  /* real driver functions the policies call (hooks.HELPERS) */
-    uint8_t _pad1[40];
+    uint64_t helper[26];  /* real driver functions the policies call (hooks.HELPERS) */
+    uint8_t _pad1[16];
     uint64_t region;  /* address of the mapped region, 0 without one */
     uint64_t slot;  /* address of this process's slot in the region */
     uint64_t sched;  /* address of the mapped turn file (pyvgpu/group/turnfile.py), 0 = groups do not take turns */
@@ -80,7 +80,9 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t samp_ctx[8];  /* CUcontext the sample's events belong to */
     uint64_t samp_start[8];  /* CUevent before the launch */
     uint64_t samp_end[8];  /* CUevent after the launch */
-    uint8_t _pad6[16];
+    uint32_t samp_gate[8];  /* the value the sample's gate word was last opened to */
+    uint64_t gate_host;  /* host address of the pinned gate words (one per sample), 0 = not made yet, 1 = being made or unavailable */
+    uint64_t gate_dptr;  /* their device address */
     struct {  /* the streams a drain waits for; a launch compares its stream with the first ones */
         uint64_t turn_stream;  /* a stream this process launched on under turns, handle + 1 (0 = free) */
         uint64_t turn_stream_dev;  /* the CUDA device it launched on */
@@ -90,11 +92,11 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t drain_ev;  /* CUevent for a stream the table had no room for, before a hand-over */
     uint64_t drain_ctx;  /* CUcontext drain_ev belongs to */
     uint32_t turn_stream_lock;  /* spinlock between a drain and cuStreamDestroy */
-    uint8_t _pad7[4];
+    uint8_t _pad6[4];
     uint64_t turn_streams_lost;  /* launches on streams the table had no room for (not drained) */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad8[28];
+    uint8_t _pad7[60];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
@@ -155,17 +157,20 @@ _Static_assert(offsetof(pv_ctx_t, samp_key) == 69744, "pv_ctx.samp_key");
 _Static_assert(offsetof(pv_ctx_t, samp_ctx) == 69808, "pv_ctx.samp_ctx");
 _Static_assert(offsetof(pv_ctx_t, samp_start) == 69872, "pv_ctx.samp_start");
 _Static_assert(offsetof(pv_ctx_t, samp_end) == 69936, "pv_ctx.samp_end");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 70016, "pv_ctx.turn_stream");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 70024, "pv_ctx.turn_stream_dev");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 70032, "pv_ctx.turn_stream_ctx");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 70040, "pv_ctx.turn_stream_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ev) == 71040, "pv_ctx.drain_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 71048, "pv_ctx.drain_ctx");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 71056, "pv_ctx.turn_stream_lock");
-_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 71064, "pv_ctx.turn_streams_lost");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 71072, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 71076, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 71360, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_gate) == 70000, "pv_ctx.samp_gate");
+_Static_assert(offsetof(pv_ctx_t, gate_host) == 70032, "pv_ctx.gate_host");
+_Static_assert(offsetof(pv_ctx_t, gate_dptr) == 70040, "pv_ctx.gate_dptr");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 70048, "pv_ctx.turn_stream");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 70056, "pv_ctx.turn_stream_dev");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 70064, "pv_ctx.turn_stream_ctx");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 70072, "pv_ctx.turn_stream_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ev) == 71072, "pv_ctx.drain_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 71080, "pv_ctx.drain_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 71088, "pv_ctx.turn_stream_lock");
+_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 71096, "pv_ctx.turn_streams_lost");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 71104, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 71108, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 71424, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL

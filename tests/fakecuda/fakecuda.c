@@ -21,10 +21,12 @@
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fake_devices.h"
@@ -79,6 +81,8 @@ static int g_nmig;
 static __thread CUcontext t_cur;
 static uint64_t g_ns_per_iter = 100; /* FAKECUDA_NS_PER_ITER (the simulated GPU, below) */
 static double g_event_scale = 1.0;   /* FAKECUDA_EVENT_SCALE: timing events read this much long */
+static uint64_t g_idle_gap_ns;       /* FAKECUDA_IDLE_GAP_NS: an ungated start event on an idle stream runs this
+                                        long before its kernel (the launch's own path, as on a GPU) */
 static uint64_t g_last_end;          /* when this process's queued work is done */
 static uint64_t g_stream_after_destroy; /* uses of a destroyed stream (a bug in the caller) */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -104,7 +108,8 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
     X(cuLaunchCooperativeKernelMultiDevice) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)                      \
     X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy_v2) X(cuStreamIsCapturing) X(cuGraphCreate)       \
     X(cuGraphAddKernelNode) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)                 \
-    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuStreamWaitEvent) X(cuThreadExchangeStreamCaptureMode)
+    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuStreamWaitEvent) X(cuThreadExchangeStreamCaptureMode)             \
+    X(cuMemHostAlloc) X(cuMemHostGetDevicePointer_v2) X(cuStreamWaitValue32_v2)
 
 #define X(name) FK_##name,
 enum { FAKE_FUNCS(X) FK_N };
@@ -132,6 +137,9 @@ __attribute__((constructor)) static void fake_config(void) {
     const char *e = getenv("FAKECUDA_EVENT_SCALE");
     if (e && *e)
         g_event_scale = strtod(e, NULL);
+    const char *g = getenv("FAKECUDA_IDLE_GAP_NS");
+    if (g && *g)
+        g_idle_gap_ns = strtoull(g, NULL, 10);
     fault_config();
 }
 
@@ -406,7 +414,30 @@ struct fake_event {
     int timing;          /* 0: CU_EVENT_DISABLE_TIMING */
     int recorded;
     int phys;            /* the device of the context it was created in */
+    int idle;            /* its stream had no work queued when it was recorded */
+    const volatile uint32_t *gate; /* recorded behind a cuStreamWaitValue32 on this word ... */
+    uint32_t gate_value; /* ... for this value: it completes only once the word reaches it */
 };
+/* A stream wait (cuStreamWaitValue32, GEQ) holds back what is queued after it until the word reaches the value:
+ * (int32_t)(*word - value) >= 0, as cuda.h defines it. */
+static int gate_shut(const volatile uint32_t *word, uint32_t value) {
+    return word && (int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) < 0;
+}
+#define GATE_WAIT_NS 5000000000ULL /* a gate nobody opens: the fake stops the program, loudly */
+static void gate_wait(const volatile uint32_t *word, uint32_t value, const char *what) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (gate_shut(word, value)) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000ULL + (uint64_t)t.tv_nsec - (uint64_t)t0.tv_nsec
+                > GATE_WAIT_NS) {
+            fprintf(stderr, "fakecuda: %s waits behind a stream gate (cuStreamWaitValue32) nobody opened: "
+                            "on a GPU this would hang\n", what);
+            abort();
+        }
+        sched_yield();
+    }
+}
 #define START_EVENT_NS 50000 /* a launch this soon after a timing event is the kernel it times */
 static struct fake_event *g_start_event; /* a timing event recorded right before the next kernel */
 
@@ -429,6 +460,8 @@ struct fake_stream {
     uint32_t magic, dead;
     uint64_t last_end;
     int phys; /* the device of the context it was created in (the NULL stream: the current context's) */
+    const volatile uint32_t *gate; /* its last cuStreamWaitValue32, until seen open */
+    uint32_t gate_value;
 };
 static struct fake_stream g_default_stream = {STREAM_MAGIC, 0, 0, -1};
 static struct fake_stream *g_streams[MAX_STREAMS]; /* every stream made, for the lookup below */
@@ -471,7 +504,7 @@ static void run_kernel(uint64_t d, CUstream stream) {
     sim_enqueue_ranks(sim(), t_cur->phys, d, ranks, &st, &en); /* may block while the queue is full */
     struct fake_event *e = __atomic_exchange_n(&g_start_event, NULL, __ATOMIC_ACQ_REL);
     if (e && e->t < st && called - e->rec < START_EVENT_NS)
-        e->t = st;
+        e->t = e->idle && !e->gate && st > g_idle_gap_ns ? st - g_idle_gap_ns : st;
     uint64_t old = __atomic_load_n(&g_last_end, __ATOMIC_ACQUIRE);
     while (old < en && !__atomic_compare_exchange_n(&g_last_end, &old, en, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         ;
@@ -1179,6 +1212,11 @@ EXPORT CUresult cuEventRecord(struct fake_event *e, CUstream s) {
     e->t = last > now ? last : now;
     e->rec = now;
     e->recorded = 1;
+    if (x->gate && !gate_shut(x->gate, x->gate_value))
+        x->gate = NULL;
+    e->gate = x->gate;
+    e->gate_value = x->gate_value;
+    e->idle = last <= now;
     if (e->timing)
         __atomic_store_n(&g_start_event, e, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
@@ -1191,6 +1229,8 @@ EXPORT CUresult cuEventQuery(struct fake_event *e) {
     NEED_INIT();
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (e->recorded && gate_shut(e->gate, e->gate_value))
+        return CUDA_ERROR_NOT_READY;
     return !e->recorded || sim_now() >= e->t ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -1200,8 +1240,10 @@ EXPORT CUresult cuEventSynchronize(struct fake_event *e) {
     NEED_INIT();
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (e->recorded)
+    if (e->recorded) {
+        gate_wait(e->gate, e->gate_value, "cuEventSynchronize");
         sim_sleep_until(e->t);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -1211,7 +1253,8 @@ EXPORT CUresult cuEventElapsedTime(float *ms, struct fake_event *a, struct fake_
     if (!ms || !a || !b || !a->timing || !b->timing)
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t now = sim_now();
-    if (!a->recorded || !b->recorded || now < a->t || now < b->t)
+    if (!a->recorded || !b->recorded || now < a->t || now < b->t || gate_shut(a->gate, a->gate_value) ||
+        gate_shut(b->gate, b->gate_value))
         return CUDA_ERROR_NOT_READY;
     *ms = (float)((double)((int64_t)(b->t - a->t)) * g_event_scale / 1e6);
     return CUDA_SUCCESS;
@@ -1346,7 +1389,44 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
     struct fake_stream *x = fake_stream_of(s);
     if (!x)
         return CUDA_ERROR_INVALID_HANDLE;
+    gate_wait(x->gate, x->gate_value, "cuStreamSynchronize");
     sim_sleep_until(__atomic_load_n(&x->last_end, __ATOMIC_ACQUIRE));
+    return CUDA_SUCCESS;
+}
+
+/* Stream memory operations: only the wait the timing gate uses (GEQ on a 32-bit word). The word must be
+ * mapped pinned host memory (cuMemHostAlloc with DEVICEMAP; the fake's device address is the host's). */
+EXPORT CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr addr, uint32_t value, unsigned flags) {
+    COUNT(cuStreamWaitValue32_v2);
+    FAULT(cuStreamWaitValue32_v2);
+    CAPTURE_SAFE(capturing(s));
+    NEED_CTX();
+    if (!addr || (addr & 3) || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_stream *x = fake_stream_of(s);
+    if (!x)
+        return CUDA_ERROR_INVALID_HANDLE;
+    x->gate = (const volatile uint32_t *)(uintptr_t)addr;
+    x->gate_value = value;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned flags) {
+    COUNT(cuMemHostAlloc);
+    FAULT(cuMemHostAlloc);
+    NEED_CTX();
+    if (!pp || !bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pp = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+    return *pp ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) {
+    COUNT(cuMemHostGetDevicePointer_v2);
+    NEED_CTX();
+    if (!d || !p || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *d = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
 }
 

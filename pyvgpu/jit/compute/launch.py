@@ -16,8 +16,9 @@ cooperative launch) ends in :func:`launch`:
    groups' deep queues at once. A launch without a share takes part too
    while a group with a share takes turns on the machine, best effort;
 4. time one launch in SAMPLE_EVERY, at most one per SAMPLE_GAP_NS (and every new kernel's first) with
-   events, and a launch held for the budget once the last timing is STALE_SAMPLE_NS old; under turns the
-   process's very first timed launch is waited for, so that its later launches have a cost;
+   events behind a gate (cost.py), and a launch held for the budget once the last timing is
+   STALE_SAMPLE_NS old; under turns the process's very first timed launch is waited for, so that its
+   later launches have a cost;
 5. call the driver.
 
 With no limit in force, and no group with a share taking turns on the
@@ -153,14 +154,14 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         if s >= 0:
             CTX.set_samp_next_ns(ctx, np.uint64(now + SAMPLE_GAP_NS))
     rc = call_real(ctx, idx, args, notfound)
+    if unlikely(s >= 0):
+        cost.sample_end(ctx, s, stream, rc)  # first: it opens the stream's gate (cost.py)
     if unlikely(cu):
         gangstop.settle(ctx, region, tdev, stream, e)  # a gang's rank caught up with a peer (gangstop.py)
-    if unlikely(s >= 0):
-        cost.sample_end(ctx, s, stream, rc)
-        if CTX.get_sm_default_cost(ctx) == 0 and turn.takes_turns(ctx, tdev):
-            # the process's first timing: until it has one, every launch would join the turns' queue
-            # estimate at cost 0 (turn.py)
-            cost.wait_for(ctx, s)
+    if unlikely(s >= 0) and CTX.get_sm_default_cost(ctx) == 0 and turn.takes_turns(ctx, tdev):
+        # the process's first timing: until it has one, every launch would join the turns' queue
+        # estimate at cost 0 (turn.py)
+        cost.wait_for(ctx, s)
     return rc
 
 

@@ -1,0 +1,79 @@
+"""A timed launch's start event and its kernel reach the GPU together: the gate (pyvgpu/jit/compute/cost.py).
+
+On a GPU, a start event recorded on an idle stream runs at once, before the launch's own path has brought the
+kernel, so the timing holds that path. A launch-bound group finds its stream idle at nearly every launch and was
+charged several times its kernels' GPU time (on an H100 the controller's scale, which brings the charge to
+NVML's reading alone, settled at 0.06-0.28 for the decode loop; beside other groups it only comes down on a
+clear over-charge, so the groups' charges were set by that). The fake driver models the path with
+FAKECUDA_IDLE_GAP_NS: an ungated start event on an idle stream completes that long before its kernel starts.
+
+The load: pv_bench's 200 us spin kernel, the host sleeping 1 ms after each launch (the stream idle at every
+launch), under a share it does not reach, so each launch is charged its kernel's estimate, unscaled
+(slot.dev[0].sm_cost_ns / sm_launches).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+from helpers import PYVGPU
+from simgpu import sim_env
+
+from pyvgpu.contract import layout
+from pyvgpu.errors import PyvgpuError
+from pyvgpu.group import region
+from pyvgpu.native.shim import BENCH_BIN
+
+KERNEL_NS = 200_000  # pv_bench's spin kernel: 2000 iterations x 100 ns of simulated GPU time
+GAP_NS = 400_000  # the launch path an idle stream's timing would hold: 3 x the kernel in all
+
+
+def charge_per_launch(env, tmp_path, name: str, **extra: str) -> float:
+    """ns charged per launch by a launch-bound load's slot after its first 600 launches (its first timings
+    are behind it then), read while it lives."""
+    e = sim_env(env, tmp_path, name, FAKECUDA_IDLE_GAP_NS=str(GAP_NS), **extra)
+    reg = tmp_path / f"{name}.region"
+    p = subprocess.Popen([*PYVGPU, "wrap", "--sm", "90", "--region", str(reg), "--",
+                          str(BENCH_BIN), "sm", "4", "2000", "kernel", "1000", "0"], env=e,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    seen: list[tuple[int, int]] = []  # (ns charged, launches) of the live slot
+    while p.poll() is None:
+        time.sleep(0.1)
+        try:
+            r = region.open_region(reg, writable=False)
+        except PyvgpuError:
+            continue
+        os.close(r.fd)
+        for i in range(r.header.n_slots):
+            s = r.slot(i)
+            if s.state == layout.SLOT_LIVE and s.dev[0].sm_launches > (seen[-1][1] if seen else 0):
+                seen.append((s.dev[0].sm_cost_ns, s.dev[0].sm_launches))
+    assert p.wait(timeout=120) == 0, p.stderr.read()
+    later = [x for x in seen if x[1] >= 600]
+    assert len(later) >= 2 and later[-1][1] - later[0][1] >= 300, f"too few launches seen: {seen}"
+    return (later[-1][0] - later[0][0]) / (later[-1][1] - later[0][1])
+
+
+def test_a_launch_bound_group_is_charged_its_kernels_time_not_the_launch_path(env, tmp_path):
+    per = charge_per_launch(env, tmp_path, "gated")
+    print(f"charged {per / 1000:.0f} us a launch for a {KERNEL_NS / 1000:.0f} us kernel")
+    # ungated, every timing reads the kernel and the path: 600 us (the test below)
+    assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per
+
+
+def test_without_the_gate_the_timing_holds_the_path_and_nothing_hangs(env, tmp_path):
+    """A driver that cannot make the gate (here: no pinned memory) times launches as before."""
+    per = charge_per_launch(env, tmp_path, "ungated", FAKECUDA_FAIL="cuMemHostAlloc:1:2")
+    print(f"charged {per / 1000:.0f} us a launch for a {KERNEL_NS / 1000:.0f} us kernel")
+    assert per > (KERNEL_NS + GAP_NS) * 0.8, per
+
+
+@pytest.mark.parametrize("fail", ["cuStreamWaitValue32_v2:1:1", "cuEventRecord:1:1"])
+def test_a_gate_that_failed_half_way_never_holds_a_stream(env, tmp_path, fail):
+    """The wait refused once, or the start event refused after the wait was queued (the gate must open
+    then): the load runs to its end and is charged its kernels' time (later timings are gated)."""
+    per = charge_per_launch(env, tmp_path, "half", FAKECUDA_FAIL=fail)
+    assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per
