@@ -329,6 +329,7 @@ HELPERS: tuple[Helper, ...] = (
     _helper("cuEventSynchronize", "cuda", [P("CUevent", "hEvent")]),
     # a timed launch's gate: its start event and kernel reach the GPU together (cost.py, "gate")
     _helper("cuMemHostAlloc", "cuda", [P("void **", "pp"), P("size_t", "bytesize"), P("unsigned int", "Flags")]),
+    _helper("cuThreadExchangeStreamCaptureMode", "cuda", [P("int *", "mode")]),
     _helper("cuMemHostGetDevicePointer_v2", "cuda", [P("CUdeviceptr *", "pdptr"), P("void *", "p"),
                                                      P("unsigned int", "Flags")]),
     _helper("cuStreamWaitValue32_v2", "cuda", [P("CUstream", "stream"), P("CUdeviceptr", "addr"),

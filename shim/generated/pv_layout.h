@@ -16,8 +16,8 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
         uint64_t real;  /* the real driver function, 0 if the driver lacks it */
         uint64_t calls;  /* calls, counted by the callbacks while count_calls is set */
     } entry[77];
-    uint64_t helper[26];  /* real driver functions the policies call (hooks.HELPERS) */
-    uint8_t _pad1[16];
+    uint64_t helper[27];  /* real driver functions the policies call (hooks.HELPERS) */
+    uint8_t _pad1[8];
     uint64_t region;  /* address of the mapped region, 0 without one */
     uint64_t slot;  /* address of this process's slot in the region */
     uint64_t sched;  /* address of the mapped turn file (pyvgpu/group/turnfile.py), 0 = groups do not take turns */

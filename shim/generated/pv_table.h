@@ -6,8 +6,8 @@
 
 #define PV_N_ENTRIES 77
 #define PV_N_HOOKS 50
-#define PV_N_HELPERS 26
-#define PV_TABLE_HASH "16342e37874b0575"
+#define PV_N_HELPERS 27
+#define PV_TABLE_HASH "1c8ec73a7e21d3be"
 
 /* One entry per exported ABI symbol (variant). */
 enum pv_entry {

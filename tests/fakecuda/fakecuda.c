@@ -1101,11 +1101,18 @@ EXPORT CUresult cuModuleUnload(CUmodule m) {
     return CUDA_SUCCESS;
 }
 
+static int g_loaded; /* the process launched a kernel: its module is loaded (the fake has one function) */
+
 static CUresult launch(CUfunction f, void **params, CUstream s) {
     if (f != &g_function_token)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (!fake_stream_of(s))
+    struct fake_stream *x = fake_stream_of(s);
+    if (!x)
         return CUDA_ERROR_INVALID_HANDLE; /* a destroyed stream */
+    /* CUDA loads a module at its kernel's first launch (lazy loading, the default), and waits for the stream
+     * then: behind a closed gate, that never ends */
+    if (!__atomic_exchange_n(&g_loaded, 1, __ATOMIC_ACQ_REL))
+        gate_wait(x->gate, x->gate_value, "a kernel's first launch (its module loaded lazily)");
     run_kernel(kernel_ns(params), s);
     return CUDA_SUCCESS;
 }
@@ -1414,6 +1421,7 @@ EXPORT CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr addr, uint32_t va
 EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned flags) {
     COUNT(cuMemHostAlloc);
     FAULT(cuMemHostAlloc);
+    CAPTURE_UNSAFE(); /* as cudaMallocHost, refused by a real driver while a thread captures in global mode */
     NEED_CTX();
     if (!pp || !bytes)
         return CUDA_ERROR_INVALID_VALUE;

@@ -18,7 +18,9 @@ timed launch is gated (``gate_close``): the stream first waits for a word in
 pinned host memory, the start event, the kernel and the end event are queued
 behind it, and the word is written once the launch returned (``gate_open``):
 the GPU then runs them back to back, as behind queued work. Where the driver
-cannot (no stream memory operations, no pinned memory), the timing goes ungated.
+cannot (no stream memory operations, no pinned memory), the timing goes ungated,
+and so does a kernel's first launch: the driver may load its module then,
+waiting for the stream, which would wait for the gate.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pyvgpu.jit.runtime.intrinsics import (
     monotonic_ns,
     sleep_ns,
     stack_u64,
+    store_u32,
 )
 
 SAMPLE_FREE, SAMPLE_RECORDING, SAMPLE_IN_FLIGHT = 0, 1, 2
@@ -48,6 +51,7 @@ GATE_NONE, GATE_UNAVAILABLE = 0, 1  # ctx.gate_host before the gate words exist,
 GATE_BYTES = 4096  # one page of pinned host memory: a 32-bit word per sample
 CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_DEVICEMAP = 0x01, 0x02  # cuda.h: pinned for every context, mapped
 CU_STREAM_WAIT_VALUE_GEQ = 0x0  # cuda.h: (int32_t)(*addr - value) >= 0, so the count may wrap
+CU_STREAM_CAPTURE_MODE_RELAXED = 2  # cuda.h: the thread may allocate while another thread captures a graph
 
 
 @njit(inline="always")
@@ -141,9 +145,16 @@ def gate_words(ctx):
         return h
     if h != GATE_NONE or CTX.cas_gate_host(ctx, GATE_NONE, GATE_UNAVAILABLE) != GATE_NONE:
         return np.uint64(0)  # unavailable, or another thread is making them (this timing goes ungated)
+    # another thread may be capturing a graph in the global mode (PyTorch's default), which an allocation
+    # would invalidate: this thread allocates in the relaxed mode
+    mode = stack_u64()
+    store_u32(mode, CU_STREAM_CAPTURE_MODE_RELAXED)
+    relaxed = HELPER.cuThreadExchangeStreamCaptureMode(ctx, mode) == abi.CUDA_SUCCESS
     out = stack_u64()
-    if HELPER.cuMemHostAlloc(ctx, out, GATE_BYTES, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) \
-            != abi.CUDA_SUCCESS:
+    rc = HELPER.cuMemHostAlloc(ctx, out, GATE_BYTES, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)
+    if relaxed:
+        HELPER.cuThreadExchangeStreamCaptureMode(ctx, mode)  # back to the thread's own mode
+    if rc != abi.CUDA_SUCCESS:
         return np.uint64(0)
     h = load_u64(out)
     for j in range(L.SAMPLES):
@@ -179,10 +190,11 @@ def gate_open(ctx, i):
 
 
 @njit
-def sample_begin(ctx, key, stream):
-    """Close the stream's gate and record a start event before a launch; returns the sample index, or -1
-    (no sample taken). A sample taken must be ended (``sample_end``) right after the launch: that opens
-    the gate."""
+def sample_begin(ctx, key, stream, gate):
+    """Record a start event before a launch, behind a closed gate if ``gate``; returns the sample index, or
+    -1 (no sample taken). A sample taken must be ended (``sample_end``) right after the launch: that opens
+    the gate. Nothing between may wait for the stream: only a kernel launched before (its module loaded) is
+    gated."""
     i = -1
     for j in range(L.SAMPLES):
         if CTX.cas_samp_state(ctx, j, SAMPLE_FREE, SAMPLE_RECORDING) == SAMPLE_FREE:
@@ -194,7 +206,7 @@ def sample_begin(ctx, key, stream):
     ok = cur != 0
     if ok and CTX.get_samp_ctx(ctx, i) != cur:
         ok = fresh_events(ctx, i, cur)
-    gated = ok and gate_close(ctx, i, stream)
+    gated = ok and gate and gate_close(ctx, i, stream)
     ok = ok and HELPER.cuEventRecord(ctx, CTX.get_samp_start(ctx, i), stream) == abi.CUDA_SUCCESS
     if gated and not ok:
         gate_open(ctx, i)

@@ -148,9 +148,12 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
         cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones
     cu = turn.take(ctx, region, tdev, e, stream, now, gang.queue_cost(g, c), rank, limit != 0, g)
     s = -1
-    if unlikely(cost.new_kernel(ctx, slot) or stale or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
-                                               and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
-        s = cost.sample_begin(ctx, key, stream)
+    first = cost.new_kernel(ctx, slot)
+    if unlikely(first or stale or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
+                                   and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
+        # a kernel's first launch is not gated: the driver may load its module then (lazy loading, CUDA's
+        # default), which waits for the stream, and the stream would wait for the gate (a deadlock)
+        s = cost.sample_begin(ctx, key, stream, slot >= 0 and not first)
         if s >= 0:
             CTX.set_samp_next_ns(ctx, np.uint64(now + SAMPLE_GAP_NS))
     rc = call_real(ctx, idx, args, notfound)

@@ -1,0 +1,43 @@
+"""The process's first gated timing comes while its other stream captures a graph in the global mode (the fake's
+fakecuda_capture): the timing gate's pinned page is made then. A kernel's first launch is timed ungated, so the
+kernel is launched once before the capture, then 300 times during it (one launch in 256 is timed). Prints the
+launches' result and the fake's capture violations as JSON (run under `pyvgpu wrap --sm ...`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import time
+
+cuda = ctypes.CDLL("libcuda.so.1")
+cuda.fakecuda_capture.argtypes = [ctypes.c_void_p, ctypes.c_int]
+cuda.fakecuda_capture_violations.restype = ctypes.c_uint64
+
+
+def check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise SystemExit(f"{what}: CUresult {rc}")
+
+
+check(cuda.cuInit(0), "cuInit")
+dev, ctx, mod, fn = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+check(cuda.cuModuleLoadData(ctypes.byref(mod), b"\0" * 16), "cuModuleLoadData")
+check(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"empty"), "cuModuleGetFunction")
+captured, other = ctypes.c_void_p(), ctypes.c_void_p()
+check(cuda.cuStreamCreate(ctypes.byref(captured), 0), "cuStreamCreate")
+check(cuda.cuStreamCreate(ctypes.byref(other), 0), "cuStreamCreate")
+launch = cuda.cuLaunchKernel
+launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+check(launch(fn, 1, 1, 1, 32, 1, 1, 0, other, None, None), "cuLaunchKernel")  # timed: a new kernel
+time.sleep(0.05)  # past the shortest time between two timings
+cuda.fakecuda_capture(captured, 1)
+rc = 0
+for _ in range(300):
+    rc = rc or launch(fn, 1, 1, 1, 32, 1, 1, 0, other, None, None)
+violations = cuda.fakecuda_capture_violations()
+cuda.fakecuda_capture(captured, 0)
+print(json.dumps({"launch": rc, "violations": violations}))
