@@ -98,3 +98,16 @@ def test_the_gate_is_made_while_another_stream_captures_a_graph(env, tmp_path):
     (calls,) = [c for c in (json.loads(f.read_text()) for f in tmp_path.glob("stats.json.*")) if "cuLaunchKernel" in c]
     # a refused allocation leaves the process without a gate: no wait at all
     assert calls["cuMemHostAlloc"] == 1 and calls["cuStreamWaitValue32_v2"] == 1, calls
+
+
+def test_a_launch_that_waits_inside_the_driver_behind_its_gate_is_freed_by_the_watcher(env, tmp_path):
+    """The gate is open only once the launch returned. A driver that waits for the stream inside a launch (a
+    module loaded lazily, in this or another thread) would wait for ever: the watcher thread opens a gate
+    closed for more than GATE_MAX_NS. Here every launch waits for its stream (FAKECUDA_LAUNCH_WAITS): each
+    gated one is stuck until the watcher's next tick (ten a second), and the load still runs to its end (the
+    fake stops a program whose gate nobody opens within 5 s)."""
+    stats = tmp_path / "stats.json"
+    charge_per_launch(env, tmp_path, "stuck", FAKECUDA_LAUNCH_WAITS="1", FAKECUDA_STATS=str(stats))
+    (calls,) = [c for c in (json.loads(f.read_text()) for f in tmp_path.glob("stats.json.*")) if "cuLaunchKernel" in c]
+    assert calls.get("gate_waits", 0) >= 3, calls  # the gated launches: they did wait behind their gates
+    assert calls["gate_wait_max_ns"] < 1_000_000_000, calls  # opened at the watcher's next tick or two

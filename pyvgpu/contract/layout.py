@@ -125,6 +125,9 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
             Field("samp_start", "u64", SAMPLES, doc="CUevent before the launch"),
             Field("samp_end", "u64", SAMPLES, doc="CUevent after the launch"),
             Field("samp_gate", "u32", SAMPLES, doc="the value the sample's gate word was last opened to"),
+            Field("samp_gate_ns", "u64", SAMPLES, doc="CLOCK_MONOTONIC its gate closed, 0 = open (the watcher "
+                                                      "opens a gate its launch left closed too long)"),
+            Field("gate_forced", "u64", doc="gates the watcher opened (their launch waited inside the driver)"),
             Field("gate_host", "u64", doc="host address of the pinned gate words (one per sample), "
                                           "0 = not made yet, 1 = being made or unavailable"),
             Field("gate_dptr", "u64", doc="their device address"),

@@ -22,7 +22,7 @@ import numpy as np
 from numba import cfunc, types
 
 from pyvgpu.contract import abi, hooks
-from pyvgpu.jit.compute import controller
+from pyvgpu.jit.compute import controller, cost
 from pyvgpu.jit.policies import resolve
 from pyvgpu.jit.runtime.context import count_call
 from pyvgpu.jit.runtime.fields import CTX
@@ -97,6 +97,7 @@ def svc_tick(ctx):
         CTX.store_turn_tick(ctx, np.uint64(monotonic_ns()))
         quota.reclaim_due(ctx)
         controller.control(ctx)
+        cost.gate_watch(ctx, np.int64(monotonic_ns()))  # a timed launch's gate its launch left closed
     return 0
 
 

@@ -81,8 +81,11 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t samp_start[8];  /* CUevent before the launch */
     uint64_t samp_end[8];  /* CUevent after the launch */
     uint32_t samp_gate[8];  /* the value the sample's gate word was last opened to */
+    uint64_t samp_gate_ns[8];  /* CLOCK_MONOTONIC its gate closed, 0 = open (the watcher opens a gate its launch left closed too long) */
+    uint64_t gate_forced;  /* gates the watcher opened (their launch waited inside the driver) */
     uint64_t gate_host;  /* host address of the pinned gate words (one per sample), 0 = not made yet, 1 = being made or unavailable */
     uint64_t gate_dptr;  /* their device address */
+    uint8_t _pad6[24];
     struct {  /* the streams a drain waits for; a launch compares its stream with the first ones */
         uint64_t turn_stream;  /* a stream this process launched on under turns, handle + 1 (0 = free) */
         uint64_t turn_stream_dev;  /* the CUDA device it launched on */
@@ -92,11 +95,11 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t drain_ev;  /* CUevent for a stream the table had no room for, before a hand-over */
     uint64_t drain_ctx;  /* CUcontext drain_ev belongs to */
     uint32_t turn_stream_lock;  /* spinlock between a drain and cuStreamDestroy */
-    uint8_t _pad6[4];
+    uint8_t _pad7[4];
     uint64_t turn_streams_lost;  /* launches on streams the table had no room for (not drained) */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad7[60];
+    uint8_t _pad8[28];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
@@ -158,19 +161,21 @@ _Static_assert(offsetof(pv_ctx_t, samp_ctx) == 69808, "pv_ctx.samp_ctx");
 _Static_assert(offsetof(pv_ctx_t, samp_start) == 69872, "pv_ctx.samp_start");
 _Static_assert(offsetof(pv_ctx_t, samp_end) == 69936, "pv_ctx.samp_end");
 _Static_assert(offsetof(pv_ctx_t, samp_gate) == 70000, "pv_ctx.samp_gate");
-_Static_assert(offsetof(pv_ctx_t, gate_host) == 70032, "pv_ctx.gate_host");
-_Static_assert(offsetof(pv_ctx_t, gate_dptr) == 70040, "pv_ctx.gate_dptr");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 70048, "pv_ctx.turn_stream");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 70056, "pv_ctx.turn_stream_dev");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 70064, "pv_ctx.turn_stream_ctx");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 70072, "pv_ctx.turn_stream_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ev) == 71072, "pv_ctx.drain_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 71080, "pv_ctx.drain_ctx");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 71088, "pv_ctx.turn_stream_lock");
-_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 71096, "pv_ctx.turn_streams_lost");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 71104, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 71108, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 71424, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_gate_ns) == 70032, "pv_ctx.samp_gate_ns");
+_Static_assert(offsetof(pv_ctx_t, gate_forced) == 70096, "pv_ctx.gate_forced");
+_Static_assert(offsetof(pv_ctx_t, gate_host) == 70104, "pv_ctx.gate_host");
+_Static_assert(offsetof(pv_ctx_t, gate_dptr) == 70112, "pv_ctx.gate_dptr");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 70144, "pv_ctx.turn_stream");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 70152, "pv_ctx.turn_stream_dev");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 70160, "pv_ctx.turn_stream_ctx");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 70168, "pv_ctx.turn_stream_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ev) == 71168, "pv_ctx.drain_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 71176, "pv_ctx.drain_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 71184, "pv_ctx.turn_stream_lock");
+_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 71192, "pv_ctx.turn_streams_lost");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 71200, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 71204, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 71488, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL

@@ -85,6 +85,7 @@ static uint64_t g_idle_gap_ns;       /* FAKECUDA_IDLE_GAP_NS: an ungated start e
                                         long before its kernel (the launch's own path, as on a GPU) */
 static uint64_t g_last_end;          /* when this process's queued work is done */
 static uint64_t g_stream_after_destroy; /* uses of a destroyed stream (a bug in the caller) */
+static uint64_t g_gate_waits, g_gate_wait_max_ns; /* waits that found a stream gate shut, the longest */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* ---- call counting ------------------------------------------------------- */
@@ -159,6 +160,11 @@ __attribute__((destructor)) static void fake_stats(void) {
             fprintf(f, "%s\"%s\": %llu", first ? "" : ", ", fk_names[i], (unsigned long long)fk_calls[i]);
             first = 0;
         }
+    if (g_gate_waits) {
+        fprintf(f, "%s\"gate_waits\": %llu, \"gate_wait_max_ns\": %llu", first ? "" : ", ",
+                (unsigned long long)g_gate_waits, (unsigned long long)g_gate_wait_max_ns);
+        first = 0;
+    }
     if (g_stream_after_destroy)
         fprintf(f, "%s\"stream_use_after_destroy\": %llu", first ? "" : ", ",
                 (unsigned long long)g_stream_after_destroy);
@@ -427,17 +433,27 @@ static int gate_shut(const volatile uint32_t *word, uint32_t value) {
 static void gate_wait(const volatile uint32_t *word, uint32_t value, const char *what) {
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (!gate_shut(word, value))
+        return;
+    uint64_t ns = 0;
     while (gate_shut(word, value)) {
         clock_gettime(CLOCK_MONOTONIC, &t);
-        if ((uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000ULL + (uint64_t)t.tv_nsec - (uint64_t)t0.tv_nsec
-                > GATE_WAIT_NS) {
+        ns = (uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000ULL + (uint64_t)t.tv_nsec - (uint64_t)t0.tv_nsec;
+        if (ns > GATE_WAIT_NS) {
             fprintf(stderr, "fakecuda: %s waits behind a stream gate (cuStreamWaitValue32) nobody opened: "
                             "on a GPU this would hang\n", what);
             abort();
         }
         sched_yield();
     }
+    __atomic_add_fetch(&g_gate_waits, 1, __ATOMIC_RELAXED);
+    uint64_t old = __atomic_load_n(&g_gate_wait_max_ns, __ATOMIC_RELAXED);
+    while (old < ns && !__atomic_compare_exchange_n(&g_gate_wait_max_ns, &old, ns, 0, __ATOMIC_RELAXED,
+                                                    __ATOMIC_RELAXED))
+        ;
 }
+static int g_launch_waits = -1; /* FAKECUDA_LAUNCH_WAITS=1: every launch waits for its stream's gate, as a
+                                   driver that waits for the stream inside a launch */
 #define START_EVENT_NS 50000 /* a launch this soon after a timing event is the kernel it times */
 static struct fake_event *g_start_event; /* a timing event recorded right before the next kernel */
 
@@ -1113,6 +1129,12 @@ static CUresult launch(CUfunction f, void **params, CUstream s) {
      * then: behind a closed gate, that never ends */
     if (!__atomic_exchange_n(&g_loaded, 1, __ATOMIC_ACQ_REL))
         gate_wait(x->gate, x->gate_value, "a kernel's first launch (its module loaded lazily)");
+    if (g_launch_waits < 0) {
+        const char *v = getenv("FAKECUDA_LAUNCH_WAITS");
+        g_launch_waits = v && *v == '1';
+    }
+    if (g_launch_waits)
+        gate_wait(x->gate, x->gate_value, "a launch that waits for its stream");
     run_kernel(kernel_ns(params), s);
     return CUDA_SUCCESS;
 }

@@ -19,8 +19,11 @@ pinned host memory, the start event, the kernel and the end event are queued
 behind it, and the word is written once the launch returned (``gate_open``):
 the GPU then runs them back to back, as behind queued work. Where the driver
 cannot (no stream memory operations, no pinned memory), the timing goes ungated,
-and so does a kernel's first launch: the driver may load its module then,
-waiting for the stream, which would wait for the gate.
+and so does a kernel's first launch on a device: the driver may load its
+module then, waiting for the stream, which would wait for the gate. Any other
+wait inside the driver in that window (another thread's module load may wait
+for the whole context) is bounded by the watcher thread: a gate left closed
+for GATE_MAX_NS is opened by ``gate_watch``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from pyvgpu.jit.compute.streams import running_context
 from pyvgpu.jit.runtime.context import HELPER
 from pyvgpu.jit.runtime.fields import CTX
 from pyvgpu.jit.runtime.intrinsics import (
+    atomic_cas_u32,
+    atomic_load_u32,
     atomic_store_u32,
     likely,
     load_f32,
@@ -49,6 +54,7 @@ PROBES = 16  # cost slots a key may sit away from its home
 WAIT_MAX_NS = 1_000_000_000  # the longest a launch waits for its own timed kernel (``wait_for``)
 GATE_NONE, GATE_UNAVAILABLE = 0, 1  # ctx.gate_host before the gate words exist, and where they cannot
 GATE_BYTES = 4096  # one page of pinned host memory: a 32-bit word per sample
+GATE_MAX_NS = 10_000_000  # a gate closed this long is opened by the watcher (a launch takes microseconds)
 CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_DEVICEMAP = 0x01, 0x02  # cuda.h: pinned for every context, mapped
 CU_STREAM_WAIT_VALUE_GEQ = 0x0  # cuda.h: (int32_t)(*addr - value) >= 0, so the count may wrap
 CU_STREAM_CAPTURE_MODE_RELAXED = 2  # cuda.h: the thread may allocate while another thread captures a graph
@@ -179,14 +185,43 @@ def gate_close(ctx, i, stream):
     if HELPER.cuStreamWaitValue32_v2(ctx, stream, CTX.get_gate_dptr(ctx) + np.uint64(4 * i), v,
                                      CU_STREAM_WAIT_VALUE_GEQ) != abi.CUDA_SUCCESS:
         return False
-    CTX.set_samp_gate(ctx, i, v)
+    CTX.store_samp_gate(ctx, i, v)
+    CTX.store_samp_gate_ns(ctx, i, monotonic_ns())
     return True
 
 
-@njit(inline="always")
+@njit
+def raise_word(addr, v):
+    """Set the gate word at addr to v unless it is already at or past v (cyclically, as the stream compares):
+    two writers (the launch, the watcher) never move a word back below a value a stream waits for. True if
+    this call moved it."""
+    cur = atomic_load_u32(addr)
+    while np.int32(v - cur) > 0:
+        old = np.uint32(atomic_cas_u32(addr, cur, v))
+        if old == cur:
+            return True
+        cur = old
+    return False
+
+
+@njit
 def gate_open(ctx, i):
     """Let sample i's stream go on (after its launch returned, or when the sample is dropped)."""
-    atomic_store_u32(CTX.get_gate_host(ctx) + np.uint64(4 * i), CTX.get_samp_gate(ctx, i))
+    raise_word(CTX.get_gate_host(ctx) + np.uint64(4 * i), CTX.get_samp_gate(ctx, i))
+    CTX.store_samp_gate_ns(ctx, i, 0)
+
+
+@njit
+def gate_watch(ctx, now):
+    """On the watcher thread: open every gate closed for longer than GATE_MAX_NS (its launch is waiting
+    inside the driver, which may be waiting for the stream). Opened early, a timing only reads long."""
+    h = CTX.load_gate_host(ctx)
+    if h <= GATE_UNAVAILABLE:
+        return
+    for i in range(L.SAMPLES):
+        t = CTX.load_samp_gate_ns(ctx, i)
+        if t != 0 and now - np.int64(t) > GATE_MAX_NS and raise_word(h + np.uint64(4 * i), CTX.load_samp_gate(ctx, i)):
+            CTX.add_gate_forced(ctx, 1)
 
 
 @njit

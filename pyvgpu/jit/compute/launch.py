@@ -101,6 +101,8 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
     # a gang under a share, or a gang without one anywhere (gang.py); a group with shares elsewhere only
     g = gang.checked(HDR.get_sm_gang(region)) if limit != 0 or unshared else np.uint32(0)
     tdev = gang.lead(g, dev)  # whose budget and turn: dev's, or the gang's lead device's
+    # a kernel's cost is learned per device: its first launch on each device is timed ungated (cost.py)
+    key ^= np.uint64(dev) << np.uint64(40)
     now = clock.now(ctx)  # the TSC, anchored to CLOCK_MONOTONIC about once a millisecond (clock.py)
     e = turn.entry(ctx, tdev)  # the device's turn entry (a load, once known): looked up here only
     if limit == 0 and g != 0 and tdev != dev and not turn.active_on(e, now):
