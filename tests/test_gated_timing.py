@@ -29,9 +29,11 @@ from pyvgpu.contract import layout
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import region
 from pyvgpu.native.shim import BENCH_BIN
+from pyvgpu.ops.status import event_text
 
 TESTS_DIR = Path(__file__).resolve().parent
 KERNEL_NS = 200_000  # pv_bench's spin kernel: 2000 iterations x 100 ns of simulated GPU time
+GATE_MAX_NS = 10_000_000  # pyvgpu/jit/compute/cost.py (not imported: it compiles the callbacks' module)
 GAP_NS = 400_000  # the launch path an idle stream's timing would hold: 3 x the kernel in all
 
 
@@ -111,3 +113,11 @@ def test_a_launch_that_waits_inside_the_driver_behind_its_gate_is_freed_by_the_w
     (calls,) = [c for c in (json.loads(f.read_text()) for f in tmp_path.glob("stats.json.*")) if "cuLaunchKernel" in c]
     assert calls.get("gate_waits", 0) >= 3, calls  # the gated launches: they did wait behind their gates
     assert calls["gate_wait_max_ns"] < 1_000_000_000, calls  # opened at the watcher's next tick or two
+    r = region.open_region(tmp_path / "stuck.region", writable=False)
+    os.close(r.fd)
+    gates = [e for e in r.events() if e["kind"] == "timing_gate"]
+    # recorded at 1, 2, 4 and 8 gates opened; then the process times its launches ungated (no more waits)
+    assert [e["a"] for e in gates] == [1, 2, 4, 8], gates
+    assert calls["gate_waits"] == layout.TIMING_GATE_FORCED_MAX, calls
+    assert all(GATE_MAX_NS < e["b"] < 1_000_000_000 for e in gates), gates
+    assert "until the watcher opened it (8 so far; after 8 it times launches ungated)" in event_text(gates[-1])

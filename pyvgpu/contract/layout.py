@@ -288,9 +288,11 @@ EV_OOM, EV_RECLAIM, EV_MEMORY_LIMIT, EV_SM_LIMIT, EV_DEVICES_REFUSED = 1, 2, 3, 
 EV_TURN_TIMEOUT, EV_TURNS_FULL = 6, 7  # pyvgpu/jit/compute/turn.py: a wait for the turn ran out; no free entry
 EV_PRIORITY, EV_SM_BORROW = 8, 9  # `pyvgpu limits set --priority / --sm-borrow`
 EV_BUDGET_RESET = 10  # pyvgpu/jit/compute/limiter.py: a budget further ahead than any launch waits
+EV_TIMING_GATE = 11  # pyvgpu/jit/compute/cost.py: the watcher opened a timed launch's gate
+TIMING_GATE_FORCED_MAX = 8  # gates the watcher had to open before a process times launches ungated for good
 BUDGET_MAX_AHEAD_NS = 600_000_000_000  # the furthest ahead of now a group's compute budget is obeyed
 EVENT_KINDS = ("none", "oom", "reclaim", "memory_limit", "sm_limit", "devices_refused", "turn_timeout",
-               "turns_full", "priority", "sm_borrow", "budget_reset")
+               "turns_full", "priority", "sm_borrow", "budget_reset", "timing_gate")
 
 # Group priorities (REGION_HEADER.priority), HAMi's numbers: CUDA_TASK_PRIORITY / nvidia.com/priority.
 PRIORITY_HIGH, PRIORITY_LOW = 0, 1

@@ -48,6 +48,7 @@ from pyvgpu.jit.runtime.intrinsics import (
     stack_u64,
     store_u32,
 )
+from pyvgpu.jit.state import events
 
 SAMPLE_FREE, SAMPLE_RECORDING, SAMPLE_IN_FLIGHT = 0, 1, 2
 PROBES = 16  # cost slots a key may sit away from its home
@@ -178,6 +179,8 @@ def gate_close(ctx, i, stream):
 
     Sample i is this thread's until it is in flight, so only this thread writes its word, and the value
     only grows: a stream never waits for a word already past its value."""
+    if CTX.load_gate_forced(ctx) >= L.TIMING_GATE_FORCED_MAX:
+        return False  # this process's launches keep waiting inside the driver: each gate would stall them
     h = gate_words(ctx)
     if h == 0:
         return False
@@ -214,14 +217,18 @@ def gate_open(ctx, i):
 @njit
 def gate_watch(ctx, now):
     """On the watcher thread: open every gate closed for longer than GATE_MAX_NS (its launch is waiting
-    inside the driver, which may be waiting for the stream). Opened early, a timing only reads long."""
+    inside the driver, which may be waiting for the stream). Opened early, a timing only reads long. Each
+    time the count of gates so opened reaches a power of two, a ``timing_gate`` event says so; after
+    TIMING_GATE_FORCED_MAX the process times its launches ungated (``gate_close``)."""
     h = CTX.load_gate_host(ctx)
     if h <= GATE_UNAVAILABLE:
         return
     for i in range(L.SAMPLES):
         t = CTX.load_samp_gate_ns(ctx, i)
         if t != 0 and now - np.int64(t) > GATE_MAX_NS and raise_word(h + np.uint64(4 * i), CTX.load_samp_gate(ctx, i)):
-            CTX.add_gate_forced(ctx, 1)
+            n = CTX.add_gate_forced(ctx, 1) + np.uint64(1)
+            if n & (n - np.uint64(1)) == 0:
+                events.record(CTX.get_region(ctx), L.EV_TIMING_GATE, -1, 0, n, np.uint64(now - np.int64(t)))
 
 
 @njit
