@@ -37,13 +37,15 @@ GATE_MAX_NS = 10_000_000  # pyvgpu/jit/compute/cost.py (not imported: it compile
 GAP_NS = 400_000  # the launch path an idle stream's timing would hold: 3 x the kernel in all
 
 
-def charge_per_launch(env, tmp_path, name: str, **extra: str) -> float:
+LOAD = [str(BENCH_BIN), "sm", "4", "2000", "kernel", "1000", "0"]  # 4 s, 1 ms between launches
+
+
+def charge_per_launch(env, tmp_path, name: str, load: list[str] = LOAD, **extra: str) -> float:
     """ns charged per launch by a launch-bound load's slot after its first 600 launches (its first timings
     are behind it then), read while it lives."""
     e = sim_env(env, tmp_path, name, FAKECUDA_IDLE_GAP_NS=str(GAP_NS), **extra)
     reg = tmp_path / f"{name}.region"
-    p = subprocess.Popen([*PYVGPU, "wrap", "--sm", "90", "--region", str(reg), "--",
-                          str(BENCH_BIN), "sm", "4", "2000", "kernel", "1000", "0"], env=e,
+    p = subprocess.Popen([*PYVGPU, "wrap", "--sm", "90", "--region", str(reg), "--", *load], env=e,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
     seen: list[tuple[int, int]] = []  # (ns charged, launches) of the live slot
     while p.poll() is None:
@@ -70,26 +72,42 @@ def test_a_launch_bound_group_is_charged_its_kernels_time_not_the_launch_path(en
     assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per
 
 
+def test_a_new_shape_of_a_function_launched_before_is_timed_gated(env, tmp_path):
+    """A decode loop launches the same functions in new shapes as its sequences grow: each new shape is a new
+    kernel, timed at its first launch (and rarely again). The function's module was loaded by its first launch,
+    so only that one goes ungated: 400 shapes, each timed once (in 4 s they come round about eight times),
+    are charged the kernel's time. Before, every shape's first timing went ungated (600 us)."""
+    load = [sys.executable, str(TESTS_DIR / "hosts" / "shapes_loop.py"), "4", "400", "1000"]
+    per = charge_per_launch(env, tmp_path, "shapes", load)
+    print(f"charged {per / 1000:.0f} us a launch for a {KERNEL_NS / 1000:.0f} us kernel in 400 shapes")
+    assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per
+
+
 def test_without_the_gate_the_timing_holds_the_path_and_nothing_hangs(env, tmp_path):
-    """A driver that cannot make the gate (here: no pinned memory) times launches as before."""
-    per = charge_per_launch(env, tmp_path, "ungated", FAKECUDA_FAIL="cuMemHostAlloc:1:2")
+    """A driver that cannot make the gate (here: it refuses to pin the page) times launches as before."""
+    per = charge_per_launch(env, tmp_path, "ungated", FAKECUDA_FAIL="cuMemHostRegister_v2:1:2")
     print(f"charged {per / 1000:.0f} us a launch for a {KERNEL_NS / 1000:.0f} us kernel")
     assert per > (KERNEL_NS + GAP_NS) * 0.8, per
 
 
-@pytest.mark.parametrize("fail", ["cuStreamWaitValue32_v2:1:1", "cuEventRecord:1:1"])
+@pytest.mark.parametrize("fail", [{"FAKECUDA_FAIL": "cuStreamWaitValue32_v2:1:1"},
+                                  {"FAKECUDA_FAIL_RECORD_AFTER_WAIT": "1"}])
 def test_a_gate_that_failed_half_way_never_holds_a_stream(env, tmp_path, fail):
-    """The wait refused once, or the start event refused after the wait was queued (the gate must open
-    then): the load runs to its end and is charged its kernels' time (later timings are gated)."""
-    per = charge_per_launch(env, tmp_path, "half", FAKECUDA_FAIL=fail)
+    """The wait refused once, or the start event refused right after the wait was queued (the launch path
+    must open the gate then, not leave it to the watcher): the load runs to its end, is charged its
+    kernels' time (later timings are gated), and the watcher never had a gate to open."""
+    per = charge_per_launch(env, tmp_path, "half", **fail)
     assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per
+    r = region.open_region(tmp_path / "half.region", writable=False)
+    os.close(r.fd)
+    assert not [e for e in r.events() if e["kind"] == "timing_gate"], r.events()
 
 
 def test_the_gate_is_made_while_another_stream_captures_a_graph(env, tmp_path):
-    """The gate's pinned page is allocated at the process's first timed launch, which may come while another
-    stream captures a graph in the global mode (PyTorch's default), where the driver refuses an allocation
-    (and the refusal invalidates the capture): it is allocated in the relaxed mode, so it is made, and the
-    launch is gated. (The fake also counts the first timing's event queries meanwhile as violations: the
+    """The gate's page is pinned at the process's first gated launch, which may come while another stream
+    captures a graph in the global mode (PyTorch's default), where the driver refuses to pin memory (and the
+    refusal invalidates the capture): it is pinned in the relaxed mode, so it is made, and the launch is
+    gated. (The fake also counts the first timing's event queries meanwhile as violations: the
     capture stays a known gap of the timing, docs/compute.md.)"""
     e = sim_env(env, tmp_path, "capture", FAKECUDA_STATS=str(tmp_path / "stats.json"))
     p = subprocess.run([*PYVGPU, "wrap", "--sm", "50", "--", sys.executable,
@@ -98,8 +116,8 @@ def test_the_gate_is_made_while_another_stream_captures_a_graph(env, tmp_path):
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["launch"] == 0, p.stdout
     (calls,) = [c for c in (json.loads(f.read_text()) for f in tmp_path.glob("stats.json.*")) if "cuLaunchKernel" in c]
-    # a refused allocation leaves the process without a gate: no wait at all
-    assert calls["cuMemHostAlloc"] == 1 and calls["cuStreamWaitValue32_v2"] == 1, calls
+    # a refused registration leaves the process without a gate: no wait at all
+    assert calls["cuMemHostRegister_v2"] == 1 and calls["cuStreamWaitValue32_v2"] == 1, calls
 
 
 def test_a_launch_that_waits_inside_the_driver_behind_its_gate_is_freed_by_the_watcher(env, tmp_path):
@@ -109,7 +127,8 @@ def test_a_launch_that_waits_inside_the_driver_behind_its_gate_is_freed_by_the_w
     gated one is stuck until the watcher's next tick (ten a second), and the load still runs to its end (the
     fake stops a program whose gate nobody opens within 5 s)."""
     stats = tmp_path / "stats.json"
-    charge_per_launch(env, tmp_path, "stuck", FAKECUDA_LAUNCH_WAITS="1", FAKECUDA_STATS=str(stats))
+    load = [str(BENCH_BIN), "sm", "8", "2000", "kernel", "1000", "0"]  # 8 s: launch 2048 comes after 8 stalls
+    charge_per_launch(env, tmp_path, "stuck", load, FAKECUDA_LAUNCH_WAITS="1", FAKECUDA_STATS=str(stats))
     (calls,) = [c for c in (json.loads(f.read_text()) for f in tmp_path.glob("stats.json.*")) if "cuLaunchKernel" in c]
     assert calls.get("gate_waits", 0) >= 3, calls  # the gated launches: they did wait behind their gates
     assert calls["gate_wait_max_ns"] < 1_000_000_000, calls  # opened at the watcher's next tick or two

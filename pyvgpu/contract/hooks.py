@@ -328,7 +328,7 @@ HELPERS: tuple[Helper, ...] = (
     _helper("cuStreamIsCapturing", "cuda", [P("CUstream", "hStream"), P("CUstreamCaptureStatus *", "status")]),
     _helper("cuEventSynchronize", "cuda", [P("CUevent", "hEvent")]),
     # a timed launch's gate: its start event and kernel reach the GPU together (cost.py, "gate")
-    _helper("cuMemHostAlloc", "cuda", [P("void **", "pp"), P("size_t", "bytesize"), P("unsigned int", "Flags")]),
+    _helper("cuMemHostRegister_v2", "cuda", [P("void *", "p"), P("size_t", "bytesize"), P("unsigned int", "Flags")]),
     _helper("cuThreadExchangeStreamCaptureMode", "cuda", [P("int *", "mode")]),
     _helper("cuMemHostGetDevicePointer_v2", "cuda", [P("CUdeviceptr *", "pdptr"), P("void *", "p"),
                                                      P("unsigned int", "Flags")]),

@@ -17,6 +17,7 @@ MAX_DEVICES = 16
 MAX_POOLS = 64  # memory pools a process tracks (cuMemAllocAsync accounting)
 COST_SLOTS = 4096  # kernels (function + launch shape) whose GPU time a process tracks
 SAMPLES = 8  # launches being timed at once
+FUNC_SLOTS = 1024  # functions a process remembers as launched (their modules loaded: a new shape is gated)
 TURN_STREAMS = 32  # streams a process drains before it hands a turn over (pyvgpu/jit/compute/drain.py)
 
 # GPU_CORE_UTILIZATION_POLICY (HAMi's variable), as ctx.sm_policy and slot.sm_policy encode it.
@@ -30,7 +31,7 @@ KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX013", "little")  # 13: the timing gate (12: turn_waited, 11: count_calls)
+CTX_MAGIC = int.from_bytes(b"PVCTX014", "little")  # 13, 14: the timing gate (12: turn_waited)
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -128,8 +129,12 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
             Field("samp_gate_ns", "u64", SAMPLES, doc="CLOCK_MONOTONIC its gate closed, 0 = open (the watcher "
                                                       "opens a gate its launch left closed too long)"),
             Field("gate_forced", "u64", doc="gates the watcher opened (their launch waited inside the driver)"),
-            Field("gate_host", "u64", doc="host address of the pinned gate words (one per sample), "
-                                          "0 = not made yet, 1 = being made or unavailable"),
+            Field("func_seen", "u64", FUNC_SLOTS, doc="functions launched here (handle ^ CUcontext, 0 = free): "
+                                                      "their modules are loaded, so a new shape's launch is gated"),
+            Field("gate_page", "u64", doc="the page the shim mapped for the gate words (never unmapped), 0 = none"),
+            Field("gate_ctx", "u64", doc="the CUcontext that registered it: only its streams are gated"),
+            Field("gate_host", "u64", doc="gate_page once registered with CUDA (pinned, mapped), "
+                                          "0 = not yet, 1 = being registered or unavailable"),
             Field("gate_dptr", "u64", doc="their device address"),
             # the device turn (pyvgpu/jit/compute/turn.py, drain.py)
             Record("stream", TURN_STREAMS, (

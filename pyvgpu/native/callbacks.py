@@ -93,11 +93,13 @@ def svc_tick(ctx):
     # the driver tears down at exit. Pools are settled at their next call, launch timings on the
     # launching thread.
     if CTX.get_region(ctx) != 0:
-        # the clock launches without a share compare the turn file's `active` with (pyvgpu/jit/compute/turn.py)
-        CTX.store_turn_tick(ctx, np.uint64(monotonic_ns()))
+        # the clock launches without a share compare the turn file's `active` with (pyvgpu/jit/compute/turn.py);
+        # a timed launch is gated only while it is recent (pyvgpu/jit/compute/cost.py)
+        now = monotonic_ns()
+        CTX.store_turn_tick(ctx, np.uint64(now))
+        cost.gate_watch(ctx, np.int64(now))  # first: a gate its launch left closed (the controller reads NVML)
         quota.reclaim_due(ctx)
         controller.control(ctx)
-        cost.gate_watch(ctx, np.int64(monotonic_ns()))  # a timed launch's gate its launch left closed
     return 0
 
 

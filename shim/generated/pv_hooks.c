@@ -1735,7 +1735,7 @@ const pv_helper_info_t pv_helper_infos[PV_N_HELPERS] = {
     {"cuEventDestroy_v2", PV_LIB_CUDA},
     {"cuStreamIsCapturing", PV_LIB_CUDA},
     {"cuEventSynchronize", PV_LIB_CUDA},
-    {"cuMemHostAlloc", PV_LIB_CUDA},
+    {"cuMemHostRegister_v2", PV_LIB_CUDA},
     {"cuThreadExchangeStreamCaptureMode", PV_LIB_CUDA},
     {"cuMemHostGetDevicePointer_v2", PV_LIB_CUDA},
     {"cuStreamWaitValue32_v2", PV_LIB_CUDA},

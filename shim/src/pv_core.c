@@ -146,6 +146,12 @@ static int stage(const pv_cblib_t *lib) {
         pv_ctx.table = (uint64_t)(uintptr_t)t;
         pv_ctx.table_mask = PV_TABLE_ENTRIES - 1;
     }
+    if (!pv_ctx.gate_page) {
+        /* the timing gate's words (pyvgpu/jit/compute/cost.py): a page of our own, never unmapped, so a
+         * write to it stays safe whatever CUDA does with its registration; none: timings go ungated */
+        void *g = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        pv_ctx.gate_page = g == MAP_FAILED ? 0 : (uint64_t)(uintptr_t)g;
+    }
     for (int i = 0; i < PV_N_SERVICES; i++)
         __atomic_store_n(&pv_services[i], (void *)(uintptr_t)lib->services[i], __ATOMIC_RELEASE);
     for (int i = 0; i < PV_N_ENTRIES; i++)
@@ -257,6 +263,9 @@ static void atfork_child(void) {
         pv_ctx.stream[i].turn_stream = pv_ctx.stream[i].turn_stream_ev = 0;
     pv_ctx.turn_stream_lock = 0;
     pv_ctx.drain_ev = pv_ctx.drain_ctx = 0;
+    /* the parent's timing gate (pyvgpu/jit/compute/cost.py) is not the child's: the child times ungated */
+    pv_ctx.gate_host = 1;
+    memset(pv_ctx.samp_gate_ns, 0, sizeof pv_ctx.samp_gate_ns);
     if (pv_ctx.table) {
         void *t = mmap(NULL, (size_t)PV_TABLE_ENTRIES * 16, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

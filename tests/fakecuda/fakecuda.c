@@ -110,7 +110,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
     X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy_v2) X(cuStreamIsCapturing) X(cuGraphCreate)       \
     X(cuGraphAddKernelNode) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)                 \
     X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuStreamWaitEvent) X(cuThreadExchangeStreamCaptureMode)             \
-    X(cuMemHostAlloc) X(cuMemHostGetDevicePointer_v2) X(cuStreamWaitValue32_v2)
+    X(cuMemHostRegister_v2) X(cuMemHostGetDevicePointer_v2) X(cuStreamWaitValue32_v2)
 
 #define X(name) FK_##name,
 enum { FAKE_FUNCS(X) FK_N };
@@ -478,6 +478,7 @@ struct fake_stream {
     int phys; /* the device of the context it was created in (the NULL stream: the current context's) */
     const volatile uint32_t *gate; /* its last cuStreamWaitValue32, until seen open */
     uint32_t gate_value;
+    int fail_record; /* FAKECUDA_FAIL_RECORD_AFTER_WAIT: its next cuEventRecord fails */
 };
 static struct fake_stream g_default_stream = {STREAM_MAGIC, 0, 0, -1};
 static struct fake_stream *g_streams[MAX_STREAMS]; /* every stream made, for the lookup below */
@@ -1117,7 +1118,8 @@ EXPORT CUresult cuModuleUnload(CUmodule m) {
     return CUDA_SUCCESS;
 }
 
-static int g_loaded; /* the process launched a kernel: its module is loaded (the fake has one function) */
+static int g_loaded[MAX_DEV]; /* the process launched a kernel on the device: its module is loaded there (the
+                                 fake has one function) */
 
 static CUresult launch(CUfunction f, void **params, CUstream s) {
     if (f != &g_function_token)
@@ -1127,7 +1129,7 @@ static CUresult launch(CUfunction f, void **params, CUstream s) {
         return CUDA_ERROR_INVALID_HANDLE; /* a destroyed stream */
     /* CUDA loads a module at its kernel's first launch (lazy loading, the default), and waits for the stream
      * then: behind a closed gate, that never ends */
-    if (!__atomic_exchange_n(&g_loaded, 1, __ATOMIC_ACQ_REL))
+    if (t_cur && !__atomic_exchange_n(&g_loaded[t_cur->phys], 1, __ATOMIC_ACQ_REL))
         gate_wait(x->gate, x->gate_value, "a kernel's first launch (its module loaded lazily)");
     if (g_launch_waits < 0) {
         const char *v = getenv("FAKECUDA_LAUNCH_WAITS");
@@ -1237,6 +1239,10 @@ EXPORT CUresult cuEventRecord(struct fake_event *e, CUstream s) {
     struct fake_stream *x = fake_stream_of(s);
     if (!x)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (x->fail_record) {
+        x->fail_record = 0;
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     uint64_t now = sim_now(), last = __atomic_load_n(&x->last_end, __ATOMIC_ACQUIRE);
     e->t = last > now ? last : now;
     e->rec = now;
@@ -1437,18 +1443,21 @@ EXPORT CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr addr, uint32_t va
         return CUDA_ERROR_INVALID_HANDLE;
     x->gate = (const volatile uint32_t *)(uintptr_t)addr;
     x->gate_value = value;
+    static int failed; /* FAKECUDA_FAIL_RECORD_AFTER_WAIT=1: the first event record after a wait fails, once */
+    const char *f = getenv("FAKECUDA_FAIL_RECORD_AFTER_WAIT");
+    if (f && *f == '1' && !__atomic_exchange_n(&failed, 1, __ATOMIC_ACQ_REL))
+        x->fail_record = 1;
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned flags) {
-    COUNT(cuMemHostAlloc);
-    FAULT(cuMemHostAlloc);
-    CAPTURE_UNSAFE(); /* as cudaMallocHost, refused by a real driver while a thread captures in global mode */
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned flags) {
+    COUNT(cuMemHostRegister_v2);
+    FAULT(cuMemHostRegister_v2);
+    CAPTURE_UNSAFE(); /* as cudaHostRegister, refused by a real driver while a thread captures in global mode */
     NEED_CTX();
-    if (!pp || !bytes)
+    if (!p || !bytes || ((uintptr_t)p & 4095))
         return CUDA_ERROR_INVALID_VALUE;
-    *pp = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
-    return *pp ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) {

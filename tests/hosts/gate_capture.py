@@ -33,7 +33,7 @@ check(cuda.cuStreamCreate(ctypes.byref(other), 0), "cuStreamCreate")
 launch = cuda.cuLaunchKernel
 launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
 check(launch(fn, 1, 1, 1, 32, 1, 1, 0, other, None, None), "cuLaunchKernel")  # timed: a new kernel
-time.sleep(0.05)  # past the shortest time between two timings
+time.sleep(0.3)  # past the shortest time between two timings, and the watcher has ticked (a gate needs it)
 cuda.fakecuda_capture(captured, 1)
 rc = 0
 for _ in range(300):

@@ -11,19 +11,17 @@ the same function are told apart, and a long kernel costs what it takes
 rather than its grid size.
 
 A start event recorded on an idle stream runs at once, before the kernel has
-even reached the GPU: its timing holds the launch's own path (measured on an
-H100: a 17 us kernel timed 3.1 x on an idle stream, 1.2 x behind queued work),
-and a launch-bound group's launches nearly all find their stream idle. So a
-timed launch is gated (``gate_close``): the stream first waits for a word in
-pinned host memory, the start event, the kernel and the end event are queued
-behind it, and the word is written once the launch returned (``gate_open``):
-the GPU then runs them back to back, as behind queued work. Where the driver
-cannot (no stream memory operations, no pinned memory), the timing goes ungated,
-and so does a kernel's first launch on a device: the driver may load its
+even reached the GPU: its timing holds the launch's own path, several times a
+small kernel's time (docs/compute.md, "The timing gate"), and a launch-bound
+group's launches nearly all find their stream idle. So a timed launch is gated
+(``gate_close``): the stream first waits for a word in pinned host memory, the
+start event, the kernel and the end event are queued behind it, and the word is
+written once the launch returned (``gate_open``): the GPU then runs them back to
+back, as behind queued work. Where the driver cannot, the timing goes ungated,
+and so does a function's first launch in a context: the driver may load its
 module then, waiting for the stream, which would wait for the gate. Any other
-wait inside the driver in that window (another thread's module load may wait
-for the whole context) is bounded by the watcher thread: a gate left closed
-for GATE_MAX_NS is opened by ``gate_watch``.
+wait inside the driver in that window is bounded by the watcher thread, which
+opens a gate left closed past GATE_MAX_NS (``gate_watch``).
 """
 
 from __future__ import annotations
@@ -54,9 +52,10 @@ SAMPLE_FREE, SAMPLE_RECORDING, SAMPLE_IN_FLIGHT = 0, 1, 2
 PROBES = 16  # cost slots a key may sit away from its home
 WAIT_MAX_NS = 1_000_000_000  # the longest a launch waits for its own timed kernel (``wait_for``)
 GATE_NONE, GATE_UNAVAILABLE = 0, 1  # ctx.gate_host before the gate words exist, and where they cannot
-GATE_BYTES = 4096  # one page of pinned host memory: a 32-bit word per sample
-GATE_MAX_NS = 10_000_000  # a gate closed this long is opened by the watcher (a launch takes microseconds)
-CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_DEVICEMAP = 0x01, 0x02  # cuda.h: pinned for every context, mapped
+GATE_BYTES = 4096  # one page (the shim's, ctx.gate_page), pinned: a 32-bit word per sample
+GATE_MAX_NS = 10_000_000  # a gate closed this long is opened at the watcher's next tick (a launch takes us)
+CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP = 0x01, 0x02  # cuda.h: pinned for every context, mapped
+WATCHER_LATE_NS = 500_000_000  # no gate while the watcher's last tick is older (it bounds every gate)
 CU_STREAM_WAIT_VALUE_GEQ = 0x0  # cuda.h: (int32_t)(*addr - value) >= 0, so the count may wrap
 CU_STREAM_CAPTURE_MODE_RELAXED = 2  # cuda.h: the thread may allocate while another thread captures a graph
 
@@ -142,53 +141,56 @@ def fresh_events(ctx, i, cur):
 
 
 @njit
-def gate_words(ctx):
-    """Host address of the gate words (made at the first timed launch, by the thread that claims it), or 0.
+def gate_words(ctx, cur):
+    """Host address of the gate words for a launch in context cur, or 0 (that launch goes ungated).
 
-    Pinned, portable and mapped: every context's streams can wait on them. Made once; where the driver
+    The page is the shim's own mapping (never unmapped, so a write to it is always safe), registered
+    with CUDA at the first gated launch by the thread that claims it: pinned, portable and mapped. Only
+    the registering context's streams wait on it (a registration ends with its context). Where the driver
     refuses, timings go ungated for the process's life."""
     h = CTX.load_gate_host(ctx)
     if likely(h > GATE_UNAVAILABLE):
-        return h
-    if h != GATE_NONE or CTX.cas_gate_host(ctx, GATE_NONE, GATE_UNAVAILABLE) != GATE_NONE:
-        return np.uint64(0)  # unavailable, or another thread is making them (this timing goes ungated)
-    # another thread may be capturing a graph in the global mode (PyTorch's default), which an allocation
-    # would invalidate: this thread allocates in the relaxed mode
+        return h if CTX.get_gate_ctx(ctx) == cur else np.uint64(0)
+    page = CTX.get_gate_page(ctx)
+    if h != GATE_NONE or page == 0 or CTX.cas_gate_host(ctx, GATE_NONE, GATE_UNAVAILABLE) != GATE_NONE:
+        return np.uint64(0)  # unavailable, or another thread is registering it (this timing goes ungated)
+    # another thread may be capturing a graph in the global mode (PyTorch's default), which a registration
+    # would invalidate: this thread registers in the relaxed mode
     mode = stack_u64()
     store_u32(mode, CU_STREAM_CAPTURE_MODE_RELAXED)
     relaxed = HELPER.cuThreadExchangeStreamCaptureMode(ctx, mode) == abi.CUDA_SUCCESS
-    out = stack_u64()
-    rc = HELPER.cuMemHostAlloc(ctx, out, GATE_BYTES, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)
+    rc = HELPER.cuMemHostRegister_v2(ctx, page, GATE_BYTES, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)
     if relaxed:
         HELPER.cuThreadExchangeStreamCaptureMode(ctx, mode)  # back to the thread's own mode
-    if rc != abi.CUDA_SUCCESS:
+    out = stack_u64()
+    if rc != abi.CUDA_SUCCESS or HELPER.cuMemHostGetDevicePointer_v2(ctx, out, page, 0) != abi.CUDA_SUCCESS:
         return np.uint64(0)
-    h = load_u64(out)
     for j in range(L.SAMPLES):
-        atomic_store_u32(h + np.uint64(4 * j), CTX.get_samp_gate(ctx, j))
-    if HELPER.cuMemHostGetDevicePointer_v2(ctx, out, h, 0) != abi.CUDA_SUCCESS:
-        return np.uint64(0)  # the page stays: freeing pinned memory can synchronize the device
-    CTX.set_gate_dptr(ctx, load_u64(out))
-    CTX.store_gate_host(ctx, h)
-    return h
+        atomic_store_u32(page + np.uint64(4 * j), CTX.get_samp_gate(ctx, j))
+    CTX.set_gate_dptr(ctx, load_u64(out))  # one address for every context: UVA (64-bit Linux)
+    CTX.set_gate_ctx(ctx, cur)
+    CTX.store_gate_host(ctx, page)
+    return page
 
 
 @njit
-def gate_close(ctx, i, stream):
-    """Make ``stream`` wait, before sample i's start event, until ``gate_open``: True if it does.
-
-    Sample i is this thread's until it is in flight, so only this thread writes its word, and the value
-    only grows: a stream never waits for a word already past its value."""
+def gate_close(ctx, i, stream, cur):
+    """Make ``stream`` (of context cur) wait, before sample i's start event, until ``gate_open``: True if it
+    does. Sample i is this thread's until it is in flight; besides it only the watcher writes its word
+    (``gate_watch``), and neither ever moves it back, so a stream never waits for a word already past its
+    value. Not while the watcher is not ticking: it is what bounds a gate its launch left closed."""
     if CTX.load_gate_forced(ctx) >= L.TIMING_GATE_FORCED_MAX:
         return False  # this process's launches keep waiting inside the driver: each gate would stall them
-    h = gate_words(ctx)
+    if monotonic_ns() - np.int64(CTX.load_turn_tick(ctx)) > WATCHER_LATE_NS:
+        return False
+    h = gate_words(ctx, cur)
     if h == 0:
         return False
     v = CTX.get_samp_gate(ctx, i) + np.uint32(1)
     if HELPER.cuStreamWaitValue32_v2(ctx, stream, CTX.get_gate_dptr(ctx) + np.uint64(4 * i), v,
                                      CU_STREAM_WAIT_VALUE_GEQ) != abi.CUDA_SUCCESS:
         return False
-    CTX.store_samp_gate(ctx, i, v)
+    CTX.store_samp_gate(ctx, i, v)  # first the value, then the time: gate_watch reads them the other way
     CTX.store_samp_gate_ns(ctx, i, monotonic_ns())
     return True
 
@@ -217,26 +219,60 @@ def gate_open(ctx, i):
 @njit
 def gate_watch(ctx, now):
     """On the watcher thread: open every gate closed for longer than GATE_MAX_NS (its launch is waiting
-    inside the driver, which may be waiting for the stream). Opened early, a timing only reads long. Each
-    time the count of gates so opened reaches a power of two, a ``timing_gate`` event says so; after
-    TIMING_GATE_FORCED_MAX the process times its launches ungated (``gate_close``)."""
+    inside the driver, which may be waiting for the stream; the watcher ticks ten times a second, so a gate
+    is open within GATE_MAX_NS + 100 ms). Opened early, a timing only reads long. Each time the count of
+    gates so opened reaches a power of two, a ``timing_gate`` event says so; after TIMING_GATE_FORCED_MAX
+    the process times its launches ungated (``gate_close``)."""
     h = CTX.load_gate_host(ctx)
     if h <= GATE_UNAVAILABLE:
         return
     for i in range(L.SAMPLES):
         t = CTX.load_samp_gate_ns(ctx, i)
-        if t != 0 and now - np.int64(t) > GATE_MAX_NS and raise_word(h + np.uint64(4 * i), CTX.load_samp_gate(ctx, i)):
+        if t == 0 or now - np.int64(t) <= GATE_MAX_NS:
+            continue
+        v = CTX.load_samp_gate(ctx, i)
+        if CTX.load_samp_gate_ns(ctx, i) != t:
+            continue  # opened meanwhile, maybe closed again: v may be the next gate's
+        if raise_word(h + np.uint64(4 * i), v):
             n = CTX.add_gate_forced(ctx, 1) + np.uint64(1)
             if n & (n - np.uint64(1)) == 0:
                 events.record(CTX.get_region(ctx), L.EV_TIMING_GATE, -1, 0, n, np.uint64(now - np.int64(t)))
 
 
 @njit
-def sample_begin(ctx, key, stream, gate):
-    """Record a start event before a launch, behind a closed gate if ``gate``; returns the sample index, or
-    -1 (no sample taken). A sample taken must be ended (``sample_end``) right after the launch: that opens
-    the gate. Nothing between may wait for the stream: only a kernel launched before (its module loaded) is
-    gated."""
+def func_slot(ctx, fkey, claim):
+    """Slot of a function (its handle ^ its CUcontext) in the set of those launched here; -1 when it is not
+    there (``claim``: and there was no room to add it)."""
+    h = (fkey * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(54)
+    for p in range(PROBES):
+        i = (h + np.uint64(p)) & np.uint64(L.FUNC_SLOTS - 1)
+        k = CTX.load_func_seen(ctx, i)
+        if k == fkey:
+            return np.int64(i)
+        if k == 0:
+            if not claim:
+                return np.int64(-1)
+            old = CTX.cas_func_seen(ctx, i, 0, fkey)
+            if old == 0 or old == fkey:
+                return np.int64(i)
+    return np.int64(-1)
+
+
+@njit
+def may_gate(ctx, known, first, fkey):
+    """Whether a timed launch may be gated: a kernel timed before, or a new shape of a function launched in
+    this context before (``fkey``: the function ^ the context). A function's first launch in a context is
+    not: CUDA loads its module then (lazy loading, the default), waiting for the stream, which would wait for
+    the gate."""
+    return known and (not first or func_slot(ctx, fkey, False) >= 0)
+
+
+@njit
+def sample_begin(ctx, key, stream, known, first, fn):
+    """Record a start event before a launch, behind a closed gate where ``may_gate`` allows (``known``: the
+    kernel has a cost slot; ``first``: this is its first launch; ``fn``: its function); returns the sample
+    index, or -1 (no sample taken). A sample taken must be ended (``sample_end``) right after the launch:
+    that opens the gate."""
     i = -1
     for j in range(L.SAMPLES):
         if CTX.cas_samp_state(ctx, j, SAMPLE_FREE, SAMPLE_RECORDING) == SAMPLE_FREE:
@@ -248,7 +284,7 @@ def sample_begin(ctx, key, stream, gate):
     ok = cur != 0
     if ok and CTX.get_samp_ctx(ctx, i) != cur:
         ok = fresh_events(ctx, i, cur)
-    gated = ok and gate and gate_close(ctx, i, stream)
+    gated = ok and may_gate(ctx, known, first, fn ^ cur) and gate_close(ctx, i, stream, cur)
     ok = ok and HELPER.cuEventRecord(ctx, CTX.get_samp_start(ctx, i), stream) == abi.CUDA_SUCCESS
     if gated and not ok:
         gate_open(ctx, i)

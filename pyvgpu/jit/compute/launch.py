@@ -90,8 +90,9 @@ def gate(ctx):
 
 
 @njit
-def launch(ctx, idx, args, notfound, key, stream, region, limited):
-    """Every launch path ends here, after ``gate``: limit, take the turn, time a sample, launch."""
+def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
+    """Every launch path ends here, after ``gate``: limit, take the turn, time a sample, launch. ``fn`` is
+    the function (a graph: its exec handle | 1), ``key`` the kernel: the function and its launch shape."""
     dev = launch_device(ctx)
     if unlikely(dev < 0):
         count_launch(ctx)
@@ -101,8 +102,7 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
     # a gang under a share, or a gang without one anywhere (gang.py); a group with shares elsewhere only
     g = gang.checked(HDR.get_sm_gang(region)) if limit != 0 or unshared else np.uint32(0)
     tdev = gang.lead(g, dev)  # whose budget and turn: dev's, or the gang's lead device's
-    # a kernel's cost is learned per device: its first launch on each device is timed ungated (cost.py)
-    key ^= np.uint64(dev) << np.uint64(40)
+    key ^= np.uint64(dev) << np.uint64(40)  # a kernel's cost is learned per device
     now = clock.now(ctx)  # the TSC, anchored to CLOCK_MONOTONIC about once a millisecond (clock.py)
     e = turn.entry(ctx, tdev)  # the device's turn entry (a load, once known): looked up here only
     if limit == 0 and g != 0 and tdev != dev and not turn.active_on(e, now):
@@ -153,14 +153,14 @@ def launch(ctx, idx, args, notfound, key, stream, region, limited):
     first = cost.new_kernel(ctx, slot)
     if unlikely(first or stale or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
                                    and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
-        # a kernel's first launch is not gated: the driver may load its module then (lazy loading, CUDA's
-        # default), which waits for the stream, and the stream would wait for the gate (a deadlock)
-        s = cost.sample_begin(ctx, key, stream, slot >= 0 and not first)
+        s = cost.sample_begin(ctx, key, stream, slot >= 0, first, fn)
         if s >= 0:
             CTX.set_samp_next_ns(ctx, np.uint64(now + SAMPLE_GAP_NS))
     rc = call_real(ctx, idx, args, notfound)
     if unlikely(s >= 0):
         cost.sample_end(ctx, s, stream, rc)  # first: it opens the stream's gate (cost.py)
+        if first and rc == abi.CUDA_SUCCESS:
+            cost.func_slot(ctx, fn ^ CTX.get_samp_ctx(ctx, s), True)  # launched: its module is loaded there
     if unlikely(cu):
         gangstop.settle(ctx, region, tdev, stream, e)  # a gang's rank caught up with a peer (gangstop.py)
     if unlikely(s >= 0) and CTX.get_sm_default_cost(ctx) == 0 and turn.takes_turns(ctx, tdev):
@@ -178,7 +178,7 @@ def kernel(ctx, idx, args, notfound):
     if region == 0:
         return call_real(ctx, idx, args, notfound)
     f, gx, gy, gz, bx, by, bz, shm, stream, params, extra = args
-    return launch(ctx, idx, args, notfound, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream),
+    return launch(ctx, idx, args, notfound, f, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream),
                   region, limited)
 
 
@@ -188,7 +188,7 @@ def cooperative(ctx, idx, args, notfound):
     if region == 0:
         return call_real(ctx, idx, args, notfound)
     f, gx, gy, gz, bx, by, bz, shm, stream, params = args
-    return launch(ctx, idx, args, notfound, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream),
+    return launch(ctx, idx, args, notfound, f, cost.shape_key(f, gx, gy, gz, bx, by, bz), stream_of(idx, stream),
                   region, limited)
 
 
@@ -203,7 +203,7 @@ def kernel_ex(ctx, idx, args, notfound):
     C = LAUNCH_CONFIG
     key = cost.shape_key(f, C.get_gridDimX(config), C.get_gridDimY(config), C.get_gridDimZ(config),
                          C.get_blockDimX(config), C.get_blockDimY(config), C.get_blockDimZ(config))
-    return launch(ctx, idx, args, notfound, key, stream_of(idx, C.get_hStream(config)), region, limited)
+    return launch(ctx, idx, args, notfound, f, key, stream_of(idx, C.get_hStream(config)), region, limited)
 
 
 @njit
@@ -212,7 +212,8 @@ def graph(ctx, idx, args, notfound):
     if region == 0:
         return call_real(ctx, idx, args, notfound)
     exec_, stream = args
-    return launch(ctx, idx, args, notfound, exec_ | np.uint64(1), stream_of(idx, stream), region, limited)
+    return launch(ctx, idx, args, notfound, exec_ | np.uint64(1), exec_ | np.uint64(1), stream_of(idx, stream),
+                  region, limited)
 
 
 @njit
@@ -233,7 +234,7 @@ def multi_device(ctx, idx, args, notfound):
     P = LAUNCH_PARAMS
     key = cost.shape_key(P.get_function(plist), P.get_gridDimX(plist), P.get_gridDimY(plist),
                          P.get_gridDimZ(plist), P.get_blockDimX(plist), P.get_blockDimY(plist),
-                         P.get_blockDimZ(plist))
+                         P.get_blockDimZ(plist)) ^ (np.uint64(dev) << np.uint64(40))  # per device, as launch
     wait, _ = limiter.throttle(ctx, region, dev, dev, 1, cost.cost_of(ctx, cost.cost_slot(ctx, key)), limit,
                                monotonic_ns())  # counts the launch
     if wait > 0:

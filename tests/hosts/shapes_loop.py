@@ -1,0 +1,42 @@
+"""Launch one spin kernel (the fake's: ITERS x 100 ns of simulated GPU time) in SHAPES launch shapes in turn, the
+host sleeping GAP_US after each launch (its stream idle at every launch), for SECONDS; print the launch count.
+Under `pyvgpu wrap`, each shape is a kernel of its own whose first launch is timed, as a decode loop's growing
+sequence lengths make new shapes of the same functions.
+
+Usage: shapes_loop.py SECONDS SHAPES GAP_US
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import time
+
+seconds, shapes, gap = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) / 1e6
+cuda = ctypes.CDLL("libcuda.so.1")
+
+
+def check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise SystemExit(f"{what}: CUresult {rc}")
+
+
+check(cuda.cuInit(0), "cuInit")
+dev, ctx, mod, fn = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+check(cuda.cuModuleLoadData(ctypes.byref(mod), b"\0" * 16), "cuModuleLoadData")
+check(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"spin"), "cuModuleGetFunction")
+launch = cuda.cuLaunchKernel
+launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+iters = ctypes.c_uint32(2000)
+params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(iters), ctypes.c_void_p))
+n = 0
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    check(launch(fn, 1 + n % shapes, 1, 1, 32, 1, 1, 0, None, params, None), "cuLaunchKernel")
+    n += 1
+    time.sleep(gap)
+check(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
+print(n, flush=True)
