@@ -6,28 +6,12 @@ Usage: launch_threads.py THREADS LAUNCHES_PER_THREAD
 
 from __future__ import annotations
 
-import ctypes
 import sys
 import threading
 
+from cuda_host import check, ctx, cuda, fn, launch
+
 threads, per = int(sys.argv[1]), int(sys.argv[2])
-cuda = ctypes.CDLL("libcuda.so.1")
-
-
-def check(rc: int, what: str) -> None:
-    if rc != 0:
-        raise SystemExit(f"{what}: CUresult {rc}")
-
-
-check(cuda.cuInit(0), "cuInit")
-dev, ctx, mod, fn = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-check(cuda.cuModuleLoadData(ctypes.byref(mod), b"\0" * 16), "cuModuleLoadData")
-check(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"empty"), "cuModuleGetFunction")
-launch = cuda.cuLaunchKernel
-launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
 start = threading.Barrier(threads)
 
 

@@ -12,24 +12,9 @@ import ctypes
 import sys
 import time
 
+from cuda_host import check, cuda, fn, launch
+
 seconds, shapes, gap = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) / 1e6
-cuda = ctypes.CDLL("libcuda.so.1")
-
-
-def check(rc: int, what: str) -> None:
-    if rc != 0:
-        raise SystemExit(f"{what}: CUresult {rc}")
-
-
-check(cuda.cuInit(0), "cuInit")
-dev, ctx, mod, fn = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-check(cuda.cuModuleLoadData(ctypes.byref(mod), b"\0" * 16), "cuModuleLoadData")
-check(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"spin"), "cuModuleGetFunction")
-launch = cuda.cuLaunchKernel
-launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
 iters = ctypes.c_uint32(2000)
 params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(iters), ctypes.c_void_p))
 n = 0
