@@ -26,7 +26,8 @@
 #             cut at MATRIX_TIMEOUT s (500) to leave time to pack; matrix.md into the summary, matrix.png beside it;
 #             MATRIX_SECONDS, MATRIX_WORKLOADS, MATRIX_MPS=1 and MATRIX_ARGS (more options) tune it
 #             (MATRIX_WORKLOADS: comma-separated workloads, default by GPU count; MATRIX_MPS=1 adds MPS pairs;
-#             MATRIX_SECONDS: seconds a run, default 8; MATRIX_REPEAT=N runs every scenario N times)
+#             MATRIX_SECONDS: seconds a run, default 8; MATRIX_REPEAT=N runs every scenario N times;
+#             MATRIX_GPUS=0,1: one-GPU workloads dealt round those GPUs and run side by side)
 #   latency   bench latency: a decode service (--priority high) beside a training loop, p50/p99 alone and
 #             stacked under pyvgpu, time slicing and MPS (LAT_SECONDS, default 30 a scenario)
 #   mps       bench sm under --mode mps (MPS alone), the memory view and OOM under MPS with and without pyvgpu
@@ -151,11 +152,28 @@ for part in $PARTS; do
       rm -rf "$M"  # another tree's runs: never resumed under this tree's name
     fi
     mkdir -p "$M"; echo "$TREE" > "$M/.tree"; [ -f "$ROOT/.commit" ] && cp "$ROOT/.commit" "$M/.commit"
-    # shellcheck disable=SC2086  # MATRIX_ARGS: more bench matrix options, split on spaces
-    timeout "${MATRIX_TIMEOUT:-500}" $PY -m pyvgpu bench matrix --output-dir "$M" --skip-done \
-      --seconds "${MATRIX_SECONDS:-8}" ${MATRIX_WORKLOADS:+--workloads "$MATRIX_WORKLOADS"} ${MATRIX_MPS:+--mps} \
-      ${MATRIX_REPEAT:+--repeat "$MATRIX_REPEAT"} ${MATRIX_ARGS:-} --png "" >> "$M/run.log" 2>&1
-    echo "bench matrix: exit $? (124: cut by MATRIX_TIMEOUT; call again on the warm machine to go on)" >> "$M/run.log"
+    matrix_run() {  # WORKLOADS (empty: the default set): one bench matrix into $M
+      # shellcheck disable=SC2086  # MATRIX_ARGS: more bench matrix options, split on spaces
+      timeout "${MATRIX_TIMEOUT:-500}" $PY -m pyvgpu bench matrix --output-dir "$M" --skip-done \
+        --seconds "${MATRIX_SECONDS:-8}" ${1:+--workloads "$1"} ${MATRIX_MPS:+--mps} \
+        ${MATRIX_REPEAT:+--repeat "$MATRIX_REPEAT"} ${MATRIX_ARGS:-} --png ""
+      echo "bench matrix ${1:-}: exit $? (124: cut by MATRIX_TIMEOUT; call again on the warm machine to go on)"
+    }
+    if [ -n "${MATRIX_GPUS:-}" ]; then
+      # one-GPU workloads side by side, dealt round the GPUs, each seeing one (its NVML is read there) and
+      # taking turns in a turn file of its own
+      IFS=, read -ra GPUS <<< "$MATRIX_GPUS"
+      IFS=, read -ra WLS <<< "${MATRIX_WORKLOADS:-spin,matmul,mlp,decode}"
+      for k in "${!GPUS[@]}"; do
+        MINE=""; for j in "${!WLS[@]}"; do [ $((j % ${#GPUS[@]})) -eq "$k" ] && MINE="$MINE${MINE:+,}${WLS[$j]}"; done
+        [ -n "$MINE" ] && (export CUDA_VISIBLE_DEVICES=${GPUS[$k]} XDG_RUNTIME_DIR; XDG_RUNTIME_DIR=$(mktemp -d)
+                           matrix_run "$MINE" > "$M/run-gpu${GPUS[$k]}.log" 2>&1) &
+      done
+      wait
+      cat "$M"/run-gpu*.log >> "$M/run.log"
+    else
+      matrix_run "${MATRIX_WORKLOADS:-}" >> "$M/run.log" 2>&1
+    fi
     tail -3 "$M/run.log" | block
     [ "$M" -ef "$W/matrix" ] || { rm -rf "$W/matrix"; cp -r "$M" "$W/matrix"; }
     $PY -m pyvgpu bench matrix --from "$W/matrix" --png "$(png matrix/matrix.png)" > /dev/null 2>> "$W/matrix/run.log"
