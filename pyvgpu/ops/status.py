@@ -153,9 +153,9 @@ def event_text(e: dict) -> str:
         what = (f"pid {e['pid']} found the compute budget on {dev} {found} (more than the "
                 f"{L.BUDGET_MAX_AHEAD_NS // 10**9} s a launch waits at most) and started it afresh")
     elif kind == "timing_gate":
-        what = (f"pid {e['pid']}: a timed launch waited inside the driver behind its gate for {e['b'] / 1e6:.0f} "
-                f"ms until the watcher opened it ({e['a']} so far; after {L.TIMING_GATE_FORCED_MAX} it times "
-                "launches ungated)")
+        what = (f"pid {e['pid']}: a timed launch's gate stayed closed {e['b'] / 1e6:.0f} ms (the launch waited "
+                f"inside the driver, or its thread did not run) until the watcher opened it ({e['a']} so far; "
+                f"after {L.TIMING_GATE_FORCED_MAX} it times launches ungated)")
     elif kind == "turns_full":
         what = f"the turn file has no free entry for {dev}: pid {e['pid']} time-slices there (pyvgpu doctor)"
     else:
