@@ -158,9 +158,10 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
             CTX.set_samp_next_ns(ctx, np.uint64(now + SAMPLE_GAP_NS))
     rc = call_real(ctx, idx, args, notfound)
     if unlikely(s >= 0):
+        cur = CTX.get_samp_ctx(ctx, s)  # the sample's context, read while the sample is still this thread's
         cost.sample_end(ctx, s, stream, rc)  # first: it opens the stream's gate (cost.py)
         if first and rc == abi.CUDA_SUCCESS:
-            cost.func_slot(ctx, fn ^ CTX.get_samp_ctx(ctx, s), True)  # launched: its module is loaded there
+            cost.func_slot(ctx, fn ^ cur, True)  # launched: its module is loaded in that context
     if unlikely(cu):
         gangstop.settle(ctx, region, tdev, stream, e)  # a gang's rank caught up with a peer (gangstop.py)
     if unlikely(s >= 0) and CTX.get_sm_default_cost(ctx) == 0 and turn.takes_turns(ctx, tdev):
