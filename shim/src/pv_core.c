@@ -134,6 +134,19 @@ static void publish(void) {
     start_watcher();
 }
 
+/* The timing gate's page: written before CUDA pins it (an untouched anonymous page could be pinned as the
+ * shared zero page, which the first write then replaces), and not inherited by a fork (pinned memory). */
+static void map_gate_page(void) {
+    void *g = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (g == MAP_FAILED) {
+        pv_ctx.gate_page = 0;
+        return;
+    }
+    memset(g, 0, 4096);
+    madvise(g, 4096, MADV_DONTFORK);
+    pv_ctx.gate_page = (uint64_t)(uintptr_t)g;
+}
+
 /* Stage the library's callbacks and services; 0, or -1 with the reason in pv_err. */
 static int stage(const pv_cblib_t *lib) {
     if (!pv_ctx.table) {
@@ -149,8 +162,7 @@ static int stage(const pv_cblib_t *lib) {
     if (!pv_ctx.gate_page) {
         /* the timing gate's words (pyvgpu/jit/compute/cost.py): a page of our own, never unmapped, so a
          * write to it stays safe whatever CUDA does with its registration; none: timings go ungated */
-        void *g = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        pv_ctx.gate_page = g == MAP_FAILED ? 0 : (uint64_t)(uintptr_t)g;
+        map_gate_page();
     }
     for (int i = 0; i < PV_N_SERVICES; i++)
         __atomic_store_n(&pv_services[i], (void *)(uintptr_t)lib->services[i], __ATOMIC_RELEASE);
@@ -263,9 +275,13 @@ static void atfork_child(void) {
         pv_ctx.stream[i].turn_stream = pv_ctx.stream[i].turn_stream_ev = 0;
     pv_ctx.turn_stream_lock = 0;
     pv_ctx.drain_ev = pv_ctx.drain_ctx = 0;
-    /* the parent's timing gate (pyvgpu/jit/compute/cost.py) is not the child's: the child times ungated */
-    pv_ctx.gate_host = 1;
+    /* the parent's timing gate (pyvgpu/jit/compute/cost.py) is not the child's, nor its page (not inherited):
+     * a child whose parent had a gate times ungated; one whose parent had none yet gets a page of its own */
     memset(pv_ctx.samp_gate_ns, 0, sizeof pv_ctx.samp_gate_ns);
+    if (pv_ctx.gate_host != 0)
+        pv_ctx.gate_host = 1;
+    else if (pv_ctx.gate_page)
+        map_gate_page();
     if (pv_ctx.table) {
         void *t = mmap(NULL, (size_t)PV_TABLE_ENTRIES * 16, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -478,7 +478,8 @@ struct fake_stream {
     int phys; /* the device of the context it was created in (the NULL stream: the current context's) */
     const volatile uint32_t *gate; /* its last cuStreamWaitValue32, until seen open */
     uint32_t gate_value;
-    int fail_record; /* FAKECUDA_FAIL_RECORD_AFTER_WAIT: its next cuEventRecord fails */
+    int fail_record; /* FAKECUDA_FAIL_RECORD_AFTER_WAIT: its next cuEventRecord fails ... */
+    int check_open;  /* ... and its next launch finds the gate open (else it waits, counted in gate_waits) */
 };
 static struct fake_stream g_default_stream = {STREAM_MAGIC, 0, 0, -1};
 static struct fake_stream *g_streams[MAX_STREAMS]; /* every stream made, for the lookup below */
@@ -1135,8 +1136,9 @@ static CUresult launch(CUfunction f, void **params, CUstream s) {
         const char *v = getenv("FAKECUDA_LAUNCH_WAITS");
         g_launch_waits = v && *v == '1';
     }
-    if (g_launch_waits)
+    if (g_launch_waits || x->check_open)
         gate_wait(x->gate, x->gate_value, "a launch that waits for its stream");
+    x->check_open = 0;
     run_kernel(kernel_ns(params), s);
     return CUDA_SUCCESS;
 }
@@ -1241,6 +1243,7 @@ EXPORT CUresult cuEventRecord(struct fake_event *e, CUstream s) {
         return CUDA_ERROR_INVALID_HANDLE;
     if (x->fail_record) {
         x->fail_record = 0;
+        x->check_open = 1;
         return CUDA_ERROR_INVALID_VALUE;
     }
     uint64_t now = sim_now(), last = __atomic_load_n(&x->last_end, __ATOMIC_ACQUIRE);

@@ -149,8 +149,17 @@ def gate_words(ctx, cur):
     the registering context's streams wait on it (a registration ends with its context). Where the driver
     refuses, timings go ungated for the process's life."""
     h = CTX.load_gate_host(ctx)
+    out = stack_u64()
     if likely(h > GATE_UNAVAILABLE):
-        return h if CTX.get_gate_ctx(ctx) == cur else np.uint64(0)
+        if CTX.get_gate_ctx(ctx) != cur:
+            return np.uint64(0)
+        # still registered? A context destroyed (a device reset) ends its registrations, and a new context
+        # may come at the same handle: then register anew, from the next gated launch
+        if (HELPER.cuMemHostGetDevicePointer_v2(ctx, out, h, 0) == abi.CUDA_SUCCESS
+                and load_u64(out) == CTX.get_gate_dptr(ctx)):
+            return h
+        CTX.cas_gate_host(ctx, h, GATE_NONE)
+        return np.uint64(0)
     page = CTX.get_gate_page(ctx)
     if h != GATE_NONE or page == 0 or CTX.cas_gate_host(ctx, GATE_NONE, GATE_UNAVAILABLE) != GATE_NONE:
         return np.uint64(0)  # unavailable, or another thread is registering it (this timing goes ungated)
@@ -162,7 +171,6 @@ def gate_words(ctx, cur):
     rc = HELPER.cuMemHostRegister_v2(ctx, page, GATE_BYTES, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)
     if relaxed:
         HELPER.cuThreadExchangeStreamCaptureMode(ctx, mode)  # back to the thread's own mode
-    out = stack_u64()
     if rc != abi.CUDA_SUCCESS or HELPER.cuMemHostGetDevicePointer_v2(ctx, out, page, 0) != abi.CUDA_SUCCESS:
         return np.uint64(0)
     for j in range(L.SAMPLES):
@@ -259,20 +267,19 @@ def func_slot(ctx, fkey, claim):
 
 
 @njit
-def may_gate(ctx, known, first, fkey):
-    """Whether a timed launch may be gated: a kernel timed before, or a new shape of a function launched in
-    this context before (``fkey``: the function ^ the context). A function's first launch in a context is
-    not: CUDA loads its module then (lazy loading, the default), waiting for the stream, which would wait for
-    the gate."""
-    return known and (not first or func_slot(ctx, fkey, False) >= 0)
+def may_gate(ctx, known, fkey):
+    """Whether a timed launch may be gated: its kernel has a cost slot and its function was launched in this
+    context before (``fkey``: the function ^ the context; a kernel handle may serve several contexts). A
+    function's first launch in a context is not: CUDA loads its module then (lazy loading, the default),
+    waiting for the stream, which would wait for the gate."""
+    return known and func_slot(ctx, fkey, False) >= 0
 
 
 @njit
-def sample_begin(ctx, key, stream, known, first, fn):
+def sample_begin(ctx, key, stream, known, fn):
     """Record a start event before a launch, behind a closed gate where ``may_gate`` allows (``known``: the
-    kernel has a cost slot; ``first``: this is its first launch; ``fn``: its function); returns the sample
-    index, or -1 (no sample taken). A sample taken must be ended (``sample_end``) right after the launch:
-    that opens the gate."""
+    kernel has a cost slot; ``fn``: its function); returns the sample index, or -1 (no sample taken). A
+    sample taken must be ended (``sample_end``) right after the launch: that opens the gate."""
     i = -1
     for j in range(L.SAMPLES):
         if CTX.cas_samp_state(ctx, j, SAMPLE_FREE, SAMPLE_RECORDING) == SAMPLE_FREE:
@@ -284,7 +291,7 @@ def sample_begin(ctx, key, stream, known, first, fn):
     ok = cur != 0
     if ok and CTX.get_samp_ctx(ctx, i) != cur:
         ok = fresh_events(ctx, i, cur)
-    gated = ok and may_gate(ctx, known, first, fn ^ cur) and gate_close(ctx, i, stream, cur)
+    gated = ok and may_gate(ctx, known, fn ^ cur) and gate_close(ctx, i, stream, cur)
     ok = ok and HELPER.cuEventRecord(ctx, CTX.get_samp_start(ctx, i), stream) == abi.CUDA_SUCCESS
     if gated and not ok:
         gate_open(ctx, i)

@@ -153,14 +153,14 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
     first = cost.new_kernel(ctx, slot)
     if unlikely(first or stale or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
                                    and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
-        s = cost.sample_begin(ctx, key, stream, slot >= 0, first, fn)
+        s = cost.sample_begin(ctx, key, stream, slot >= 0, fn)
         if s >= 0:
             CTX.set_samp_next_ns(ctx, np.uint64(now + SAMPLE_GAP_NS))
     rc = call_real(ctx, idx, args, notfound)
     if unlikely(s >= 0):
         cur = CTX.get_samp_ctx(ctx, s)  # the sample's context, read while the sample is still this thread's
         cost.sample_end(ctx, s, stream, rc)  # first: it opens the stream's gate (cost.py)
-        if first and rc == abi.CUDA_SUCCESS:
+        if rc == abi.CUDA_SUCCESS:
             cost.func_slot(ctx, fn ^ cur, True)  # launched: its module is loaded in that context
     if unlikely(cu):
         gangstop.settle(ctx, region, tdev, stream, e)  # a gang's rank caught up with a peer (gangstop.py)
