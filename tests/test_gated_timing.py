@@ -40,9 +40,9 @@ GAP_NS = 400_000  # the launch path an idle stream's timing would hold: 3 x the 
 LOAD = [str(BENCH_BIN), "sm", "4", "2000", "kernel", "1000", "0"]  # 4 s, 1 ms between launches
 
 
-def charge_per_launch(env, tmp_path, name: str, load: list[str] = LOAD, **extra: str) -> float:
-    """ns charged per launch by a launch-bound load's slot after its first 600 launches (its first timings
-    are behind it then), read while it lives."""
+def charge_per_launch(env, tmp_path, name: str, load: list[str] = LOAD, after: int = 600, **extra: str) -> float:
+    """ns charged per launch by a launch-bound load's slot after its first ``after`` launches (its first
+    timings are behind it then), read while it lives."""
     e = sim_env(env, tmp_path, name, FAKECUDA_IDLE_GAP_NS=str(GAP_NS), **extra)
     reg = tmp_path / f"{name}.region"
     p = subprocess.Popen([*PYVGPU, "wrap", "--sm", "90", "--region", str(reg), "--", *load], env=e,
@@ -60,7 +60,7 @@ def charge_per_launch(env, tmp_path, name: str, load: list[str] = LOAD, **extra:
             if s.state == layout.SLOT_LIVE and s.dev[0].sm_launches > (seen[-1][1] if seen else 0):
                 seen.append((s.dev[0].sm_cost_ns, s.dev[0].sm_launches))
     assert p.wait(timeout=120) == 0, p.stderr.read()
-    later = [x for x in seen if x[1] >= 600]
+    later = [x for x in seen if x[1] >= after]
     assert len(later) >= 2 and later[-1][1] - later[0][1] >= 300, f"too few launches seen: {seen}"
     return (later[-1][0] - later[0][0]) / (later[-1][1] - later[0][1])
 
@@ -81,6 +81,16 @@ def test_a_new_shape_of_a_function_launched_before_is_timed_gated(env, tmp_path)
     per = charge_per_launch(env, tmp_path, "shapes", load)
     print(f"charged {per / 1000:.0f} us a launch for a {KERNEL_NS / 1000:.0f} us kernel in 400 shapes")
     assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per
+
+
+def test_a_full_cost_table_still_learns_new_kernels(env, tmp_path):
+    """6000 shapes launched once fill the cost table (4096 kernels); 50 new ones (200 us) launched after
+    them still get estimates of their own: one of a full probe run's kernels gives its slot up. Before,
+    they cost the process's mean of the 2 us fill (about 2-50 us a launch), untimed."""
+    load = [sys.executable, str(TESTS_DIR / "hosts" / "shapes_loop.py"), "2", "50", "1000", "6000"]
+    per = charge_per_launch(env, tmp_path, "full", load, after=6000 + 200)
+    print(f"charged {per / 1000:.0f} us a launch for a {KERNEL_NS / 1000:.0f} us kernel after a full table")
+    assert KERNEL_NS * 0.8 < per < KERNEL_NS * 1.25, per
 
 
 def test_without_the_gate_the_timing_holds_the_path_and_nothing_hangs(env, tmp_path):

@@ -70,8 +70,13 @@ def shape_key(f, gx, gy, gz, bx, by, bz):
 
 
 @njit
-def cost_slot(ctx, key):
-    """Index of key's slot in the cost table (claimed if new), or -1 when its probe run is full."""
+def cost_slot(ctx, key, evict):
+    """Index of key's slot in the cost table (claimed if new), or -1 when its probe run is full.
+
+    ``evict`` (a launch of the kernel): where the run is full, one of its kernels (chosen by the new key)
+    gives its slot up, its estimate dropped: a server whose launch shapes keep changing (sequence lengths,
+    batch sizes) would else fill the table for good, and every later kernel would cost the process's mean,
+    untimed. A dropped kernel is timed anew at its next launch."""
     h = (key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(52)
     for p in range(PROBES):
         i = (h + np.uint64(p)) & np.uint64(L.COST_SLOTS - 1)
@@ -82,6 +87,15 @@ def cost_slot(ctx, key):
             old = CTX.cas_cost_key(ctx, i, 0, key)
             if old == 0 or old == key:
                 return np.int64(i)
+    if not evict:
+        return np.int64(-1)
+    i = (h + ((key >> np.uint64(20)) & np.uint64(PROBES - 1))) & np.uint64(L.COST_SLOTS - 1)
+    k = CTX.get_cost_key(ctx, i)
+    if k == key:
+        return np.int64(i)  # another thread put it there meanwhile
+    if CTX.cas_cost_key(ctx, i, k, key) == k:
+        CTX.set_cost_ns(ctx, i, 0)  # the new kernel's first launch is timed
+        return np.int64(i)
     return np.int64(-1)
 
 
@@ -108,7 +122,7 @@ def learn(ctx, key, ns):
     by 1/64 per sample otherwise, which follows a kernel that really got
     slower within a few dozen samples and forgets one lucky reading.
     """
-    slot = cost_slot(ctx, key)
+    slot = cost_slot(ctx, key, False)  # a timing never evicts: its kernel may be gone from the table
     if slot >= 0:
         est = CTX.get_cost_ns(ctx, slot)
         up = est + est // np.uint64(64) + np.uint64(1)

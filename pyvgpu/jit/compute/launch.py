@@ -120,7 +120,7 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
         return call_real(ctx, idx, args, notfound)
     if unlikely(limit != 0 and CTX.get_sm_nvml(ctx, dev) == 0):
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
-    slot = cost.cost_slot(ctx, key)
+    slot = cost.cost_slot(ctx, key, True)
     c = cost.cost_of(ctx, slot)
     stale = False
     if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, tdev, now, g != 0)
@@ -236,7 +236,7 @@ def multi_device(ctx, idx, args, notfound):
     key = cost.shape_key(P.get_function(plist), P.get_gridDimX(plist), P.get_gridDimY(plist),
                          P.get_gridDimZ(plist), P.get_blockDimX(plist), P.get_blockDimY(plist),
                          P.get_blockDimZ(plist)) ^ (np.uint64(dev) << np.uint64(40))  # per device, as launch
-    wait, _ = limiter.throttle(ctx, region, dev, dev, 1, cost.cost_of(ctx, cost.cost_slot(ctx, key)), limit,
+    wait, _ = limiter.throttle(ctx, region, dev, dev, 1, cost.cost_of(ctx, cost.cost_slot(ctx, key, False)), limit,
                                monotonic_ns())  # counts the launch
     if wait > 0:
         limiter.hold(ctx, region, dev, wait, np.uint64(0), False, 0, np.uint32(0))  # no turns
