@@ -131,6 +131,8 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
             Field("gate_forced", "u64", doc="gates the watcher opened (their launch waited inside the driver)"),
             Field("func_seen", "u64", FUNC_SLOTS, doc="functions launched here (handle ^ CUcontext, 0 = free): "
                                                       "their modules are loaded, so a new shape's launch is gated"),
+            Field("cost_full", "u64", doc="launches whose kernel found its cost table probe run full (1 in "
+                                          "COST_EVICT_EVERY takes a slot there)"),
             Field("gate_page", "u64", doc="the page the shim mapped for the gate words (never unmapped), 0 = none"),
             Field("gate_ctx", "u64", doc="the CUcontext that registered it: only its streams are gated"),
             Field("gate_host", "u64", doc="gate_page once registered with CUDA (pinned, mapped), "

@@ -84,11 +84,11 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t samp_gate_ns[8];  /* CLOCK_MONOTONIC its gate closed, 0 = open (the watcher opens a gate its launch left closed too long) */
     uint64_t gate_forced;  /* gates the watcher opened (their launch waited inside the driver) */
     uint64_t func_seen[1024];  /* functions launched here (handle ^ CUcontext, 0 = free): their modules are loaded, so a new shape's launch is gated */
+    uint64_t cost_full;  /* launches whose kernel found its cost table probe run full (1 in COST_EVICT_EVERY takes a slot there) */
     uint64_t gate_page;  /* the page the shim mapped for the gate words (never unmapped), 0 = none */
     uint64_t gate_ctx;  /* the CUcontext that registered it: only its streams are gated */
     uint64_t gate_host;  /* gate_page once registered with CUDA (pinned, mapped), 0 = not yet, 1 = being registered or unavailable */
     uint64_t gate_dptr;  /* their device address */
-    uint8_t _pad6[8];
     struct {  /* the streams a drain waits for; a launch compares its stream with the first ones */
         uint64_t turn_stream;  /* a stream this process launched on under turns, handle + 1 (0 = free) */
         uint64_t turn_stream_dev;  /* the CUDA device it launched on */
@@ -98,11 +98,11 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t drain_ev;  /* CUevent for a stream the table had no room for, before a hand-over */
     uint64_t drain_ctx;  /* CUcontext drain_ev belongs to */
     uint32_t turn_stream_lock;  /* spinlock between a drain and cuStreamDestroy */
-    uint8_t _pad7[4];
+    uint8_t _pad6[4];
     uint64_t turn_streams_lost;  /* launches on streams the table had no room for (not drained) */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad8[28];
+    uint8_t _pad7[28];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
@@ -167,10 +167,11 @@ _Static_assert(offsetof(pv_ctx_t, samp_gate) == 70000, "pv_ctx.samp_gate");
 _Static_assert(offsetof(pv_ctx_t, samp_gate_ns) == 70032, "pv_ctx.samp_gate_ns");
 _Static_assert(offsetof(pv_ctx_t, gate_forced) == 70096, "pv_ctx.gate_forced");
 _Static_assert(offsetof(pv_ctx_t, func_seen) == 70104, "pv_ctx.func_seen");
-_Static_assert(offsetof(pv_ctx_t, gate_page) == 78296, "pv_ctx.gate_page");
-_Static_assert(offsetof(pv_ctx_t, gate_ctx) == 78304, "pv_ctx.gate_ctx");
-_Static_assert(offsetof(pv_ctx_t, gate_host) == 78312, "pv_ctx.gate_host");
-_Static_assert(offsetof(pv_ctx_t, gate_dptr) == 78320, "pv_ctx.gate_dptr");
+_Static_assert(offsetof(pv_ctx_t, cost_full) == 78296, "pv_ctx.cost_full");
+_Static_assert(offsetof(pv_ctx_t, gate_page) == 78304, "pv_ctx.gate_page");
+_Static_assert(offsetof(pv_ctx_t, gate_ctx) == 78312, "pv_ctx.gate_ctx");
+_Static_assert(offsetof(pv_ctx_t, gate_host) == 78320, "pv_ctx.gate_host");
+_Static_assert(offsetof(pv_ctx_t, gate_dptr) == 78328, "pv_ctx.gate_dptr");
 _Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 78336, "pv_ctx.turn_stream");
 _Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 78344, "pv_ctx.turn_stream_dev");
 _Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 78352, "pv_ctx.turn_stream_ctx");

@@ -50,6 +50,7 @@ from pyvgpu.jit.state import events
 
 SAMPLE_FREE, SAMPLE_RECORDING, SAMPLE_IN_FLIGHT = 0, 1, 2
 PROBES = 16  # cost slots a key may sit away from its home
+COST_EVICT_EVERY = 16  # a power of two: of the launches that find their probe run full, one takes a slot
 WAIT_MAX_NS = 1_000_000_000  # the longest a launch waits for its own timed kernel (``wait_for``)
 GATE_NONE, GATE_UNAVAILABLE = 0, 1  # ctx.gate_host before the gate words exist, and where they cannot
 GATE_BYTES = 4096  # one page (the shim's, ctx.gate_page), pinned: a 32-bit word per sample
@@ -73,10 +74,11 @@ def shape_key(f, gx, gy, gz, bx, by, bz):
 def cost_slot(ctx, key, evict):
     """Index of key's slot in the cost table (claimed if new), or -1 when its probe run is full.
 
-    ``evict`` (a launch of the kernel): where the run is full, one of its kernels (chosen by the new key)
-    gives its slot up, its estimate dropped: a server whose launch shapes keep changing (sequence lengths,
-    batch sizes) would else fill the table for good, and every later kernel would cost the process's mean,
-    untimed. A dropped kernel is timed anew at its next launch."""
+    ``evict`` (a launch of the kernel): where the run is full, one launch in COST_EVICT_EVERY takes one of
+    its slots (chosen by the new key), that kernel's estimate dropped: a server whose launch shapes keep
+    changing (sequence lengths, batch sizes) would else fill the table for good, and every later kernel would
+    cost the process's mean, untimed. A dropped kernel is timed anew at its next launch; more hot kernels
+    than the table holds do not take turns evicting each other at every launch."""
     h = (key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(52)
     for p in range(PROBES):
         i = (h + np.uint64(p)) & np.uint64(L.COST_SLOTS - 1)
@@ -87,7 +89,7 @@ def cost_slot(ctx, key, evict):
             old = CTX.cas_cost_key(ctx, i, 0, key)
             if old == 0 or old == key:
                 return np.int64(i)
-    if not evict:
+    if not evict or (CTX.add_cost_full(ctx, 1) & np.uint64(COST_EVICT_EVERY - 1)) != 0:
         return np.int64(-1)
     i = (h + ((key >> np.uint64(20)) & np.uint64(PROBES - 1))) & np.uint64(L.COST_SLOTS - 1)
     k = CTX.get_cost_key(ctx, i)
