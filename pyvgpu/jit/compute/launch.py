@@ -102,7 +102,6 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
     # a gang under a share, or a gang without one anywhere (gang.py); a group with shares elsewhere only
     g = gang.checked(HDR.get_sm_gang(region)) if limit != 0 or unshared else np.uint32(0)
     tdev = gang.lead(g, dev)  # whose budget and turn: dev's, or the gang's lead device's
-    key ^= np.uint64(dev) << np.uint64(40)  # a kernel's cost is learned per device
     now = clock.now(ctx)  # the TSC, anchored to CLOCK_MONOTONIC about once a millisecond (clock.py)
     e = turn.entry(ctx, tdev)  # the device's turn entry (a load, once known): looked up here only
     if limit == 0 and g != 0 and tdev != dev and not turn.active_on(e, now):
@@ -120,6 +119,7 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
         return call_real(ctx, idx, args, notfound)
     if unlikely(limit != 0 and CTX.get_sm_nvml(ctx, dev) == 0):
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
+    key ^= np.uint64(dev) << np.uint64(40)  # a kernel's cost is learned per device
     slot = cost.cost_slot(ctx, key, True)
     c = cost.cost_of(ctx, slot)
     stale = False
