@@ -15,14 +15,18 @@ fp32 in a loop; a collective kernel's duration includes waiting for its peers. C
 column/row-wise, one all-reduce per layer, batch 8, one token a step: launch-bound and collective-bound at
 once. Counts tokens (rank 0).
 
-Prints "P <CLOCK_MONOTONIC ns> <matmuls or steps done>" four times a second, like pv_bench sm; the queue is
-bounded by waiting on an event 8 marks back.
+Prints "P <CLOCK_MONOTONIC ns> <matmuls or steps done>" four times a second, like pv_bench sm (``Progress``):
+work counts as done when the GPU has finished it (an event after each step, queried without waiting), or, for
+decode, when the host has read the token; the queue is bounded by waiting on the event 8 steps back.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from pyvgpu.contract import envspec
 
@@ -65,7 +69,78 @@ ALLREDUCE_BYTES = 256 << 20
 TP_LAYERS, TP_WIDTH, TP_BATCH = 24, 4096, 8
 
 
-def _decode(torch):
+class Progress:
+    """The progress lines of a load: how much work the GPU has finished, four times a second.
+
+    A step's count is done once the event recorded after it has completed (queried without waiting), or once
+    the host has read a token of it (``finished``), never from the step 8 back that bounds the queue: a load
+    whose steps are long (a decode's whole ``generate``) would then print the same count for seconds, and
+    its rate over the bench's window would count steps that ended before the window as work done in it."""
+
+    DEPTH, EVERY_NS = 8, 250_000_000
+
+    def __init__(self, out: TextIO = sys.stdout, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.out, self.clock, self.started = out, clock, False
+        self.ring: deque[tuple[Any, int]] = deque()
+        self.launched = self.done = self.next_print = 0
+
+    def start(self) -> int:
+        """Count from now (what ran before, a warm-up, is not printed): the first line; returns its time."""
+        self.started, self.launched, self.done = True, 0, 0
+        self.ring.clear()
+        now = self.clock()
+        self.print(now)
+        return now
+
+    def print(self, now: int) -> None:
+        self.out.write(f"P {now} {self.done}\n")
+        self.out.flush()
+        self.next_print = now + self.EVERY_NS
+
+    def _tick(self) -> None:
+        if not self.started:
+            return
+        now = self.clock()
+        if now >= self.next_print:
+            self.print(now)
+
+    def step(self, n: int, event: Any) -> None:
+        """A step of n more units was launched and ``event`` recorded after it (``query()``, ``synchronize()``)."""
+        self.launched += n
+        self.ring.append((event, self.launched))
+        while self.ring and (len(self.ring) > self.DEPTH or self.ring[0][0].query()):
+            ev, count = self.ring.popleft()
+            ev.synchronize()  # past the depth: bounds the queue
+            self.done = max(self.done, count)
+        self._tick()
+
+    def finished(self, n: int) -> None:
+        """The host has seen n units of the step now running done (a token it read)."""
+        self.done = max(self.done, self.launched + n)
+        self._tick()
+
+    def end(self) -> None:
+        """All launched work is finished (the caller synchronized): the last line."""
+        self.done = self.launched
+        self.print(self.clock())
+
+
+class _TokenCount:
+    """A streamer for ``generate``: counts the tokens the host has read (the first call is the prompt)."""
+
+    def __init__(self, progress: Progress, batch: int) -> None:
+        self.progress, self.batch, self.tokens = progress, batch, -1
+
+    def put(self, value: Any) -> None:
+        self.tokens += 1
+        if self.tokens:
+            self.progress.finished(self.tokens * self.batch)
+
+    def end(self) -> None:
+        self.tokens = -1
+
+
+def _decode(torch, progress: Progress | None = None):
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -74,11 +149,12 @@ def _decode(torch):
     model = transformers.GPT2LMHeadModel(cfg).to(device="cuda", dtype=torch.float16).eval()
     ids = torch.randint(0, cfg.vocab_size, (DECODE_BATCH, DECODE_PROMPT), device="cuda")
     mask = torch.ones_like(ids)
+    counter = _TokenCount(progress, DECODE_BATCH) if progress is not None else None
 
     def step() -> int:
         with torch.inference_mode():
             model.generate(ids, attention_mask=mask, max_new_tokens=DECODE_NEW, min_new_tokens=DECODE_NEW,
-                           do_sample=False, pad_token_id=0)
+                           do_sample=False, pad_token_id=0, streamer=counter)
         return DECODE_BATCH * DECODE_NEW
 
     return step
@@ -167,34 +243,26 @@ def main() -> None:
 
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+    progress = Progress()
+    if kind == "decode":
+        step = _decode(torch, progress)
+    elif collective:
         step = _allreduce(torch, dist) if kind == "allreduce" else _tp_decode(torch, dist)
     else:
-        step = {"matmul": _matmul, "mlp": _mlp, "decode": _decode}[kind](torch)
+        step = {"matmul": _matmul, "mlp": _mlp}[kind](torch)
     for _ in range(5):
         step()
     torch.cuda.synchronize()
-    ring: list[tuple[torch.cuda.Event, int]] = []
-    launched = done = 0
-    t0 = time.monotonic_ns()
-    end, next_print = t0 + int(seconds * 1e9), t0
-    print(f"P {t0} 0", flush=True)
+    end = progress.start() + int(seconds * 1e9)
     steps = 0
     while _go_on(torch, dist if collective else None, end, steps):
-        launched += step()
+        n = step()
         steps += 1
-        if len(ring) == 8:
-            ev, n = ring.pop(0)
-            ev.synchronize()
-            done = n
         ev = torch.cuda.Event()
         ev.record()
-        ring.append((ev, launched))
-        now = time.monotonic_ns()
-        if now >= next_print:
-            print(f"P {now} {done}", flush=True)
-            next_print = now + 250_000_000
+        progress.step(n, ev)
     torch.cuda.synchronize()
-    print(f"P {time.monotonic_ns()} {launched}", flush=True)
+    progress.end()
     if collective:
         dist.barrier()
         dist.destroy_process_group()
