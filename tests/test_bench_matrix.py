@@ -354,3 +354,21 @@ def test_cli_refuses_a_repeat_out_of_range(tmp_path):
     top = subprocess.run([*PYVGPU, "bench", "matrix", "--output-dir", str(tmp_path), "--render-only", "--png", "",
                           "--repeat", str(matrix.MAX_REPEAT)], capture_output=True, text=True)
     assert "--repeat" not in top.stderr and "holds no `bench sm` JSON" in top.stderr, top.stderr
+
+
+def test_alone_runs_whose_timings_went_ungated_are_noted():
+    """A run's launch timings by how they were taken (the group's sm_timed): mostly ungated, its charges hold
+    the launch path, which the notes say; runs from before the count (no "timed") and gated ones say nothing."""
+    base = json.loads((H200 / "decode-main.json").read_text())
+    assert "gated" not in rows(matrix.render([base]))["decode"]["notes"]
+    for r in base["runs"]:
+        if r["kind"] == "single":
+            g = 30 if r["target"] == 30 else 95
+            r["timed"] = {"gated": g, "first_in_context": 5, "gate_off": 95 - g, "watcher_late": 0, "no_gate": 0,
+                          "wait_refused": 0}
+    notes = rows(matrix.render([base]))["decode"]["notes"]
+    assert "launch timings gated in 30-95% of the alone runs" in notes, notes
+    for r in base["runs"]:
+        if r["kind"] == "single":
+            r["timed"]["gated"] = 1000
+    assert "gated" not in rows(matrix.render([base]))["decode"]["notes"]

@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from pyvgpu.bench.sm import _Run
+from pyvgpu.bench.sm_run import LoadRun
 from pyvgpu.errors import PyvgpuError
 
 
 def test_a_load_that_does_not_finish_is_killed_and_its_last_words_are_kept():
     code = ("import sys, time; print('P 1 42', flush=True); "
             "print('stuck in a collective', file=sys.stderr, flush=True); time.sleep(60)")
-    run = _Run([sys.executable, "-c", code], {}, None)
+    run = LoadRun([sys.executable, "-c", code], {}, None)
     with pytest.raises(PyvgpuError) as e:
         run.finish(timeout=3)
     msg = str(e.value)
@@ -48,7 +48,7 @@ def _lines(out) -> list[tuple[int, int]]:
 
 
 def _window_rate(lines: list[tuple[int, int]], cut: float = 1 / 3) -> float:
-    """The bench's window (pyvgpu/bench/sm.py ``_Run.window``): from a third of the run to its last line."""
+    """The bench's window (pyvgpu/bench/sm_run.py ``LoadRun.window``): from a third of the run to its last line."""
     start = lines[0][0] + (lines[-1][0] - lines[0][0]) * cut
     pts = [p for p in lines if p[0] >= start]
     (t0, n0), (t1, n1) = pts[0], pts[-1]

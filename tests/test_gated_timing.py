@@ -65,11 +65,21 @@ def charge_per_launch(env, tmp_path, name: str, load: list[str] = LOAD, after: i
     return (later[-1][0] - later[0][0]) / (later[-1][1] - later[0][1])
 
 
+def timed(tmp_path, name: str) -> dict[str, int]:
+    """The group's launch timings on device 0 by how they were taken (`pyvgpu status`'s sm.timed)."""
+    r = region.open_region(tmp_path / f"{name}.region", writable=False)
+    os.close(r.fd)
+    return dict(zip(layout.TIMED_HOW, r.device(0).sm_timed, strict=True))
+
+
 def test_a_launch_bound_group_is_charged_its_kernels_time_not_the_launch_path(env, tmp_path):
     per = charge_per_launch(env, tmp_path, "gated")
     print(f"charged {per / 1000:.0f} us a launch for a {KERNEL_NS / 1000:.0f} us kernel")
     # ungated, every timing reads the kernel and the path: 600 us (the test below)
     assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per
+    t = timed(tmp_path, "gated")  # the function's first launch ungated (its module loads then), the rest gated
+    assert t["first_in_context"] == 1 and t["gated"] >= 5, t
+    assert sum(t.values()) == t["gated"] + 1, t
 
 
 def test_a_new_shape_of_a_function_launched_before_is_timed_gated(env, tmp_path):
@@ -81,6 +91,8 @@ def test_a_new_shape_of_a_function_launched_before_is_timed_gated(env, tmp_path)
     per = charge_per_launch(env, tmp_path, "shapes", load)
     print(f"charged {per / 1000:.0f} us a launch for a {KERNEL_NS / 1000:.0f} us kernel in 400 shapes")
     assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per
+    t = timed(tmp_path, "shapes")
+    assert t["first_in_context"] == 1 and t["gated"] >= 300, t  # the shapes' first launches: gated, but the first
 
 
 def test_a_full_cost_table_still_learns_new_kernels(env, tmp_path):
@@ -98,6 +110,12 @@ def test_without_the_gate_the_timing_holds_the_path_and_nothing_hangs(env, tmp_p
     per = charge_per_launch(env, tmp_path, "ungated", FAKECUDA_FAIL="cuMemHostRegister_v2:1:2")
     print(f"charged {per / 1000:.0f} us a launch for a {KERNEL_NS / 1000:.0f} us kernel")
     assert per > (KERNEL_NS + GAP_NS) * 0.8, per
+    t = timed(tmp_path, "ungated")  # counted as such: `pyvgpu status` says why the charges read long
+    assert t["gated"] == 0 and t["no_gate"] >= 5 and t["first_in_context"] == 1, t
+    out = subprocess.run([*PYVGPU, "status", "--region", str(tmp_path / "ungated.region")], env=env,
+                         capture_output=True, text=True, timeout=60).stdout
+    want = f"launch timings: {sum(t.values())}, 0% gated (not gated: first in context 1, no gate {t['no_gate']})"
+    assert want in out, out
 
 
 @pytest.mark.parametrize("fail", [{"FAKECUDA_FAIL": "cuStreamWaitValue32_v2:1:1"},
@@ -148,5 +166,7 @@ def test_a_launch_that_waits_inside_the_driver_behind_its_gate_is_freed_by_the_w
     # recorded at 1, 2, 4 and 8 gates opened; then the process times its launches ungated (no more waits)
     assert [e["a"] for e in gates] == [1, 2, 4, 8], gates
     assert calls["gate_waits"] == layout.TIMING_GATE_FORCED_MAX, calls
+    t = timed(tmp_path, "stuck")
+    assert t["gated"] == layout.TIMING_GATE_FORCED_MAX and t["gate_off"] >= 1, t
     assert all(GATE_MAX_NS < e["b"] < 1_000_000_000 for e in gates), gates
     assert "until the watcher opened it (8 so far; after 8 it times launches ungated)" in event_text(gates[-1])

@@ -41,6 +41,23 @@ def test_a_launch_bound_pair_runs_beside_each_other(env, tmp_path):
     assert gpu["wait_ns"] < 0.2 * 6e9, gpu  # both together waited for the turn less than a fifth of a run
 
 
+def test_a_launch_bound_pair_whose_timings_read_long_still_runs_beside_each_other(env, tmp_path):
+    """The same pair, with every timing reading 6 x long (FAKECUDA_EVENT_SCALE: what ungated timings of small
+    kernels read on a GPU, the launch path's time). The controller scales the charges down to what the GPU
+    was busy; the turns' queue estimates must follow the same scale. Counted at the raw estimates, each
+    group's queue looked deep, they took whole turns, and each waited out the other's (the decode pair on
+    two H200s waited for the turn 37% and 50% of its time with the GPU 14% busy)."""
+    e = sim_env(env, tmp_path, "lbx", FAKECUDA_EVENT_SCALE="6")
+    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=8, iters=SMALL, gap_us=GAP_US)
+    b = Load(e, tmp_path, "b", ["--sm", "50"], seconds=8, iters=SMALL, gap_us=GAP_US)
+    c = Load(sim_env(env, tmp_path, "ctlx", FAKECUDA_EVENT_SCALE="6"), tmp_path, "c", ["--sm", "50"], seconds=8,
+             iters=SMALL, gap_us=GAP_US)
+    ra, rb, rc = a.rate(3), b.rate(3), c.rate(3)
+    scales = [s for _, _, s in a.series[-10:]] + [s for _, _, s in b.series[-10:]]
+    assert max(scales) < 0.5, scales  # the controller found the charges too high: its scale is in force
+    assert ra >= 0.7 * rc and rb >= 0.7 * rc, (ra, rb, rc)
+
+
 def test_a_launch_bound_holder_does_not_idle_a_compute_bound_share(env, tmp_path):
     """A launch-bound holder with a short queue hands the turn to a waiter of its rank whose queue is deep
     (after MIN_TURN_NS), instead of keeping it for a 50 ms slice while the GPU idles. So the compute-bound

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pyvgpu.bench.common import machine, raw_env
 from pyvgpu.bench.gpu_util import UtilSampler
-from pyvgpu.bench.sm import _Run, _turn_stats, _wrapped
+from pyvgpu.bench.sm_run import LoadRun, turn_stats, wrapped_env
 from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group.limits import parse_percent
@@ -127,16 +127,16 @@ def run(seconds: float = 30.0, rate: float = 4.0, tokens: int = 16, train_sm: in
             ref = svc.finish(limit)
             busy = util.mean(*ref["window_s"])  # the service's NVML busy share alone, over its requests
             result["solo"] = {"service": ref, "service_busy_nvml": None if busy is None else busy / 100}
-            result["solo"]["train_steps_per_s"] = _Run(train, raw, None).finish(limit, util)["kernels_per_s"]
+            result["solo"]["train_steps_per_s"] = LoadRun(train, raw, None).finish(limit, util)["kernels_per_s"]
             for name in scenarios:
                 env_s, env_t, path_t, turns = _pair_env(name, raw, tmp, train_sm, borrow, service_sm)
-                t = _Run(train, env_t, path_t)
+                t = LoadRun(train, env_t, path_t)
                 s = _Service(service, env_s)
                 got = s.finish(limit)
                 tr = t.finish(limit, util)
                 result["scenarios"][name] = {"service": got, "train_steps_per_s": tr["kernels_per_s"],
                                              "train_time_share_nvml": tr.get("time_share_nvml"),
-                                             "turns": _turn_stats(turns) if turns else {}}
+                                             "turns": turn_stats(turns) if turns else {}}
     finally:
         util.stop()
     judge(result)
@@ -151,11 +151,11 @@ def _pair_env(name: str, raw: dict[str, str], tmp: Path, train_sm: int, borrow: 
     turns = tmp / f"{name}.turns"
     env = {**raw, envspec.SCHED.name: str(turns)}
     if name == "mps":
-        e_s, _ = _wrapped(env, None, tmp, "mps-service", mode="mps")
-        e_t, p_t = _wrapped(env, None, tmp, "mps-train", mode="mps")
+        e_s, _ = wrapped_env(env, None, tmp, "mps-service", mode="mps")
+        e_t, p_t = wrapped_env(env, None, tmp, "mps-train", mode="mps")
         return e_s, e_t, p_t, None
-    e_s, _ = _wrapped(env, service_sm, tmp, "service", priority="high")
-    e_t, p_t = _wrapped(env, train_sm, tmp, "train", priority="low", sm_borrow=borrow)
+    e_s, _ = wrapped_env(env, service_sm, tmp, "service", priority="high")
+    e_t, p_t = wrapped_env(env, train_sm, tmp, "train", priority="low", sm_borrow=borrow)
     return e_s, e_t, p_t, turns
 
 

@@ -31,25 +31,22 @@ pyvgpu/bench/sm_worker.py).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from pyvgpu.bench.common import machine, raw_env
 from pyvgpu.bench.gpu_util import UtilSampler
+from pyvgpu.bench.sm_run import LoadRun, turn_stats, wrapped_env
 from pyvgpu.contract import envspec
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import limits as lim
-from pyvgpu.group import region
 from pyvgpu.group import turnfile as sched
 from pyvgpu.group.limits import parse_percent
 from pyvgpu.native import cache
 from pyvgpu.native.shim import BENCH_BIN
-from pyvgpu.ops import wrap
 
 WORKLOADS = ("spin", "graph", "matmul", "mlp", "decode", "allreduce", "tp-decode")
 TORCH_WORKLOADS = WORKLOADS[2:]
@@ -79,115 +76,6 @@ def _command(workload: str, seconds: float, iters: int) -> list[str]:
     if workload in TORCH_WORKLOADS:
         return [sys.executable, "-m", "pyvgpu.bench.sm_worker", str(seconds), workload]
     return [str(BENCH_BIN), "sm", str(seconds), str(iters), "graph" if workload == "graph" else "kernel"]
-
-
-class _Run:
-    """One load process: its progress lines, and its group's region sampled while it runs."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str], region_path: Path | None) -> None:
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.region_path = region_path
-        self.progress: list[tuple[int, int]] = []
-        self.series: list[dict] = []
-        self._cost = self._charged = 0.0
-        self.t0 = time.monotonic()
-        self._sampler = threading.Thread(target=self._sample, daemon=True)
-        self._sampler.start()
-
-    def _sample(self) -> None:
-        while self.proc.poll() is None and self.region_path is not None:
-            time.sleep(0.1)
-            try:
-                r = region.open_region(self.region_path, writable=False)
-            except PyvgpuError:
-                continue
-            os.close(r.fd)
-            d = r.device(0)
-            scale = (d.sm_scale or 65536) / 65536
-            cost = sum(r.slot(i).dev[0].sm_cost_ns for i in range(r.header.n_slots) if r.slot(i).state)
-            # integrated at the scale of each moment (the scale changes; a process that exits takes its count)
-            self._charged += max(0, cost - self._cost) * scale
-            self._cost = cost
-            charged = self._charged
-            self.series.append({"t": round(time.monotonic() - self.t0, 3), "mono": time.monotonic(),
-                                "util": d.sm_util / 100, "scale": scale, "state": d.sm_state,
-                                "throttle_s": d.sm_throttle_ns / 1e9, "turn_ns": d.sm_turn_ns,
-                                "turn_wait_ns": d.sm_turn_wait_ns, "charged_ns": charged,
-                                "borrow_ns": d.sm_borrow_ns})
-
-    def finish(self, timeout: float, util: UtilSampler | None = None, cut_at: float = 1 / 3) -> dict:
-        try:
-            out, err = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            try:  # what it said before it stopped: a hang is diagnosed from it (its ranks may hold the pipes)
-                out, err = self.proc.communicate(timeout=5)
-            except subprocess.TimeoutExpired:
-                out = err = ""
-            last = (out or "").strip().splitlines()[-1:]
-            raise PyvgpuError(f"bench load {' '.join(self.proc.args)} did not finish in {timeout:.0f} s"
-                              f"{'; its last progress line: ' + last[0] if last else ''}"
-                              f"{'; its errors: ' + err.strip()[-2000:] if err and err.strip() else ''}") from None
-        self._sampler.join(timeout=1)
-        if self.proc.returncode != 0:
-            raise PyvgpuError(f"bench load {' '.join(self.proc.args)} failed ({self.proc.returncode}): "
-                              f"{err.strip()[-2000:]}")
-        for line in out.splitlines():
-            if line.startswith("P "):
-                _, t, n = line.split()
-                self.progress.append((int(t), int(n)))
-        if len(self.progress) < 3:
-            raise PyvgpuError(f"bench load printed no progress: {out[-500:]} {err[-500:]}")
-        return self.window(self.progress[0][0] / 1e9 + (self.progress[-1][0] - self.progress[0][0]) / 1e9 * cut_at,
-                           self.progress[-1][0] / 1e9, util)
-
-    def window(self, start_s: float, end_s: float, util: UtilSampler | None) -> dict:
-        """Throughput and time shares between two CLOCK_MONOTONIC times (s)."""
-        pts = [p for p in self.progress if start_s * 1e9 <= p[0] <= end_s * 1e9]
-        if len(pts) < 2:
-            raise PyvgpuError("a bench window holds too few progress lines; give a longer --seconds")
-        (t0, n0), (t1, n1) = pts[0], pts[-1]
-        span = (t1 - t0) / 1e9
-        out: dict = {"kernels_per_s": (n1 - n0) / span, "window_s": span}
-        out["curve"] = [((t - self.progress[0][0]) / 1e9, (b - a) / ((t - ta) / 1e9))
-                        for (ta, a), (t, b) in zip(self.progress, self.progress[1:], strict=False) if t > ta]
-        out["controller"] = [{k: v for k, v in s.items() if k != "mono"} for s in self.series]
-        nv = util.mean(t0 / 1e9, t1 / 1e9) if util is not None else None
-        out["time_share_nvml"] = nv  # the device's, for all groups on it
-        ss = [s for s in self.series if t0 / 1e9 <= s["mono"] <= t1 / 1e9]
-        if len(ss) >= 2:
-            dt = (ss[-1]["mono"] - ss[0]["mono"]) * 1e9
-            out["time_share_turns"] = 100 * (ss[-1]["turn_ns"] - ss[0]["turn_ns"]) / dt
-            out["time_share_charged"] = 100 * (ss[-1]["charged_ns"] - ss[0]["charged_ns"]) / dt
-            out["turn_wait_share"] = 100 * (ss[-1]["turn_wait_ns"] - ss[0]["turn_wait_ns"]) / dt
-            out["borrowed_share"] = 100 * (ss[-1]["borrow_ns"] - ss[0]["borrow_ns"]) * ss[-1]["scale"] / dt
-            out["throttled_share"] = 100 * (ss[-1]["throttle_s"] - ss[0]["throttle_s"]) * 1e9 / dt
-        return out
-
-
-def _wrapped(base: dict[str, str], share: int | None, tmp: Path, name: str, **kw) -> tuple[dict[str, str], Path]:
-    path = tmp / f"{name}.region"
-    request = wrap.WrapRequest(sm=None if share is None else str(share), region_path=str(path), **kw)
-    return wrap.build_env(base, request), path
-
-
-def _turn_stats(turns: Path) -> dict:
-    """The scenario's turn counters (one GPU), with the mean gap and the longest wait in ms."""
-    if not turns.exists():
-        return {}
-    es = sched.entries(turns)
-    if not es:
-        return {}
-    e = dict(es[0])
-    for other in es[1:]:  # a load over several GPUs: the counters of every GPU together
-        for k, v in other.items():
-            if isinstance(v, int) and isinstance(e.get(k), int) and k not in ("key", "holder", "max_wait_ns"):
-                e[k] += v
-    e["gpus"] = len(es)
-    e["gap_mean_ms"] = e["gap_ns"] / e["gaps"] / 1e6 if e["gaps"] else None
-    e["max_wait_ms"] = e["max_wait_ns"] / 1e6
-    e["drain_mean_ms"] = e["drain_ns"] / e["drains"] / 1e6 if e["drains"] else None
-    return e
 
 
 def _mean_ms(ns: int, n: int) -> str:
@@ -250,7 +138,7 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                     env[envspec.SM_TURN.name] = "0"
                 return env
 
-            base = _Run(cmd, raw, None).finish(limit, util)
+            base = LoadRun(cmd, raw, None).finish(limit, util)
             result["unlimited_kernels_per_s"] = rate = _baseline(base["kernels_per_s"], "first")
             result["unlimited_time_share_nvml"] = base["time_share_nvml"]
 
@@ -258,36 +146,36 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                 result["runs"].append({"kind": kind, "target": target, **r, **extra})
 
             for s in shares:
-                env, path = _wrapped(scenario(f"single-{s}"), s, tmp, f"single-{s}", mode=mode)
-                record("single", s, _Run(cmd, env, path).finish(limit, util))
+                env, path = wrapped_env(scenario(f"single-{s}"), s, tmp, f"single-{s}", mode=mode)
+                record("single", s, LoadRun(cmd, env, path).finish(limit, util))
             pairs = [("pair", False)] + ([("pair-sliced", True)] if sliced else [])
             for kind, sl in pairs if pair_shares else []:
                 env0 = scenario(kind, sl)
                 runs = []
                 for i, s in enumerate(pair_shares):
-                    env, path = _wrapped(env0, s, tmp, f"{kind}{i}-{s}", priority=prios[i], mode=mode)
-                    runs.append((s, prios[i], _Run(cmd, env, path)))
+                    env, path = wrapped_env(env0, s, tmp, f"{kind}{i}-{s}", priority=prios[i], mode=mode)
+                    runs.append((s, prios[i], LoadRun(cmd, env, path)))
                 for s, p, run_ in runs:
                     record(kind, s, run_.finish(limit, util), priority=p)
-                result["scenarios"][kind] = _turn_stats(Path(env0[envspec.SCHED.name]))
+                result["scenarios"][kind] = turn_stats(Path(env0[envspec.SCHED.name]))
             neighbours = [("neighbour", False)] + ([("neighbour-sliced", True)] if sliced else [])
             for kind, sl in neighbours if neighbour == "unlimited" else []:
                 env0 = scenario(kind, sl)
-                env, path = _wrapped(env0, neighbour_share, tmp, f"{kind}-share")
-                env_n, path_n = _wrapped(env0, None, tmp, f"{kind}-unlimited")
-                a, b = _Run(cmd, env, path), _Run(cmd, env_n, path_n)
+                env, path = wrapped_env(env0, neighbour_share, tmp, f"{kind}-share")
+                env_n, path_n = wrapped_env(env0, None, tmp, f"{kind}-unlimited")
+                a, b = LoadRun(cmd, env, path), LoadRun(cmd, env_n, path_n)
                 record(kind, neighbour_share, a.finish(limit, util))
                 record(f"{kind}-unlimited", None, b.finish(limit, util))
-                result["scenarios"][kind] = _turn_stats(Path(env0[envspec.SCHED.name]))
+                result["scenarios"][kind] = turn_stats(Path(env0[envspec.SCHED.name]))
             if burst:
                 result["burst"] = _burst(workload, iters, scenario("burst"), tmp, burst_share, seconds, limit, util)
-                result["scenarios"]["burst"] = _turn_stats(tmp / "burst.turns")
+                result["scenarios"]["burst"] = turn_stats(tmp / "burst.turns")
                 result["burst"]["give_back_ms"] = result["scenarios"]["burst"].get("max_wait_ms")
             if result["runs"]:
                 # The raw rate can move during a bench (clocks, the other GPU's state, a collective's
                 # topology): measured again at the end, the shares are judged against the mean of both, and
                 # the table says how far apart they were.
-                after = _baseline(_Run(cmd, raw, None).finish(limit, util)["kernels_per_s"], "last")
+                after = _baseline(LoadRun(cmd, raw, None).finish(limit, util)["kernels_per_s"], "last")
                 result["unlimited_after_kernels_per_s"] = after
                 result["baseline_drift"] = after / rate - 1
                 rate = (rate + after) / 2
@@ -314,11 +202,11 @@ def _burst(workload: str, iters: int, env0: dict[str, str], tmp: Path, share: in
            util: UtilSampler) -> dict:
     """A group with --sm-borrow alone, then a neighbour with a share joins half way (each part's share of
     the unlimited rate is added at the end, against the same baseline as the runs)."""
-    env, path = _wrapped(env0, share, tmp, "burst-borrower", sm_borrow=True)
-    a = _Run(_command(workload, seconds, iters), env, path)
+    env, path = wrapped_env(env0, share, tmp, "burst-borrower", sm_borrow=True)
+    a = LoadRun(_command(workload, seconds, iters), env, path)
     time.sleep(seconds / 2)
-    env_b, path_b = _wrapped(env0, 50, tmp, "burst-neighbour")
-    b = _Run(_command(workload, seconds / 2, iters), env_b, path_b)
+    env_b, path_b = wrapped_env(env0, 50, tmp, "burst-neighbour")
+    b = LoadRun(_command(workload, seconds / 2, iters), env_b, path_b)
     rb = b.finish(limit, util)
     a.finish(limit, util)
     joined = b.progress[0][0] / 1e9

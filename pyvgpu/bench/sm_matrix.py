@@ -27,6 +27,7 @@ MISS_POINTS = GOAL_POINTS  # a share this far from its target is flagged in the 
 DRIFT_NOTE = DRIFT_WARN  # the raw rate's change between the first and the last baseline worth a note (bench sm's)
 LAUNCH_BOUND_NVML = 50.0  # unlimited, a workload keeping the GPU busy less than this is bound by its launches
 BETTER_POINTS = 2.0  # a pair's summed throughput shares this much higher elsewhere is "better" (not noise)
+GATED_NOTE = 90.0  # alone, a run whose launch timings were gated less often than this (%) is noted
 MAX_REPEAT = 10
 # (file name part, bench sm arguments)
 SCENARIOS: tuple[tuple[str, dict], ...] = (
@@ -248,6 +249,13 @@ def _neighbour_cell(items: list[tuple]) -> str:
     return cell
 
 
+def _gated(run: dict) -> float | None:
+    """The share of a run's launch timings taken behind the timing gate (%), None if it timed none."""
+    timed = run.get("timed") or {}
+    n = sum(timed.values())
+    return 100 * timed["gated"] / n if n else None
+
+
 def _notes(cells: dict) -> list[str]:
     """A workload's notes, from its cells' median runs (``medians``); the drift note gives the largest drift
     of a scenario's repeats (a warning is about the worst run)."""
@@ -260,6 +268,10 @@ def _notes(cells: dict) -> list[str]:
               if abs(r["achieved"] - t) > MISS_POINTS]
     if misses:
         notes.append(f"alone, throughput misses its share by > {MISS_POINTS:g} points: {', '.join(misses)}")
+    gated = [t for t in (_gated(r) for r in cells["alone"].values()) if t is not None]
+    if gated and min(gated) < GATED_NOTE:
+        notes.append(f"launch timings gated in {min(gated):.0f}-{max(gated):.0f}% of the alone runs (ungated "
+                     "timings of small kernels hold the launch path: the controller's scale then corrects them)")
     drifts = [f"{d * 100:+.0f}% ({name})" for name, d in sorted(cells["drift"].items()) if abs(d) > DRIFT_NOTE]
     if drifts:
         notes.append(f"raw rate drifted {', '.join(drifts)}")

@@ -159,10 +159,16 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
 MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/group/mps.py MODES)
-REGION_VERSION = 14  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
+REGION_VERSION = 15  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
 #                     10: a slot's launches leave out those its sm_launches count; 11: gangs (sm_gang, sm_devs);
 #                     12: a gang's common release (gang_release); 13: a gang's stops (gang_epoch ... gang_wake);
-#                     14: the controller judges charges beside others over a window too (sm_win_*)
+#                     14: the controller judges charges beside others over a window too (sm_win_*);
+#                     15: timings counted by how they were taken (sm_timed)
+# How a launch's timing was taken (pyvgpu/jit/compute/cost.py sample_begin): behind the timing gate, or why not.
+# A timing not gated holds the launch path when its stream was idle: a count that is mostly not gated tells
+# why a group's charges read above the GPU's busy time (`pyvgpu status`, `bench sm`).
+TIMED_HOW = ("gated", "first_in_context", "gate_off", "watcher_late", "no_gate", "wait_refused")
+TIMED_GATED, TIMED_FIRST, TIMED_GATE_OFF, TIMED_WATCHER_LATE, TIMED_NO_GATE, TIMED_WAIT_REFUSED = range(6)
 VISIBLE_MIG = 1 << 31  # REGION_HEADER.visible[g]: group device g is a MIG instance of that GPU
 VISIBLE_INDEX = VISIBLE_MIG - 1  # the NVML index in REGION_HEADER.visible[g]
 GROUP_NAME_BYTES = 64
@@ -249,6 +255,8 @@ REGION_DEVICE = Struct(
         Field("sm_dev_mark", "u64", doc="controller: the GPU's turn entry charged_ns at its last step"),
         Field("sm_win_mark", "u64", doc="controller: the GPU's turn entry charged_ns at its window's start"),
         Field("sm_win_ns", "u64", doc="controller: CLOCK_MONOTONIC of its window's start"),
+        Field("sm_timed", "u64", len(TIMED_HOW), doc="launches its processes timed on the device, by how "
+                                                     "(TIMED_HOW: gated, or why not)"),
     ],
     align=64,
     doc="per-device state of a group",

@@ -88,6 +88,7 @@ def describe(r: R.Region, reclaimed: int) -> dict:
                 "turn_s": dev.sm_turn_ns / 1e9,
                 "turn_wait_s": dev.sm_turn_wait_ns / 1e9,
                 "borrowed_s": dev.sm_borrow_ns / 1e9,
+                "timed": dict(zip(L.TIMED_HOW, dev.sm_timed, strict=True)),
             },
         })
     procs = []
@@ -119,6 +120,15 @@ EVENTS_SHOWN = 20
 
 def _word(words: tuple[str, ...], v: int) -> str:
     return words[v] if 0 <= v < len(words) else str(v)
+
+
+def timed_text(timed: dict[str, int]) -> str:
+    """How the group's launch timings were taken: gated (the kernel's own time), or why not (docs/status.md)."""
+    n = sum(timed.values())
+    if not n:
+        return "none yet"
+    rest = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in timed.items() if k != "gated" and v)
+    return f"{n}, {100 * timed['gated'] / n:.0f}% gated" + (f" (not gated: {rest})" if rest else "")
 
 
 def event_text(e: dict) -> str:
@@ -240,6 +250,7 @@ def render(groups: list[dict]) -> str:
                 lines.append(f"  device {d['index']}: compute share {sm['limit_percent']}% {state}; device "
                              f"utilization {util}, controller {sm['controller']}, scale {sm['scale']:.3f}, "
                              f"held back {sm['throttled_s']:.1f} s")
+                lines.append(f"    launch timings: {timed_text(sm['timed'])}")
         lines.append(f"  {'pid':>8} {'device':>6} {'data':>12} {'context':>12} {'module':>12}")
         for p in g["processes"]:
             note = "" if p["alive"] else "  (dead, not yet reclaimed)"

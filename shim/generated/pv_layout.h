@@ -186,9 +186,9 @@ _Static_assert(sizeof(pv_ctx_t) == 79680, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 14
+#define PV_REGION_VERSION 15
 #define PV_REGION_DEVICES_OFF 576
-#define PV_REGION_SLOTS_OFF 15936
+#define PV_REGION_SLOTS_OFF 16960
 #define PV_REGION_SLOT_SIZE 768
 #define PV_REGION_DEFAULT_SLOTS 1024
 #define PV_MAX_DEVICES 16
@@ -297,7 +297,8 @@ typedef struct __attribute__((aligned(64))) pv_region_device {
     uint64_t sm_dev_mark;  /* controller: the GPU's turn entry charged_ns at its last step */
     uint64_t sm_win_mark;  /* controller: the GPU's turn entry charged_ns at its window's start */
     uint64_t sm_win_ns;  /* controller: CLOCK_MONOTONIC of its window's start */
-    uint8_t _pad1[16];
+    uint64_t sm_timed[6];  /* launches its processes timed on the device, by how (TIMED_HOW: gated, or why not) */
+    uint8_t _pad1[32];
 } pv_region_device_t;
 _Static_assert(offsetof(pv_region_device_t, limit) == 0, "pv_region_device.limit");
 _Static_assert(offsetof(pv_region_device_t, used) == 8, "pv_region_device.used");
@@ -323,7 +324,8 @@ _Static_assert(offsetof(pv_region_device_t, sm_limit_created) == 144, "pv_region
 _Static_assert(offsetof(pv_region_device_t, sm_dev_mark) == 152, "pv_region_device.sm_dev_mark");
 _Static_assert(offsetof(pv_region_device_t, sm_win_mark) == 160, "pv_region_device.sm_win_mark");
 _Static_assert(offsetof(pv_region_device_t, sm_win_ns) == 168, "pv_region_device.sm_win_ns");
-_Static_assert(sizeof(pv_region_device_t) == 192, "sizeof pv_region_device");
+_Static_assert(offsetof(pv_region_device_t, sm_timed) == 176, "pv_region_device.sm_timed");
+_Static_assert(sizeof(pv_region_device_t) == 256, "sizeof pv_region_device");
 
 /* The machine's turn file (pyvgpu/group/turnfile.py). */
 #define PV_SCHED_MAGIC 0x31304e5255545650ULL

@@ -33,7 +33,7 @@ from pyvgpu.contract import abi
 from pyvgpu.contract import layout as L
 from pyvgpu.jit.compute.streams import running_context
 from pyvgpu.jit.runtime.context import HELPER
-from pyvgpu.jit.runtime.fields import CTX
+from pyvgpu.jit.runtime.fields import CTX, DEV, REGION
 from pyvgpu.jit.runtime.intrinsics import (
     atomic_cas_u32,
     atomic_load_u32,
@@ -199,24 +199,25 @@ def gate_words(ctx, cur):
 
 @njit
 def gate_close(ctx, i, stream, cur):
-    """Make ``stream`` (of context cur) wait, before sample i's start event, until ``gate_open``: True if it
-    does. Sample i is this thread's until it is in flight; besides it only the watcher writes its word
-    (``gate_watch``), and neither ever moves it back, so a stream never waits for a word already past its
-    value. Not while the watcher is not ticking: it is what bounds a gate its launch left closed."""
+    """Make ``stream`` (of context cur) wait, before sample i's start event, until ``gate_open``: TIMED_GATED
+    if it does, else why not (layout.TIMED_HOW). Sample i is this thread's until it is in flight; besides it
+    only the watcher writes its word (``gate_watch``), and neither ever moves it back, so a stream never
+    waits for a word already past its value. Not while the watcher is not ticking: it is what bounds a gate
+    its launch left closed."""
     if CTX.load_gate_forced(ctx) >= L.TIMING_GATE_FORCED_MAX:
-        return False  # this process's launches keep waiting inside the driver: each gate would stall them
+        return L.TIMED_GATE_OFF  # its launches kept waiting inside the driver: each gate would stall them
     if monotonic_ns() - np.int64(CTX.load_turn_tick(ctx)) > WATCHER_LATE_NS:
-        return False
+        return L.TIMED_WATCHER_LATE
     h = gate_words(ctx, cur)
     if h == 0:
-        return False
+        return L.TIMED_NO_GATE
     v = CTX.get_samp_gate(ctx, i) + np.uint32(1)
     if HELPER.cuStreamWaitValue32_v2(ctx, stream, CTX.get_gate_dptr(ctx) + np.uint64(4 * i), v,
                                      CU_STREAM_WAIT_VALUE_GEQ) != abi.CUDA_SUCCESS:
-        return False
+        return L.TIMED_WAIT_REFUSED
     CTX.store_samp_gate(ctx, i, v)  # first the value, then the time: gate_watch reads them the other way
     CTX.store_samp_gate_ns(ctx, i, monotonic_ns())
-    return True
+    return L.TIMED_GATED
 
 
 @njit
@@ -292,10 +293,19 @@ def may_gate(ctx, known, fkey):
 
 
 @njit
-def sample_begin(ctx, key, stream, known, fn):
+def gate(ctx, i, stream, cur, known, fn):
+    """Close sample i's gate where it may be: how its timing is taken (layout.TIMED_HOW)."""
+    if not may_gate(ctx, known, fn ^ cur):
+        return L.TIMED_FIRST
+    return gate_close(ctx, i, stream, cur)
+
+
+@njit
+def sample_begin(ctx, region, dev, key, stream, known, fn):
     """Record a start event before a launch, behind a closed gate where ``may_gate`` allows (``known``: the
-    kernel has a cost slot; ``fn``: its function); returns the sample index, or -1 (no sample taken). A
-    sample taken must be ended (``sample_end``) right after the launch: that opens the gate."""
+    kernel has a cost slot; ``fn``: its function), counted on the group's device dev by how (``sm_timed``);
+    returns the sample index, or -1 (no sample taken). A sample taken must be ended (``sample_end``) right
+    after the launch: that opens the gate."""
     i = -1
     for j in range(L.SAMPLES):
         if CTX.cas_samp_state(ctx, j, SAMPLE_FREE, SAMPLE_RECORDING) == SAMPLE_FREE:
@@ -307,7 +317,8 @@ def sample_begin(ctx, key, stream, known, fn):
     ok = cur != 0
     if ok and CTX.get_samp_ctx(ctx, i) != cur:
         ok = fresh_events(ctx, i, cur)
-    gated = ok and may_gate(ctx, known, fn ^ cur) and gate_close(ctx, i, stream, cur)
+    how = gate(ctx, i, stream, cur, known, fn) if ok else L.TIMED_NO_GATE
+    gated = ok and how == L.TIMED_GATED
     ok = ok and HELPER.cuEventRecord(ctx, CTX.get_samp_start(ctx, i), stream) == abi.CUDA_SUCCESS
     if gated and not ok:
         gate_open(ctx, i)
@@ -315,6 +326,7 @@ def sample_begin(ctx, key, stream, known, fn):
         CTX.store_samp_state(ctx, i, SAMPLE_FREE)
         return -1
     CTX.set_samp_key(ctx, i, key)
+    DEV.add_sm_timed(REGION.device(region, dev), how, 1)
     return i
 
 

@@ -148,12 +148,15 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
     # the count first: sm_pending is on a line of its own, which 63 launches in 64 leave unread
     if unlikely(((n & np.uint64(HARVEST_EVERY - 1)) == 0 or stale) and CTX.load_sm_pending(ctx) != 0):
         cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones
-    cu = turn.take(ctx, region, tdev, e, stream, now, gang.queue_cost(g, c), rank, limit != 0, g)
+    # the queue it adds, scaled as its charge is: raw, a launch-bound group's small kernels read as a deep
+    # queue, and two of them took whole turns where they could have gone beside each other (turn.py)
+    q = gang.queue_cost(g, limiter.scaled(region, dev, c))
+    cu = turn.take(ctx, region, tdev, e, stream, now, q, rank, limit != 0, g)
     s = -1
     first = cost.new_kernel(ctx, slot)
     if unlikely(first or stale or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
                                    and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
-        s = cost.sample_begin(ctx, key, stream, slot >= 0, fn)
+        s = cost.sample_begin(ctx, region, dev, key, stream, slot >= 0, fn)
         if s >= 0:
             CTX.set_samp_next_ns(ctx, np.uint64(now + SAMPLE_GAP_NS))
     rc = call_real(ctx, idx, args, notfound)

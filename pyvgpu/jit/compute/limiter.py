@@ -116,6 +116,18 @@ RECIP_EXACT = np.uint64(1 << 31)  # below this, x * reciprocal fits 64 bits and 
 
 
 @njit(inline="always")
+def scaled(region, dev, cost):
+    """A launch's estimated GPU time (ns) as the group's controller corrects it: cost x sm_scale. The scale
+    is what the controller learned of how far the process's timings overstate the GPU's busy time (a small
+    kernel's timing on an idle stream holds the launch path too); budgets and the turns' queue estimates
+    both count GPU time, so both count it scaled."""
+    scale = DEV.get_sm_scale(REGION.device(region, dev))
+    if unlikely(scale == 0):
+        scale = np.uint64(Q16)
+    return np.uint64(cost) * scale // np.uint64(Q16)
+
+
+@njit(inline="always")
 def per_share(ctx, dev, x, limit):
     """x // limit (the share, 1-99), exactly, without a division for x < 2^31 (a charge of up to ~20 ms
     at scale 1): a division takes ~10-20 cycles on every launch, a multiply 3. With m = 2^32 // limit + 1,
@@ -139,10 +151,7 @@ def throttle(ctx, region, dev, lead, k, cost, limit, now):
     The budget is dev's own, or in a gang of k devices the lead device's, charged 1/k of the cost
     (pyvgpu/jit/compute/gang.py). Returns how long the launch must wait for the budget (ns, <= 0: it may go now),
     and the count before it."""
-    scale = DEV.get_sm_scale(REGION.device(region, dev))
-    if unlikely(scale == 0):
-        scale = np.uint64(Q16)
-    charge = np.int64(per_share(ctx, dev, cost * scale // np.uint64(Q16) * np.uint64(100), limit))
+    charge = np.int64(per_share(ctx, dev, scaled(region, dev, cost) * np.uint64(100), limit))
     if unlikely(k > 1):
         charge //= np.int64(k)
     d = REGION.device(region, lead)
