@@ -153,7 +153,8 @@ def test_a_launch_that_waits_inside_the_driver_behind_its_gate_is_freed_by_the_w
     module loaded lazily, in this or another thread) would wait for ever: the watcher thread opens a gate
     closed for more than GATE_MAX_NS. Here every launch waits for its stream (FAKECUDA_LAUNCH_WAITS): each
     gated one is stuck until the watcher's next tick (ten a second), and the load still runs to its end (the
-    fake stops a program whose gate nobody opens within 5 s)."""
+    fake stops a program whose gate nobody opens within 5 s). From the eighth such gate on, each pauses the
+    gate, 2 s and then twice as long each time: in 8 s, one stall after the first pause, maybe one more."""
     stats = tmp_path / "stats.json"
     load = [str(BENCH_BIN), "sm", "8", "2000", "kernel", "1000", "0"]  # 8 s: launch 2048 comes after 8 stalls
     charge_per_launch(env, tmp_path, "stuck", load, FAKECUDA_LAUNCH_WAITS="1", FAKECUDA_STATS=str(stats))
@@ -163,10 +164,24 @@ def test_a_launch_that_waits_inside_the_driver_behind_its_gate_is_freed_by_the_w
     r = region.open_region(tmp_path / "stuck.region", writable=False)
     os.close(r.fd)
     gates = [e for e in r.events() if e["kind"] == "timing_gate"]
-    # recorded at 1, 2, 4 and 8 gates opened; then the process times its launches ungated (no more waits)
+    # recorded at 1, 2, 4 and 8 gates opened; then paused: a stall at each pause's end, no more
     assert [e["a"] for e in gates] == [1, 2, 4, 8], gates
-    assert calls["gate_waits"] == layout.TIMING_GATE_FORCED_MAX, calls
+    stalls = layout.TIMING_GATE_FORCED_MAX
+    assert stalls + 1 <= calls["gate_waits"] <= stalls + 2, calls
     t = timed(tmp_path, "stuck")
-    assert t["gated"] == layout.TIMING_GATE_FORCED_MAX and t["gate_off"] >= 1, t
+    assert t["gated"] == calls["gate_waits"] and t["gate_off"] >= 5, t
     assert all(GATE_MAX_NS < e["b"] < 1_000_000_000 for e in gates), gates
-    assert "until the watcher opened it (8 so far; after 8 it times launches ungated)" in event_text(gates[-1])
+    assert "until the watcher opened it (8 so far; from the 8th on, each pauses the gate" in event_text(gates[-1])
+
+
+def test_a_gate_paused_by_a_burst_of_stalls_comes_back(env, tmp_path):
+    """Launches wait inside the driver only in the program's first 3.5 s (FAKECUDA_LAUNCH_WAITS_MS: a start's
+    lazy loads): eight stalls pause the gate for 2 s, and after the pause the timings are gated again, so the
+    load is charged its kernels' time. Before, eight forced gates turned the gate off for the process's life
+    (its charges held the launch path from then on: 600 us a launch here)."""
+    load = [str(BENCH_BIN), "sm", "9", "2000", "kernel", "1000", "0"]
+    per = charge_per_launch(env, tmp_path, "burst", load, after=5000, FAKECUDA_LAUNCH_WAITS="1",
+                            FAKECUDA_LAUNCH_WAITS_MS="3500")
+    t = timed(tmp_path, "burst")
+    assert t["gate_off"] >= 3 and t["gated"] >= layout.TIMING_GATE_FORCED_MAX + 5, t
+    assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per

@@ -31,7 +31,7 @@ KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX014", "little")  # 13, 14: the timing gate (12: turn_waited)
+CTX_MAGIC = int.from_bytes(b"PVCTX015", "little")  # 13, 14: the timing gate (12: turn_waited); 15: its pauses
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -129,6 +129,9 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
             Field("samp_gate_ns", "u64", SAMPLES, doc="CLOCK_MONOTONIC its gate closed, 0 = open (the watcher "
                                                       "opens a gate its launch left closed too long)"),
             Field("gate_forced", "u64", doc="gates the watcher opened (their launch waited inside the driver)"),
+            Field("gate_off_until", "u64", doc="CLOCK_MONOTONIC until which launches are timed ungated, after "
+                                               "TIMING_GATE_FORCED_MAX forced gates (0 = gated)"),
+            Field("gate_offs", "u64", doc="times the gate was turned off so: each doubles the next pause"),
             Field("func_seen", "u64", FUNC_SLOTS, doc="functions launched here (handle ^ CUcontext, 0 = free): "
                                                       "their modules are loaded, so a new shape's launch is gated"),
             Field("cost_full", "u64", doc="launches whose kernel found its cost table probe run full (1 in "
@@ -304,7 +307,7 @@ EV_TURN_TIMEOUT, EV_TURNS_FULL = 6, 7  # pyvgpu/jit/compute/turn.py: a wait for 
 EV_PRIORITY, EV_SM_BORROW = 8, 9  # `pyvgpu limits set --priority / --sm-borrow`
 EV_BUDGET_RESET = 10  # pyvgpu/jit/compute/limiter.py: a budget further ahead than any launch waits
 EV_TIMING_GATE = 11  # pyvgpu/jit/compute/cost.py: the watcher opened a timed launch's gate
-TIMING_GATE_FORCED_MAX = 8  # gates the watcher had to open before a process times launches ungated for good
+TIMING_GATE_FORCED_MAX = 8  # gates the watcher had to open before a process pauses its gate (cost.py)
 BUDGET_MAX_AHEAD_NS = 600_000_000_000  # the furthest ahead of now a group's compute budget is obeyed
 EVENT_KINDS = ("none", "oom", "reclaim", "memory_limit", "sm_limit", "devices_refused", "turn_timeout",
                "turns_full", "priority", "sm_borrow", "budget_reset", "timing_gate")

@@ -165,7 +165,8 @@ def event_text(e: dict) -> str:
     elif kind == "timing_gate":
         what = (f"pid {e['pid']}: a timed launch's gate stayed closed {e['b'] / 1e6:.0f} ms (the launch waited "
                 f"inside the driver, or its thread did not run) until the watcher opened it ({e['a']} so far; "
-                f"after {L.TIMING_GATE_FORCED_MAX} it times launches ungated)")
+                f"from the {L.TIMING_GATE_FORCED_MAX}th on, each pauses the gate: 2 s, then twice as long each "
+                "time)")
     elif kind == "turns_full":
         what = f"the turn file has no free entry for {dev}: pid {e['pid']} time-slices there (pyvgpu doctor)"
     else:

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3431305854435650ULL
+#define PV_CTX_MAGIC 0x3531305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/contract/layout.py) */
 typedef struct __attribute__((aligned(64))) pv_ctx {
@@ -83,12 +83,15 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint32_t samp_gate[8];  /* the value the sample's gate word was last opened to */
     uint64_t samp_gate_ns[8];  /* CLOCK_MONOTONIC its gate closed, 0 = open (the watcher opens a gate its launch left closed too long) */
     uint64_t gate_forced;  /* gates the watcher opened (their launch waited inside the driver) */
+    uint64_t gate_off_until;  /* CLOCK_MONOTONIC until which launches are timed ungated, after TIMING_GATE_FORCED_MAX forced gates (0 = gated) */
+    uint64_t gate_offs;  /* times the gate was turned off so: each doubles the next pause */
     uint64_t func_seen[1024];  /* functions launched here (handle ^ CUcontext, 0 = free): their modules are loaded, so a new shape's launch is gated */
     uint64_t cost_full;  /* launches whose kernel found its cost table probe run full (1 in COST_EVICT_EVERY takes a slot there) */
     uint64_t gate_page;  /* the page the shim mapped for the gate words (never unmapped), 0 = none */
     uint64_t gate_ctx;  /* the CUcontext that registered it: only its streams are gated */
     uint64_t gate_host;  /* gate_page once registered with CUDA (pinned, mapped), 0 = not yet, 1 = being registered or unavailable */
     uint64_t gate_dptr;  /* their device address */
+    uint8_t _pad6[16];
     struct {  /* the streams a drain waits for; a launch compares its stream with the first ones */
         uint64_t turn_stream;  /* a stream this process launched on under turns, handle + 1 (0 = free) */
         uint64_t turn_stream_dev;  /* the CUDA device it launched on */
@@ -98,11 +101,11 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t drain_ev;  /* CUevent for a stream the table had no room for, before a hand-over */
     uint64_t drain_ctx;  /* CUcontext drain_ev belongs to */
     uint32_t turn_stream_lock;  /* spinlock between a drain and cuStreamDestroy */
-    uint8_t _pad6[4];
+    uint8_t _pad7[4];
     uint64_t turn_streams_lost;  /* launches on streams the table had no room for (not drained) */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad7[28];
+    uint8_t _pad8[60];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
@@ -166,23 +169,25 @@ _Static_assert(offsetof(pv_ctx_t, samp_end) == 69936, "pv_ctx.samp_end");
 _Static_assert(offsetof(pv_ctx_t, samp_gate) == 70000, "pv_ctx.samp_gate");
 _Static_assert(offsetof(pv_ctx_t, samp_gate_ns) == 70032, "pv_ctx.samp_gate_ns");
 _Static_assert(offsetof(pv_ctx_t, gate_forced) == 70096, "pv_ctx.gate_forced");
-_Static_assert(offsetof(pv_ctx_t, func_seen) == 70104, "pv_ctx.func_seen");
-_Static_assert(offsetof(pv_ctx_t, cost_full) == 78296, "pv_ctx.cost_full");
-_Static_assert(offsetof(pv_ctx_t, gate_page) == 78304, "pv_ctx.gate_page");
-_Static_assert(offsetof(pv_ctx_t, gate_ctx) == 78312, "pv_ctx.gate_ctx");
-_Static_assert(offsetof(pv_ctx_t, gate_host) == 78320, "pv_ctx.gate_host");
-_Static_assert(offsetof(pv_ctx_t, gate_dptr) == 78328, "pv_ctx.gate_dptr");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 78336, "pv_ctx.turn_stream");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 78344, "pv_ctx.turn_stream_dev");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 78352, "pv_ctx.turn_stream_ctx");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 78360, "pv_ctx.turn_stream_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ev) == 79360, "pv_ctx.drain_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 79368, "pv_ctx.drain_ctx");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 79376, "pv_ctx.turn_stream_lock");
-_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 79384, "pv_ctx.turn_streams_lost");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 79392, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 79396, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 79680, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, gate_off_until) == 70104, "pv_ctx.gate_off_until");
+_Static_assert(offsetof(pv_ctx_t, gate_offs) == 70112, "pv_ctx.gate_offs");
+_Static_assert(offsetof(pv_ctx_t, func_seen) == 70120, "pv_ctx.func_seen");
+_Static_assert(offsetof(pv_ctx_t, cost_full) == 78312, "pv_ctx.cost_full");
+_Static_assert(offsetof(pv_ctx_t, gate_page) == 78320, "pv_ctx.gate_page");
+_Static_assert(offsetof(pv_ctx_t, gate_ctx) == 78328, "pv_ctx.gate_ctx");
+_Static_assert(offsetof(pv_ctx_t, gate_host) == 78336, "pv_ctx.gate_host");
+_Static_assert(offsetof(pv_ctx_t, gate_dptr) == 78344, "pv_ctx.gate_dptr");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 78368, "pv_ctx.turn_stream");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 78376, "pv_ctx.turn_stream_dev");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 78384, "pv_ctx.turn_stream_ctx");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 78392, "pv_ctx.turn_stream_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ev) == 79392, "pv_ctx.drain_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 79400, "pv_ctx.drain_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 79408, "pv_ctx.turn_stream_lock");
+_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 79416, "pv_ctx.turn_streams_lost");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 79424, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 79428, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 79744, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL

@@ -57,6 +57,10 @@ GATE_BYTES = 4096  # one page (the shim's, ctx.gate_page), pinned: a 32-bit word
 GATE_MAX_NS = 10_000_000  # a gate closed this long is opened at the watcher's next tick (a launch takes us)
 CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP = 0x01, 0x02  # cuda.h: pinned for every context, mapped
 WATCHER_LATE_NS = 500_000_000  # no gate while the watcher's last tick is older (it bounds every gate)
+# From the TIMING_GATE_FORCED_MAXth forced gate on, each pauses the gate: for 2 s, then twice as long each
+# time, at most 10 min. Lazy module loads come in bursts at a program's start; a program whose every
+# launch waits inside the driver (CUDA_LAUNCH_BLOCKING=1) stalls once per pause, ever more rarely.
+GATE_PAUSE_NS, GATE_PAUSE_MAX_NS = 2_000_000_000, 600_000_000_000
 CU_STREAM_WAIT_VALUE_GEQ = 0x0  # cuda.h: (int32_t)(*addr - value) >= 0, so the count may wrap
 CU_STREAM_CAPTURE_MODE_RELAXED = 2  # cuda.h: the thread may allocate while another thread captures a graph
 
@@ -204,9 +208,10 @@ def gate_close(ctx, i, stream, cur):
     only the watcher writes its word (``gate_watch``), and neither ever moves it back, so a stream never
     waits for a word already past its value. Not while the watcher is not ticking: it is what bounds a gate
     its launch left closed."""
-    if CTX.load_gate_forced(ctx) >= L.TIMING_GATE_FORCED_MAX:
+    now = monotonic_ns()
+    if now < np.int64(CTX.load_gate_off_until(ctx)):
         return L.TIMED_GATE_OFF  # its launches kept waiting inside the driver: each gate would stall them
-    if monotonic_ns() - np.int64(CTX.load_turn_tick(ctx)) > WATCHER_LATE_NS:
+    if now - np.int64(CTX.load_turn_tick(ctx)) > WATCHER_LATE_NS:
         return L.TIMED_WATCHER_LATE
     h = gate_words(ctx, cur)
     if h == 0:
@@ -246,8 +251,8 @@ def gate_watch(ctx, now):
     """On the watcher thread: open every gate closed for longer than GATE_MAX_NS (its launch is waiting
     inside the driver, which may be waiting for the stream; the watcher ticks ten times a second, so a gate
     is open within GATE_MAX_NS + 100 ms). Opened early, a timing only reads long. Each time the count of
-    gates so opened reaches a power of two, a ``timing_gate`` event says so; after TIMING_GATE_FORCED_MAX
-    the process times its launches ungated (``gate_close``)."""
+    gates so opened reaches a power of two, a ``timing_gate`` event says so; from TIMING_GATE_FORCED_MAX
+    on, each pauses the gate (``pause_gate``)."""
     h = CTX.load_gate_host(ctx)
     if h <= GATE_UNAVAILABLE:
         return
@@ -262,6 +267,17 @@ def gate_watch(ctx, now):
             n = CTX.add_gate_forced(ctx, 1) + np.uint64(1)
             if n & (n - np.uint64(1)) == 0:
                 events.record(CTX.get_region(ctx), L.EV_TIMING_GATE, -1, 0, n, np.uint64(now - np.int64(t)))
+            if n >= L.TIMING_GATE_FORCED_MAX:
+                pause_gate(ctx, now)
+
+
+@njit
+def pause_gate(ctx, now):
+    """Time launches ungated for a while (the watcher's thread alone writes these): GATE_PAUSE_NS after the
+    first pause, twice as long after each next one, at most GATE_PAUSE_MAX_NS."""
+    k = min(CTX.get_gate_offs(ctx), np.uint64(20))
+    CTX.set_gate_offs(ctx, CTX.get_gate_offs(ctx) + np.uint64(1))
+    CTX.store_gate_off_until(ctx, np.uint64(now + min(np.int64(GATE_PAUSE_NS) << np.int64(k), GATE_PAUSE_MAX_NS)))
 
 
 @njit
