@@ -274,7 +274,10 @@ def gate_watch(ctx, now):
 @njit
 def pause_gate(ctx, now):
     """Time launches ungated for a while (the watcher's thread alone writes these): GATE_PAUSE_NS after the
-    first pause, twice as long after each next one, at most GATE_PAUSE_MAX_NS."""
+    first pause, twice as long after each next one, at most GATE_PAUSE_MAX_NS. Gates closed before a pause
+    and forced open in it (several samples' at one tick) do not lengthen it."""
+    if now < np.int64(CTX.load_gate_off_until(ctx)):
+        return
     k = min(CTX.get_gate_offs(ctx), np.uint64(20))
     CTX.set_gate_offs(ctx, CTX.get_gate_offs(ctx) + np.uint64(1))
     CTX.store_gate_off_until(ctx, np.uint64(now + min(np.int64(GATE_PAUSE_NS) << np.int64(k), GATE_PAUSE_MAX_NS)))
