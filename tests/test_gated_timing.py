@@ -77,9 +77,11 @@ def test_a_launch_bound_group_is_charged_its_kernels_time_not_the_launch_path(en
     print(f"charged {per / 1000:.0f} us a launch for a {KERNEL_NS / 1000:.0f} us kernel")
     # ungated, every timing reads the kernel and the path: 600 us (the test below)
     assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per
-    t = timed(tmp_path, "gated")  # the function's first launch ungated (its module loads then), the rest gated
+    # the function's first launch ungated (its module loads then), the rest gated; on a busy machine a timing
+    # before the watcher's first tick goes ungated too (nothing bounds a gate then)
+    t = timed(tmp_path, "gated")
     assert t["first_in_context"] == 1 and t["gated"] >= 5, t
-    assert sum(t.values()) == t["gated"] + 1, t
+    assert t["gate_off"] == t["no_gate"] == t["wait_refused"] == 0, t
 
 
 def test_a_new_shape_of_a_function_launched_before_is_timed_gated(env, tmp_path):
@@ -93,6 +95,7 @@ def test_a_new_shape_of_a_function_launched_before_is_timed_gated(env, tmp_path)
     assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per
     t = timed(tmp_path, "shapes")
     assert t["first_in_context"] == 1 and t["gated"] >= 300, t  # the shapes' first launches: gated, but the first
+    assert t["gate_off"] == t["no_gate"] == t["wait_refused"] == 0, t
 
 
 def test_a_full_cost_table_still_learns_new_kernels(env, tmp_path):
@@ -114,8 +117,8 @@ def test_without_the_gate_the_timing_holds_the_path_and_nothing_hangs(env, tmp_p
     assert t["gated"] == 0 and t["no_gate"] >= 5 and t["first_in_context"] == 1, t
     out = subprocess.run([*PYVGPU, "status", "--region", str(tmp_path / "ungated.region")], env=env,
                          capture_output=True, text=True, timeout=60).stdout
-    want = f"launch timings: {sum(t.values())}, 0% gated (not gated: first in context 1, no gate {t['no_gate']})"
-    assert want in out, out
+    assert f"launch timings: {sum(t.values())}, 0% gated (not gated: first in context 1, " in out, out
+    assert f"no gate {t['no_gate']})" in out, out
 
 
 @pytest.mark.parametrize("fail", [{"FAKECUDA_FAIL": "cuStreamWaitValue32_v2:1:1"},
