@@ -117,8 +117,10 @@ def test_without_the_gate_the_timing_holds_the_path_and_nothing_hangs(env, tmp_p
     assert per > (KERNEL_NS + GAP_NS) * 0.8, per
     t = timed(tmp_path, "ungated")  # counted as such: `pyvgpu status` says why the charges read long
     assert t["gated"] == 0 and t["no_gate"] >= 5 and t["first_in_context"] == 1, t
-    out = subprocess.run([*PYVGPU, "status", "--region", str(tmp_path / "ungated.region")], env=env,
-                         capture_output=True, text=True, timeout=60).stdout
+    p = subprocess.run([*PYVGPU, "status", "--region", str(tmp_path / "ungated.region")], env=env, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
     assert f"launch timings: {sum(t.values())}, 0% gated (not gated: first in context 1, " in out, out
     assert f"no gate {t['no_gate']})" in out, out
 
