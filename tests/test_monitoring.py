@@ -326,6 +326,10 @@ def test_exporter_scrape_over_loopback(env, tmp_path):
         assert sm[("team-b", "0")] == 30 and ("team-a", "0") not in sm
         held = {s.name for s in m["pyvgpu_throttle_seconds"]}
         assert held == {"pyvgpu_throttle_seconds_total"}
+        how = {(s.labels["group"], s.labels["how"]): s.value for s in m["pyvgpu_launch_timings"]
+               if s.name == "pyvgpu_launch_timings_total"}
+        assert {h for g, h in how if g == "team-b"} == set(L.TIMED_HOW), how  # with a share: each how
+        assert not any(g == "team-a" for g, _ in how), how  # no share, no cost model
         assert "pyvgpu_sm_utilization_percent" in m
         # each scrape reads the regions afresh
         assert a("free") == 0

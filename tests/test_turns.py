@@ -55,6 +55,7 @@ def test_a_launch_bound_pair_whose_timings_read_long_still_runs_beside_each_othe
     ra, rb, rc = a.rate(3), b.rate(3), c.rate(3)
     scales = [s for _, _, s in a.series[-10:]] + [s for _, _, s in b.series[-10:]]
     assert max(scales) < 0.5, scales  # the controller found the charges too high: its scale is in force
+    print(f"pair at {ra / rc:.2f} and {rb / rc:.2f} of the control alone, scales {min(scales):.2f}-{max(scales):.2f}")
     assert ra >= 0.7 * rc and rb >= 0.7 * rc, (ra, rb, rc)
 
 
