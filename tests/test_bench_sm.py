@@ -39,7 +39,7 @@ class _Event:
         return self.clock.ns >= self.done_at
 
     def synchronize(self) -> None:
-        self.waited = True
+        self.waited = self.waited or self.clock.ns < self.done_at  # the host waited for the GPU
         self.clock.ns = max(self.clock.ns, self.done_at)
 
 

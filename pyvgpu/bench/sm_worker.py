@@ -121,7 +121,7 @@ class Progress:
 
     def end(self) -> None:
         """All launched work is finished (the caller synchronized): the last line."""
-        self.done = self.launched
+        self.done = max(self.done, self.launched)
         self.print(self.clock())
 
 

@@ -170,8 +170,9 @@ REGION_VERSION = 15  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a
 # How a launch's timing was taken (pyvgpu/jit/compute/cost.py sample_begin): behind the timing gate, or why not.
 # A timing not gated holds the launch path when its stream was idle: a count that is mostly not gated tells
 # why a group's charges read above the GPU's busy time (`pyvgpu status`, `bench sm`).
-TIMED_HOW = ("gated", "first_in_context", "gate_off", "watcher_late", "no_gate", "wait_refused")
-TIMED_GATED, TIMED_FIRST, TIMED_GATE_OFF, TIMED_WATCHER_LATE, TIMED_NO_GATE, TIMED_WAIT_REFUSED = range(6)
+TIMED_HOW = ("gated", "first_in_context", "no_cost_slot", "gate_off", "watcher_late", "no_gate", "wait_refused")
+(TIMED_GATED, TIMED_FIRST, TIMED_NO_COST_SLOT, TIMED_GATE_OFF, TIMED_WATCHER_LATE, TIMED_NO_GATE,
+ TIMED_WAIT_REFUSED) = range(7)
 VISIBLE_MIG = 1 << 31  # REGION_HEADER.visible[g]: group device g is a MIG instance of that GPU
 VISIBLE_INDEX = VISIBLE_MIG - 1  # the NVML index in REGION_HEADER.visible[g]
 GROUP_NAME_BYTES = 64

@@ -302,8 +302,8 @@ typedef struct __attribute__((aligned(64))) pv_region_device {
     uint64_t sm_dev_mark;  /* controller: the GPU's turn entry charged_ns at its last step */
     uint64_t sm_win_mark;  /* controller: the GPU's turn entry charged_ns at its window's start */
     uint64_t sm_win_ns;  /* controller: CLOCK_MONOTONIC of its window's start */
-    uint64_t sm_timed[6];  /* launches its processes timed on the device, by how (TIMED_HOW: gated, or why not) */
-    uint8_t _pad1[32];
+    uint64_t sm_timed[7];  /* launches its processes timed on the device, by how (TIMED_HOW: gated, or why not) */
+    uint8_t _pad1[24];
 } pv_region_device_t;
 _Static_assert(offsetof(pv_region_device_t, limit) == 0, "pv_region_device.limit");
 _Static_assert(offsetof(pv_region_device_t, used) == 8, "pv_region_device.used");

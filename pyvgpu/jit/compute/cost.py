@@ -314,6 +314,8 @@ def may_gate(ctx, known, fkey):
 @njit
 def gate(ctx, i, stream, cur, known, fn):
     """Close sample i's gate where it may be: how its timing is taken (layout.TIMED_HOW)."""
+    if not known:
+        return L.TIMED_NO_COST_SLOT
     if not may_gate(ctx, known, fn ^ cur):
         return L.TIMED_FIRST
     return gate_close(ctx, i, stream, cur)

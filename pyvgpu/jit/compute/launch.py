@@ -149,8 +149,9 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
     if unlikely(((n & np.uint64(HARVEST_EVERY - 1)) == 0 or stale) and CTX.load_sm_pending(ctx) != 0):
         cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones
     # the queue it adds, scaled as its charge is: raw, a launch-bound group's small kernels read as a deep
-    # queue, and two of them took whole turns where they could have gone beside each other (turn.py)
-    q = gang.queue_cost(g, limiter.scaled(region, dev, c))
+    # queue, and two of them took whole turns where they could have gone beside each other (turn.py). Only
+    # under a share: without one no controller keeps the scale (one left from a share removed is stale).
+    q = gang.queue_cost(g, limiter.scaled(region, dev, c) if limit != 0 else c)
     cu = turn.take(ctx, region, tdev, e, stream, now, q, rank, limit != 0, g)
     s = -1
     first = cost.new_kernel(ctx, slot)
