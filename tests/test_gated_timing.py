@@ -186,7 +186,7 @@ def test_a_gate_paused_by_a_burst_of_stalls_comes_back(env, tmp_path):
     start's lazy loads), then no more: the eight pause the gate for 2 s, and after the pause the timings are
     gated again, so the load's last quarter is charged its kernels' time. Before, eight forced gates turned
     the gate off for the process's life (its charges held the launch path from then on: 600 us a launch)."""
-    load = [str(BENCH_BIN), "sm", "12", "2000", "kernel", "1000", "0"]
+    load = [str(BENCH_BIN), "sm", "9", "2000", "kernel", "1000", "0"]
     per = charge_per_launch(env, tmp_path, "burst", load, after=0.75, FAKECUDA_LAUNCH_WAITS="1",
                             FAKECUDA_LAUNCH_STALLS=str(layout.TIMING_GATE_FORCED_MAX))
     t = timed(tmp_path, "burst")
