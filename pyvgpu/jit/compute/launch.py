@@ -122,11 +122,14 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
     key ^= np.uint64(dev) << np.uint64(40)  # a kernel's cost is learned per device
     slot = cost.cost_slot(ctx, key, True)
     c = cost.cost_of(ctx, slot)
+    # scaled as the controller corrects it, under a share (without one no controller keeps the scale, and
+    # one left from a share removed is stale): what the budget is charged and what the turns' queue adds
+    sc = limiter.scaled(region, dev, c) if limit != 0 else c
     stale = False
     if limit != 0 and not (limiter.may_borrow(ctx, region) and limiter.spent(ctx, region, tdev, now, g != 0)
                            and not turn.share_waits(ctx, e, now)):
         rank = limiter.rank(region, True)
-        wait, n = limiter.throttle(ctx, region, dev, tdev, gang.size(g), c, limit, now)
+        wait, n = limiter.throttle(ctx, region, dev, tdev, gang.size(g), c, sc, limit, now)
         holds = wait > 0
         if unlikely(g != 0):
             wait, holds = gang.common_wait(region, wait, now, limiter.batch_ns(ctx, True))
@@ -149,10 +152,8 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
     if unlikely(((n & np.uint64(HARVEST_EVERY - 1)) == 0 or stale) and CTX.load_sm_pending(ctx) != 0):
         cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones
     # the queue it adds, scaled as its charge is: raw, a launch-bound group's small kernels read as a deep
-    # queue, and two of them took whole turns where they could have gone beside each other (turn.py). Only
-    # under a share: without one no controller keeps the scale (one left from a share removed is stale).
-    q = gang.queue_cost(g, limiter.scaled(region, dev, c) if limit != 0 else c)
-    cu = turn.take(ctx, region, tdev, e, stream, now, q, rank, limit != 0, g)
+    # queue, and two of them took whole turns where they could have gone beside each other (turn.py)
+    cu = turn.take(ctx, region, tdev, e, stream, now, gang.queue_cost(g, sc), rank, limit != 0, g)
     s = -1
     first = cost.new_kernel(ctx, slot)
     if unlikely(first or stale or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
@@ -240,7 +241,8 @@ def multi_device(ctx, idx, args, notfound):
     key = cost.shape_key(P.get_function(plist), P.get_gridDimX(plist), P.get_gridDimY(plist),
                          P.get_gridDimZ(plist), P.get_blockDimX(plist), P.get_blockDimY(plist),
                          P.get_blockDimZ(plist)) ^ (np.uint64(dev) << np.uint64(40))  # per device, as launch
-    wait, _ = limiter.throttle(ctx, region, dev, dev, 1, cost.cost_of(ctx, cost.cost_slot(ctx, key, False)), limit,
+    c = cost.cost_of(ctx, cost.cost_slot(ctx, key, False))
+    wait, _ = limiter.throttle(ctx, region, dev, dev, 1, c, limiter.scaled(region, dev, c), limit,
                                monotonic_ns())  # counts the launch
     if wait > 0:
         limiter.hold(ctx, region, dev, wait, np.uint64(0), False, 0, np.uint32(0))  # no turns

@@ -146,12 +146,13 @@ def per_share(ctx, dev, x, limit):
 
 
 @njit
-def throttle(ctx, region, dev, lead, k, cost, limit, now):
-    """Charge cost (ns of GPU time on dev) to the group's budget, and count the launch (``charge_slot``).
+def throttle(ctx, region, dev, lead, k, cost, scaled_cost, limit, now):
+    """Charge cost (ns of GPU time on dev; ``scaled_cost``: it times the controller's scale, ``scaled``) to the
+    group's budget, and count the launch (``charge_slot``, at the raw cost).
     The budget is dev's own, or in a gang of k devices the lead device's, charged 1/k of the cost
     (pyvgpu/jit/compute/gang.py). Returns how long the launch must wait for the budget (ns, <= 0: it may go now),
     and the count before it."""
-    charge = np.int64(per_share(ctx, dev, scaled(region, dev, cost) * np.uint64(100), limit))
+    charge = np.int64(per_share(ctx, dev, scaled_cost * np.uint64(100), limit))
     if unlikely(k > 1):
         charge //= np.int64(k)
     d = REGION.device(region, lead)
