@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pyvgpu.bench import sm_matrix as matrix
+from pyvgpu.bench import sm_run
 from pyvgpu.errors import PyvgpuError
 
 DATA = Path(__file__).parent / "data" / "matrix"
@@ -372,3 +373,26 @@ def test_alone_runs_whose_timings_went_ungated_are_noted():
         if r["kind"] == "single":
             r["timed"]["gated"] = 1000
     assert "gated" not in rows(matrix.render([base]))["decode"]["notes"]
+
+
+def test_alone_runs_charged_above_the_gpus_busy_time_say_why():
+    """A run's cost figures (sm_run.cost_figures, from the group's region between two samples): what a launch
+    was charged raw, what its gated timings read, the GPU's busy time a launch, and the launches charged the
+    mean. An alone run charged far above NVML is noted with them (decode on two H200s: charged ~30 x its busy
+    time with every timing gated, and no figure said whether timings or estimates ran long)."""
+    # 10 000 launches in 1 s: 300 ms raw (30 us a launch), 9 000 us of gated timings over 3 000 (3 us),
+    # 2 000 launches at the mean (100 us each), the GPU 5% busy (5 us a launch)
+    a = (1000, 10**8, 100, 10**6, 10**6, 100, 2 * 10**6, 150)
+    b = (11000, 4 * 10**8, 2100, 2 * 10**8 + 10**6, 10**7, 3100, 1.2 * 10**7, 3150)
+    c = sm_run.cost_figures(a, b, 1e9, 5.0)
+    assert c["launches_per_s"] == 10000 and c["raw_us"] == 30.0 and c["gated_timing_us"] == 3.0, c
+    assert c["at_mean"] == 0.2 and c["at_mean_us"] == 100.0 and c["nvml_us"] == 5.0 and c["timings"] == 3000, c
+    assert sm_run.cost_figures(a, a, 1e9, None)["raw_us"] is None  # no launch in the window: no figure
+    base = json.loads((H200 / "decode-main.json").read_text())
+    for r in base["runs"]:
+        if r["kind"] == "single":
+            r["cost"] = dict(c) if r["target"] == 30 else dict(c, raw_us=6.0)
+    notes = rows(matrix.render([base]))["decode"]["notes"]
+    assert "alone, charged more than the GPU was busy (us a launch: raw estimate / gated timing / NVML busy; " \
+           "launches at the mean timing): 30 30.0 / 3.0 / 5.0; 20% at 100.0" in notes, notes
+    assert "50 6.0" not in notes and "70 6.0" not in notes  # 1.2 x NVML: not noted

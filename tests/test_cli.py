@@ -102,6 +102,12 @@ def test_bench_overhead_runs_on_the_fake(env, tmp_path):
     p = run([*PYVGPU, "bench", "overhead", "--rounds", "1", "--samples", "20", "--json"], env=env)
     assert p.returncode == 0, p.stderr
     assert set(json.loads(p.stdout)["ops"]) == set(r["ops"])
+    assert (r["ops"]["launch"]["goal"], r["ops"]["alloc_free"]["goal"]) == (1.01, 1.02)
+    # under a share a launch is charged, paced and timed: its goal is 1.05 (the table printed 1.01)
+    p = run([*PYVGPU, "bench", "overhead", "--rounds", "1", "--samples", "20", "--sm", "99", "--json"], env=env)
+    assert p.returncode == 0, p.stderr
+    ops = json.loads(p.stdout)["ops"]
+    assert (ops["launch"]["goal"], ops["alloc_free"]["goal"]) == (1.05, 1.02)
 
 
 # --- wrap parses like `docker run` ----------------------------------------------------------------

@@ -74,6 +74,16 @@ def timed(tmp_path, name: str) -> dict[str, int]:
     return dict(zip(layout.TIMED_HOW, r.device(0).sm_timed, strict=True))
 
 
+def read(tmp_path, name: str) -> tuple[dict[str, float], int]:
+    """What the group's timings read on device 0, a mean in ns by how (`pyvgpu status`'s sm.timing_us), and
+    how many launches were charged the process's mean timing (sm.at_mean)."""
+    r = region.open_region(tmp_path / f"{name}.region", writable=False)
+    os.close(r.fd)
+    d = r.device(0)
+    return ({h: ns / n for h, ns, n in zip(layout.TIMED_HOW, d.sm_timed_ns, d.sm_harvested, strict=True) if n},
+            d.sm_unknown)
+
+
 def test_a_launch_bound_group_is_charged_its_kernels_time_not_the_launch_path(env, tmp_path):
     per = charge_per_launch(env, tmp_path, "gated")
     print(f"charged {per / 1000:.0f} us a launch for a {KERNEL_NS / 1000:.0f} us kernel")
@@ -84,6 +94,12 @@ def test_a_launch_bound_group_is_charged_its_kernels_time_not_the_launch_path(en
     t = timed(tmp_path, "gated")
     assert t["first_in_context"] == 1 and t["gated"] >= 5, t
     assert t["gate_off"] == t["no_gate"] == t["wait_refused"] == 0, t
+    # what they read: gated, the kernel; the first (ungated, its stream idle) the path too; one kernel, so
+    # only the launches before its first timing came back were charged the mean (0 then: none yet)
+    means, at_mean = read(tmp_path, "gated")
+    assert KERNEL_NS * 0.9 < means["gated"] < KERNEL_NS * 1.25, means
+    assert means["first_in_context"] > KERNEL_NS + GAP_NS * 0.8, means
+    assert 1 <= at_mean < 50, at_mean
 
 
 def test_a_new_shape_of_a_function_launched_before_is_timed_gated(env, tmp_path):
@@ -98,6 +114,9 @@ def test_a_new_shape_of_a_function_launched_before_is_timed_gated(env, tmp_path)
     t = timed(tmp_path, "shapes")
     assert t["first_in_context"] == 1 and t["gated"] >= 300, t  # the shapes' first launches: gated, but the first
     assert t["gate_off"] == t["no_gate"] == t["wait_refused"] == 0, t
+    means, at_mean = read(tmp_path, "shapes")
+    assert KERNEL_NS * 0.9 < means["gated"] < KERNEL_NS * 1.25, means
+    assert at_mean >= 300, at_mean  # each new shape's first launch is charged the mean until its timing is in
 
 
 def test_a_full_cost_table_still_learns_new_kernels(env, tmp_path):
@@ -123,6 +142,9 @@ def test_without_the_gate_the_timing_holds_the_path_and_nothing_hangs(env, tmp_p
     out = p.stdout
     assert f"launch timings: {sum(t.values())}, 0% gated (not gated: first in context 1, " in out, out
     assert f"no gate {t['no_gate']})" in out, out
+    means, _ = read(tmp_path, "ungated")
+    assert means["no_gate"] > (KERNEL_NS + GAP_NS) * 0.8, means  # the path, read with the kernel
+    assert f"they read (mean): first in context {means['first_in_context'] / 1e3:.1f} us, no gate " in out, out
 
 
 @pytest.mark.parametrize("fail", [{"FAKECUDA_FAIL": "cuStreamWaitValue32_v2:1:1"},

@@ -330,6 +330,8 @@ def test_exporter_scrape_over_loopback(env, tmp_path):
                if s.name == "pyvgpu_launch_timings_total"}
         assert {h for g, h in how if g == "team-b"} == set(L.TIMED_HOW), how  # with a share: each how
         assert not any(g == "team-a" for g, _ in how), how  # no share, no cost model
+        at_mean = {s.labels["group"] for s in m["pyvgpu_launches_at_mean"] if s.name.endswith("_total")}
+        assert at_mean == {"team-b"}, at_mean
         assert "pyvgpu_sm_utilization_percent" in m
         # each scrape reads the regions afresh
         assert a("free") == 0

@@ -28,6 +28,7 @@ from pyvgpu.native.shim import BENCH_BIN
 from pyvgpu.ops import wrap
 
 GOALS = {"launch": 1.01, "alloc_free": 1.02}
+SHARE_GOALS = {"launch": 1.05}  # under a compute share a launch is charged, paced and timed: issue 27 item 8
 
 
 def _pv_bench(args: list[str], env: dict[str, str]) -> dict:
@@ -63,7 +64,7 @@ def run(rounds: int = 5, samples: int = 1000, launch_batch: int = 100, alloc_bat
         summary[op] = {
             "raw_ns": r_med, "hook_ns": h_med, "paired_diff_ns": d_med,
             "ratio": (r_med + d_med) / r_med if r_med else float("nan"),
-            "goal": GOALS[op], "ab_rounds": ab,
+            "goal": SHARE_GOALS.get(op, GOALS[op]) if sm else GOALS[op], "ab_rounds": ab,
             "separate_raw_ns": median(sep["raw"]), "separate_wrapped_ns": median(sep["wrapped"]),
             "separate_ratio": median(sep["wrapped"]) / median(sep["raw"]) if sep["raw"] else float("nan"),
             "separate_rounds": sep,

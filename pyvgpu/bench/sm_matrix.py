@@ -28,6 +28,7 @@ DRIFT_NOTE = DRIFT_WARN  # the raw rate's change between the first and the last 
 LAUNCH_BOUND_NVML = 50.0  # unlimited, a workload keeping the GPU busy less than this is bound by its launches
 BETTER_POINTS = 2.0  # a pair's summed throughput shares this much higher elsewhere is "better" (not noise)
 GATED_NOTE = 90.0  # alone, a run whose launch timings were gated less often than this (%) is noted
+OVERCHARGE_NOTE = 1.5  # alone, a run whose raw estimate a launch is this many times NVML's busy time is noted
 MAX_REPEAT = 10
 # (file name part, bench sm arguments)
 SCENARIOS: tuple[tuple[str, dict], ...] = (
@@ -256,6 +257,10 @@ def _gated(run: dict) -> float | None:
     return 100 * timed["gated"] / n if n else None
 
 
+def _us(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
 def _notes(cells: dict) -> list[str]:
     """A workload's notes, from its cells' median runs (``medians``); the drift note gives the largest drift
     of a scenario's repeats (a warning is about the worst run)."""
@@ -272,6 +277,13 @@ def _notes(cells: dict) -> list[str]:
     if gated and min(gated) < GATED_NOTE:
         notes.append(f"launch timings gated in {min(gated):.0f}-{max(gated):.0f}% of the alone runs (ungated "
                      "timings of small kernels hold the launch path: the controller's scale then corrects them)")
+    over = [(t, c) for t, c in ((t, r.get("cost") or {}) for t, r in sorted(cells["alone"].items()))
+            if c.get("raw_us") and c.get("nvml_us") and c["raw_us"] > OVERCHARGE_NOTE * c["nvml_us"]]
+    if over:  # the figures that tell why (sm_run.cost_figures)
+        notes.append("alone, charged more than the GPU was busy (us a launch: raw estimate / gated timing / NVML "
+                     "busy; launches at the mean timing): " + ", ".join(
+                         f"{t} {c['raw_us']:.1f} / {_us(c.get('gated_timing_us'))} / {c['nvml_us']:.1f}; "
+                         f"{100 * (c.get('at_mean') or 0):.0f}% at {_us(c.get('at_mean_us'))}" for t, c in over))
     drifts = [f"{d * 100:+.0f}% ({name})" for name, d in sorted(cells["drift"].items()) if abs(d) > DRIFT_NOTE]
     if drifts:
         notes.append(f"raw rate drifted {', '.join(drifts)}")

@@ -48,11 +48,14 @@ class LoadRun:
             self._cost = cost
             charged = self._charged
             self.timed = list(d.sm_timed)
+            launches = sum(r.slot(i).dev[0].sm_launches for i in range(r.header.n_slots) if r.slot(i).state)
             self.series.append({"t": round(time.monotonic() - self.t0, 3), "mono": time.monotonic(),
                                 "util": d.sm_util / 100, "scale": scale, "state": d.sm_state,
                                 "throttle_s": d.sm_throttle_ns / 1e9, "turn_ns": d.sm_turn_ns,
                                 "turn_wait_ns": d.sm_turn_wait_ns, "charged_ns": charged,
-                                "borrow_ns": d.sm_borrow_ns})
+                                "borrow_ns": d.sm_borrow_ns,
+                                COST: (launches, cost, d.sm_unknown, d.sm_unknown_ns, d.sm_timed_ns[L.TIMED_GATED],
+                                       d.sm_harvested[L.TIMED_GATED], sum(d.sm_timed_ns), sum(d.sm_harvested))})
 
     def finish(self, timeout: float, util: UtilSampler | None = None, cut_at: float = 1 / 3) -> dict:
         try:
@@ -90,7 +93,7 @@ class LoadRun:
         out: dict = {"kernels_per_s": (n1 - n0) / span, "window_s": span}
         out["curve"] = [((t - self.progress[0][0]) / 1e9, (b - a) / ((t - ta) / 1e9))
                         for (ta, a), (t, b) in zip(self.progress, self.progress[1:], strict=False) if t > ta]
-        out["controller"] = [{k: v for k, v in s.items() if k != "mono"} for s in self.series]
+        out["controller"] = [{k: v for k, v in s.items() if k not in ("mono", COST)} for s in self.series]
         out["timed"] = dict(zip(L.TIMED_HOW, self.timed, strict=True))  # the whole run's, warm-up too
         nv = util.mean(t0 / 1e9, t1 / 1e9) if util is not None else None
         out["time_share_nvml"] = nv  # the device's, for all groups on it
@@ -102,7 +105,29 @@ class LoadRun:
             out["turn_wait_share"] = 100 * (ss[-1]["turn_wait_ns"] - ss[0]["turn_wait_ns"]) / dt
             out["borrowed_share"] = 100 * (ss[-1]["borrow_ns"] - ss[0]["borrow_ns"]) * ss[-1]["scale"] / dt
             out["throttled_share"] = 100 * (ss[-1]["throttle_s"] - ss[0]["throttle_s"]) * 1e9 / dt
+            out["cost"] = cost_figures(ss[0][COST], ss[-1][COST], dt, nv)
         return out
+
+
+COST = "cost_counts"  # a sample's (launches, raw ns charged, launches at the mean, their ns, gated timings' ns,
+#                       their count, every timing's ns, their count): the group's, on device 0
+
+
+def cost_figures(a: tuple, b: tuple, dt_ns: float, nvml: float | None) -> dict:
+    """What the cost model charged a launch in a window (between samples a and b, dt_ns apart) against what its
+    timings read and what the GPU was busy, in us a launch: an over-charge is told apart into timings that
+    read long (``gated_timing_us`` above ``nvml_us``) and estimates that do (``raw_us`` above the timings;
+    ``at_mean``: the part of the launches charged the process's mean timing, having no estimate of their own).
+    The window's figures: a process that exited in it takes its counts along, so they need a live group."""
+    n, raw, unknown, unknown_ns, gated_ns, gated, all_ns, timings = (y - x for x, y in zip(a, b, strict=True))
+
+    def us(ns: float, count: float) -> float | None:
+        return round(ns / count / 1e3, 3) if count > 0 and ns >= 0 else None
+
+    return {"launches_per_s": n / dt_ns * 1e9, "raw_us": us(raw, n), "at_mean": unknown / n if n > 0 else None,
+            "at_mean_us": us(unknown_ns, unknown), "gated_timing_us": us(gated_ns, gated),
+            "timing_us": us(all_ns, timings), "timings": timings,
+            "nvml_us": us(nvml / 100 * dt_ns, n) if nvml is not None else None}
 
 
 def wrapped_env(base: dict[str, str], share: int | None, tmp: Path, name: str, **kw) -> tuple[dict[str, str], Path]:

@@ -31,7 +31,7 @@ KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX015", "little")  # 13, 14: the timing gate (12: turn_waited); 15: its pauses
+CTX_MAGIC = int.from_bytes(b"PVCTX016", "little")  # 13, 14: the timing gate; 15: its pauses; 16: acct, samp_how
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -122,6 +122,7 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
             ), doc="the cost table (pyvgpu/jit/compute/cost.py): a kernel's key and estimate share a line"),
             Field("samp_state", "u32", SAMPLES, doc="0 free, 1 being recorded, 2 in flight"),
             Field("samp_key", "u64", SAMPLES),
+            Field("samp_dev", "u32", SAMPLES), Field("samp_how", "u32", SAMPLES),  # where it counts, how (sm_timed_ns)
             Field("samp_ctx", "u64", SAMPLES, doc="CUcontext the sample's events belong to"),
             Field("samp_start", "u64", SAMPLES, doc="CUevent before the launch"),
             Field("samp_end", "u64", SAMPLES, doc="CUevent after the launch"),
@@ -152,6 +153,9 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
             Field("drain_ctx", "u64", doc="CUcontext drain_ev belongs to"),
             Field("turn_stream_lock", "u32", doc="spinlock between a drain and cuStreamDestroy"),
             Field("turn_streams_lost", "u64", doc="launches on streams the table had no room for (not drained)"),
+            # every group's charge on a GPU, with turns or without (pyvgpu/jit/compute/controller.py device_charged)
+            Field("acct", "u64", doc="the turn file mapped for the charges' accounting (sched, or turns off), 0 none"),
+            Field("acct_entry", "u64", MAX_DEVICES, doc="the device's entry in acct, 1 = none, 0 = not looked up"),
             # devices (pyvgpu/jit/devices/visible.py)
             Field("devices_refused", "u32", doc="1: CUDA sees other devices than the group's, GPU use is refused"),
             Field("devices_msg", "u8", MESSAGE_BYTES, doc="NUL-terminated: what stderr gets if CUDA sees other "
@@ -162,14 +166,13 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
 
 REGION_MAGIC = int.from_bytes(b"PVGPUREG", "little")
 MODE_HAMI_CORE, MODE_MPS = 0, 1  # REGION_HEADER.mode (pyvgpu/group/mps.py MODES)
-REGION_VERSION = 15  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
+REGION_VERSION = 16  # 8: REGION_HEADER.visible may carry VISIBLE_MIG; 9: what a launch reads shares lines;
 #                     10: a slot's launches leave out those its sm_launches count; 11: gangs (sm_gang, sm_devs);
 #                     12: a gang's common release (gang_release); 13: a gang's stops (gang_epoch ... gang_wake);
-#                     14: the controller judges charges beside others over a window too (sm_win_*);
-#                     15: timings counted by how they were taken (sm_timed)
-# How a launch's timing was taken (pyvgpu/jit/compute/cost.py sample_begin): behind the timing gate, or why not.
-# A timing not gated holds the launch path when its stream was idle: a count that is mostly not gated tells
-# why a group's charges read above the GPU's busy time (`pyvgpu status`, `bench sm`).
+#                     14: charges beside others judged over a window too (sm_win_*); 15: timings counted by
+#                     how they were taken (sm_timed); 16: what they read, launches at the mean (sm_unknown)
+# How a launch's timing was taken (cost.py sample_begin): behind the timing gate, or why not. An ungated timing
+# holds the launch path when its stream was idle: charges above the GPU's busy time (`pyvgpu status`, `bench sm`).
 TIMED_HOW = ("gated", "first_in_context", "no_cost_slot", "gate_off", "watcher_late", "no_gate", "wait_refused")
 (TIMED_GATED, TIMED_FIRST, TIMED_NO_COST_SLOT, TIMED_GATE_OFF, TIMED_WATCHER_LATE, TIMED_NO_GATE,
  TIMED_WAIT_REFUSED) = range(7)
@@ -261,6 +264,11 @@ REGION_DEVICE = Struct(
         Field("sm_win_ns", "u64", doc="controller: CLOCK_MONOTONIC of its window's start"),
         Field("sm_timed", "u64", len(TIMED_HOW), doc="launches its processes timed on the device, by how "
                                                      "(TIMED_HOW: gated, or why not)"),
+        # what the cost model measured and charged (`bench sm`'s "cost"): timings that read long, or estimates
+        Field("sm_timed_ns", "u64", len(TIMED_HOW), doc="the timings harvested, summed (ns, unscaled), by how"),
+        Field("sm_harvested", "u64", len(TIMED_HOW), doc="the timings sm_timed_ns sums, by how"),
+        Field("sm_unknown", "u64", doc="launches charged the process's mean timing (no estimate of their own)"),
+        Field("sm_unknown_ns", "u64", doc="what those were charged (ns, unscaled)"),
     ],
     align=64,
     doc="per-device state of a group",

@@ -188,6 +188,8 @@ class RegionCollector(Collector):
                                        labels=["group", "pid"])
         timed = CounterMetricFamily("pyvgpu_launch_timings", "Launches timed for the group's cost model, by how: "
                                     "gated (the kernel's own time), or why not", labels=[*DEVICE_LABELS, "how"])
+        at_mean = CounterMetricFamily("pyvgpu_launches_at_mean", "Launches charged the process's mean timing: "
+                                      "kernels with no estimate of their own yet", labels=DEVICE_LABELS)
         info = GaugeMetricFamily("pyvgpu_device_info", "The machine's device behind each group device",
                                  labels=[*DEVICE_LABELS, "modelName"])
         build = GaugeMetricFamily("pyvgpu_build_info", "The pyvgpu serving these metrics (always 1)",
@@ -220,6 +222,7 @@ class RegionCollector(Collector):
                     held.add_metric(lab, sm["throttled_s"])
                     for how, n in sm["timed"].items():
                         timed.add_metric([*lab, how], n)
+                    at_mean.add_metric(lab, sm["at_mean"])
                     if sm["group_utilization_percent"] is not None:
                         sm_util.add_metric(lab, sm["group_utilization_percent"])
                 if lab[3]:
@@ -230,8 +233,8 @@ class RegionCollector(Collector):
                 for dev, kinds in p["devices"].items():
                     for kind, n in kinds.items():
                         used.add_metric([*_labels(name, where, int(dev), pod), pid, kind], n)
-        yield from (limit, used, group_used, sm_limit, sm_util, oom, held, timed, launches, info, build, mode,
-                    mps_threads)
+        yield from (limit, used, group_used, sm_limit, sm_util, oom, held, timed, at_mean, launches, info, build,
+                    mode, mps_threads)
 
 
 def _labels(name: str, where: dict[int, tuple[str, str, str, str]], d: int, pod: tuple[str, str, str]) -> list[str]:

@@ -89,6 +89,11 @@ def describe(r: R.Region, reclaimed: int) -> dict:
                 "turn_wait_s": dev.sm_turn_wait_ns / 1e9,
                 "borrowed_s": dev.sm_borrow_ns / 1e9,
                 "timed": dict(zip(L.TIMED_HOW, dev.sm_timed, strict=True)),
+                # what those timings read, a mean in us by how; and the launches charged the mean of them
+                "timing_us": {h: round(ns / n / 1e3, 3) for h, ns, n in zip(L.TIMED_HOW, dev.sm_timed_ns,
+                                                                           dev.sm_harvested, strict=True) if n},
+                "at_mean": dev.sm_unknown,
+                "at_mean_s": dev.sm_unknown_ns / 1e9,
             },
         })
     procs = []
@@ -252,6 +257,10 @@ def render(groups: list[dict]) -> str:
                              f"utilization {util}, controller {sm['controller']}, scale {sm['scale']:.3f}, "
                              f"held back {sm['throttled_s']:.1f} s")
                 lines.append(f"    launch timings: {timed_text(sm['timed'])}")
+                if sm["timing_us"] or sm["at_mean"]:
+                    read = ", ".join(f"{k.replace('_', ' ')} {v:.1f} us" for k, v in sm["timing_us"].items())
+                    lines.append(f"    they read (mean): {read or '-'}; {sm['at_mean']} launches charged the mean "
+                                 f"({sm['at_mean_s']:.3f} s, kernels not timed yet)")
         lines.append(f"  {'pid':>8} {'device':>6} {'data':>12} {'context':>12} {'module':>12}")
         for p in g["processes"]:
             note = "" if p["alive"] else "  (dead, not yet reclaimed)"

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3531305854435650ULL
+#define PV_CTX_MAGIC 0x3631305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/contract/layout.py) */
 typedef struct __attribute__((aligned(64))) pv_ctx {
@@ -77,6 +77,8 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     } cost[4096];
     uint32_t samp_state[8];  /* 0 free, 1 being recorded, 2 in flight */
     uint64_t samp_key[8];
+    uint32_t samp_dev[8];
+    uint32_t samp_how[8];
     uint64_t samp_ctx[8];  /* CUcontext the sample's events belong to */
     uint64_t samp_start[8];  /* CUevent before the launch */
     uint64_t samp_end[8];  /* CUevent after the launch */
@@ -103,9 +105,11 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint32_t turn_stream_lock;  /* spinlock between a drain and cuStreamDestroy */
     uint8_t _pad7[4];
     uint64_t turn_streams_lost;  /* launches on streams the table had no room for (not drained) */
+    uint64_t acct;  /* the turn file mapped for the charges' accounting (sched, or turns off), 0 none */
+    uint64_t acct_entry[16];  /* the device's entry in acct, 1 = none, 0 = not looked up */
     uint32_t devices_refused;  /* 1: CUDA sees other devices than the group's, GPU use is refused */
     uint8_t devices_msg[256];  /* NUL-terminated: what stderr gets if CUDA sees other devices than the group's */
-    uint8_t _pad8[60];
+    uint8_t _pad8[52];
 } pv_ctx_t;
 _Static_assert(offsetof(pv_ctx_t, magic) == 0, "pv_ctx.magic");
 _Static_assert(offsetof(pv_ctx_t, n_entries) == 8, "pv_ctx.n_entries");
@@ -163,37 +167,41 @@ _Static_assert(offsetof(pv_ctx_t, cost[0].cost_key) == 4176, "pv_ctx.cost_key");
 _Static_assert(offsetof(pv_ctx_t, cost[0].cost_ns) == 4184, "pv_ctx.cost_ns");
 _Static_assert(offsetof(pv_ctx_t, samp_state) == 69712, "pv_ctx.samp_state");
 _Static_assert(offsetof(pv_ctx_t, samp_key) == 69744, "pv_ctx.samp_key");
-_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 69808, "pv_ctx.samp_ctx");
-_Static_assert(offsetof(pv_ctx_t, samp_start) == 69872, "pv_ctx.samp_start");
-_Static_assert(offsetof(pv_ctx_t, samp_end) == 69936, "pv_ctx.samp_end");
-_Static_assert(offsetof(pv_ctx_t, samp_gate) == 70000, "pv_ctx.samp_gate");
-_Static_assert(offsetof(pv_ctx_t, samp_gate_ns) == 70032, "pv_ctx.samp_gate_ns");
-_Static_assert(offsetof(pv_ctx_t, gate_forced) == 70096, "pv_ctx.gate_forced");
-_Static_assert(offsetof(pv_ctx_t, gate_off_until) == 70104, "pv_ctx.gate_off_until");
-_Static_assert(offsetof(pv_ctx_t, gate_offs) == 70112, "pv_ctx.gate_offs");
-_Static_assert(offsetof(pv_ctx_t, func_seen) == 70120, "pv_ctx.func_seen");
-_Static_assert(offsetof(pv_ctx_t, cost_full) == 78312, "pv_ctx.cost_full");
-_Static_assert(offsetof(pv_ctx_t, gate_page) == 78320, "pv_ctx.gate_page");
-_Static_assert(offsetof(pv_ctx_t, gate_ctx) == 78328, "pv_ctx.gate_ctx");
-_Static_assert(offsetof(pv_ctx_t, gate_host) == 78336, "pv_ctx.gate_host");
-_Static_assert(offsetof(pv_ctx_t, gate_dptr) == 78344, "pv_ctx.gate_dptr");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 78368, "pv_ctx.turn_stream");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 78376, "pv_ctx.turn_stream_dev");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 78384, "pv_ctx.turn_stream_ctx");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 78392, "pv_ctx.turn_stream_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ev) == 79392, "pv_ctx.drain_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 79400, "pv_ctx.drain_ctx");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 79408, "pv_ctx.turn_stream_lock");
-_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 79416, "pv_ctx.turn_streams_lost");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 79424, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 79428, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 79744, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_dev) == 69808, "pv_ctx.samp_dev");
+_Static_assert(offsetof(pv_ctx_t, samp_how) == 69840, "pv_ctx.samp_how");
+_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 69872, "pv_ctx.samp_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_start) == 69936, "pv_ctx.samp_start");
+_Static_assert(offsetof(pv_ctx_t, samp_end) == 70000, "pv_ctx.samp_end");
+_Static_assert(offsetof(pv_ctx_t, samp_gate) == 70064, "pv_ctx.samp_gate");
+_Static_assert(offsetof(pv_ctx_t, samp_gate_ns) == 70096, "pv_ctx.samp_gate_ns");
+_Static_assert(offsetof(pv_ctx_t, gate_forced) == 70160, "pv_ctx.gate_forced");
+_Static_assert(offsetof(pv_ctx_t, gate_off_until) == 70168, "pv_ctx.gate_off_until");
+_Static_assert(offsetof(pv_ctx_t, gate_offs) == 70176, "pv_ctx.gate_offs");
+_Static_assert(offsetof(pv_ctx_t, func_seen) == 70184, "pv_ctx.func_seen");
+_Static_assert(offsetof(pv_ctx_t, cost_full) == 78376, "pv_ctx.cost_full");
+_Static_assert(offsetof(pv_ctx_t, gate_page) == 78384, "pv_ctx.gate_page");
+_Static_assert(offsetof(pv_ctx_t, gate_ctx) == 78392, "pv_ctx.gate_ctx");
+_Static_assert(offsetof(pv_ctx_t, gate_host) == 78400, "pv_ctx.gate_host");
+_Static_assert(offsetof(pv_ctx_t, gate_dptr) == 78408, "pv_ctx.gate_dptr");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 78432, "pv_ctx.turn_stream");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 78440, "pv_ctx.turn_stream_dev");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 78448, "pv_ctx.turn_stream_ctx");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 78456, "pv_ctx.turn_stream_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ev) == 79456, "pv_ctx.drain_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 79464, "pv_ctx.drain_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 79472, "pv_ctx.turn_stream_lock");
+_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 79480, "pv_ctx.turn_streams_lost");
+_Static_assert(offsetof(pv_ctx_t, acct) == 79488, "pv_ctx.acct");
+_Static_assert(offsetof(pv_ctx_t, acct_entry) == 79496, "pv_ctx.acct_entry");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 79624, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 79628, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 79936, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL
-#define PV_REGION_VERSION 15
+#define PV_REGION_VERSION 16
 #define PV_REGION_DEVICES_OFF 576
-#define PV_REGION_SLOTS_OFF 16960
+#define PV_REGION_SLOTS_OFF 19008
 #define PV_REGION_SLOT_SIZE 768
 #define PV_REGION_DEFAULT_SLOTS 1024
 #define PV_MAX_DEVICES 16
@@ -303,6 +311,10 @@ typedef struct __attribute__((aligned(64))) pv_region_device {
     uint64_t sm_win_mark;  /* controller: the GPU's turn entry charged_ns at its window's start */
     uint64_t sm_win_ns;  /* controller: CLOCK_MONOTONIC of its window's start */
     uint64_t sm_timed[7];  /* launches its processes timed on the device, by how (TIMED_HOW: gated, or why not) */
+    uint64_t sm_timed_ns[7];  /* the timings harvested, summed (ns, unscaled), by how */
+    uint64_t sm_harvested[7];  /* the timings sm_timed_ns sums, by how */
+    uint64_t sm_unknown;  /* launches charged the process's mean timing (no estimate of their own) */
+    uint64_t sm_unknown_ns;  /* what those were charged (ns, unscaled) */
     uint8_t _pad1[24];
 } pv_region_device_t;
 _Static_assert(offsetof(pv_region_device_t, limit) == 0, "pv_region_device.limit");
@@ -330,7 +342,11 @@ _Static_assert(offsetof(pv_region_device_t, sm_dev_mark) == 152, "pv_region_devi
 _Static_assert(offsetof(pv_region_device_t, sm_win_mark) == 160, "pv_region_device.sm_win_mark");
 _Static_assert(offsetof(pv_region_device_t, sm_win_ns) == 168, "pv_region_device.sm_win_ns");
 _Static_assert(offsetof(pv_region_device_t, sm_timed) == 176, "pv_region_device.sm_timed");
-_Static_assert(sizeof(pv_region_device_t) == 256, "sizeof pv_region_device");
+_Static_assert(offsetof(pv_region_device_t, sm_timed_ns) == 232, "pv_region_device.sm_timed_ns");
+_Static_assert(offsetof(pv_region_device_t, sm_harvested) == 288, "pv_region_device.sm_harvested");
+_Static_assert(offsetof(pv_region_device_t, sm_unknown) == 344, "pv_region_device.sm_unknown");
+_Static_assert(offsetof(pv_region_device_t, sm_unknown_ns) == 352, "pv_region_device.sm_unknown_ns");
+_Static_assert(sizeof(pv_region_device_t) == 384, "sizeof pv_region_device");
 
 /* The machine's turn file (pyvgpu/group/turnfile.py). */
 #define PV_SCHED_MAGIC 0x31304e5255545650ULL

@@ -193,6 +193,7 @@ int pv_attach(char *err, size_t n) {
      * effort, while a group with a share takes turns), one given a share later by a live change. A group
      * with a share cannot run without them; one without runs on, said once, when the file is unusable (the
      * groups with a share refuse it too). */
+    uint64_t acct = 0;
     if (env.turns && !(sched = map_turns(&env, err, n))) {
         if (shared) {
             close(fd);
@@ -200,12 +201,23 @@ int pv_attach(char *err, size_t n) {
         }
         fprintf(stderr, "pyvgpu: warning: %s; this program does not take turns on the GPU\n", err);
         err[0] = 0;
+    } else if (env.turns) {
+        acct = sched;
+    } else if (shared) {
+        /* Time-sliced (PYVGPU_SM_TURN=0), a group with a share still adds its charge to the GPU's entry in the
+         * turn file, taking no turns: beside others the controller compares every group's charge with NVML's
+         * busy time (pyvgpu/jit/compute/controller.py). Without it the share stays a cap, never corrected. */
+        if (!(acct = map_turns(&env, err, n))) {
+            fprintf(stderr, "pyvgpu: warning: %s; the compute share is not corrected beside other groups\n", err);
+            err[0] = 0;
+        }
     }
     pv_ctx.sm_policy = env.sm_policy;
     pv_ctx.sm_batch_ns = env.sm_batch_ns;
     pv_ctx.clk_mode = (uint32_t)clk;
     pv_ctx.region = (uint64_t)(uintptr_t)m;
     pv_ctx.sched = sched;
+    pv_ctx.acct = acct;
     pv_ctx.region_fd = fd;
     pv_ctx.n_slots = h.n_slots;
     pv_ctx.slot = 0;

@@ -10,8 +10,8 @@ the GPU time the group is charged the time the GPU was busy (under a saturated
 budget the charge is the share, so NVML's reading comes to the share). While
 others share the device, NVML cannot tell their time from ours; then the scale
 only comes down, when every group with a share on the GPU together (each adds
-its charge to the GPU's turn entry) was charged more than NVML saw the GPU
-busy. A period in which the group borrowed idle time beyond its share
+its charge to the GPU's entry in the turn file, taking turns or not) was charged
+more than NVML saw the GPU busy. A period in which the group borrowed idle time beyond its share
 (--sm-borrow) holds the scale: NVML then reads above the target on purpose.
 """
 
@@ -157,7 +157,7 @@ def device_charged(ctx, d, dev, charged_ns, now, period):
     one of ours: a period's figure is judged only on a clear over-charge (OVERCHARGED), and a window of four
     periods, off by a quarter of another group's charge, more closely (HOLD_OVERCHARGED): an MLP pair on an
     H100 charged twice its busy time stayed held at one group's budget under the period's rule alone."""
-    e = CTX.get_turn_entry(ctx, dev)
+    e = CTX.get_acct_entry(ctx, dev)  # the device's turn entry, or without turns its entry all the same
     if e <= np.uint64(1):
         return 0.0, 0.0, np.uint64(0)
     total = TURN.add_charged_ns(e, np.uint64(charged_ns)) + np.uint64(charged_ns)

@@ -49,6 +49,7 @@ from pyvgpu.jit.runtime.intrinsics import (
 from pyvgpu.jit.state import events
 
 SAMPLE_FREE, SAMPLE_RECORDING, SAMPLE_IN_FLIGHT = 0, 1, 2
+N_HOW = len(L.TIMED_HOW)
 PROBES = 16  # cost slots a key may sit away from its home
 COST_EVICT_EVERY = 16  # a power of two: of the launches that find their probe run full, one takes a slot
 WAIT_MAX_NS = 1_000_000_000  # the longest a launch waits for its own timed kernel (``wait_for``)
@@ -110,6 +111,20 @@ def cost_of(ctx, slot):
     """The estimated GPU time (ns) of the kernel in cost slot ``slot``; the process's mean for a new one."""
     c = CTX.get_cost_ns(ctx, slot) if slot >= 0 else np.uint64(0)
     return c if c != 0 else CTX.get_sm_default_cost(ctx)
+
+
+@njit
+def charged_cost(ctx, region, dev, slot):
+    """``cost_of`` for a launch charged on the group's device dev: one charged the process's mean is counted
+    there (``sm_unknown``), so that a report can tell estimates that run long from timings that do."""
+    c = CTX.get_cost_ns(ctx, slot) if slot >= 0 else np.uint64(0)
+    if likely(c != 0):
+        return c
+    c = CTX.get_sm_default_cost(ctx)
+    d = REGION.device(region, dev)
+    DEV.add_sm_unknown(d, 1)
+    DEV.add_sm_unknown_ns(d, c)
+    return c
 
 
 @njit(inline="always")
@@ -347,6 +362,8 @@ def sample_begin(ctx, region, dev, key, stream, known, fn):
         CTX.store_samp_state(ctx, i, SAMPLE_FREE)
         return -1
     CTX.set_samp_key(ctx, i, key)
+    CTX.set_samp_dev(ctx, i, np.uint32(dev))
+    CTX.set_samp_how(ctx, i, np.uint32(how))
     DEV.add_sm_timed(REGION.device(region, dev), how, 1)
     return i
 
@@ -391,6 +408,18 @@ def give_up(ctx, i):
 
 
 @njit
+def count_timing(ctx, i, ns):
+    """Add sample i's timing to what the group's timings read on its device, by how it was taken."""
+    region = CTX.get_region(ctx)
+    dev = CTX.get_samp_dev(ctx, i)
+    how = CTX.get_samp_how(ctx, i)
+    if region != 0 and dev < L.MAX_DEVICES and how < N_HOW:
+        d = REGION.device(region, dev)
+        DEV.add_sm_timed_ns(d, how, ns)
+        DEV.add_sm_harvested(d, how, 1)
+
+
+@njit
 def harvest(ctx):
     """Fold finished timings into the cost model; never waits for the GPU."""
     ms = stack_u64()
@@ -408,5 +437,6 @@ def harvest(ctx):
             ns = np.float64(load_f32(ms)) * 1e6
             if ns >= 1:
                 learn(ctx, CTX.get_samp_key(ctx, i), np.uint64(ns))
+                count_timing(ctx, i, np.uint64(ns))
         CTX.add_sm_pending(ctx, np.uint32(0xFFFFFFFF))  # -1
         CTX.store_samp_state(ctx, i, SAMPLE_FREE)

@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit
 
 from pyvgpu.contract import abi
-from pyvgpu.jit.compute import cost, gang, gangstop, limiter, turn
+from pyvgpu.jit.compute import cost, gang, gangstop, gpuentry, limiter, turn
 from pyvgpu.jit.devices.nvml import handle as nvml_handle
 from pyvgpu.jit.runtime import clock
 from pyvgpu.jit.runtime.context import REAL, call_real, current_device, stream_of
@@ -121,7 +121,7 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
         nvml_handle(ctx, dev)  # for the controller, which must not call the CUDA driver itself
     key ^= np.uint64(dev) << np.uint64(40)  # a kernel's cost is learned per device
     slot = cost.cost_slot(ctx, key, True)
-    c = cost.cost_of(ctx, slot)
+    c = cost.charged_cost(ctx, region, dev, slot)
     # scaled as the controller corrects it, under a share (without one no controller keeps the scale, and
     # one left from a share removed is stale): what the budget is charged and what the turns' queue adds
     sc = limiter.scaled(region, dev, c) if limit != 0 else c
@@ -158,6 +158,8 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
     first = cost.new_kernel(ctx, slot)
     if unlikely(first or stale or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
                                    and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
+        if limit != 0:  # here, not on every launch: a timed launch comes first, and then one in SAMPLE_EVERY
+            gpuentry.account(ctx, dev)  # for the controller too: where every group's charges on dev add up
         s = cost.sample_begin(ctx, region, dev, key, stream, slot >= 0, fn)
         if s >= 0:
             CTX.set_samp_next_ns(ctx, np.uint64(now + SAMPLE_GAP_NS))

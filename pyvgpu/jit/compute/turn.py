@@ -73,10 +73,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from pyvgpu.contract import abi
 from pyvgpu.contract import layout as L
 from pyvgpu.jit.compute import drain as D
 from pyvgpu.jit.compute import gangstop
+from pyvgpu.jit.compute.gpuentry import find_entry
 from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests read them here)
     _NONE,
     BESIDE_DUE_NS,
@@ -119,15 +119,12 @@ from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests
     waits,
     word,
 )
-from pyvgpu.jit.runtime.context import HELPER
-from pyvgpu.jit.runtime.fields import CTX, SCHED, SCHED_AT, TURN
+from pyvgpu.jit.runtime.fields import CTX, SCHED, TURN
 from pyvgpu.jit.runtime.intrinsics import (
     futex_wait,
     likely,
-    load_u64,
     monotonic_ns,
     sleep_ns,
-    stack_buffer,
     unlikely,
 )
 from pyvgpu.jit.state import events
@@ -154,32 +151,16 @@ def entry(ctx, dev):
     a = CTX.get_turn_entry(ctx, dev)
     if likely(a != 0):
         return a
-    a = _NONE
     sched = CTX.get_sched(ctx)
-    uuid = stack_buffer(16)  # CUuuid
-    if sched != 0 and HELPER.cuDeviceGetUuid_v2(ctx, uuid, dev) == abi.CUDA_SUCCESS:
-        key = np.uint64(0xCBF29CE484222325)
-        for v in (load_u64(uuid), load_u64(uuid + 8)):
-            key = (key ^ v) * np.uint64(0x100000001B3)
-        key |= np.uint64(1)
-        for i in range(SCHED_AT.N_ENTRIES):
-            e = SCHED_AT.entry(sched, i)
-            k = TURN.load_key(e)
-            if k == 0:
-                k = TURN.cas_key(e, 0, key)
-                if k == 0:
-                    k = key
-            if k == key:
-                a = np.uint64(e)
-                break
-        if a == _NONE:  # every entry belongs to another GPU: this one time-slices, said once per process
-            events.record(CTX.get_region(ctx), L.EV_TURNS_FULL, dev, 0, 0, 0)
-        if CTX.get_turn_id(ctx) == 0:
-            pid = np.uint32(0)
-            while pid == 0:  # 0 means nobody
-                pid = np.uint32((np.uint64(SCHED.add_next_id(sched, 1)) + np.uint64(1)) & LOW32)
-            CTX.set_turn_id(ctx, pid)
+    a = find_entry(ctx, sched, dev)
+    if sched != 0 and CTX.get_turn_id(ctx) == 0:
+        pid = np.uint32(0)
+        while pid == 0:  # 0 means nobody
+            pid = np.uint32((np.uint64(SCHED.add_next_id(sched, 1)) + np.uint64(1)) & LOW32)
+        CTX.set_turn_id(ctx, pid)
     CTX.set_turn_entry(ctx, dev, a)
+    if CTX.get_acct(ctx) == sched:  # taking turns, the group's charges add up in its turn entry (gpuentry.py)
+        CTX.set_acct_entry(ctx, dev, a)
     return a
 
 
