@@ -97,6 +97,7 @@ def test_a_pair_on_a_time_sliced_gpu_takes_turns(env, tmp_path, turns):
         # the turn file is there for the controller's accounting of every group's charge, and nobody took turns
         (gpu,) = sched.entries(tmp_path / "ts.turns")
         assert gpu["handovers"] == 0 and gpu["drains"] == 0 and gpu["coruns"] == 0, gpu
+        assert gpu["charged_ns"] > 0.1 * 6e9, gpu  # the two groups' charges, added up for their controllers
 
 
 def test_graph_replay_is_limited(env, tmp_path):

@@ -94,12 +94,13 @@ def test_a_launch_bound_group_is_charged_its_kernels_time_not_the_launch_path(en
     t = timed(tmp_path, "gated")
     assert t["first_in_context"] == 1 and t["gated"] >= 5, t
     assert t["gate_off"] == t["no_gate"] == t["wait_refused"] == 0, t
-    # what they read: gated, the kernel; the first (ungated, its stream idle) the path too; one kernel, so
-    # only the launches before its first timing came back were charged the mean (0 then: none yet)
+    # what they read: gated, the kernel; the first (ungated, its stream idle) the path too, and no estimate
+    # (module_load): one kernel, so only the launches before its first gated timing came back were charged
+    # the mean (a harvest every 64 launches)
     means, at_mean = read(tmp_path, "gated")
     assert KERNEL_NS * 0.9 < means["gated"] < KERNEL_NS * 1.25, means
     assert means["first_in_context"] > KERNEL_NS + GAP_NS * 0.8, means
-    assert 1 <= at_mean < 50, at_mean
+    assert 1 <= at_mean < 200, at_mean
 
 
 def test_a_new_shape_of_a_function_launched_before_is_timed_gated(env, tmp_path):
@@ -117,6 +118,21 @@ def test_a_new_shape_of_a_function_launched_before_is_timed_gated(env, tmp_path)
     means, at_mean = read(tmp_path, "shapes")
     assert KERNEL_NS * 0.9 < means["gated"] < KERNEL_NS * 1.25, means
     assert at_mean >= 300, at_mean  # each new shape's first launch is charged the mean until its timing is in
+
+
+def test_a_kernel_timed_with_its_module_load_is_timed_again(env, tmp_path):
+    """Two shapes of one function in turn: the first launch (shape 1) is timed ungated, as CUDA may load the
+    function's module then, and reads the path (600 us; on a GPU, milliseconds of module load). Kept as shape
+    1's estimate, it was charged at every launch of shape 1 until timed again, and one launch in 256 chosen by
+    the count's low bits always fell on shape 2: shape 1 paid the load for the process's life (400 us a
+    launch on average). Now that timing is no estimate (shape 1's next launch is timed, gated), and which
+    launches are timed does not follow the program's period."""
+    load = [sys.executable, str(TESTS_DIR / "hosts" / "shapes_loop.py"), "4", "2", "1000"]
+    per = charge_per_launch(env, tmp_path, "reload", load)
+    print(f"charged {per / 1000:.0f} us a launch for a {KERNEL_NS / 1000:.0f} us kernel in 2 shapes")
+    assert KERNEL_NS * 0.9 < per < KERNEL_NS * 1.25, per
+    means, _ = read(tmp_path, "reload")
+    assert means["first_in_context"] > KERNEL_NS + GAP_NS * 0.8, means  # it read the path, and was dropped
 
 
 def test_a_full_cost_table_still_learns_new_kernels(env, tmp_path):
@@ -144,7 +160,9 @@ def test_without_the_gate_the_timing_holds_the_path_and_nothing_hangs(env, tmp_p
     assert f"no gate {t['no_gate']})" in out, out
     means, _ = read(tmp_path, "ungated")
     assert means["no_gate"] > (KERNEL_NS + GAP_NS) * 0.8, means  # the path, read with the kernel
-    assert f"they read (mean): first in context {means['first_in_context'] / 1e3:.1f} us, no gate " in out, out
+    # (a busy machine's timings before the watcher's first tick read "watcher late" between the two)
+    assert f"they read (mean): first in context {means['first_in_context'] / 1e3:.1f} us, " in out, out
+    assert f"no gate {means['no_gate'] / 1e3:.1f} us; " in out, out
 
 
 @pytest.mark.parametrize("fail", [{"FAKECUDA_FAIL": "cuStreamWaitValue32_v2:1:1"},
@@ -173,8 +191,10 @@ def test_the_gate_is_made_while_another_stream_captures_a_graph(env, tmp_path):
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["launch"] == 0, p.stdout
     (calls,) = [c for c in (json.loads(f.read_text()) for f in tmp_path.glob("stats.json.*")) if "cuLaunchKernel" in c]
-    # a refused registration leaves the process without a gate: no wait at all
-    assert calls["cuMemHostRegister_v2"] == 1 and calls["cuStreamWaitValue32_v2"] == 1, calls
+    # a refused registration leaves the process without a gate: no wait at all. The first launch's timing
+    # holds its module's load and makes no estimate (cost.py module_load): the kernel's launches in the
+    # capture are timed, gated, until one of those timings is in
+    assert calls["cuMemHostRegister_v2"] == 1 and calls["cuStreamWaitValue32_v2"] >= 1, calls
 
 
 def test_a_launch_that_waits_inside_the_driver_behind_its_gate_is_freed_by_the_watcher(env, tmp_path):

@@ -334,6 +334,11 @@ def test_bench_sm_runs_its_scenarios_on_the_fake(env, tmp_path):
     assert not r["scenarios"].get("pair-sliced", {}).get("handovers"), r["scenarios"]  # time-sliced: no turns
     assert r["burst"]["alone"]["achieved"] > 60 and r["burst"]["give_back_ms"] is not None, r["burst"]
     assert "gave the turn back within" in p.stdout and "neighbour-unlimited" in p.stdout
+    # what a launch was charged against what its timings read (the alone run: every launch its own kernel's)
+    c = r["runs"][0]["cost"]
+    assert c["raw_us"] > 0 and c["gated_timing_us"] > 0 and c["nvml_us"] is not None, c
+    assert 0.5 < c["raw_us"] / c["gated_timing_us"] < 2, c
+    assert "cost a launch (us): raw estimate / gated timing / NVML busy" in p.stdout, p.stdout
     # the raw rate is taken again at the end, and the shares are of the mean of both
     before, after = r["unlimited_kernels_per_s"], r["unlimited_after_kernels_per_s"]
     assert after > 0 and r["baseline_drift"] == after / before - 1

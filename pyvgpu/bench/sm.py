@@ -243,6 +243,10 @@ def _drift_lines(result: dict) -> list[str]:
     return lines
 
 
+def _num(x: float | None) -> str:
+    return f"{x:.1f}" if x is not None else "-"
+
+
 def _pct(x: float | None, width: int = 6) -> str:
     return f"{x:>{width - 1}.1f}%" if x is not None else " " * (width - 1) + "-"
 
@@ -266,6 +270,14 @@ def table(result: dict) -> str:
         lines.append(f"  {name:<20} {target} {_pct(r['achieved'], 9)} {err} {_pct(r.get('time_share_nvml'))} "
                      f"{_pct(r.get('time_share_turns'))} {_pct(r.get('time_share_charged'), 9)} "
                      f"{_pct(r.get('turn_wait_share'), 8)} {_pct(r.get('throttled_share'), 7)}")
+    costs = [(r, r["cost"]) for r in result["runs"] if r.get("cost") and r["cost"].get("raw_us") is not None]
+    if costs:  # what a launch was charged against what its timings read and the GPU was busy (sm_run.cost_figures)
+        lines.append("  cost a launch (us): raw estimate / gated timing / NVML busy (the device's); launches charged "
+                     "the mean timing")
+        for r, c in costs:
+            lines.append(f"  {r['kind']:<20} {r['target'] if r['target'] is not None else 'none':>5} "
+                         f"{c['raw_us']:>8.1f} / {_num(c.get('gated_timing_us'))} / {_num(c.get('nvml_us'))}; "
+                         f"{100 * (c.get('at_mean') or 0):.1f}% at {_num(c.get('at_mean_us'))}")
     lines.append(f"  largest error (single, pair) {result['max_error_points']:.1f} points "
                  f"(goal: within {result['goal_points']:.0f})")
     lines += _drift_lines(result)  # at the end, where a tail of the output keeps it

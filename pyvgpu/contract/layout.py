@@ -35,9 +35,8 @@ CTX_MAGIC = int.from_bytes(b"PVCTX016", "little")  # 13, 14: the timing gate; 15
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
-# The per-process context: what the shim hands every callback as its first
-# argument. Per-process values live here, never as compile-time constants,
-# so one compiled callback object serves every process.
+# The per-process context: what the shim hands every callback as its first argument. Per-process values
+# live here, never as compile-time constants, so one compiled callback object serves every process.
 def _ctx(n_entries: int, n_helpers: int) -> Struct:
     return Struct(
         "pv_ctx",
@@ -120,9 +119,10 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
                 Field("cost_key", "u64", doc="kernel key (function and shape, or graph), 0 = free"),
                 Field("cost_ns", "u64", doc="its estimated GPU time in ns"),
             ), doc="the cost table (pyvgpu/jit/compute/cost.py): a kernel's key and estimate share a line"),
-            Field("samp_state", "u32", SAMPLES, doc="0 free, 1 being recorded, 2 in flight"),
+            Field("samp_state", "u32", SAMPLES, doc="0 free, 1 recording, 2 in flight"),
             Field("samp_key", "u64", SAMPLES),
-            Field("samp_dev", "u32", SAMPLES), Field("samp_how", "u32", SAMPLES),  # where it counts, how (sm_timed_ns)
+            # the sample's function ^ CUcontext, the device it counts on (sm_timed_ns) and how it was taken
+            Field("samp_fn", "u64", SAMPLES), Field("samp_dev", "u32", SAMPLES), Field("samp_how", "u32", SAMPLES),
             Field("samp_ctx", "u64", SAMPLES, doc="CUcontext the sample's events belong to"),
             Field("samp_start", "u64", SAMPLES, doc="CUevent before the launch"),
             Field("samp_end", "u64", SAMPLES, doc="CUevent after the launch"),

@@ -122,5 +122,5 @@ def entries(p: str | Path) -> list[dict]:
                         "coruns": e.coruns, "preempts": e.preempts, "max_wait_ns": e.max_wait_ns,
                         "lapses": e.lapses, "lapse_ns": e.lapse_ns, "joins": e.joins, "join_ns": e.join_ns,
                         "stucks": e.stucks, "stuck_ns": e.stuck_ns, "catchups": e.catchups,
-                        "unmatched": e.unmatched})
+                        "unmatched": e.unmatched, "charged_ns": e.charged_ns})
     return out

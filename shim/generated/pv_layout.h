@@ -75,8 +75,9 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
         uint64_t cost_key;  /* kernel key (function and shape, or graph), 0 = free */
         uint64_t cost_ns;  /* its estimated GPU time in ns */
     } cost[4096];
-    uint32_t samp_state[8];  /* 0 free, 1 being recorded, 2 in flight */
+    uint32_t samp_state[8];  /* 0 free, 1 recording, 2 in flight */
     uint64_t samp_key[8];
+    uint64_t samp_fn[8];
     uint32_t samp_dev[8];
     uint32_t samp_how[8];
     uint64_t samp_ctx[8];  /* CUcontext the sample's events belong to */
@@ -167,35 +168,36 @@ _Static_assert(offsetof(pv_ctx_t, cost[0].cost_key) == 4176, "pv_ctx.cost_key");
 _Static_assert(offsetof(pv_ctx_t, cost[0].cost_ns) == 4184, "pv_ctx.cost_ns");
 _Static_assert(offsetof(pv_ctx_t, samp_state) == 69712, "pv_ctx.samp_state");
 _Static_assert(offsetof(pv_ctx_t, samp_key) == 69744, "pv_ctx.samp_key");
-_Static_assert(offsetof(pv_ctx_t, samp_dev) == 69808, "pv_ctx.samp_dev");
-_Static_assert(offsetof(pv_ctx_t, samp_how) == 69840, "pv_ctx.samp_how");
-_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 69872, "pv_ctx.samp_ctx");
-_Static_assert(offsetof(pv_ctx_t, samp_start) == 69936, "pv_ctx.samp_start");
-_Static_assert(offsetof(pv_ctx_t, samp_end) == 70000, "pv_ctx.samp_end");
-_Static_assert(offsetof(pv_ctx_t, samp_gate) == 70064, "pv_ctx.samp_gate");
-_Static_assert(offsetof(pv_ctx_t, samp_gate_ns) == 70096, "pv_ctx.samp_gate_ns");
-_Static_assert(offsetof(pv_ctx_t, gate_forced) == 70160, "pv_ctx.gate_forced");
-_Static_assert(offsetof(pv_ctx_t, gate_off_until) == 70168, "pv_ctx.gate_off_until");
-_Static_assert(offsetof(pv_ctx_t, gate_offs) == 70176, "pv_ctx.gate_offs");
-_Static_assert(offsetof(pv_ctx_t, func_seen) == 70184, "pv_ctx.func_seen");
-_Static_assert(offsetof(pv_ctx_t, cost_full) == 78376, "pv_ctx.cost_full");
-_Static_assert(offsetof(pv_ctx_t, gate_page) == 78384, "pv_ctx.gate_page");
-_Static_assert(offsetof(pv_ctx_t, gate_ctx) == 78392, "pv_ctx.gate_ctx");
-_Static_assert(offsetof(pv_ctx_t, gate_host) == 78400, "pv_ctx.gate_host");
-_Static_assert(offsetof(pv_ctx_t, gate_dptr) == 78408, "pv_ctx.gate_dptr");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 78432, "pv_ctx.turn_stream");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 78440, "pv_ctx.turn_stream_dev");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 78448, "pv_ctx.turn_stream_ctx");
-_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 78456, "pv_ctx.turn_stream_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ev) == 79456, "pv_ctx.drain_ev");
-_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 79464, "pv_ctx.drain_ctx");
-_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 79472, "pv_ctx.turn_stream_lock");
-_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 79480, "pv_ctx.turn_streams_lost");
-_Static_assert(offsetof(pv_ctx_t, acct) == 79488, "pv_ctx.acct");
-_Static_assert(offsetof(pv_ctx_t, acct_entry) == 79496, "pv_ctx.acct_entry");
-_Static_assert(offsetof(pv_ctx_t, devices_refused) == 79624, "pv_ctx.devices_refused");
-_Static_assert(offsetof(pv_ctx_t, devices_msg) == 79628, "pv_ctx.devices_msg");
-_Static_assert(sizeof(pv_ctx_t) == 79936, "sizeof pv_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_fn) == 69808, "pv_ctx.samp_fn");
+_Static_assert(offsetof(pv_ctx_t, samp_dev) == 69872, "pv_ctx.samp_dev");
+_Static_assert(offsetof(pv_ctx_t, samp_how) == 69904, "pv_ctx.samp_how");
+_Static_assert(offsetof(pv_ctx_t, samp_ctx) == 69936, "pv_ctx.samp_ctx");
+_Static_assert(offsetof(pv_ctx_t, samp_start) == 70000, "pv_ctx.samp_start");
+_Static_assert(offsetof(pv_ctx_t, samp_end) == 70064, "pv_ctx.samp_end");
+_Static_assert(offsetof(pv_ctx_t, samp_gate) == 70128, "pv_ctx.samp_gate");
+_Static_assert(offsetof(pv_ctx_t, samp_gate_ns) == 70160, "pv_ctx.samp_gate_ns");
+_Static_assert(offsetof(pv_ctx_t, gate_forced) == 70224, "pv_ctx.gate_forced");
+_Static_assert(offsetof(pv_ctx_t, gate_off_until) == 70232, "pv_ctx.gate_off_until");
+_Static_assert(offsetof(pv_ctx_t, gate_offs) == 70240, "pv_ctx.gate_offs");
+_Static_assert(offsetof(pv_ctx_t, func_seen) == 70248, "pv_ctx.func_seen");
+_Static_assert(offsetof(pv_ctx_t, cost_full) == 78440, "pv_ctx.cost_full");
+_Static_assert(offsetof(pv_ctx_t, gate_page) == 78448, "pv_ctx.gate_page");
+_Static_assert(offsetof(pv_ctx_t, gate_ctx) == 78456, "pv_ctx.gate_ctx");
+_Static_assert(offsetof(pv_ctx_t, gate_host) == 78464, "pv_ctx.gate_host");
+_Static_assert(offsetof(pv_ctx_t, gate_dptr) == 78472, "pv_ctx.gate_dptr");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream) == 78496, "pv_ctx.turn_stream");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_dev) == 78504, "pv_ctx.turn_stream_dev");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ctx) == 78512, "pv_ctx.turn_stream_ctx");
+_Static_assert(offsetof(pv_ctx_t, stream[0].turn_stream_ev) == 78520, "pv_ctx.turn_stream_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ev) == 79520, "pv_ctx.drain_ev");
+_Static_assert(offsetof(pv_ctx_t, drain_ctx) == 79528, "pv_ctx.drain_ctx");
+_Static_assert(offsetof(pv_ctx_t, turn_stream_lock) == 79536, "pv_ctx.turn_stream_lock");
+_Static_assert(offsetof(pv_ctx_t, turn_streams_lost) == 79544, "pv_ctx.turn_streams_lost");
+_Static_assert(offsetof(pv_ctx_t, acct) == 79552, "pv_ctx.acct");
+_Static_assert(offsetof(pv_ctx_t, acct_entry) == 79560, "pv_ctx.acct_entry");
+_Static_assert(offsetof(pv_ctx_t, devices_refused) == 79688, "pv_ctx.devices_refused");
+_Static_assert(offsetof(pv_ctx_t, devices_msg) == 79692, "pv_ctx.devices_msg");
+_Static_assert(sizeof(pv_ctx_t) == 80000, "sizeof pv_ctx");
 
 /* A group's region, as far as the shim reads, checks and creates it itself (pv_attach.c). */
 #define PV_REGION_MAGIC 0x4745525550475650ULL

@@ -208,7 +208,15 @@ int pv_attach(char *err, size_t n) {
          * turn file, taking no turns: beside others the controller compares every group's charge with NVML's
          * busy time (pyvgpu/jit/compute/controller.py). Without it the share stays a cap, never corrected. */
         if (!(acct = map_turns(&env, err, n))) {
-            fprintf(stderr, "pyvgpu: warning: %s; the compute share is not corrected beside other groups\n", err);
+            /* the file's usual fixes end with "or set PYVGPU_SM_TURN=0", which is set: not that one */
+            static const char *const tails[] = {", or set PYVGPU_SM_TURN=0", ", or PYVGPU_SM_TURN=0"};
+            for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+                char *at = strstr(err, tails[i]);
+                if (at)
+                    *at = 0;
+            }
+            fprintf(stderr, "pyvgpu: warning: %s; the compute share stays a cap but is not corrected beside other "
+                    "groups (PYVGPU_SM_TURN=0 still maps the turn file for that)\n", err);
             err[0] = 0;
         }
     }

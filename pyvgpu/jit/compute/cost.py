@@ -1,14 +1,11 @@
 """The cost model of the compute share: what GPU time a launch takes.
 
-A launch costs the GPU time its kernel takes, in ns. Every kernel (function
-and launch shape; a whole CUDA graph for cuGraphLaunch) has its own estimate
-in the process's context, learned by timing sampled launches between two
-CUDA events: the first launch of each kernel, then one launch in
-SAMPLE_EVERY (pyvgpu/jit/compute/launch.py decides which). The estimate is a
-decaying minimum of the timings (``learn``). Timings are harvested later on
-the launching thread, never blocking, so a 200-block and a 2-block grid of
-the same function are told apart, and a long kernel costs what it takes
-rather than its grid size.
+A launch costs the GPU time its kernel takes, in ns. Every kernel (function and launch shape; a whole CUDA
+graph for cuGraphLaunch) has its own estimate in the process's context, learned by timing sampled launches
+between two CUDA events: the first launch of each kernel, then one launch in SAMPLE_EVERY (launch.py decides
+which). The estimate is a decaying minimum of the timings (``learn``). Timings are harvested later on the
+launching thread, never blocking, so a 200-block and a 2-block grid of the same function are told apart, and
+a long kernel costs what it takes rather than its grid size.
 
 A start event recorded on an idle stream runs at once, before the kernel has
 even reached the GPU: its timing holds the launch's own path, several times a
@@ -19,9 +16,10 @@ start event, the kernel and the end event are queued behind it, and the word is
 written once the launch returned (``gate_open``): the GPU then runs them back to
 back, as behind queued work. Where the driver cannot, the timing goes ungated,
 and so does a function's first launch in a context: the driver may load its
-module then, waiting for the stream, which would wait for the gate. Any other
-wait inside the driver in that window is bounded by the watcher thread, which
-opens a gate left closed past GATE_MAX_NS (``gate_watch``).
+module then, waiting for the stream, which would wait for the gate (that timing
+holds the load: ``module_load``). Any other wait inside the driver in that window
+is bounded by the watcher thread, which opens a gate left closed past
+GATE_MAX_NS (``gate_watch``).
 """
 
 from __future__ import annotations
@@ -113,17 +111,16 @@ def cost_of(ctx, slot):
     return c if c != 0 else CTX.get_sm_default_cost(ctx)
 
 
-@njit
+@njit(inline="always")
 def charged_cost(ctx, region, dev, slot):
-    """``cost_of`` for a launch charged on the group's device dev: one charged the process's mean is counted
-    there (``sm_unknown``), so that a report can tell estimates that run long from timings that do."""
+    """``cost_of`` for a launch charged on the group's device dev, counting there one charged the process's
+    mean (``sm_unknown``): a report tells estimates that run long from timings that do."""
     c = CTX.get_cost_ns(ctx, slot) if slot >= 0 else np.uint64(0)
     if likely(c != 0):
         return c
     c = CTX.get_sm_default_cost(ctx)
-    d = REGION.device(region, dev)
-    DEV.add_sm_unknown(d, 1)
-    DEV.add_sm_unknown_ns(d, c)
+    DEV.add_sm_unknown(REGION.device(region, dev), 1)
+    DEV.add_sm_unknown_ns(REGION.device(region, dev), c)
     return c
 
 
@@ -137,12 +134,10 @@ def new_kernel(ctx, slot):
 def learn(ctx, key, ns):
     """Fold one timed launch into its kernel's estimate: a minimum that decays upward.
 
-    Another context's time slice can only lengthen a timed launch (on a shared
-    GPU it may run in the middle of ours), never shorten it. So the estimate
-    is the lowest recent timing: a sample below it replaces it, and it grows
-    by 1/64 per sample otherwise, which follows a kernel that really got
-    slower within a few dozen samples and forgets one lucky reading.
-    """
+    Another context's time slice can only lengthen a timed launch (on a shared GPU it may run in the middle
+    of ours), never shorten it. So the estimate is the lowest recent timing: a sample below it replaces it,
+    and it grows by 1/64 per sample otherwise, which follows a kernel that really got slower within a few
+    dozen samples and forgets one lucky reading."""
     slot = cost_slot(ctx, key, False)  # a timing never evicts: its kernel may be gone from the table
     if slot >= 0:
         est = CTX.get_cost_ns(ctx, slot)
@@ -362,6 +357,7 @@ def sample_begin(ctx, region, dev, key, stream, known, fn):
         CTX.store_samp_state(ctx, i, SAMPLE_FREE)
         return -1
     CTX.set_samp_key(ctx, i, key)
+    CTX.set_samp_fn(ctx, i, fn ^ cur)
     CTX.set_samp_dev(ctx, i, np.uint32(dev))
     CTX.set_samp_how(ctx, i, np.uint32(how))
     DEV.add_sm_timed(REGION.device(region, dev), how, 1)
@@ -408,6 +404,15 @@ def give_up(ctx, i):
 
 
 @njit
+def module_load(ctx, i):
+    """Sample i was a function's first launch in its context, ungated as CUDA may load its module then: the
+    load is in the timing. It makes no estimate: the kernel stays new, and its next launch is timed gated
+    (``may_gate``); kept, it was charged at every launch until timed again (launch.py ``sampled``). A function
+    the known set had no room for is timed ungated for good: its timing is kept."""
+    return CTX.get_samp_how(ctx, i) == L.TIMED_FIRST and func_slot(ctx, CTX.get_samp_fn(ctx, i), False) >= 0
+
+
+@njit
 def count_timing(ctx, i, ns):
     """Add sample i's timing to what the group's timings read on its device, by how it was taken."""
     region = CTX.get_region(ctx)
@@ -436,7 +441,10 @@ def harvest(ctx):
                 and HELPER.cuEventElapsedTime(ctx, ms, CTX.get_samp_start(ctx, i), end) == abi.CUDA_SUCCESS):
             ns = np.float64(load_f32(ms)) * 1e6
             if ns >= 1:
-                learn(ctx, CTX.get_samp_key(ctx, i), np.uint64(ns))
+                if not module_load(ctx, i):
+                    learn(ctx, CTX.get_samp_key(ctx, i), np.uint64(ns))
+                elif CTX.get_sm_default_cost(ctx) == 0:  # the process's first timing: better than none
+                    CTX.set_sm_default_cost(ctx, np.uint64(ns))
                 count_timing(ctx, i, np.uint64(ns))
         CTX.add_sm_pending(ctx, np.uint32(0xFFFFFFFF))  # -1
         CTX.store_samp_state(ctx, i, SAMPLE_FREE)

@@ -40,13 +40,23 @@ from pyvgpu.jit.runtime.context import REAL, call_real, current_device, stream_o
 from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, LAUNCH_CONFIG, LAUNCH_PARAMS, REGION, SLOT
 from pyvgpu.jit.runtime.intrinsics import load_i32, monotonic_ns, stack_u64, unlikely
 
-SAMPLE_EVERY = 256  # time one launch in this many (a power of two); a new kernel's first launch always
+SAMPLE_SHIFT = 8
+SAMPLE_EVERY = 1 << SAMPLE_SHIFT  # time one launch in this many (``sampled``), and a new kernel's first
 SAMPLE_GAP_NS = 4_000_000  # and at most one each this long: a timing costs ~5 driver calls (docs/compute.md,
 #                           "What a launch under a share costs"), too many at hundreds of thousands of launches a second
 STALE_SAMPLE_NS = 100_000_000  # a launch held for the budget is timed once the last timing is this old: a first
 #                                timing that caught a peer's wait would else be charged for minutes (see launch)
 HARVEST_EVERY = 64  # look for finished timings every this many launches (a power of two)
 OUTSIDE = np.uint64(0xFFFFFFFFFFFFFFFF)  # turn_out when a launch went outside the turns on an unknown device
+
+
+@njit(inline="always")
+def sampled(n):
+    """Whether the launch counted n is one of the SAMPLE_EVERY timed: a hash of n, not n's low bits. A loop
+    whose step makes a multiple of SAMPLE_EVERY's divisors in launches met the low bits at the same few places
+    of its step for good: the kernels elsewhere were never timed again, and a first timing that read long was
+    their estimate for the process's life (the decaying minimum needs the kernel timed again)."""
+    return (np.uint64(n) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - SAMPLE_SHIFT) == 0
 
 
 @njit(inline="always")
@@ -156,8 +166,7 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
     cu = turn.take(ctx, region, tdev, e, stream, now, gang.queue_cost(g, sc), rank, limit != 0, g)
     s = -1
     first = cost.new_kernel(ctx, slot)
-    if unlikely(first or stale or ((n & np.uint64(SAMPLE_EVERY - 1)) == 0
-                                   and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
+    if unlikely(first or stale or (sampled(n) and now >= np.int64(CTX.get_samp_next_ns(ctx)))):
         if limit != 0:  # here, not on every launch: a timed launch comes first, and then one in SAMPLE_EVERY
             gpuentry.account(ctx, dev)  # for the controller too: where every group's charges on dev add up
         s = cost.sample_begin(ctx, region, dev, key, stream, slot >= 0, fn)
