@@ -28,6 +28,8 @@
 #             (MATRIX_WORKLOADS: comma-separated workloads, default by GPU count; MATRIX_MPS=1 adds MPS pairs;
 #             MATRIX_SECONDS: seconds a run, default 8; MATRIX_REPEAT=N runs every scenario N times;
 #             MATRIX_GPUS=0,1: one-GPU workloads dealt round those GPUs and run side by side)
+#   cost      bench sm on decode and mlp at 30 and a 50/50 pair, with each run's cost a launch: raw estimate,
+#             gated timing, NVML busy, launches at the mean (COST_SECONDS a run, default 8; ~4 min)
 #   latency   bench latency: a decode service (--priority high) beside a training loop, p50/p99 alone and
 #             stacked under pyvgpu, time slicing and MPS (LAT_SECONDS, default 30 a scenario)
 #   mps       bench sm under --mode mps (MPS alone), the memory view and OOM under MPS with and without pyvgpu
@@ -179,6 +181,12 @@ for part in $PARTS; do
     $PY -m pyvgpu bench matrix --from "$W/matrix" --png "$(png matrix/matrix.png)" > /dev/null 2>> "$W/matrix/run.log"
     cat "$W/matrix/matrix.md" >> "$S" 2>/dev/null || say "(no matrix.md: see matrix/run.log in raw.tgz)"
     pack ;;
+  cost)
+    say "## What the cost model charges against what its timings read and NVML (decode and mlp at 30, 50/50)"
+    for w in decode mlp; do
+      timeout 280 $PY -m pyvgpu bench sm --workload $w --targets 30 --pair 50,50 --seconds "${COST_SECONDS:-8}" \
+        --png "" --output "$W/cost-$w.json" 2>&1 | tail -12 | block
+    done; pack ;;
   latency)
     say "## A decode service beside a training loop, by latency (issue 27, item 6)"
     timeout 560 $PY -m pyvgpu bench latency --seconds "${LAT_SECONDS:-30}" --output "$W/latency.json" 2>&1 |
@@ -249,7 +257,7 @@ for part in $PARTS; do
     done; pack ;;
   none) ;;  # install and warm up only (for the probes in scripts/probe)
   *)
-    say "unknown part: $part (tests, compute, scenarios, workloads, matrix, latency, mps, vpmm-loops, vpmm, startup, timing, nvml-process, none)" ;;
+    say "unknown part: $part (tests, compute, scenarios, workloads, matrix, cost, latency, mps, vpmm-loops, vpmm, startup, timing, nvml-process, none)" ;;
   esac
 done
 cp "$S" "$W/"; pack

@@ -252,7 +252,7 @@ def multi_device(ctx, idx, args, notfound):
     key = cost.shape_key(P.get_function(plist), P.get_gridDimX(plist), P.get_gridDimY(plist),
                          P.get_gridDimZ(plist), P.get_blockDimX(plist), P.get_blockDimY(plist),
                          P.get_blockDimZ(plist)) ^ (np.uint64(dev) << np.uint64(40))  # per device, as launch
-    c = cost.cost_of(ctx, cost.cost_slot(ctx, key, False))
+    c = cost.charged_cost(ctx, region, dev, cost.cost_slot(ctx, key, False))
     wait, _ = limiter.throttle(ctx, region, dev, dev, 1, c, limiter.scaled(region, dev, c), limit,
                                monotonic_ns())  # counts the launch
     if wait > 0:
