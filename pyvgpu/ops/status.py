@@ -173,7 +173,8 @@ def event_text(e: dict) -> str:
                 f"from the {L.TIMING_GATE_FORCED_MAX}th on, each pauses the gate: 2 s, then twice as long each "
                 "time)")
     elif kind == "turns_full":
-        what = f"the turn file has no free entry for {dev}: pid {e['pid']} time-slices there (pyvgpu doctor)"
+        what = (f"the turn file has no free entry for {dev}: pid {e['pid']} time-slices there, and its share is "
+                "not corrected beside other groups (pyvgpu doctor)")
     else:
         what = f"{kind} a={e['a']} b={e['b']} pid {e['pid']}"
     return f"{time.strftime('%H:%M:%S', time.localtime(e['time_ns'] / 1e9))} {what}"
