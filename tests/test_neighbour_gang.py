@@ -45,3 +45,25 @@ def test_an_unshared_two_rank_neighbour_of_a_gang_forms_a_gang_and_takes_turns_o
     # turns on device 0's entry alone, device 1's went idle and that rank launched outside the turns
     (turns, outside), = on1
     assert turns > 5 * outside, on1
+
+
+def test_an_unshared_gang_whose_timings_read_long_fills_what_a_gang_with_a_share_leaves(env, tmp_path):
+    """A gang at --sm 50 beside a gang without a share whose kernel timings read 3x its kernels
+    (FAKECUDA_EVENT_SCALE, for the neighbour only): an all-reduce's timing holds its wait for the peer, and
+    a group without a share has no controller to scale its costs down. The neighbour's queue estimate ran 3x
+    ahead of the GPU, and as a best-effort holder it was capped by that estimate (turn.py ``take``):
+    during the share's holds for its budget it held the turn and slept with the GPU mostly idle, at a third
+    of the share's rate (0.33; on two H200s 22.8% of its speed alone beside the share's 48.2%). Now a capped
+    holder whose work on the GPU is done brings the estimate back to now and launches."""
+    e = sim_env(env, tmp_path, "ngl", FAKECUDA_SIM_COLLECTIVE="2", FAKECUDA_DEVICES="16G,16G")
+    greg, nreg = tmp_path / "gang.region", tmp_path / "neigh.region"
+    loads = [Load(dict(e, FAKECUDA_SIM_COMM="0"), tmp_path, f"g{r}", ["--sm", "50"], 6, region_path=greg, device=r)
+             for r in (0, 1)]
+    loads += [Load(dict(e, FAKECUDA_SIM_COMM="1", FAKECUDA_EVENT_SCALE="3"), tmp_path, f"n{r}", [], 6,
+                   region_path=nreg, device=r) for r in (0, 1)]
+    share, neighbour = min(x.rate(2) for x in loads[:2]), min(x.rate(2) for x in loads[2:])
+    # what the share leaves, about as much as it takes: 0.9 of the share's rate here, 0.57 beside two busy loops
+    # on 2 cores; 0.22 before
+    assert neighbour >= 0.4 * share, (share, neighbour)
+    d = region.open_region(greg, writable=False).device(0)
+    assert d.sm_throttle_ns > 0.2 * 6e9, "the share was held for its budget: there was time left to fill"

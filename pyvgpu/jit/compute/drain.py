@@ -237,6 +237,27 @@ def drain_gang(ctx, dev, stream, region, due, until, ask):
 
 
 @njit
+def idle(ctx, dev, stream):
+    """Whether the work this process queued on device dev is done, on every stream it launched on there:
+    looked at once, no wait. False where it cannot tell (no context, nothing recorded, or another thread
+    of the process holds the table's lock: it drains, and tells). A holder's queue estimate is open loop
+    (turn.py ``take``): this is how a best-effort holder learns that its estimate ran ahead of the GPU."""
+    out = stack_u64()
+    if HELPER.cuCtxGetCurrent(ctx, out) != abi.CUDA_SUCCESS or load_u64(out) == 0:
+        return False
+    if CTX.cas_turn_stream_lock(ctx, 0, 1) != 0:
+        return False
+    cur = load_u64(out)
+    recorded, n, listed = _record_all(ctx, dev, stream + np.uint64(1), cur)
+    if not listed and not _capturing(ctx, stream) and _record_unlisted(ctx, stream, cur):
+        recorded |= np.uint64(1) << np.uint64(UNLISTED)
+        n += 1
+    left, _ = _wait(ctx, recorded, np.uint64(0), np.int64(0), np.int64(0), False)  # until 0: one look
+    unlock(ctx)
+    return n > 0 and left == 0
+
+
+@njit
 def wait_left(ctx, left):
     """Wait for the entries a drain stopped waiting for (``drain_gang``), those whose stream still exists,
     DRAIN_MAX_NS at most: its peer's kernel may come only in the gang's next turn, after the peer's hold

@@ -110,6 +110,7 @@ from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests
     more_urgent_waits,
     queue_cap,
     queue_on_device,
+    ran_dry,
     reserved,
     share_waits,
     stalled,
@@ -360,6 +361,11 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share, g):
                 free_turn(e, me)
                 give_up(ctx, region, dev, e, rank, t0, now, me)
                 return False
+            # the GPU ran its queue: the estimate ran ahead, not the work. Looked at on every poll: a gang's
+            # ranks step together, so a late look at one rank's idle GPU delays every rank's next collective
+            if D.idle(ctx, dev, stream):
+                ran_dry(ctx, e, dev, now)
+                continue
             sleep_ns(POLL_NS)
             now = monotonic_ns()
             w = TURN.load_turn(e)

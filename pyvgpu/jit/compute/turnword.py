@@ -327,6 +327,20 @@ def queue_on_device(e, now, cost):
             return end
 
 
+@njit
+def ran_dry(ctx, e, dev, now):
+    """A capped holder's work on the GPU is done (drain.idle) while its estimate says the queue runs on: the
+    costs it added ran ahead of the GPU (a group without a share has no controller to scale them, and a
+    collective's timing holds its wait for a peer). Its estimate and the GPU's (``qend``) come back to now,
+    or the cap would hold it back with the GPU idle: by the estimate's error, not the cap. A gang's ranks add
+    to one entry: a rank whose own work is done brings back its peers' part too, so the queue may pass the cap
+    by what a peer still has queued (the cap keeps hand-overs quick; it is not a share)."""
+    q = TURN.load_qend(e)
+    if np.int64(q) > now:
+        TURN.cas_qend(e, q, np.uint64(now))  # lost to a launch meanwhile: it added a kernel, the next look heals
+    CTX.set_turn_qend(ctx, dev, np.uint64(now))
+
+
 @njit(inline="always")
 def lease_for(qend, now):
     """A lease that outlasts the queued work: a holder blocked on its own full queue keeps the turn."""
