@@ -101,7 +101,10 @@ def test_a_pair_on_a_time_sliced_gpu_takes_turns(env, tmp_path, turns):
 
 
 def test_graph_replay_is_limited(env, tmp_path):
-    load = Load(sim_env(env, tmp_path, "g", FAKECUDA_EVENT_SCALE="1.2"), tmp_path, "g", ["--sm", "40"], seconds=7,
+    """Whole graphs are charged and paced as kernels are. Judged over 5 s: over 3 s it read 43.0 once in a CI
+    run of the suite (passing 8 of 8 alone and beside two busy loops): the longer window averages more of the
+    controller's corrections of timings that read 1.2 x."""
+    load = Load(sim_env(env, tmp_path, "g", FAKECUDA_EVENT_SCALE="1.2"), tmp_path, "g", ["--sm", "40"], seconds=9,
                 mode="graph")
     achieved = load.finish(after=4)
     assert abs(achieved - 40) <= 3, achieved
