@@ -215,6 +215,18 @@ def _wait(ctx, recorded, region, due, until, ask):
 
 
 @njit
+def _record_mine(ctx, dev, stream, cur):
+    """Under the lock: record an event on each stream this process launched on on device dev in context cur,
+    and on ``stream`` when the table had no room for it. Returns (the entries recorded, a bit each; their
+    count)."""
+    recorded, n, listed = _record_all(ctx, dev, stream + np.uint64(1), cur)
+    if not listed and not _capturing(ctx, stream) and _record_unlisted(ctx, stream, cur):
+        recorded |= np.uint64(1) << np.uint64(UNLISTED)
+        n += 1
+    return recorded, n
+
+
+@njit
 def drain_gang(ctx, dev, stream, region, due, until, ask):
     """``drain`` for a rank of a gang (pyvgpu/jit/compute/gangstop.py): it looks at its events instead of
     sleeping on them, up to ``until``. Once it runs STUCK_NS past ``due`` (when its queue was estimated to
@@ -227,10 +239,7 @@ def drain_gang(ctx, dev, stream, region, due, until, ask):
         return 0, np.uint64(0), False
     cur = load_u64(out)
     lock(ctx)
-    recorded, n, listed = _record_all(ctx, dev, stream + np.uint64(1), cur)
-    if not listed and not _capturing(ctx, stream) and _record_unlisted(ctx, stream, cur):
-        recorded |= np.uint64(1) << np.uint64(UNLISTED)
-        n += 1
+    recorded, n = _record_mine(ctx, dev, stream, cur)
     left, asked = _wait(ctx, recorded, region, due, until, ask)
     unlock(ctx)
     return n, left, asked
@@ -247,11 +256,7 @@ def idle(ctx, dev, stream):
         return False
     if CTX.cas_turn_stream_lock(ctx, 0, 1) != 0:
         return False
-    cur = load_u64(out)
-    recorded, n, listed = _record_all(ctx, dev, stream + np.uint64(1), cur)
-    if not listed and not _capturing(ctx, stream) and _record_unlisted(ctx, stream, cur):
-        recorded |= np.uint64(1) << np.uint64(UNLISTED)
-        n += 1
+    recorded, n = _record_mine(ctx, dev, stream, load_u64(out))
     left, _ = _wait(ctx, recorded, np.uint64(0), np.int64(0), np.int64(0), False)  # until 0: one look
     unlock(ctx)
     return n > 0 and left == 0
