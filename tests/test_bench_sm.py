@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,61 @@ def test_a_load_that_does_not_finish_is_killed_and_its_last_words_are_kept():
     msg = str(e.value)
     assert "did not finish in 3 s" in msg and "P 1 42" in msg and "stuck in a collective" in msg, msg
     assert run.proc.poll() is not None  # killed, not left running
+
+
+# A load as sm_worker's collective loads are: it registers for the stacks signal and starts a rank that
+# inherits its pipes (the rank writes its pid to the file named by its argument), and both hang
+_HANGING_RANKS = """
+import faulthandler, os, signal, subprocess, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+def wait_for_a_peer():
+    time.sleep(600)
+if len(sys.argv) == 2:
+    subprocess.Popen([sys.executable, sys.argv[0], sys.argv[1], "rank"])
+    print("P 1 7", flush=True)
+else:
+    with open(sys.argv[1], "w") as f:
+        f.write(str(os.getpid()))
+wait_for_a_peer()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_a_hung_load_says_which_run_and_where_it_hangs_and_leaves_no_rank_behind(tmp_path):
+    """A collective load whose ranks hang (issue 27: one all-reduce scenario did not finish on two H100s and
+    said nothing): the error names the run, holds each process's stack, and no rank is left on the GPU."""
+    script = tmp_path / "load.py"
+    script.write_text(_HANGING_RANKS)
+    run = LoadRun([sys.executable, str(script), str(tmp_path / "rank.pid")], {}, None, label="pair group 2 at 50")
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "rank.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rank = int((tmp_path / "rank.pid").read_text())
+    with pytest.raises(PyvgpuError) as e:
+        run.finish(timeout=2)
+    msg = str(e.value)
+    assert "(pair group 2 at 50)" in msg and "P 1 7" in msg, msg
+    assert msg.count("in wait_for_a_peer") == 2, msg  # the load's stack and its rank's
+    deadline = time.monotonic() + 10
+    while _alive(rank) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(rank), "the hung load's rank was left running"
+    assert run not in LoadRun.live
+
+
+def test_a_bench_that_stops_early_ends_the_loads_it_started():
+    """A pair whose first group fails leaves its second running unless the bench ends it (sm.run's finally)."""
+    run = LoadRun([sys.executable, "-c", "import time; time.sleep(600)"], {}, None, label="pair group 2 at 50")
+    assert run in LoadRun.live
+    LoadRun.kill_all()
+    assert run.proc.poll() is not None and run not in LoadRun.live
 
 
 class _Clock:

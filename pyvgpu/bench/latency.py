@@ -127,10 +127,11 @@ def run(seconds: float = 30.0, rate: float = 4.0, tokens: int = 16, train_sm: in
             ref = svc.finish(limit)
             busy = util.mean(*ref["window_s"])  # the service's NVML busy share alone, over its requests
             result["solo"] = {"service": ref, "service_busy_nvml": None if busy is None else busy / 100}
-            result["solo"]["train_steps_per_s"] = LoadRun(train, raw, None).finish(limit, util)["kernels_per_s"]
+            alone = LoadRun(train, raw, None, "training alone").finish(limit, util)
+            result["solo"]["train_steps_per_s"] = alone["kernels_per_s"]
             for name in scenarios:
                 env_s, env_t, path_t, turns = _pair_env(name, raw, tmp, train_sm, borrow, service_sm)
-                t = LoadRun(train, env_t, path_t)
+                t = LoadRun(train, env_t, path_t, f"training beside the service ({name})")
                 s = _Service(service, env_s)
                 got = s.finish(limit)
                 tr = t.finish(limit, util)
@@ -138,6 +139,7 @@ def run(seconds: float = 30.0, rate: float = 4.0, tokens: int = 16, train_sm: in
                                              "train_time_share_nvml": tr.get("time_share_nvml"),
                                              "turns": turn_stats(turns) if turns else {}}
     finally:
+        LoadRun.kill_all()
         util.stop()
     judge(result)
     return result

@@ -138,7 +138,7 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                     env[envspec.SM_TURN.name] = "0"
                 return env
 
-            base = LoadRun(cmd, raw, None).finish(limit, util)
+            base = LoadRun(cmd, raw, None, "unlimited, first").finish(limit, util)
             result["unlimited_kernels_per_s"] = rate = _baseline(base["kernels_per_s"], "first")
             result["unlimited_time_share_nvml"] = base["time_share_nvml"]
 
@@ -147,14 +147,14 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
 
             for s in shares:
                 env, path = wrapped_env(scenario(f"single-{s}"), s, tmp, f"single-{s}", mode=mode)
-                record("single", s, LoadRun(cmd, env, path).finish(limit, util))
+                record("single", s, LoadRun(cmd, env, path, f"alone at {s}").finish(limit, util))
             pairs = [("pair", False)] + ([("pair-sliced", True)] if sliced else [])
             for kind, sl in pairs if pair_shares else []:
                 env0 = scenario(kind, sl)
                 runs = []
                 for i, s in enumerate(pair_shares):
                     env, path = wrapped_env(env0, s, tmp, f"{kind}{i}-{s}", priority=prios[i], mode=mode)
-                    runs.append((s, prios[i], LoadRun(cmd, env, path)))
+                    runs.append((s, prios[i], LoadRun(cmd, env, path, f"{kind} group {i + 1} at {s}")))
                 for s, p, run_ in runs:
                     record(kind, s, run_.finish(limit, util), priority=p)
                 result["scenarios"][kind] = turn_stats(Path(env0[envspec.SCHED.name]))
@@ -163,7 +163,8 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                 env0 = scenario(kind, sl)
                 env, path = wrapped_env(env0, neighbour_share, tmp, f"{kind}-share")
                 env_n, path_n = wrapped_env(env0, None, tmp, f"{kind}-unlimited")
-                a, b = LoadRun(cmd, env, path), LoadRun(cmd, env_n, path_n)
+                a = LoadRun(cmd, env, path, f"{kind}: the group at {neighbour_share}")
+                b = LoadRun(cmd, env_n, path_n, f"{kind}: the unlimited neighbour")
                 record(kind, neighbour_share, a.finish(limit, util))
                 record(f"{kind}-unlimited", None, b.finish(limit, util))
                 result["scenarios"][kind] = turn_stats(Path(env0[envspec.SCHED.name]))
@@ -175,11 +176,13 @@ def run(targets: str = "10,30,50,70,90", seconds: float = 8.0, workload: str = "
                 # The raw rate can move during a bench (clocks, the other GPU's state, a collective's
                 # topology): measured again at the end, the shares are judged against the mean of both, and
                 # the table says how far apart they were.
-                after = _baseline(LoadRun(cmd, raw, None).finish(limit, util)["kernels_per_s"], "last")
+                after = _baseline(LoadRun(cmd, raw, None, "unlimited, last").finish(limit, util)["kernels_per_s"],
+                                  "last")
                 result["unlimited_after_kernels_per_s"] = after
                 result["baseline_drift"] = after / rate - 1
                 rate = (rate + after) / 2
     finally:
+        LoadRun.kill_all()  # a pair's other group, when one failed: none is left running on the GPU
         util.stop()
     result["baseline_kernels_per_s"] = rate
     for r in result["runs"]:
@@ -203,10 +206,10 @@ def _burst(workload: str, iters: int, env0: dict[str, str], tmp: Path, share: in
     """A group with --sm-borrow alone, then a neighbour with a share joins half way (each part's share of
     the unlimited rate is added at the end, against the same baseline as the runs)."""
     env, path = wrapped_env(env0, share, tmp, "burst-borrower", sm_borrow=True)
-    a = LoadRun(_command(workload, seconds, iters), env, path)
+    a = LoadRun(_command(workload, seconds, iters), env, path, f"burst: the borrower at {share}")
     time.sleep(seconds / 2)
     env_b, path_b = wrapped_env(env0, 50, tmp, "burst-neighbour")
-    b = LoadRun(_command(workload, seconds / 2, iters), env_b, path_b)
+    b = LoadRun(_command(workload, seconds / 2, iters), env_b, path_b, "burst: the neighbour at 50")
     rb = b.finish(limit, util)
     a.finish(limit, util)
     joined = b.progress[0][0] / 1e9

@@ -5,24 +5,39 @@ environment of a wrapped load, and a scenario's turn counters."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
 
 from pyvgpu.bench.gpu_util import UtilSampler
+from pyvgpu.contract import envspec
 from pyvgpu.contract import layout as L
 from pyvgpu.errors import PyvgpuError
 from pyvgpu.group import region
 from pyvgpu.group import turnfile as sched
 from pyvgpu.ops import wrap
 
+STACKS_SIGNAL = signal.SIGUSR1  # a load (sm_worker) prints every thread's stack on it: where a hang hangs
+STACKS_WAIT_S = 2.0  # how long a load that hangs gets to print its stacks before it is killed
+
 
 class LoadRun:
-    """One load process: its progress lines, and its group's region sampled while it runs."""
+    """One load process: its progress lines, and its group's region sampled while it runs.
 
-    def __init__(self, cmd: list[str], env: dict[str, str], region_path: Path | None) -> None:
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    The load runs in a process group of its own, so that its ranks (a collective load starts one process a
+    GPU) go with it: one that hangs is asked for its stacks, then the whole group is killed, and none is left
+    on the GPU under the next scenario. ``label`` says which run of a scenario it is, for the errors."""
+
+    live: set[LoadRun] = set()  # started and not finished: ``kill_all`` ends them when a bench stops early
+
+    def __init__(self, cmd: list[str], env: dict[str, str], region_path: Path | None, label: str = "") -> None:
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        LoadRun.live.add(self)
+        self.label = label or "load"
+        self.turns = env.get(envspec.SCHED.name)  # the scenario's turn file, if it takes turns
         self.region_path = region_path
         self.progress: list[tuple[int, int]] = []
         self.series: list[dict] = []
@@ -57,23 +72,73 @@ class LoadRun:
                                 COST: (launches, cost, d.sm_unknown, d.sm_unknown_ns, d.sm_timed_ns[L.TIMED_GATED],
                                        d.sm_harvested[L.TIMED_GATED], sum(d.sm_timed_ns), sum(d.sm_harvested))})
 
+    def _signal(self, sig: int) -> None:
+        # By the group's id, also when the load itself has exited and been reaped: its ranks keep the id in
+        # use (the kernel hands out no pid still a group's id), and they are what a hang leaves behind
+        try:
+            os.killpg(self.proc.pid, sig)  # its own group: the load and every rank it started
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill(self) -> None:
+        """End the load and every process it started (a bench that stops early leaves none on the GPU)."""
+        self._signal(signal.SIGKILL)
+        LoadRun.live.discard(self)
+
+    @classmethod
+    def kill_all(cls) -> None:
+        for run in list(cls.live):
+            run.kill()
+            try:
+                run.proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _state(self) -> str:
+        """Where the load's group stood when it hung: its region's last sample and the scenario's turns."""
+        parts = []
+        if self.series:
+            s = self.series[-1]
+            parts.append(f"its group's last sample ({s['t']:.1f} s in): state {s['state']}, waited "
+                         f"{s['turn_wait_ns'] / 1e9:.2f} s for turns, held {s['turn_ns'] / 1e9:.2f} s")
+        if self.turns and Path(self.turns).exists():
+            try:
+                es = sched.entries(Path(self.turns))
+            except (OSError, ValueError, PyvgpuError) as e:
+                parts.append(f"the turn file {self.turns} unreadable: {e}")
+            else:
+                parts.append("the turns by GPU: " + "; ".join(
+                    f"holder {e['holder']}, {e['handovers']} hand-overs, {e['drains']} drains, {e['stucks']} stuck, "
+                    f"{e['catchups']} catch-ups, {e['unmatched']} unmatched"
+                    for e in es))
+        return "; ".join(parts)
+
     def finish(self, timeout: float, util: UtilSampler | None = None, cut_at: float = 1 / 3) -> dict:
         try:
             out, err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            try:  # what it said before it stopped: a hang is diagnosed from it (its ranks may hold the pipes)
+            # Where it hangs: every process of the load prints its threads' stacks (sm_worker registers for
+            # the signal), then the whole group is killed, which closes the pipes its ranks hold too.
+            self._signal(STACKS_SIGNAL)
+            time.sleep(STACKS_WAIT_S)
+            state = self._state()
+            self.kill()
+            try:
                 out, err = self.proc.communicate(timeout=5)
             except subprocess.TimeoutExpired:
                 out = err = ""
             last = (out or "").strip().splitlines()[-1:]
-            raise PyvgpuError(f"bench load {' '.join(self.proc.args)} did not finish in {timeout:.0f} s"
-                              f"{'; its last progress line: ' + last[0] if last else ''}"
-                              f"{'; its errors: ' + err.strip()[-2000:] if err and err.strip() else ''}") from None
+            raise PyvgpuError(f"bench load ({self.label}) {' '.join(self.proc.args)} did not finish in "
+                              f"{timeout:.0f} s{'; ' + state if state else ''}"
+                              f"{'; its last progress line: ' + last[0] if last else '; it printed no progress'}"
+                              f"{'; its errors and stacks: ' + err.strip()[-6000:] if err and err.strip() else ''}"
+                              ) from None
+        finally:
+            LoadRun.live.discard(self)
         self._sampler.join(timeout=1)
         if self.proc.returncode != 0:
-            raise PyvgpuError(f"bench load {' '.join(self.proc.args)} failed ({self.proc.returncode}): "
-                              f"{err.strip()[-2000:]}")
+            raise PyvgpuError(f"bench load ({self.label}) {' '.join(self.proc.args)} failed "
+                              f"({self.proc.returncode}): {err.strip()[-2000:]}")
         for line in out.splitlines():
             if line.startswith("P "):
                 _, t, n = line.split()

@@ -227,8 +227,12 @@ def _go_on(torch, dist, end: int, steps: int) -> bool:
 
 
 def main() -> None:
+    import faulthandler
     import os
+    import signal
 
+    # bench sm's LoadRun sends this to a load that hangs, before it kills it: every thread's stack, on stderr
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     seconds = float(sys.argv[1])
     kind = sys.argv[2] if len(sys.argv) > 2 else "matmul"
     if kind not in ("matmul", "mlp", "decode", "allreduce", "tp-decode"):
