@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -161,3 +162,19 @@ def test_a_queued_loads_progress_is_what_the_gpu_finished_and_its_queue_stays_bo
         assert prog.done == finished or prog.done == finished - 4  # an event completed since the last look
     assert any(e.waited for e in events)
     assert _window_rate(_lines(out)) == pytest.approx(800, rel=0.05)  # 4 units per 5 ms of GPU
+
+
+def test_a_rank_that_fails_takes_its_waiting_peers_down_with_it():
+    """A collective load whose rank 0 fails (its rendezvous port taken, an NCCL error) left rank 1 waiting for
+    it for as long as torch's own timeouts (minutes): the load now ends within the grace, naming rank 0."""
+    from pyvgpu.bench import sm_worker
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"]),
+             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])]
+    t0 = time.monotonic()
+    failed = sm_worker.wait_ranks(procs)
+    assert time.monotonic() - t0 < sm_worker.RANK_GRACE_S + 5
+    assert failed.startswith("rank 0 exited 3 first"), failed
+    assert procs[1].returncode is not None  # killed, not left waiting
+    ok = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    assert sm_worker.wait_ranks(ok) == ""

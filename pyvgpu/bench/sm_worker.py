@@ -209,9 +209,38 @@ def _ranks(seconds: float, kind: str) -> None:
         env.setdefault("NCCL_NVLS_ENABLE", "0")
         procs.append(subprocess.Popen([sys.executable, "-m", "pyvgpu.bench.sm_worker", str(seconds), kind], env=env,
                                       stdout=None if r == 0 else subprocess.DEVNULL))
-    rcs = [p.wait() for p in procs]
-    if any(rcs):
-        raise SystemExit(f"sm_worker {kind}: ranks exited {rcs}")
+    failed = wait_ranks(procs)
+    if failed:
+        raise SystemExit(f"sm_worker {kind}: {failed}")
+
+
+RANK_GRACE_S = 5.0  # after a rank fails, how long the others get to fail on their own (and say why)
+
+
+def wait_ranks(procs: list, poll_s: float = 0.05) -> str:
+    """Wait for every rank; '' when all exited 0. A rank that fails leaves its peers waiting for it (in the
+    process group's rendezvous or inside a collective) for as long as their own timeouts, many minutes: so
+    once one fails, the others get RANK_GRACE_S, then are killed, and the answer names who failed first."""
+    first = None
+    while True:
+        rcs = [p.poll() for p in procs]
+        if all(rc is not None for rc in rcs):
+            break
+        if first is None:
+            first = next(((r, rc) for r, rc in enumerate(rcs) if rc not in (None, 0)), None)
+            deadline = time.monotonic() + RANK_GRACE_S
+        elif time.monotonic() >= deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            rcs = [p.wait() for p in procs]
+            break
+        time.sleep(poll_s)
+    if first is None:
+        first = next(((r, rc) for r, rc in enumerate(rcs) if rc != 0), None)
+    if first is None:
+        return ""
+    return f"rank {first[0]} exited {first[1]} first; the ranks' exit codes {rcs} (negative: killed by that signal)"
 
 
 def _go_on(torch, dist, end: int, steps: int) -> bool:
