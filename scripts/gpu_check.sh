@@ -15,7 +15,7 @@
 #   tests     every GPU test (pytest -m gpu tests/gpu)
 #   compute   bench sm: spin and matmul alone 10-90%, the 30/70 pair (spin also time-sliced), matmul
 #             beside an unlimited neighbour;
-#             launch overhead without and with a share, paired in one run
+#             launch overhead without and with a share, paired in one run (and with it seeing one device, on 2+)
 #   scenarios bench sm: the small-kernel MLP alone at 50 and the 50/50 pair (turns and time-sliced), a
 #             share beside an unlimited wrapped neighbour and a burst with --sm-borrow (MLP, spin),
 #             high against low priority (60/60 and 50/50, spin)
@@ -113,7 +113,13 @@ for part in $PARTS; do
     $PY -m pyvgpu bench sm --workload graph --targets 30,70 --png "" --output "$W/sm-graph.json" 2>&1 | tail -12 | block; pack
     say "## Launch overhead (no share, then --sm 99)"
     $PY -m pyvgpu bench overhead --rounds 5 --output "$W/overhead.json" 2>&1 | tail -4 | block
-    $PY -m pyvgpu bench overhead --rounds 5 --sm 99 --output "$W/overhead-sm99.json" 2>&1 | tail -4 | block; pack ;;
+    $PY -m pyvgpu bench overhead --rounds 5 --sm 99 --output "$W/overhead-sm99.json" 2>&1 | tail -4 | block; pack
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+      # a process that sees one device skips cuCtxGetDevice on each limited launch (launch.launch_device)
+      say "### --sm 99 seeing one device (CUDA_VISIBLE_DEVICES=0)"
+      CUDA_VISIBLE_DEVICES=0 $PY -m pyvgpu bench overhead --rounds 5 --sm 99 --output "$W/overhead-sm99-1dev.json" \
+        2>&1 | tail -4 | block; pack
+    fi ;;
   scenarios)
     say "## Issue 17 scenarios (turns that never idle the GPU, neighbours, borrowing, priorities)"
     sc() {  # sc NAME ARGS...: one bench sm run, its table into the summary
