@@ -29,7 +29,9 @@ def test_a_load_that_does_not_finish_is_killed_and_its_last_words_are_kept():
 # inherits its pipes (the rank writes its pid to the file named by its argument), and both hang
 _HANGING_RANKS = """
 import faulthandler, os, signal, subprocess, sys, time
-faulthandler.register(signal.SIGUSR1, all_threads=True)
+stacks = os.environ.get("PYVGPU_BENCH_STACKS")  # as sm_worker does: a file of its own, else stderr
+out = open(os.path.join(stacks, f"stacks.{os.getpid()}"), "w") if stacks else sys.stderr
+faulthandler.register(signal.SIGUSR1, file=out, all_threads=True)
 def wait_for_a_peer():
     time.sleep(600)
 if len(sys.argv) == 2:
@@ -64,7 +66,10 @@ def test_a_hung_load_says_which_run_and_where_it_hangs_and_leaves_no_rank_behind
         run.finish(timeout=2)
     msg = str(e.value)
     assert "(pair group 2 at 50)" in msg and "P 1 7" in msg, msg
-    assert msg.count("in wait_for_a_peer") == 2, msg  # the load's stack and its rank's
+    # the load's stack and its rank's, each whole under its own process (one stderr interleaved them)
+    stacks = msg.split("its stacks, by process:\n", 1)[1].split("\nprocess ")
+    assert len(stacks) == 2 and all("in wait_for_a_peer" in x and "in <module>" in x for x in stacks), msg
+    assert f"process {rank}:" in msg, msg
     deadline = time.monotonic() + 10
     while _alive(rank) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,6 +34,8 @@ class LoadRun:
     live: set[LoadRun] = set()  # started and not finished: ``kill_all`` ends them when a bench stops early
 
     def __init__(self, cmd: list[str], env: dict[str, str], region_path: Path | None, label: str = "") -> None:
+        self._stacks = tempfile.TemporaryDirectory(prefix="pyvgpu-load-stacks-")
+        env = {**env, envspec.BENCH_STACKS.name: self._stacks.name}
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
         LoadRun.live.add(self)
@@ -94,6 +97,18 @@ class LoadRun:
             except subprocess.TimeoutExpired:
                 pass
 
+    def _stack_text(self) -> str:
+        """The stacks each process of the load wrote on STACKS_SIGNAL (one file each), for an error."""
+        parts = []
+        for f in sorted(Path(self._stacks.name).glob("stacks.*")):
+            try:
+                text = f.read_text(errors="replace")[-3000:].strip()
+            except OSError:
+                continue
+            if text:
+                parts.append(f"process {f.suffix[1:]}:\n{text}")
+        return "; its stacks, by process:\n" + "\n".join(parts) if parts else ""
+
     def _state(self) -> str:
         """Where the load's group stood when it hung: its region's last sample and the scenario's turns."""
         parts = []
@@ -131,10 +146,11 @@ class LoadRun:
             raise PyvgpuError(f"bench load ({self.label}) {' '.join(self.proc.args)} did not finish in "
                               f"{timeout:.0f} s{'; ' + state if state else ''}"
                               f"{'; its last progress line: ' + last[0] if last else '; it printed no progress'}"
-                              f"{'; its errors and stacks: ' + err.strip()[-6000:] if err and err.strip() else ''}"
-                              ) from None
+                              f"{'; its errors: ' + err.strip()[-2000:] if err and err.strip() else ''}"
+                              f"{self._stack_text()}") from None
         finally:
             LoadRun.live.discard(self)
+            self._stacks.cleanup()
         self._sampler.join(timeout=1)
         if self.proc.returncode != 0:
             raise PyvgpuError(f"bench load ({self.label}) {' '.join(self.proc.args)} failed "

@@ -260,8 +260,11 @@ def main() -> None:
     import os
     import signal
 
-    # bench sm's LoadRun sends this to a load that hangs, before it kills it: every thread's stack, on stderr
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # bench sm's LoadRun sends this to a load that hangs, before it kills it: every thread's stack, into a file
+    # of this process's own (the ranks' stacks on one stderr came out interleaved), else on stderr
+    stacks = os.environ.get(envspec.BENCH_STACKS.name)
+    out = open(os.path.join(stacks, f"stacks.{os.getpid()}"), "w") if stacks else sys.stderr  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=out, all_threads=True)
     seconds = float(sys.argv[1])
     kind = sys.argv[2] if len(sys.argv) > 2 else "matmul"
     if kind not in ("matmul", "mlp", "decode", "allreduce", "tp-decode"):

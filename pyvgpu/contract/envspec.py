@@ -113,6 +113,8 @@ ALLOCATOR = Var("ALLOCATOR", "PYVGPU_ALLOCATOR", "vpmm", "unset",
 GROUP_IDLE_HOURS = Var("GROUP_IDLE_HOURS", "PYVGPU_GROUP_IDLE_HOURS", "hours", "12",
                        "a named group unused this long with no live member expires (0: never)", PYTHON)
 BENCH_RANKS = Var("BENCH_RANKS", "PYVGPU_BENCH_RANKS", "int", "2", "processes of the all-reduce benchmark", PYTHON)
+BENCH_STACKS = Var("BENCH_STACKS", "PYVGPU_BENCH_STACKS", "path", "unset",
+                   "a bench load writes each process's thread stacks here (stacks.PID) on SIGUSR1", PYTHON)
 DECODE = Var("DECODE", "PYVGPU_DECODE", "torch", "unset",
              "torch: the VPMM loop benchmark decodes with the torch model", PYTHON)
 
