@@ -221,21 +221,18 @@ def wait_ranks(procs: list, poll_s: float = 0.05) -> str:
     """Wait for every rank; '' when all exited 0. A rank that fails leaves its peers waiting for it (in the
     process group's rendezvous or inside a collective) for as long as their own timeouts, many minutes: so
     once one fails, the others get RANK_GRACE_S, then are killed, and the answer names who failed first."""
-    first = None
-    while True:
-        rcs = [p.poll() for p in procs]
-        if all(rc is not None for rc in rcs):
-            break
+    first, deadline = None, 0.0
+    while any(p.poll() is None for p in procs):
         if first is None:
-            first = next(((r, rc) for r, rc in enumerate(rcs) if rc not in (None, 0)), None)
+            first = next(((r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)), None)
             deadline = time.monotonic() + RANK_GRACE_S
         elif time.monotonic() >= deadline:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
-            rcs = [p.wait() for p in procs]
             break
         time.sleep(poll_s)
+    rcs = [p.wait() for p in procs]
     if first is None:
         first = next(((r, rc) for r, rc in enumerate(rcs) if rc != 0), None)
     if first is None:
