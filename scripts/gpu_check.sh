@@ -39,6 +39,8 @@
 #   startup   bench startup (time to the first CUDA call, raw and wrapped)
 #   timing    scripts/probe/timing_probe.py: a small matmul's and a spin kernel's timing on an idle stream and
 #             behind queued work, alone and beside a launch-bound loop (TIMING_SECONDS a case, default 5)
+#   devices   scripts/probe/device_probe.py (2+ GPUs): launches under a share counted on their own device, a
+#             PyTorch loop on cuda:0 only and one switching between cuda:0 and cuda:1
 #   nvml-process scripts/probe/nvml_process_probe.py: NVML's per-process utilization beside each process's own
 #             GPU time (a duty-cycled matmul at 20% and 50% beside a small-matmul loop)
 #   none      install and warm up only
@@ -255,6 +257,10 @@ for part in $PARTS; do
     say "## What a timed launch reads (scripts/probe/timing_probe.py)"
     $PY "$ROOT/scripts/probe/timing_probe.py" "${TIMING_SECONDS:-5}" > "$W/timing.log" 2>&1
     tail -14 "$W/timing.log" | block; pack ;;
+  devices)
+    say "## Each launch counted on its own device (scripts/probe/device_probe.py)"
+    $PY "$ROOT/scripts/probe/device_probe.py" > "$W/devices.log" 2>&1
+    tail -3 "$W/devices.log" | head -2 | block; pack ;;
   nvml-process)
     say "## NVML's per-process utilization against each process's own GPU time (scripts/probe/nvml_process_probe.py)"
     for duty in 0.2 0.5; do

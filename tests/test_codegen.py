@@ -136,7 +136,7 @@ def test_a_launch_under_a_share_reads_one_line_of_the_context_per_device():
     kernel's cost key and estimate share one."""
     C = layout.CTX
     first = {"region", "slot", "sched", "turn_out", "turn_tick", "sm_default_cost", "sm_policy", "turn_id",
-             "sm_ndev", "count_calls"}
+             "launch_dev", "count_calls"}
     assert {C.offset(n) // 64 for n in first} == {C.offset("region") // 64}
     assert C.offset("region") % 64 == 0
     per_dev = ("turn_entry", "turn_since", "turn_qend", "turn_held", "sm_nvml", "turn_mine", "sm_recip")

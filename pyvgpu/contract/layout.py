@@ -31,7 +31,7 @@ KIND_DATA, KIND_CONTEXT, KIND_MODULE = 0, 1, 2
 KINDS = ("data", "context", "module")
 N_KINDS = len(KINDS)
 
-CTX_MAGIC = int.from_bytes(b"PVCTX016", "little")  # 13, 14: the timing gate; 15: its pauses; 16: acct, samp_how
+CTX_MAGIC = int.from_bytes(b"PVCTX017", "little")  # 15: gate pauses; 16: acct, samp_how; 17: launch_dev
 UUID_BYTES = 16
 MESSAGE_BYTES = 256
 
@@ -61,7 +61,7 @@ def _ctx(n_entries: int, n_helpers: int) -> Struct:
             Field("sm_default_cost", "u64", doc="ns: mean of all timed launches, for kernels not timed yet"),
             Field("sm_policy", "u32", doc="GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable"),
             Field("turn_id", "u32", doc="this process's id in turn words, 0 = not drawn yet"),
-            Field("sm_ndev", "u32", doc="CUDA devices this process sees, + 1; 0 = not asked yet"),
+            Field("launch_dev", "u32", doc="its contexts' one device + 1; 0 none yet; ~0 several (launches ask)"),
             Field("count_calls", "u32", doc="1: the callbacks count their calls (entry.calls), for PYVGPU_STATS only: "
                                             "an atomic add per call nobody reads otherwise"),
             Field("sm_batch_ns", "u64", doc="PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share"),

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PV_CTX_MAGIC 0x3631305854435650ULL
+#define PV_CTX_MAGIC 0x3731305854435650ULL
 
 /* per-process context passed to every callback (pyvgpu/contract/layout.py) */
 typedef struct __attribute__((aligned(64))) pv_ctx {
@@ -26,7 +26,7 @@ typedef struct __attribute__((aligned(64))) pv_ctx {
     uint64_t sm_default_cost;  /* ns: mean of all timed launches, for kernels not timed yet */
     uint32_t sm_policy;  /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
     uint32_t turn_id;  /* this process's id in turn words, 0 = not drawn yet */
-    uint32_t sm_ndev;  /* CUDA devices this process sees, + 1; 0 = not asked yet */
+    uint32_t launch_dev;  /* its contexts' one device + 1; 0 none yet; ~0 several (launches ask) */
     uint32_t count_calls;  /* 1: the callbacks count their calls (entry.calls), for PYVGPU_STATS only: an atomic add per call nobody reads otherwise */
     uint64_t sm_batch_ns;  /* PYVGPU_SM_BATCH_MS in ns: how far the group may run ahead of its share */
     uint32_t sm_pending;  /* timing samples in flight (read every HARVEST_EVERY launches) */
@@ -125,7 +125,7 @@ _Static_assert(offsetof(pv_ctx_t, turn_tick) == 1504, "pv_ctx.turn_tick");
 _Static_assert(offsetof(pv_ctx_t, sm_default_cost) == 1512, "pv_ctx.sm_default_cost");
 _Static_assert(offsetof(pv_ctx_t, sm_policy) == 1520, "pv_ctx.sm_policy");
 _Static_assert(offsetof(pv_ctx_t, turn_id) == 1524, "pv_ctx.turn_id");
-_Static_assert(offsetof(pv_ctx_t, sm_ndev) == 1528, "pv_ctx.sm_ndev");
+_Static_assert(offsetof(pv_ctx_t, launch_dev) == 1528, "pv_ctx.launch_dev");
 _Static_assert(offsetof(pv_ctx_t, count_calls) == 1532, "pv_ctx.count_calls");
 _Static_assert(offsetof(pv_ctx_t, sm_batch_ns) == 1536, "pv_ctx.sm_batch_ns");
 _Static_assert(offsetof(pv_ctx_t, sm_pending) == 1544, "pv_ctx.sm_pending");

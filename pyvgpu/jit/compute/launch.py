@@ -36,9 +36,9 @@ from pyvgpu.contract import abi
 from pyvgpu.jit.compute import cost, gang, gangstop, gpuentry, limiter, turn
 from pyvgpu.jit.devices.nvml import handle as nvml_handle
 from pyvgpu.jit.runtime import clock
-from pyvgpu.jit.runtime.context import REAL, call_real, current_device, stream_of
+from pyvgpu.jit.runtime.context import call_real, check_launch_device, current_device, launch_device, stream_of
 from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, LAUNCH_CONFIG, LAUNCH_PARAMS, REGION, SLOT
-from pyvgpu.jit.runtime.intrinsics import load_i32, monotonic_ns, stack_u64, unlikely
+from pyvgpu.jit.runtime.intrinsics import monotonic_ns, unlikely
 
 SAMPLE_SHIFT = 8
 SAMPLE_EVERY = 1 << SAMPLE_SHIFT  # time one launch in this many (``sampled``), and a new kernel's first
@@ -65,21 +65,6 @@ def count_launch(ctx):
     slot = CTX.get_slot(ctx)
     if slot != 0:
         SLOT.add_launches(slot, 1)
-
-
-@njit
-def launch_device(ctx):
-    """The device a launch runs on. A process that sees one CUDA device launches on device 0, so it
-    skips cuCtxGetDevice, the dearest call of the limited path; the count is asked once."""
-    n = CTX.get_sm_ndev(ctx)
-    if unlikely(n == 0):
-        out = stack_u64()
-        if REAL.cuDeviceGetCount(ctx, out) == abi.CUDA_SUCCESS:
-            n = np.uint32(load_i32(out) + 1)
-            CTX.set_sm_ndev(ctx, n)
-    if n == 2:
-        return np.int64(0)
-    return np.int64(current_device(ctx))
 
 
 @njit(inline="always")
@@ -158,6 +143,8 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
         n = limiter.charge_slot(ctx, dev, c)
         if limit != 0:
             DEV.add_sm_borrow_ns(REGION.device(region, dev), c)
+    if unlikely((n & np.uint64(SAMPLE_EVERY - 1)) == 0):
+        check_launch_device(ctx, dev)  # the device it took without asking the driver: a launch in 256
     # the count first: sm_pending is on a line of its own, which 63 launches in 64 leave unread
     if unlikely(((n & np.uint64(HARVEST_EVERY - 1)) == 0 or stale) and CTX.load_sm_pending(ctx) != 0):
         cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones

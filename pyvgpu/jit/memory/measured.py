@@ -27,7 +27,7 @@ from pyvgpu.contract import layout as L
 from pyvgpu.jit.devices import visible as D
 from pyvgpu.jit.devices.nvml import device_used
 from pyvgpu.jit.memory import ctxmsg
-from pyvgpu.jit.runtime.context import HELPER, call_real, current_device
+from pyvgpu.jit.runtime.context import HELPER, call_real, current_device, note_context
 from pyvgpu.jit.runtime.fields import CTX, DEV, REGION
 from pyvgpu.jit.runtime.intrinsics import load_u64
 from pyvgpu.jit.state import ptrtable as T
@@ -38,7 +38,16 @@ UNLOAD_MODULE, UNLOAD_LIBRARY = 0, 1
 
 @njit
 def measured_context(ctx, idx, args, notfound, dev, pctx, primary):
-    """Create the context through the driver, charging what it took if this is our first on dev."""
+    """Create the context through the driver, charging what it took if this is our first on dev; a context
+    made is noted for the launches (they need not ask the driver their device while there is one)."""
+    rc = _make_context(ctx, idx, args, notfound, dev, pctx, primary)
+    if rc == abi.CUDA_SUCCESS:
+        note_context(ctx, dev)
+    return rc
+
+
+@njit
+def _make_context(ctx, idx, args, notfound, dev, pctx, primary):
     if D.refused(ctx):
         return abi.CUDA_ERROR_NO_DEVICE  # CUDA sees devices outside the group (cuInit said why)
     if CTX.get_region(ctx) == 0 or dev < 0 or dev >= L.MAX_DEVICES or pctx == 0:

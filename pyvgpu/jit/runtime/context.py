@@ -11,7 +11,11 @@ beyond their own policy:
 * ``HELPER.<name>(ctx, ...)``: a driver function the policies call without
   hooking it (``HELPER.cuEventRecord(ctx, ev, stream)``), typed as the table
   declares it;
-* ``current_device(ctx)`` and ``per_thread(idx)``.
+* ``current_device(ctx)`` and ``per_thread(idx)``;
+* ``launch_device(ctx)``: the device a launch runs on, without asking the
+  driver while the process made contexts on one device only
+  (``note_context`` counts them; the driver's answer is the dearest call of
+  a launch under a share).
 
 ``REAL`` and ``HELPER`` are generated from the hook table: a function the
 driver lacks answers its library's "not found" code instead of a call
@@ -29,7 +33,7 @@ from numba import njit
 from pyvgpu.contract import abi, hooks
 from pyvgpu.contract import layout as L
 from pyvgpu.jit.runtime.fields import CTX
-from pyvgpu.jit.runtime.intrinsics import call_i32, load_i32, stack_u64, unlikely
+from pyvgpu.jit.runtime.intrinsics import call_i32, likely, load_i32, stack_u64, unlikely
 
 
 # Whether each hook entry is a per-thread-default-stream variant (_ptsz/_ptds), a bit per entry index in two
@@ -123,3 +127,41 @@ def current_device(ctx):
         return -1
     d = load_i32(out)
     return d if 0 <= d < L.MAX_DEVICES else -1
+
+
+LAUNCH_DEV_ANY = np.uint32(0xFFFFFFFF)  # launch_dev: contexts on several devices, or one the hooks did not see
+
+
+@njit
+def note_context(ctx, dev):
+    """A context was made on dev (cuDevicePrimaryCtxRetain, cuCtxCreate*): while every context of the process
+    is on one device, its launches run there (``launch_device``)."""
+    one = np.uint32(dev + 1) if 0 <= dev < L.MAX_DEVICES else LAUNCH_DEV_ANY
+    while True:
+        old = CTX.get_launch_dev(ctx)
+        new = one if old == 0 else (old if old == one else LAUNCH_DEV_ANY)
+        if new == old or CTX.cas_launch_dev(ctx, old, new) == old:
+            return
+
+
+@njit(inline="always")
+def launch_device(ctx):
+    """The device a launch of this thread runs on, or -1. A process that made contexts on one device only
+    launches there, and is not asked: the call is the dearest of a launch under a share on a GPU. A process
+    with no context seen (made before the hooks, or by a call they do not cover) is asked at every launch
+    from then on, as one with contexts on several devices; ``check_launch_device`` catches the rest."""
+    d = np.int64(CTX.get_launch_dev(ctx))
+    if likely(1 <= d <= L.MAX_DEVICES):
+        return d - 1
+    if d == 0:
+        CTX.cas_launch_dev(ctx, np.uint32(0), LAUNCH_DEV_ANY)
+    return np.int64(current_device(ctx))
+
+
+@njit
+def check_launch_device(ctx, dev):
+    """Now and then (a launch in 256): the device ``launch_device`` assumed is the driver's. A context the
+    hooks did not see being made (a green context, say) ends the assumption for good; the launches between
+    were counted on the other device."""
+    if CTX.get_launch_dev(ctx) != LAUNCH_DEV_ANY and current_device(ctx) != dev:
+        CTX.set_launch_dev(ctx, LAUNCH_DEV_ANY)
