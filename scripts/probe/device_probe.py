@@ -31,12 +31,15 @@ mode, launches, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 devs = [0] if mode == "one" else [0, 1]
 xs = {d: torch.ones(1024, device=f"cuda:{d}") for d in devs}
 torch.cuda.synchronize()
-r = region.open_region(os.environ["PYVGPU_REGION"], writable=False)
-def mine():
-    for i in range(r.header.n_slots):
-        s = r.slot(i)
-        if s.state == layout.SLOT_LIVE and s.pid == os.getpid():
-            return [s.dev[d].sm_launches for d in range(2)]
+def mine():  # a read-only open is a snapshot: one each time
+    r = region.open_region(os.environ["PYVGPU_REGION"], writable=False)
+    try:
+        for i in range(r.header.n_slots):
+            s = r.slot(i)
+            if s.state == layout.SLOT_LIVE and s.pid == os.getpid():
+                return [s.dev[d].sm_launches for d in range(2)]
+    finally:
+        r.close()
 before = mine()
 made = [0, 0]
 done = 0
