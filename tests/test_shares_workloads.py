@@ -10,7 +10,10 @@ the docstrings.
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from helpers import PYVGPU, run
 from simgpu import Load, gpu_share, sim_env
 
 from pyvgpu.group import region
@@ -59,6 +62,27 @@ def test_an_overcharged_pair_is_not_held_below_what_the_gpu_has(env, tmp_path, t
         held = d.sm_throttle_ns / 10e9
         assert (d.sm_scale or 65536) / 65536 < 0.5, d.sm_scale  # the scale came down from 1
         assert held < 0.15, held  # held back for the budget a small part of the run
+
+
+def test_a_share_given_by_a_live_change_is_corrected_time_sliced(env, tmp_path):
+    """Time-sliced (PYVGPU_SM_TURN=0), a group started without a share mapped no turn file: given one later
+    by a live change, its charges added up nowhere, and beside a group with a share its controller never
+    brought its scale down (it stayed at 1 and the limiter held the group back). Every group maps the file
+    under PYVGPU_SM_TURN=0 now, for this accounting alone."""
+    e = sim_env(env, tmp_path, "live0", FAKECUDA_EVENT_SCALE="10", PYVGPU_SM_TURN="0")
+    a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=GAP_US)
+    b = Load(e, tmp_path, "b", [], seconds=10, iters=SMALL, gap_us=GAP_US)
+    deadline = time.monotonic() + 60
+    while not b.region_path.exists() and time.monotonic() < deadline and b.proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(1)
+    p = run([*PYVGPU, "limits", "set", "--region", str(b.region_path), "--sm", "50"], env=e)
+    assert p.returncode == 0, p.stderr
+    for load in (a, b):
+        load.wait()
+    d = region.open_region(b.region_path, writable=False).device(0)
+    assert d.sm_limit == 50
+    assert (d.sm_scale or 65536) / 65536 < 0.5, d.sm_scale  # the scale came down from 1
 
 
 def test_a_pair_charged_twice_its_busy_time_comes_down(env, tmp_path):

@@ -203,10 +203,12 @@ int pv_attach(char *err, size_t n) {
         err[0] = 0;
     } else if (env.turns) {
         acct = sched;
-    } else if (shared) {
+    } else {
         /* Time-sliced (PYVGPU_SM_TURN=0), a group with a share still adds its charge to the GPU's entry in the
          * turn file, taking no turns: beside others the controller compares every group's charge with NVML's
-         * busy time (pyvgpu/jit/compute/controller.py). Without it the share stays a cap, never corrected. */
+         * busy time (pyvgpu/jit/compute/controller.py). Without it the share stays a cap, never corrected. A
+         * group without a share maps it too, unused until a live change gives it one (an entry is looked up at
+         * its first timed launch under a share: gpuentry.account). */
         if (!(acct = map_turns(&env, err, n))) {
             /* the file's usual fixes end with "or set PYVGPU_SM_TURN=0", which is set: not that one */
             static const char *const tails[] = {", or set PYVGPU_SM_TURN=0", ", or PYVGPU_SM_TURN=0"};
@@ -215,8 +217,9 @@ int pv_attach(char *err, size_t n) {
                 if (at)
                     *at = 0;
             }
-            fprintf(stderr, "pyvgpu: warning: %s; the compute share stays a cap but is not corrected beside other "
-                    "groups (PYVGPU_SM_TURN=0 still maps the turn file for that)\n", err);
+            fprintf(stderr, "pyvgpu: warning: %s; the compute share%s stays a cap but is not corrected beside other "
+                    "groups (PYVGPU_SM_TURN=0 still maps the turn file for that)\n", err,
+                    shared ? "" : " a live change may give this group");
             err[0] = 0;
         }
     }
