@@ -55,7 +55,8 @@ work (pyvgpu/jit/compute/drain.py) so that the GPU never holds both queues:
   holder stops queueing work that would run past that moment;
 * to a waiter of its own rank, when its slice (SLICE_NS) is over, or when
   after MIN_TURN_NS its own queue is still short (it launches little: the
-  waiter could not go beside it because its own queue is deep);
+  waiter could not go beside it because its own queue is deep); a gang's
+  GANG_MIN_TURN_NS (its hand-over stops every rank, and gangs never go beside);
 * when its limiter holds it back (pyvgpu/jit/compute/limiter.py).
 
 A waiter of a less urgent rank waits for the turn to lapse or be handed over.
@@ -82,6 +83,7 @@ from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests
     BESIDE_DUE_NS,
     BEST_EFFORT_QUEUE_NS,
     CORUN_NS,
+    GANG_MIN_TURN_NS,
     HANDOFF_NS,
     HIGH_QUEUE_NS,
     LEASE_NS,
@@ -222,7 +224,7 @@ def reserve(ctx, dev, rank, at):
 
 
 @njit
-def must_yield(ctx, e, me, rank, dev, now, cost):
+def must_yield(ctx, e, me, rank, dev, now, cost, g):
     """The holder hands over before this launch (see the module's rules)."""
     if more_urgent_waits(e, rank, me, now):
         return True
@@ -231,7 +233,7 @@ def must_yield(ctx, e, me, rank, dev, now, cost):
         return True
     if unlikely(waits(e, rank, me, now)):
         held = now - np.int64(CTX.get_turn_since(ctx, dev))
-        return held >= SLICE_NS or (held >= MIN_TURN_NS and start <= now + CORUN_NS)
+        return held >= SLICE_NS or (held >= (GANG_MIN_TURN_NS if g != 0 else MIN_TURN_NS) and start <= now + CORUN_NS)
     return False
 
 
@@ -343,7 +345,7 @@ def take(ctx, region, dev, e, stream, now, cost, rank, share, g):
     t0 = now
     w = TURN.load_turn(e)
     while likely(holder(w) == me and leased(w, now)):  # the holder's next launch: the usual case
-        if unlikely(must_yield(ctx, e, me, rank, dev, now, cost) or (g != 0 and gangstop.stopping(region))):
+        if unlikely(must_yield(ctx, e, me, rank, dev, now, cost, g) or (g != 0 and gangstop.stopping(region))):
             TURN.add_preempts(e, 1)
             give(ctx, region, dev, stream, True, g)
             now = monotonic_ns()

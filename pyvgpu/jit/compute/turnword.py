@@ -21,6 +21,7 @@ RENEW_NS = 100_000  # the holder renews its lease when it would grow by more tha
 MAX_LEASE_NS = 1_000_000_000  # the longest lease, however much work is queued
 SLICE_NS = 50_000_000  # the longest a holder keeps the turn while another of its rank waits
 MIN_TURN_NS = 2_000_000  # a holder with a short queue keeps the turn this long before a waiter of its rank gets it
+GANG_MIN_TURN_NS = 20_000_000  # a gang's: its hand-over stops every rank (gangstop.py), each stop ~1 ms on a GPU
 CORUN_NS = 500_000  # a launch goes beside the holder while both queues are shorter than this
 BESIDE_DUE_NS = 100_000  # a best-effort launch goes beside a due holder while the GPU's queue ends within this
 BEST_EFFORT_QUEUE_NS = 2_000_000  # the most a best-effort holder queues while a group with a share takes turns
