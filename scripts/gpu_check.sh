@@ -117,7 +117,7 @@ for part in $PARTS; do
     $PY -m pyvgpu bench overhead --rounds 5 --output "$W/overhead.json" 2>&1 | tail -4 | block
     $PY -m pyvgpu bench overhead --rounds 5 --sm 99 --output "$W/overhead-sm99.json" 2>&1 | tail -4 | block; pack
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-      # a process that sees one device skips cuCtxGetDevice on each limited launch (launch.launch_device)
+      # seeing one device or two: the device lookup a limited launch makes (context.launch_device)
       say "### --sm 99 seeing one device (CUDA_VISIBLE_DEVICES=0)"
       CUDA_VISIBLE_DEVICES=0 $PY -m pyvgpu bench overhead --rounds 5 --sm 99 --output "$W/overhead-sm99-1dev.json" \
         2>&1 | tail -4 | block; pack

@@ -34,7 +34,10 @@ def test_doctor_on_the_fake_driver(env):
     assert checks["CUDA driver found"]["ok"] and "CUDA 13.0" in checks["CUDA driver found"]["detail"]
     assert checks["NVML found"]["ok"]
     assert "libpython embeddable" not in checks  # nothing embeds an interpreter any more
-    assert checks["compiled callbacks"]["ok"] and "libpyvgpu_callbacks.so" in checks["compiled callbacks"]["detail"]
+    # the packaged library, or one tuned for this CPU where the user's cache holds one for these sources (a
+    # `pyvgpu warmup`, or a build of the same tree that compiled there: the tests share that cache)
+    detail = checks["compiled callbacks"]["detail"]
+    assert checks["compiled callbacks"]["ok"] and ("libpyvgpu_callbacks.so" in detail or "tuned for this CPU" in detail)
     assert p.returncode == 0
 
 

@@ -11,9 +11,19 @@ a collective. Unlimited, each rank runs 5000 kernels/s.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import struct
+import time
+
+from numba import cfunc, types
 from simgpu import UNLIMITED, Load, sim_busy, sim_env
 
+from pyvgpu.contract import layout
+from pyvgpu.errors import PyvgpuError
+from pyvgpu.group import region
 from pyvgpu.group import turnfile as sched
+from pyvgpu.jit.compute import turnword
 
 
 def ranks(env, tmp, name: str, wrap_opts: list[str] | None, seconds: float = 6,
@@ -62,8 +72,40 @@ def test_two_launch_bound_gangs_hand_the_turn_over_rarely(env, tmp_path):
     loads = [Load(dict(e, FAKECUDA_SIM_COMM=comm), tmp_path, f"{g}{r}", ["--sm", "50"], 6,
                   region_path=tmp_path / f"{g}.region", device=r, iters="200", gap_us=50)
              for g, comm in (("a", "0"), ("b", "1")) for r in (0, 1)]
+    gangs = set()
+    while any(x.proc.poll() is None for x in loads):
+        time.sleep(0.2)
+        for g in "ab":
+            try:
+                r = region.open_region(tmp_path / f"{g}.region", writable=False)
+            except PyvgpuError:
+                continue
+            if r.header.sm_gang != 0:
+                gangs.add(g)
+            os.close(r.fd)
     for x in loads:
         x.wait()
+    assert gangs == {"a", "b"}, gangs  # both groups ran as gangs
     handovers = sum(g["handovers"] for g in sched.entries(tmp_path / "lb.turns"))
-    assert handovers < 6 * 150, handovers  # at most 50 a second; 420 a second before
+    assert 10 <= handovers < 6 * 150, handovers  # they took turns, at most 50 hand-overs a second (420 before)
     assert all(x.rate(1) > 100 for x in loads), [x.rate(1) for x in loads]  # both gangs went on
+
+
+@cfunc(types.int64(types.uint64, types.uint32, types.uint32), nopython=True, error_model="numpy")
+def _least_turn(e, rank, g):
+    return turnword.least_turn(e, rank, g)
+
+
+LEAST_TURN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32)(_least_turn.address)
+
+
+def test_only_a_gang_waiting_for_a_gang_gets_the_long_turn():
+    """A gang holder keeps a short-queued turn GANG_MIN_TURN_NS only from a waiting gang (its turn id has the
+    gang bit); a waiter that is no gang gets it after MIN_TURN_NS, as from a holder that is no gang."""
+    entry = (ctypes.c_uint8 * layout.SCHED_ENTRY.size)()
+    want = layout.SCHED_ENTRY.offset("want")
+    rank = layout.RANK_DUE
+    for waiter, holder_gang, least in ((0x80000007, 3, turnword.GANG_MIN_TURN_NS), (7, 3, turnword.MIN_TURN_NS),
+                                       (0x80000007, 0, turnword.MIN_TURN_NS), (7, 0, turnword.MIN_TURN_NS)):
+        struct.pack_into("<Q", entry, want + 8 * rank, waiter << 32 | 1)
+        assert LEAST_TURN(ctypes.addressof(entry), rank, holder_gang) == least, (hex(waiter), holder_gang)

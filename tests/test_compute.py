@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import platform
+import select
 import statistics
 import struct
 import subprocess
@@ -187,7 +188,7 @@ def test_a_limited_launch_reads_the_tsc_between_anchors(env, fake, tmp_path):
 def test_processes_with_contexts_on_one_device_skip_the_device_query_per_launch(env, tmp_path):
     """A limited launch must know its device. A process that made its contexts on one device launches there,
     so it does not ask the driver (cuCtxGetDevice, the dearest call of the path on an H100) at each launch,
-    also when it sees two devices (torchrun's ranks do): only one launch in 256 checks the device."""
+    also when it sees two devices (torchrun's ranks do): only about one launch in 256 checks the device."""
     extra = {}
     for devices in ("8G", "8G,8G"):
         got = []
@@ -198,8 +199,9 @@ def test_processes_with_contexts_on_one_device_skip_the_device_query_per_launch(
             assert p.returncode == 0, p.stderr
             got.append(sum(json.loads(f.read_text()).get("cuCtxGetDevice", 0) for f in tmp_path.glob(stats.name + "*")))
         extra[devices] = got[1] - got[0]
-    assert extra["8G"] < 10 * 4900 // 100, extra
-    assert extra["8G,8G"] < 10 * 4900 // 100, extra
+    # about one launch in 256 asks anyway (49000 / 256 = 191): under one in 100, yet some
+    assert 50 <= extra["8G"] < 10 * 4900 // 100, extra
+    assert 50 <= extra["8G,8G"] < 10 * 4900 // 100, extra
 
 
 def _two_device_launches(env, tmp_path, how: str, rounds: int, per: int) -> tuple[list[int], int]:
@@ -211,6 +213,7 @@ def _two_device_launches(env, tmp_path, how: str, rounds: int, per: int) -> tupl
                           str(TESTS_DIR / "hosts" / "launch_devices.py"), str(rounds), str(per), how], env=e,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
     try:
+        assert select.select([p.stdout], [], [], 120)[0], "launch_devices.py: no answer in 120 s"
         assert p.stdout.readline().strip() == "done", p.stderr.read() if p.poll() is not None else "no answer"
         r = region.open_region(reg, writable=False)
         (s,) = [r.slot(i) for i in range(r.header.n_slots) if r.slot(i).state == layout.SLOT_LIVE]
@@ -234,11 +237,13 @@ def test_launches_alternating_between_two_devices_count_on_each(env, tmp_path, h
 
 def test_a_context_the_hooks_did_not_see_ends_the_one_device_assumption(env, tmp_path):
     """Device 1's context retained through the driver's own function (no hook saw it): the launches there are
-    taken for device 0's until a check (one launch in 256) asks the driver, then counted on device 1 for good."""
+    taken for device 0's until a check (about one launch in 256, by the launch clock) asks the driver, then
+    counted on device 1 for good. Without the check all 5000 were counted on device 0."""
     counts, queries = _two_device_launches(env, tmp_path, "hidden", 5, 1000)
     assert sum(counts) == 10_000
-    assert 5000 - 256 <= counts[1] <= 5000, counts  # at most a check's interval counted on device 0
-    assert queries >= 4000 * 2
+    # caught within device 1's first 4000 launches: missed there with odds of (255/256)^4000, about 1e-7
+    assert 1000 <= counts[1] <= 5000, counts
+    assert queries >= 4000
 
 
 @pytest.mark.parametrize("value", ["0", "101", "30.5", "-5", "x", "0=30,0=40", "30,1=40", ""])

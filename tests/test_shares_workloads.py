@@ -10,6 +10,7 @@ the docstrings.
 
 from __future__ import annotations
 
+import select
 import time
 
 import pytest
@@ -72,9 +73,8 @@ def test_a_share_given_by_a_live_change_is_corrected_time_sliced(env, tmp_path):
     e = sim_env(env, tmp_path, "live0", FAKECUDA_EVENT_SCALE="10", PYVGPU_SM_TURN="0")
     a = Load(e, tmp_path, "a", ["--sm", "50"], seconds=10, iters=SMALL, gap_us=GAP_US)
     b = Load(e, tmp_path, "b", [], seconds=10, iters=SMALL, gap_us=GAP_US)
-    deadline = time.monotonic() + 60
-    while not b.region_path.exists() and time.monotonic() < deadline and b.proc.poll() is None:
-        time.sleep(0.05)
+    assert select.select([b.proc.stdout], [], [], 120)[0], "b: no progress in 120 s"
+    assert b.proc.stdout.readline().startswith("P "), "b did not start launching"  # attached without a share
     time.sleep(1)
     p = run([*PYVGPU, "limits", "set", "--region", str(b.region_path), "--sm", "50"], env=e)
     assert p.returncode == 0, p.stderr

@@ -208,8 +208,11 @@ int pv_attach(char *err, size_t n) {
          * turn file, taking no turns: beside others the controller compares every group's charge with NVML's
          * busy time (pyvgpu/jit/compute/controller.py). Without it the share stays a cap, never corrected. A
          * group without a share maps it too, unused until a live change gives it one (an entry is looked up at
-         * its first timed launch under a share: gpuentry.account). */
-        if (!(acct = map_turns(&env, err, n))) {
+         * its first timed launch under a share: gpuentry.account); quietly, as it may never get one: a
+         * memory-only group that set PYVGPU_SM_TURN=0 because the file was unusable is not told again. */
+        if (!(acct = map_turns(&env, err, n)) && !shared) {
+            err[0] = 0; /* quietly: nothing to correct unless a live change gives this group a share */
+        } else if (!acct) {
             /* the file's usual fixes end with "or set PYVGPU_SM_TURN=0", which is set: not that one */
             static const char *const tails[] = {", or set PYVGPU_SM_TURN=0", ", or PYVGPU_SM_TURN=0"};
             for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
@@ -217,9 +220,8 @@ int pv_attach(char *err, size_t n) {
                 if (at)
                     *at = 0;
             }
-            fprintf(stderr, "pyvgpu: warning: %s; the compute share%s stays a cap but is not corrected beside other "
-                    "groups (PYVGPU_SM_TURN=0 still maps the turn file for that)\n", err,
-                    shared ? "" : " a live change may give this group");
+            fprintf(stderr, "pyvgpu: warning: %s; the compute share stays a cap but is not corrected beside other "
+                    "groups (PYVGPU_SM_TURN=0 still maps the turn file for that)\n", err);
             err[0] = 0;
         }
     }

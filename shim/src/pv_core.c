@@ -265,6 +265,7 @@ static void atfork_child(void) {
     pv_ctx.lock = 0;
     /* The child takes turns on the GPU as a process of its own: a new id, drawn at its next lookup. */
     pv_ctx.turn_id = 0;
+    pv_ctx.launch_dev = 0; /* its contexts are its own (pyvgpu/jit/runtime/context.py note_context) */
     for (size_t d = 0; d < sizeof pv_ctx.dev / sizeof pv_ctx.dev[0]; d++) {
         pv_ctx.dev[d].turn_entry = pv_ctx.dev[d].turn_since = pv_ctx.dev[d].turn_qend = pv_ctx.dev[d].turn_held = 0;
         pv_ctx.dev[d].turn_waited = 0; /* the parent's waits are not the child's debt */

@@ -42,6 +42,7 @@ import numpy as np
 from numba import njit
 
 from pyvgpu.contract import layout as L
+from pyvgpu.jit.compute.turnword import GANG_ID
 from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, REGION, SCHED, SLOT
 from pyvgpu.jit.runtime.intrinsics import futex_wake, unlikely
 
@@ -118,7 +119,7 @@ def update(ctx, region):
         if sched != 0:
             gid = np.uint32(0)
             while gid == 0:  # 0 means nobody
-                gid = np.uint32((np.uint64(SCHED.add_next_id(sched, 1)) + np.uint64(1)) & LOW32)
+                gid = np.uint32((np.uint64(SCHED.add_next_id(sched, 1)) + np.uint64(1)) & LOW32) | GANG_ID
             HDR.cas_turn_gid(region, 0, gid)
     if HDR.load_sm_gang(region) != g:
         HDR.store_sm_gang(region, g)

@@ -36,7 +36,7 @@ from pyvgpu.contract import abi
 from pyvgpu.jit.compute import cost, gang, gangstop, gpuentry, limiter, turn
 from pyvgpu.jit.devices.nvml import handle as nvml_handle
 from pyvgpu.jit.runtime import clock
-from pyvgpu.jit.runtime.context import call_real, check_launch_device, current_device, launch_device, stream_of
+from pyvgpu.jit.runtime.context import call_real, current_device, launch_device, stream_of
 from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, LAUNCH_CONFIG, LAUNCH_PARAMS, REGION, SLOT
 from pyvgpu.jit.runtime.intrinsics import monotonic_ns, unlikely
 
@@ -88,7 +88,8 @@ def gate(ctx):
 def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
     """Every launch path ends here, after ``gate``: limit, take the turn, time a sample, launch. ``fn`` is
     the function (a graph: its exec handle | 1), ``key`` the kernel: the function and its launch shape."""
-    dev = launch_device(ctx)
+    now = clock.now(ctx)  # the TSC, anchored to CLOCK_MONOTONIC about once a millisecond (clock.py)
+    dev = launch_device(ctx, now)
     if unlikely(dev < 0):
         count_launch(ctx)
         return call_real(ctx, idx, args, notfound)
@@ -97,7 +98,6 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
     # a gang under a share, or a gang without one anywhere (gang.py); a group with shares elsewhere only
     g = gang.checked(HDR.get_sm_gang(region)) if limit != 0 or unshared else np.uint32(0)
     tdev = gang.lead(g, dev)  # whose budget and turn: dev's, or the gang's lead device's
-    now = clock.now(ctx)  # the TSC, anchored to CLOCK_MONOTONIC about once a millisecond (clock.py)
     e = turn.entry(ctx, tdev)  # the device's turn entry (a load, once known): looked up here only
     if limit == 0 and g != 0 and tdev != dev and not turn.active_on(e, now):
         g = np.uint32(0)  # a gang without a share, whose lead device takes no turns: its own device's
@@ -143,8 +143,6 @@ def launch(ctx, idx, args, notfound, fn, key, stream, region, limited):
         n = limiter.charge_slot(ctx, dev, c)
         if limit != 0:
             DEV.add_sm_borrow_ns(REGION.device(region, dev), c)
-    if unlikely((n & np.uint64(SAMPLE_EVERY - 1)) == 0):
-        check_launch_device(ctx, dev)  # the device it took without asking the driver: a launch in 256
     # the count first: sm_pending is on a line of its own, which 63 launches in 64 leave unread
     if unlikely(((n & np.uint64(HARVEST_EVERY - 1)) == 0 or stale) and CTX.load_sm_pending(ctx) != 0):
         cost.harvest(ctx)  # this launch keeps the estimate it was charged; the next ones get the new ones

@@ -55,8 +55,8 @@ work (pyvgpu/jit/compute/drain.py) so that the GPU never holds both queues:
   holder stops queueing work that would run past that moment;
 * to a waiter of its own rank, when its slice (SLICE_NS) is over, or when
   after MIN_TURN_NS its own queue is still short (it launches little: the
-  waiter could not go beside it because its own queue is deep); a gang's
-  GANG_MIN_TURN_NS (its hand-over stops every rank, and gangs never go beside);
+  waiter could not go beside it because its own queue is deep; a gang
+  waiting for a gang, longer: ``least_turn``);
 * when its limiter holds it back (pyvgpu/jit/compute/limiter.py).
 
 A waiter of a less urgent rank waits for the turn to lapse or be handed over.
@@ -83,14 +83,13 @@ from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests
     BESIDE_DUE_NS,
     BEST_EFFORT_QUEUE_NS,
     CORUN_NS,
-    GANG_MIN_TURN_NS,
+    GANG_ID,
     HANDOFF_NS,
     HIGH_QUEUE_NS,
     LEASE_NS,
     LOW32,
     MAX_LEASE_NS,
     MAX_WAIT_NS,
-    MIN_TURN_NS,
     POLL_NS,
     RENEW_NS,
     SLICE_NS,
@@ -106,6 +105,7 @@ from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests
     holder,
     lease_for,
     leased,
+    least_turn,
     machine_active,
     mark_active,
     mark_high,
@@ -159,7 +159,7 @@ def entry(ctx, dev):
     if sched != 0 and CTX.get_turn_id(ctx) == 0:
         pid = np.uint32(0)
         while pid == 0:  # 0 means nobody
-            pid = np.uint32((np.uint64(SCHED.add_next_id(sched, 1)) + np.uint64(1)) & LOW32)
+            pid = np.uint32((np.uint64(SCHED.add_next_id(sched, 1)) + np.uint64(1)) & LOW32) & ~GANG_ID
         CTX.set_turn_id(ctx, pid)
     CTX.set_turn_entry(ctx, dev, a)
     if CTX.get_acct(ctx) == sched:  # taking turns, the group's charges add up in its turn entry (gpuentry.py)
@@ -233,7 +233,7 @@ def must_yield(ctx, e, me, rank, dev, now, cost, g):
         return True
     if unlikely(waits(e, rank, me, now)):
         held = now - np.int64(CTX.get_turn_since(ctx, dev))
-        return held >= SLICE_NS or (held >= (GANG_MIN_TURN_NS if g != 0 else MIN_TURN_NS) and start <= now + CORUN_NS)
+        return held >= SLICE_NS or (held >= least_turn(e, rank, g) and start <= now + CORUN_NS)
     return False
 
 

@@ -48,6 +48,7 @@ RUN_CREDIT = 8
 LAUNCH_CREDIT_NS = 5_000_000
 UNIT_SHIFT = 10
 LOW32 = np.uint64(0xFFFFFFFF)
+GANG_ID = np.uint32(0x80000000)  # the top bit of a turn id drawn for a gang (gang.update), clear in a process's
 NO_RESERVATION = np.int64(1 << 62)
 
 _NONE = np.uint64(1)  # turn_entry value: this device takes no turns
@@ -109,6 +110,16 @@ def fresh(w, me, now):
 def waits(e, rank, me, now):
     """Another process of this rank waits for the turn."""
     return fresh(TURN.load_want(e, rank), me, now)
+
+
+@njit
+def least_turn(e, rank, g):
+    """How long a holder whose queue stays short keeps the turn before the waiter of its rank gets it: a
+    gang's hand-over to a gang stops every rank of both (neither can go beside the other), so GANG_MIN_TURN_NS;
+    else MIN_TURN_NS (a waiter that is no gang goes beside a short queue, or has a deep queue of its own)."""
+    if g != 0 and np.uint32(TURN.load_want(e, rank) >> np.uint64(32)) & GANG_ID != 0:
+        return np.int64(GANG_MIN_TURN_NS)
+    return np.int64(MIN_TURN_NS)
 
 
 @njit

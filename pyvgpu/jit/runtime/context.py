@@ -12,7 +12,7 @@ beyond their own policy:
   hooking it (``HELPER.cuEventRecord(ctx, ev, stream)``), typed as the table
   declares it;
 * ``current_device(ctx)`` and ``per_thread(idx)``;
-* ``launch_device(ctx)``: the device a launch runs on, without asking the
+* ``launch_device(ctx, now)``: the device a launch runs on, without asking the
   driver while the process made contexts on one device only
   (``note_context`` counts them; the driver's answer is the dearest call of
   a launch under a share).
@@ -144,24 +144,36 @@ def note_context(ctx, dev):
             return
 
 
+CHECK_SHIFT = np.uint64(8)  # launch_device asks the driver anyway where the launch clock's bits 8-15 are 0
+
+
 @njit(inline="always")
-def launch_device(ctx):
+def launch_device(ctx, now):
     """The device a launch of this thread runs on, or -1. A process that made contexts on one device only
-    launches there, and is not asked: the call is the dearest of a launch under a share on a GPU. A process
-    with no context seen (made before the hooks, or by a call they do not cover) is asked at every launch
-    from then on, as one with contexts on several devices; ``check_launch_device`` catches the rest."""
+    launches there, and is not asked: the call is the dearest of a launch under a share on a GPU. About one
+    launch in 256 asks anyway, picked by the launch clock ``now`` (ns), whose low bits follow no launch
+    pattern (a launch count's do: a thread alternating two devices would be checked on one only), and a
+    disagreement (a context made by a call the hooks do not cover, a green context say) ends the assumption
+    for good. A process with no context seen asks at every launch, unless it sees one device."""
     d = np.int64(CTX.get_launch_dev(ctx))
     if likely(1 <= d <= L.MAX_DEVICES):
-        return d - 1
+        if likely(((np.uint64(now) >> CHECK_SHIFT) & np.uint64(255)) != 0):
+            return d - 1
+        return checked_device(ctx, d - 1)
     if d == 0:
-        CTX.cas_launch_dev(ctx, np.uint32(0), LAUNCH_DEV_ANY)
+        out = stack_u64()
+        one = REAL.cuDeviceGetCount(ctx, out) == abi.CUDA_SUCCESS and load_i32(out) == 1
+        CTX.cas_launch_dev(ctx, np.uint32(0), np.uint32(1) if one else LAUNCH_DEV_ANY)
+        if one:
+            return np.int64(0)
     return np.int64(current_device(ctx))
 
 
 @njit
-def check_launch_device(ctx, dev):
-    """Now and then (a launch in 256): the device ``launch_device`` assumed is the driver's. A context the
-    hooks did not see being made (a green context, say) ends the assumption for good; the launches between
-    were counted on the other device."""
-    if CTX.get_launch_dev(ctx) != LAUNCH_DEV_ANY and current_device(ctx) != dev:
+def checked_device(ctx, dev):
+    """The driver's device for this launch, which ``launch_device`` took to be dev; if it is another, every
+    later launch asks (the launches since the last check were counted on dev)."""
+    d = np.int64(current_device(ctx))
+    if d != dev:
         CTX.set_launch_dev(ctx, LAUNCH_DEV_ANY)
+    return d
