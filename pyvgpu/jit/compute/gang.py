@@ -42,11 +42,10 @@ import numpy as np
 from numba import njit
 
 from pyvgpu.contract import layout as L
-from pyvgpu.jit.compute.turnword import GANG_ID
-from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, REGION, SCHED, SLOT
+from pyvgpu.jit.compute.turnword import draw_id
+from pyvgpu.jit.runtime.fields import CTX, DEV, HDR, REGION, SLOT
 from pyvgpu.jit.runtime.intrinsics import futex_wake, unlikely
 
-LOW32 = np.uint64(0xFFFFFFFF)
 RELEASE_MAX_NS = 1_000_000_000  # the furthest ahead a release is followed (a forged one is not obeyed)
 ASK_FRESH_NS = 1_000_000  # a request to catch up older than this is not obeyed (its asker died or gave up)
 ASK_RENEW_NS = 250_000  # an asker renews its request this often while it waits
@@ -117,10 +116,7 @@ def update(ctx, region):
     if g != 0 and HDR.load_turn_gid(region) == 0:
         sched = CTX.get_sched(ctx)
         if sched != 0:
-            gid = np.uint32(0)
-            while gid == 0:  # 0 means nobody
-                gid = np.uint32((np.uint64(SCHED.add_next_id(sched, 1)) + np.uint64(1)) & LOW32) | GANG_ID
-            HDR.cas_turn_gid(region, 0, gid)
+            HDR.cas_turn_gid(region, 0, draw_id(sched, True))
     if HDR.load_sm_gang(region) != g:
         HDR.store_sm_gang(region, g)
 

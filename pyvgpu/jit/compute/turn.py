@@ -83,7 +83,6 @@ from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests
     BESIDE_DUE_NS,
     BEST_EFFORT_QUEUE_NS,
     CORUN_NS,
-    GANG_ID,
     HANDOFF_NS,
     HIGH_QUEUE_NS,
     LEASE_NS,
@@ -100,6 +99,7 @@ from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests
     count_held,
     count_wait,
     device_queue_end,
+    draw_id,
     free_turn,
     heal_queue,
     holder,
@@ -122,7 +122,7 @@ from pyvgpu.jit.compute.turnword import (  # noqa: F401 (launch.py and the tests
     waits,
     word,
 )
-from pyvgpu.jit.runtime.fields import CTX, SCHED, TURN
+from pyvgpu.jit.runtime.fields import CTX, TURN
 from pyvgpu.jit.runtime.intrinsics import (
     futex_wait,
     likely,
@@ -157,10 +157,7 @@ def entry(ctx, dev):
     sched = CTX.get_sched(ctx)
     a = find_entry(ctx, sched, dev)
     if sched != 0 and CTX.get_turn_id(ctx) == 0:
-        pid = np.uint32(0)
-        while pid == 0:  # 0 means nobody
-            pid = np.uint32((np.uint64(SCHED.add_next_id(sched, 1)) + np.uint64(1)) & LOW32) & ~GANG_ID
-        CTX.set_turn_id(ctx, pid)
+        CTX.set_turn_id(ctx, draw_id(sched, False))
     CTX.set_turn_entry(ctx, dev, a)
     if CTX.get_acct(ctx) == sched:  # taking turns, the group's charges add up in its turn entry (gpuentry.py)
         CTX.set_acct_entry(ctx, dev, a)

@@ -113,6 +113,16 @@ def waits(e, rank, me, now):
 
 
 @njit
+def draw_id(sched, gang):
+    """A new turn id from the turn file's counter: never 0 (nobody), GANG_ID set for a gang, clear else."""
+    while True:
+        i = np.uint32((np.uint64(SCHED.add_next_id(sched, 1)) + np.uint64(1)) & LOW32)
+        i = i | GANG_ID if gang else i & ~GANG_ID
+        if i != 0:
+            return i
+
+
+@njit
 def least_turn(e, rank, g):
     """How long a holder whose queue stays short keeps the turn before the waiter of its rank gets it: a
     gang's hand-over to a gang stops every rank of both (neither can go beside the other), so GANG_MIN_TURN_NS;

@@ -160,6 +160,13 @@ def launch_device(ctx, now):
         if likely(((np.uint64(now) >> CHECK_SHIFT) & np.uint64(255)) != 0):
             return d - 1
         return checked_device(ctx, d - 1)
+    return asked_device(ctx, d)
+
+
+@njit
+def asked_device(ctx, d):
+    """``launch_device`` off its usual path (``launch_dev`` d is 0 or ANY): the driver's device. At the first
+    launch with no context seen, a process that sees one device takes device 0 from then on."""
     if d == 0:
         out = stack_u64()
         one = REAL.cuDeviceGetCount(ctx, out) == abi.CUDA_SUCCESS and load_i32(out) == 1
